@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Sets up Thaw in ./.venv: the right torch build for this machine, then the project.
+#   bash infra/setup.sh          # runtime only
+#   bash infra/setup.sh --test   # plus what the test suite and benchmarks need
+# On a machine without an NVIDIA driver this installs the CPU build of torch 2.13.0 and
+# never a CUDA build. Override the torch requirement with THAW_TORCH_SPEC (e.g. a CUDA
+# build from your own wheel index, set through PIP_EXTRA_INDEX_URL).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python_bin="${THAW_PYTHON:-python3.11}"
+command -v "$python_bin" >/dev/null 2>&1 || python_bin=python3
+venv="${THAW_VENV:-.venv}"
+
+if [ ! -x "$venv/bin/python" ]; then
+    echo "[setup] creating $venv with $($python_bin --version)"
+    "$python_bin" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+
+if [ -n "${THAW_TORCH_SPEC:-}" ]; then
+    torch_spec="$THAW_TORCH_SPEC"
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    torch_spec="torch==2.13.0"          # PyPI's default build is the CUDA one
+else
+    torch_spec="torch==2.13.0+cpu"      # CPU-only machine: never pull CUDA wheels
+fi
+if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
+    echo "[setup] installing $torch_spec"
+    if ! "${pip[@]}" "$torch_spec"; then
+        echo "[setup] could not install '$torch_spec'." >&2
+        echo "        Point pip at a wheel index that has it (PIP_EXTRA_INDEX_URL) or set THAW_TORCH_SPEC." >&2
+        exit 1
+    fi
+fi
+
+extras=""
+[ "${1:-}" = "--test" ] && extras="[test]"
+echo "[setup] installing thaw$extras (editable)"
+"${pip[@]}" -e ".$extras"
+"$venv/bin/python" -c "import torch; print('[setup] ok: torch', torch.__version__, 'cuda' if torch.cuda.is_available() else 'cpu')"

@@ -1,0 +1,49 @@
+"""The one interface the engine calls for attention over the paged KV cache.
+
+Two operations cover a transformer layer's use of the cache: write this step's new K/V into
+their slots, then attend every query row of the ragged batch to its sequence's context. A
+backend is chosen once per device (`select.get_attention_backend`) and the engine never
+looks at which one it got, so the Triton kernels (CUDA) and the PyTorch reference (everywhere)
+are interchangeable and tested against each other.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from kernels.attention_metadata import AttentionMetadata
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def write_kv_cache(
+        self,
+        key: torch.Tensor,  # [T, Hkv, D]
+        value: torch.Tensor,  # [T, Hkv, D]
+        key_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        value_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        slot_mapping: torch.Tensor,  # [T] int64
+    ) -> None:
+        """Stores token t's key/value at flat slot ``slot_mapping[t]`` of the caches (in place)."""
+        ...
+
+    def paged_attention(
+        self,
+        query: torch.Tensor,  # [T, Hq, D]
+        key_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        value_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        metadata: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        """Causal attention of each query row over its sequence's cached context.
+
+        Query row i of a sequence with q_len new tokens and seq_len context tokens sits at
+        position ``seq_len - q_len + i`` and attends to key positions ``j <= that`` (and
+        ``j > position - sliding_window`` when a window is set). Hq must be a multiple of Hkv
+        (grouped-query attention: query head h reads KV head ``h // (Hq // Hkv)``).
+        """
+        ...

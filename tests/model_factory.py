@@ -1,0 +1,46 @@
+"""Tiny Hugging Face checkpoints built in the test run (fixed seed, no network).
+
+Weights come from `transformers`' own random initialisation so the checkpoint is exactly
+what a user's would look like on disk; the tokenizer is the demo tokenizer trained locally.
+``init_std`` is raised above transformers' default so logits are not near-uniform and a
+greedy argmax is not decided by float noise.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+ARCHS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+}
+
+
+def make_hf_checkpoint(out_dir: Path, arch: str = "llama", *, seed: int = 0, init_std: float = 0.1,
+                       max_shard_size: str | None = None, **overrides) -> Path:
+    import transformers
+
+    from worker.demo_model import build_tokenizer
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(out_dir)
+    tok = transformers.AutoTokenizer.from_pretrained(out_dir)
+    config_cls, model_cls = (getattr(transformers, name) for name in ARCHS[arch])
+    kwargs = dict(
+        vocab_size=max(len(tok), 512), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        initializer_range=init_std, rms_norm_eps=1e-5, tie_word_embeddings=False,
+    )
+    kwargs.update(overrides)
+    config = config_cls(**kwargs)
+    config.bos_token_id = tok.bos_token_id
+    config.eos_token_id = tok.eos_token_id
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(out_dir, **save_kwargs)
+    return out_dir

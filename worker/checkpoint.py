@@ -1,0 +1,130 @@
+"""Reads a Hugging Face safetensors checkpoint into a `LlamaForCausalLM`.
+
+Accepts a single ``model.safetensors`` or shards listed by ``model.safetensors.index.json``.
+Tensor names are mapped onto our fused layout (q/k/v -> ``qkv_proj``, gate/up ->
+``gate_up_proj``); every expected tensor must be present with the expected shape and every
+tensor in the files must be used, so a truncated or foreign checkpoint is refused with the
+name of what is wrong instead of producing a silently wrong model. (The thaw chunked format
+and its parallel loader replace the reading part of this file in the loader issue.)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from worker.llama import LlamaForCausalLM
+from worker.model_config import ModelConfig
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# Buffers some exporters save that we recompute.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class CheckpointError(ValueError):
+    """The checkpoint on disk is incomplete or does not match its config."""
+
+
+def checkpoint_files(model_dir: str | Path) -> list[Path]:
+    """The safetensors files of a model dir, from its index when sharded."""
+    model_dir = Path(model_dir)
+    index_path = model_dir / INDEX_FILE
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise CheckpointError(f"{index_path} is not a valid safetensors index: {exc}") from exc
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+    elif (model_dir / SINGLE_FILE).is_file():
+        files = [model_dir / SINGLE_FILE]
+    else:
+        raise FileNotFoundError(f"no weights in {model_dir}: expected {SINGLE_FILE} or {INDEX_FILE}")
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"checkpoint shard(s) listed in {INDEX_FILE} are missing: {', '.join(missing)}")
+    return files
+
+
+def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        except (OSError, RuntimeError) as exc:
+            if isinstance(exc, CheckpointError):
+                raise
+            raise CheckpointError(f"cannot read {path}: {exc}") from exc
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Hugging Face tensor name -> shape for a checkpoint of this config."""
+    h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
+    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, h), "model.norm.weight": (h,)}
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, h)
+    for n in range(config.num_hidden_layers):
+        p = f"model.layers.{n}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i),
+            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+        }
+        if config.attention_bias:
+            shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.bias": (kv,)}
+    return shapes
+
+
+def to_engine_state_dict(hf_tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Renames and fuses Hugging Face tensors into `LlamaForCausalLM`'s parameter names."""
+    expected = expected_shapes(config)
+    tensors = {k: v for k, v in hf_tensors.items() if not k.endswith(_IGNORED_SUFFIXES)}
+    if config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)  # some exporters write the tied copy too
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise CheckpointError(f"checkpoint lacks tensor(s) {', '.join(missing[:5])}{more}")
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"checkpoint has tensor(s) this architecture does not use: {', '.join(unexpected[:5])}")
+    for name, shape in expected.items():
+        if tuple(tensors[name].shape) != shape:
+            raise CheckpointError(f"tensor {name} has shape {tuple(tensors[name].shape)}, config implies {shape}")
+    dtype = config.torch_dtype
+    t = {k: v.to(dtype) for k, v in tensors.items()}
+    state = {
+        "embed_tokens.weight": t["model.embed_tokens.weight"],
+        "norm.weight": t["model.norm.weight"],
+    }
+    if not config.tie_word_embeddings:
+        state["lm_head.weight"] = t["lm_head.weight"]
+    for n in range(config.num_hidden_layers):
+        src, dst = f"model.layers.{n}.", f"layers.{n}."
+        attn = src + "self_attn."
+        state[dst + "self_attn.qkv_proj.weight"] = torch.cat([t[attn + x + "_proj.weight"] for x in "qkv"])
+        if config.attention_bias:
+            state[dst + "self_attn.qkv_proj.bias"] = torch.cat([t[attn + x + "_proj.bias"] for x in "qkv"])
+        state[dst + "self_attn.o_proj.weight"] = t[attn + "o_proj.weight"]
+        state[dst + "mlp.gate_up_proj.weight"] = torch.cat([t[src + "mlp.gate_proj.weight"], t[src + "mlp.up_proj.weight"]])
+        state[dst + "mlp.down_proj.weight"] = t[src + "mlp.down_proj.weight"]
+        state[dst + "input_layernorm.weight"] = t[src + "input_layernorm.weight"]
+        state[dst + "post_attention_layernorm.weight"] = t[src + "post_attention_layernorm.weight"]
+    return state
+
+
+def load_model(model_dir: str | Path, config: ModelConfig, device: torch.device | str = "cpu") -> LlamaForCausalLM:
+    """Builds the model on the meta device and assigns the checkpoint's weights to it."""
+    hf_tensors = dict(iter_safetensors(checkpoint_files(model_dir)))
+    state = to_engine_state_dict(hf_tensors, config)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model.load_state_dict(state, assign=True, strict=True)
+    return model.to(device).eval().requires_grad_(False)

@@ -1,0 +1,279 @@
+"""The inference engine: requests in, tokens out, one continuous-batching step at a time.
+
+`Engine` wires the parts together — tokenizer, `Scheduler` over a `BlockManager`,
+`ModelRunner` with its KV pool and attention backend, `Sampler`, one
+`IncrementalDetokenizer` per request — and owns the request lifecycle: validate and admit
+(`add_request`), advance everything one step (`step`), cancel (`abort`). It is single
+threaded on purpose; `AsyncEngine` drives it from a thread for asyncio callers.
+
+Validation happens in `prepare_request`, before a request touches shared state, so a bad
+request fails alone with a message naming the problem and the other requests in the batch
+never notice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernels import get_attention_backend
+from worker.block_manager import BlockManager
+from worker.checkpoint import load_model
+from worker.detokenizer import IncrementalDetokenizer
+from worker.engine_config import EngineConfig
+from worker.model_config import ModelConfig
+from worker.model_runner import ModelRunner, kv_bytes_per_block
+from worker.request_output import Completion, RequestOutput
+from worker.sampler import Sampler
+from worker.sampling_params import SamplingParams
+from worker.scheduler import Scheduler
+from worker.sequence import FinishReason, Sequence
+from worker.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+Prompt = str | list[int] | list[dict[str, Any]]
+
+
+class InvalidRequestError(ValueError):
+    """A request the engine refuses; the message says what to change."""
+
+
+@dataclass
+class _Tracked:
+    seq: Sequence
+    detokenizer: IncrementalDetokenizer
+
+
+class Engine:
+    def __init__(self, model_dir: str | Path, config: EngineConfig | None = None) -> None:
+        config = config or EngineConfig()
+        self.config = config
+        self.model_dir = Path(model_dir)
+        if not self.model_dir.is_dir():
+            raise FileNotFoundError(f"model directory not found: {self.model_dir}")
+        self.model_config = ModelConfig.from_model_dir(self.model_dir, dtype=config.dtype)
+        self.tokenizer = Tokenizer.from_dir(self.model_dir)
+        self.device = torch.device(config.device)
+        max_positions = self.model_config.max_position_embeddings
+        if config.max_model_len is not None and config.max_model_len > max_positions:
+            raise ValueError(
+                f"max_model_len {config.max_model_len} exceeds the model's max_position_embeddings {max_positions}"
+            )
+        self.max_model_len = config.max_model_len or max_positions
+        self.eos_token_ids = frozenset(_read_eos_ids(self.model_dir, self.model_config, self.tokenizer))
+
+        start = time.perf_counter()
+        model = load_model(self.model_dir, self.model_config, self.device)
+        self.load_s = time.perf_counter() - start
+
+        block_bytes = kv_bytes_per_block(self.model_config, config.block_size, self.model_config.torch_dtype)
+        num_blocks = config.num_kv_blocks or config.kv_cache_bytes // block_bytes
+        if num_blocks < 1:
+            raise ValueError(
+                f"kv_cache_bytes={config.kv_cache_bytes} is smaller than one KV block ({block_bytes} bytes)"
+            )
+        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+        )
+        self.runner = ModelRunner(
+            model, self.model_config, num_blocks=num_blocks, block_size=config.block_size,
+            backend=get_attention_backend(self.device, config.attention_backend), device=self.device,
+        )
+        self.sampler = Sampler()
+        self._tracked: dict[str, _Tracked] = {}
+        self._next_id = itertools.count()
+        logger.info(
+            "engine ready: %s (%s, %.1fM params) loaded in %.2f s; %d KV blocks x %d tokens; attention=%s",
+            self.model_dir.name, self.model_config.architecture, self.model_config.num_params / 1e6,
+            self.load_s, num_blocks, config.block_size, self.runner.backend.name,
+        )
+
+    # ---- admission -------------------------------------------------------------------------
+
+    def prepare_request(self, prompt: Prompt, params: SamplingParams | None = None,
+                        request_id: str | None = None) -> Sequence:
+        """Validates and tokenizes a request without touching engine state (thread-safe)."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"params must be SamplingParams, got {type(params).__name__}")
+        prompt_ids = self._tokenize(prompt)
+        if len(prompt_ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt is {len(prompt_ids)} tokens but the model's context is {self.max_model_len} tokens "
+                "(including at least one output token); shorten the prompt"
+            )
+        needed = min(len(prompt_ids) + params.max_tokens, self.max_model_len)
+        if needed > self.block_manager.capacity_tokens:
+            raise InvalidRequestError(
+                f"request needs up to {needed} KV-cache slots (prompt + max_tokens) but this instance's cache "
+                f"holds {self.block_manager.capacity_tokens}; lower max_tokens or shorten the prompt"
+            )
+        generator = torch.Generator(device=self.device)
+        if params.seed is not None:
+            generator.manual_seed(params.seed)
+        else:
+            generator.seed()
+        return Sequence(
+            request_id=request_id if request_id is not None else f"req-{next(self._next_id)}",
+            prompt_token_ids=prompt_ids,
+            params=params,
+            max_model_len=self.max_model_len,
+            generator=generator,
+        )
+
+    def enqueue(self, seq: Sequence) -> None:
+        """Admits a prepared request to the scheduler's queue."""
+        if seq.request_id in self._tracked:
+            raise InvalidRequestError(f"request id {seq.request_id!r} is already in use")
+        detokenizer = IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids, stop=seq.params.stop)
+        self._tracked[seq.request_id] = _Tracked(seq, detokenizer)
+        self.scheduler.add(seq)
+
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Validates and queues a request; returns its id. Raises `InvalidRequestError`."""
+        seq = self.prepare_request(prompt, params, request_id)
+        self.enqueue(seq)
+        return seq.request_id
+
+    def _tokenize(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt must not be empty")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+        elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+            try:
+                ids = self.tokenizer.encode_chat(prompt, add_generation_prompt=True)
+            except ValueError as exc:
+                raise InvalidRequestError(str(exc)) from exc
+        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            vocab = self.model_config.vocab_size
+            bad = [t for t in prompt if not 0 <= t < vocab]
+            if bad:
+                raise InvalidRequestError(f"prompt token ids must be in [0, {vocab}), got {bad[:5]}")
+            ids = list(prompt)
+        else:
+            raise InvalidRequestError("prompt must be a string, a list of token ids, or a list of chat messages")
+        if not ids:
+            raise InvalidRequestError("prompt must not be empty")
+        return ids
+
+    # ---- running ---------------------------------------------------------------------------
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._tracked)
+
+    def step(self) -> list[RequestOutput]:
+        """Schedules, runs one forward pass, samples; returns news for requests that got a token."""
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        block_tables = [self.block_manager.block_table(seq.request_id) for seq in batch.seqs]
+        logits, sample_indices = self.runner.execute(batch, block_tables)
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += num_new
+        if not sample_indices:
+            return []
+        sampled = [batch.seqs[i] for i in sample_indices]
+        token_ids = self.sampler.sample(logits, [s.params for s in sampled], [s.generator for s in sampled])
+        return [self._append(seq, token_id) for seq, token_id in zip(sampled, token_ids)]
+
+    def _append(self, seq: Sequence, token_id: int) -> RequestOutput:
+        tracked = self._tracked[seq.request_id]
+        seq.append_token(token_id)
+        text = tracked.detokenizer.append(token_id)
+        params = seq.params
+        reason: FinishReason | None = None
+        if tracked.detokenizer.stopped:
+            reason = FinishReason.STOP
+        elif token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
+            reason = FinishReason.STOP
+        elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            reason = FinishReason.LENGTH
+        if reason is not None:
+            if not tracked.detokenizer.stopped:
+                text += tracked.detokenizer.flush()
+            self._retire(seq, reason)
+        return self._output(seq, (token_id,), text)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Cancels a request wherever it is; its KV blocks are freed at once. None if unknown."""
+        tracked = self._tracked.get(request_id)
+        if tracked is None:
+            return None
+        self._retire(tracked.seq, FinishReason.ABORT)
+        return self._output(tracked.seq, (), "")
+
+    def _retire(self, seq: Sequence, reason: FinishReason) -> None:
+        self.scheduler.finish(seq, reason)
+        del self._tracked[seq.request_id]
+
+    @staticmethod
+    def _output(seq: Sequence, new_token_ids: tuple[int, ...], text: str) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=new_token_ids,
+            new_text=text,
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason.value if seq.finish_reason else None,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+        )
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[Completion]:
+        """Runs a batch of prompts to completion (offline use, tests, benchmarks)."""
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError("give one SamplingParams, or one per prompt")
+        seqs = [self.prepare_request(p, sp) for p, sp in zip(prompts, params_list)]
+        for seq in seqs:
+            self.enqueue(seq)
+        texts = {seq.request_id: [] for seq in seqs}
+        wanted = set(texts)
+        while wanted & set(self._tracked):
+            for out in self.step():
+                if out.request_id in texts:
+                    texts[out.request_id].append(out.new_text)
+        return [
+            Completion(
+                request_id=seq.request_id,
+                output_token_ids=tuple(seq.output_token_ids),
+                text="".join(texts[seq.request_id]),
+                finish_reason=seq.finish_reason.value,
+                num_prompt_tokens=seq.num_prompt_tokens,
+            )
+            for seq in seqs
+        ]
+
+
+def _read_eos_ids(model_dir: Path, config: ModelConfig, tokenizer: Tokenizer) -> tuple[int, ...]:
+    """End-of-sequence ids the way `transformers.generate` picks them: generation_config.json
+    first, then config.json, then the tokenizer's."""
+    path = model_dir / "generation_config.json"
+    if path.is_file():
+        try:
+            eos = json.loads(path.read_text()).get("eos_token_id")
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+        if eos is not None:
+            return tuple(eos) if isinstance(eos, list) else (eos,)
+    if config.eos_token_ids:
+        return config.eos_token_ids
+    return tuple(tokenizer.eos_token_ids)

@@ -1,0 +1,43 @@
+"""How an engine instance is sized: KV-cache pool, batch limits, device. Validated up front."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from worker.model_config import DTYPES
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # Tokens per KV block. 16 matches the Triton kernels' tile and keeps waste per sequence small.
+    block_size: int = 16
+    # KV pool size: an explicit block count wins; otherwise as many blocks as fit in kv_cache_bytes.
+    num_kv_blocks: int | None = None
+    kv_cache_bytes: int = 512 * MiB
+    max_num_seqs: int = 64
+    # Per-step token budget shared by prefill chunks and decodes.
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+    # Longest prompt + output; None means the model's max_position_embeddings.
+    max_model_len: int | None = None
+    # Weights and KV dtype; None means the checkpoint's.
+    dtype: str | None = None
+    device: str = "cpu"
+    # Force an attention backend by name ("reference"); None picks by device.
+    attention_backend: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("num_kv_blocks", "max_model_len"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)} or None, got {self.dtype!r}")
+        if not self.device.startswith(("cpu", "cuda")):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")

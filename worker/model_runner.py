@@ -1,0 +1,79 @@
+"""Turns a scheduled batch into one forward pass over the paged KV cache.
+
+The runner owns the device side: the model, the KV pool (one key and one value tensor of
+``[num_blocks, block_size, Hkv, D]`` per layer, carved from a single allocation) and the
+attention backend. Per step it flattens the scheduled sequences into a ragged batch, builds
+the `AttentionMetadata` once for all layers, and returns logits only for the sequences whose
+KV has caught up with their tokens (the ones that sample this step).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels import AttentionBackend, AttentionMetadata
+from worker.llama import LlamaForCausalLM
+from worker.model_config import ModelConfig
+from worker.scheduler import ScheduledBatch
+
+
+def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    element_size = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * element_size
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        config: ModelConfig,
+        *,
+        num_blocks: int,
+        block_size: int,
+        backend: AttentionBackend,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.block_size = block_size
+        self.backend = backend
+        self.device = device
+        dtype = config.torch_dtype
+        # [L, 2, num_blocks, block_size, Hkv, D]: one allocation, per-layer views.
+        self.kv_pool = torch.zeros(
+            config.num_hidden_layers, 2, num_blocks, block_size, config.num_key_value_heads, config.head_dim,
+            dtype=dtype, device=device,
+        )
+        self.kv_caches = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(config.num_hidden_layers)]
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch, block_tables: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
+        """Runs the batch; returns (logits [N, V] float32, indices into batch.seqs of those N rows)."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        sample_rows: list[int] = []
+        sample_seq_indices: list[int] = []
+        for i, (seq, num_new) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+            start = seq.num_computed_tokens
+            end = start + num_new
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            query_lens.append(num_new)
+            seq_lens.append(end)
+            if end == seq.num_tokens:
+                sample_rows.append(len(input_ids) - 1)
+                sample_seq_indices.append(i)
+        metadata = AttentionMetadata.build(
+            block_tables=block_tables, query_lens=query_lens, seq_lens=seq_lens,
+            block_size=self.block_size, device=self.device,
+        )
+        ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)  # [T]
+        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)  # [T]
+        hidden = self.model(ids, pos, self.kv_caches, metadata, self.backend)  # [T, H]
+        if not sample_rows:
+            return hidden.new_empty((0, self.config.vocab_size), dtype=torch.float32), []
+        rows = torch.tensor(sample_rows, dtype=torch.int64, device=self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, rows))  # [N, V]
+        return logits, sample_seq_indices

@@ -1,0 +1,32 @@
+"""What the engine hands back: per-step deltas for streaming and whole completions.
+
+Both print without their text (house rule: logs never carry prompts or completions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One step's news for one request: the tokens and text added since the last output."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    new_text: str = field(repr=False)
+    finished: bool
+    finish_reason: str | None  # "stop", "length", "abort" once finished
+    num_prompt_tokens: int
+    num_output_tokens: int
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished request, gathered from its outputs."""
+
+    request_id: str
+    output_token_ids: tuple[int, ...]
+    text: str = field(repr=False)
+    finish_reason: str
+    num_prompt_tokens: int

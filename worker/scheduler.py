@@ -1,0 +1,136 @@
+"""Continuous batching under a per-step token budget, with chunked prefill and preemption.
+
+Each step the scheduler hands out at most ``max_num_batched_tokens`` new tokens: first to
+running sequences in admission order (a decoding sequence needs one, a sequence mid-prefill
+gets as much of its remaining prompt as the budget allows), then to waiting sequences, oldest
+first, while sequence slots and KV blocks last. When a running sequence cannot get a KV block,
+the most recently admitted running sequence is preempted: its blocks are freed and it goes
+back to the front of the queue to be recomputed later (recompute beats swapping on CPU, and
+it keeps the block pool the single source of truth). Preemption victims are always the
+youngest, so the oldest requests keep making progress and the system cannot livelock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from worker.block_manager import BlockManager
+from worker.sequence import FinishReason, Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    """What one engine step computes: per sequence, how many of its pending tokens."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_chunked_prefill: bool = True,
+    ) -> None:
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        if max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {max_num_batched_tokens}")
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self._grow_or_preempt(seq, num_new, batch):
+                break  # seq itself was preempted: everything after it already was
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(num_new)
+            budget -= num_new
+            index += 1
+        if batch.preempted:
+            return batch  # memory is tight: admit nothing new this step
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            num_new = seq.num_tokens - seq.num_computed_tokens
+            if self.enable_chunked_prefill:
+                num_new = min(num_new, budget)
+            elif num_new > budget and batch.seqs:
+                break  # an unchunked prefill waits for a step of its own
+            if not self.block_manager.can_allocate(seq.request_id, seq.num_computed_tokens + num_new):
+                break
+            self.block_manager.allocate(seq.request_id, seq.num_computed_tokens + num_new)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(num_new)
+            budget -= num_new
+        return batch
+
+    def _grow_or_preempt(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> bool:
+        """Makes room for ``seq``'s next ``num_new`` tokens, preempting the youngest running
+        sequences as needed. Returns False if ``seq`` itself had to be preempted."""
+        total = seq.num_computed_tokens + num_new
+        while not self.block_manager.can_allocate(seq.request_id, total):
+            victim = self.running.pop()
+            self._preempt(victim)
+            batch.preempted.append(victim)
+            if victim is seq:
+                return False
+        self.block_manager.allocate(seq.request_id, total)
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.block_manager.free(seq.request_id)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """Retires ``seq`` (running or waiting) and frees its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq.request_id)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
