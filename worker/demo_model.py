@@ -116,7 +116,9 @@ def build_tokenizer(out_dir: str | Path, vocab_size: int = 1024) -> Path:
         raise ValueError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
     min_size = 256 + len(SPECIAL_TOKENS)
     if vocab_size < min_size:
-        raise ValueError(f"vocab_size must be at least {min_size} (256 byte symbols + special tokens), got {vocab_size}")
+        raise ValueError(
+            f"vocab_size must be at least {min_size} (256 byte symbols + special tokens), got {vocab_size}"
+        )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -325,7 +327,7 @@ def write_demo_model(
         _write_json(tmp_dir / "config.json", _model_config_json(config, vocab_size, bos_id, eos_ids))
         _write_json(
             tmp_dir / "generation_config.json",
-            {"bos_token_id": bos_id, "eos_token_id": eos_ids, "transformers_version": "5.0.0"},
+            {"bos_token_id": bos_id, "eos_token_id": eos_ids},
         )
         save_file(_random_weights(config, vocab_size), str(tmp_dir / "model.safetensors"), metadata={"format": "pt"})
         os.chmod(tmp_dir, 0o755)  # mkdtemp makes it 0o700

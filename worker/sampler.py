@@ -78,7 +78,7 @@ def _mask_top_k_rows_(logits: torch.Tensor, ks: torch.Tensor, max_k: int) -> Non
     """
     top_values = torch.topk(logits, max_k, dim=-1, sorted=True).values  # [M, max_k], descending
     thresholds = top_values.gather(1, (ks - 1).unsqueeze(1))  # [M, 1]: k-th largest per row
-    logits.masked_fill_(logits < thresholds - 1, float("-inf"))
+    logits.masked_fill_(logits < thresholds, float("-inf"))
 
 
 def _top_p_keep_mask_rows(probs: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:

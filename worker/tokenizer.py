@@ -86,7 +86,9 @@ def _special_tokens_from_config(config: Mapping[str, Any]) -> tuple[dict[str, st
     elif isinstance(extras_value, list):
         extras = [_token_content(value) for value in extras_value]
     elif extras_value is not None:
-        raise ValueError("tokenizer_config.json: extra_special_tokens must be a list of tokens or a dict of named tokens")
+        raise ValueError(
+            "tokenizer_config.json: extra_special_tokens must be a list of tokens or a dict of named tokens"
+        )
     for key, value in config.items():
         if key.endswith("_token") and key not in named and (
             isinstance(value, str) or (isinstance(value, Mapping) and isinstance(value.get("content"), str))
@@ -238,7 +240,6 @@ class Tokenizer:
         missing = [t for t in wanted if backend.token_to_id(t) is None]
         if missing:
             backend.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in missing])
-        self._chat_template_source = chat_template
         self._chat_template = _compile_chat_template(chat_template) if chat_template is not None else None
         # BPE output is corrupted by the WordPiece-era clean-up, so transformers 5 skips it for BPE.
         self._clean_up = clean_up_tokenization_spaces and type(backend.model).__name__ != "BPE"

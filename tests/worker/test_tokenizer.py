@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import jinja2
 import pytest
 
 from worker.demo_model import BOS_TOKEN, EOS_TOKEN, EOT_TOKEN, build_tokenizer
@@ -143,14 +144,15 @@ def test_template_raise_exception_surfaces(tmp_path):
     config = json.loads(config_path.read_text())
     config["chat_template"] = [
         {"name": "tool_use", "template": "unused"},
-        {"name": "default", "template": "{{ raise_exception('no system role') if messages[0].role == 'system' }}"
-         "{{ messages | tojson }}"},
+        {
+            "name": "default",
+            "template": "{{ raise_exception('no system role') if messages[0].role == 'system' }}"
+            "{{ messages | tojson }}",
+        },
     ]
     config_path.write_text(json.dumps(config))
     tok = Tokenizer.from_dir(tmp_path)
     assert tok.apply_chat_template([{"role": "user", "content": "é"}]) == '[{"role": "user", "content": "é"}]'
-    import jinja2
-
     with pytest.raises(jinja2.exceptions.TemplateError, match="no system role"):
         tok.apply_chat_template([{"role": "system", "content": "x"}])
 

@@ -1,0 +1,391 @@
+"""Engine throughput benchmark: Thaw's continuous batching against `transformers.generate`.
+
+One run builds a randomly initialised Llama (~100M parameters; a few million with `--quick`)
+with `worker.demo_model`, draws one seeded workload of requests with varied prompt and output
+lengths, and serves it twice in the same process, on the same threads, in float32 on CPU:
+
+* Thaw: every request is added to one `Engine` at once and the engine steps until all are done
+  (continuous batching, chunked prefill, paged KV cache).
+* transformers: the requests in arrival order, in static batches of `hf_batch_size`, left-padded
+  with an attention mask; each batch generates as many tokens as its longest request wants
+  (the usual way to serve a list of prompts with `generate`).
+
+Both decode greedily and never stop early (EOS is ignored by Thaw and disabled in the
+transformers generation config), so both produce exactly the planned tokens. Only the planned
+tokens count as generated ("useful") tokens for either system; the tokens transformers computes
+past a request's own length to keep its batch rectangular are its padding cost.
+
+A second figure is batch-1 latency: one request alone, time per output token after the first
+(decode only), measured by stepping the engine and, for transformers, from the difference
+between `generate(max_new_tokens=n)` and `generate(max_new_tokens=1)`.
+
+Targets (from the issue): throughput at least 2x transformers', batch-1 time per output token no
+worse than 1.2x transformers'. Prints exactly one JSON line on stdout; progress goes to stderr.
+
+    python bench/engine.py [--quick] [--num-requests 32] [--seed 0] [--threads N] [--out-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+if __package__ in (None, ""):
+    # Run as a script (`python bench/engine.py`): make the repo root importable.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from worker.demo_model import DemoModelConfig, demo_weight_shapes, write_demo_model  # noqa: E402
+from worker.engine import Engine  # noqa: E402
+from worker.engine_config import EngineConfig  # noqa: E402
+from worker.sampling_params import SamplingParams  # noqa: E402
+
+TARGET_THROUGHPUT_RATIO = 2.0
+TARGET_BATCH1_RATIO = 1.2
+
+
+@dataclass(frozen=True)
+class BenchMode:
+    """Sizes of one benchmark mode; `full` is the issue's benchmark, `quick` the CI smoke run."""
+
+    name: str
+    model: DemoModelConfig
+    num_requests: int
+    prompt_len_range: tuple[int, int]  # inclusive
+    output_len_range: tuple[int, int]  # inclusive
+    hf_batch_size: int  # transformers' static batch size
+    batch1_prompt_len: int
+    batch1_output_len: int
+    batch1_repeats: int
+
+    def __post_init__(self) -> None:
+        for name in ("num_requests", "hf_batch_size", "batch1_prompt_len", "batch1_repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.batch1_output_len < 2:
+            raise ValueError(f"batch1_output_len must be >= 2 (decode time excludes the first token), "
+                             f"got {self.batch1_output_len}")
+        for name in ("prompt_len_range", "output_len_range"):
+            low, high = getattr(self, name)
+            if not 1 <= low <= high:
+                raise ValueError(f"{name} must be (low, high) with 1 <= low <= high, got {(low, high)}")
+
+
+FULL = BenchMode(
+    name="full",
+    # 768 hidden, 12 layers, GQA 12/4 heads, 32000-token vocab (tokenizer ids + padding rows),
+    # tied embeddings: 100.1M parameters.
+    model=DemoModelConfig(
+        hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
+        intermediate_size=2048, vocab_size=32000, tie_word_embeddings=True, seed=0,
+    ),
+    num_requests=32,
+    prompt_len_range=(16, 256),
+    output_len_range=(16, 256),
+    hf_batch_size=8,
+    batch1_prompt_len=64,
+    batch1_output_len=128,
+    batch1_repeats=3,
+)
+
+QUICK = BenchMode(
+    name="quick",
+    model=DemoModelConfig(seed=0),  # ~3M parameters
+    num_requests=6,
+    prompt_len_range=(4, 32),
+    output_len_range=(4, 16),
+    hf_batch_size=4,
+    batch1_prompt_len=16,
+    batch1_output_len=16,
+    batch1_repeats=2,
+)
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    prompt_token_ids: tuple[int, ...]
+    num_output_tokens: int
+
+    def __repr__(self) -> str:  # never print prompts, even random ones
+        return f"BenchRequest(prompt_len={len(self.prompt_token_ids)}, num_output_tokens={self.num_output_tokens})"
+
+
+@dataclass(frozen=True)
+class WorkloadResult:
+    num_generated_tokens: int  # planned (useful) tokens only
+    elapsed_s: float
+    output_token_ids: list[tuple[int, ...]]  # per request, in workload order
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_generated_tokens / self.elapsed_s
+
+
+def _log(message: str) -> None:
+    print(f"[bench/engine] {message}", file=sys.stderr, flush=True)
+
+
+def make_requests(num_requests: int, vocab_size: int, prompt_len_range: tuple[int, int],
+                  output_len_range: tuple[int, int], seed: int) -> list[BenchRequest]:
+    """A seeded workload: uniform prompt and output lengths, uniform random prompt ids."""
+    rng = random.Random(seed)
+    requests = []
+    for _ in range(num_requests):
+        prompt_len = rng.randint(*prompt_len_range)
+        prompt = tuple(rng.randrange(vocab_size) for _ in range(prompt_len))
+        requests.append(BenchRequest(prompt, rng.randint(*output_len_range)))
+    return requests
+
+
+def _greedy(num_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True)
+
+
+# ---- Thaw ------------------------------------------------------------------------------------
+
+
+def run_thaw(engine: Engine, requests: list[BenchRequest]) -> WorkloadResult:
+    """All requests at once; the engine's scheduler batches them."""
+    start = time.perf_counter()
+    request_ids = [engine.add_request(list(r.prompt_token_ids), _greedy(r.num_output_tokens)) for r in requests]
+    outputs: dict[str, list[int]] = {rid: [] for rid in request_ids}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs[out.request_id].extend(out.new_token_ids)
+    elapsed_s = time.perf_counter() - start
+    token_ids = [tuple(outputs[rid]) for rid in request_ids]
+    for request, ids in zip(requests, token_ids):
+        if len(ids) != request.num_output_tokens:
+            raise RuntimeError(f"thaw produced {len(ids)} tokens for a request that planned {request.num_output_tokens}")
+    return WorkloadResult(sum(len(ids) for ids in token_ids), elapsed_s, token_ids)
+
+
+def thaw_batch1_s_per_token(engine: Engine, prompt_token_ids: tuple[int, ...], num_output_tokens: int) -> float:
+    """Decode time per token for one request alone: (end - first token) / (n - 1)."""
+    engine.add_request(list(prompt_token_ids), _greedy(num_output_tokens))
+    start = time.perf_counter()
+    first_token_at = None
+    num_tokens = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            num_tokens += len(out.new_token_ids)
+            if first_token_at is None and out.new_token_ids:
+                first_token_at = time.perf_counter()
+    end = time.perf_counter()
+    if num_tokens != num_output_tokens or first_token_at is None:
+        raise RuntimeError(f"thaw produced {num_tokens} tokens, planned {num_output_tokens}")
+    del start  # time to first token is not part of this figure
+    return (end - first_token_at) / (num_output_tokens - 1)
+
+
+# ---- transformers ----------------------------------------------------------------------------
+
+
+def load_transformers_model(model_dir: Path):
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    # No EOS: every row generates exactly max_new_tokens, like Thaw with ignore_eos. An explicit
+    # pad id keeps generate from borrowing EOS for it.
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def _hf_generate(model, prompts: list[tuple[int, ...]], max_new_tokens: int) -> torch.Tensor:
+    """Left-padded static batch; returns the new tokens, [B, max_new_tokens]."""
+    max_len = max(len(p) for p in prompts)
+    input_ids = torch.zeros(len(prompts), max_len, dtype=torch.long)  # [B, L], pad id 0
+    attention_mask = torch.zeros(len(prompts), max_len, dtype=torch.long)  # [B, L]
+    for row, prompt in enumerate(prompts):
+        input_ids[row, max_len - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+        attention_mask[row, max_len - len(prompt):] = 1
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+            do_sample=False, pad_token_id=0,
+        )  # [B, L + max_new_tokens]
+    new_tokens = out[:, max_len:]
+    if new_tokens.shape[1] != max_new_tokens:
+        raise RuntimeError(f"transformers generated {new_tokens.shape[1]} tokens, asked for {max_new_tokens}")
+    return new_tokens
+
+
+def run_transformers(model, requests: list[BenchRequest], batch_size: int) -> WorkloadResult:
+    """Arrival order, static batches; each batch runs to its longest request's output length."""
+    start = time.perf_counter()
+    token_ids: list[tuple[int, ...]] = []
+    for first in range(0, len(requests), batch_size):
+        batch = requests[first:first + batch_size]
+        new_tokens = _hf_generate(model, [r.prompt_token_ids for r in batch],
+                                  max(r.num_output_tokens for r in batch))
+        for row, request in enumerate(batch):
+            token_ids.append(tuple(new_tokens[row, :request.num_output_tokens].tolist()))
+    elapsed_s = time.perf_counter() - start
+    return WorkloadResult(sum(len(ids) for ids in token_ids), elapsed_s, token_ids)
+
+
+def transformers_batch1_s_per_token(model, prompt_token_ids: tuple[int, ...], num_output_tokens: int) -> float:
+    """Decode time per token for one request alone: (t(n) - t(1)) / (n - 1)."""
+    start = time.perf_counter()
+    _hf_generate(model, [prompt_token_ids], 1)
+    one_s = time.perf_counter() - start
+    start = time.perf_counter()
+    _hf_generate(model, [prompt_token_ids], num_output_tokens)
+    all_s = time.perf_counter() - start
+    return max(all_s - one_s, 0.0) / (num_output_tokens - 1)
+
+
+# ---- the run ---------------------------------------------------------------------------------
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cpus"
+
+
+def _engine_config(requests: list[BenchRequest], block_size: int = 16) -> EngineConfig:
+    # Enough KV blocks for every request at full length: the benchmark measures batching, not
+    # preemption.
+    num_blocks = sum(-(-(len(r.prompt_token_ids) + r.num_output_tokens) // block_size) for r in requests)
+    return EngineConfig(
+        block_size=block_size, num_kv_blocks=num_blocks + 16, max_num_seqs=max(len(requests), 1),
+        max_num_batched_tokens=2048, enable_chunked_prefill=True, dtype="float32", device="cpu",
+    )
+
+
+def run(mode: BenchMode, num_requests: int, seed: int, threads: int, model_dir: Path) -> dict:
+    torch.set_num_threads(threads)
+    vocab_size = mode.model.vocab_size
+    _log(f"mode={mode.name} threads={threads}; writing the demo model to {model_dir}")
+    write_demo_model(model_dir, mode.model, overwrite=True)
+    if vocab_size is None:
+        vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    num_params = sum(
+        torch.Size(shape).numel() for shape in demo_weight_shapes(mode.model, vocab_size).values()
+    )
+    _log(f"model: {num_params / 1e6:.1f}M parameters, vocab {vocab_size}")
+
+    requests = make_requests(num_requests, vocab_size, mode.prompt_len_range, mode.output_len_range, seed)
+    batch1_prompt = make_requests(1, vocab_size, (mode.batch1_prompt_len,) * 2, (1, 1), seed + 1)[0].prompt_token_ids
+    num_prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
+    _log(f"workload: {len(requests)} requests, {num_prompt_tokens} prompt tokens, "
+         f"{sum(r.num_output_tokens for r in requests)} output tokens")
+
+    engine = Engine(model_dir, _engine_config(requests))
+    hf_model = load_transformers_model(model_dir)
+
+    warmup = [BenchRequest(batch1_prompt[:8], 4), BenchRequest(batch1_prompt[:5], 3)]
+    run_thaw(engine, warmup)
+    run_transformers(hf_model, warmup, batch_size=2)
+
+    _log("thaw: serving the workload")
+    thaw = run_thaw(engine, requests)
+    _log(f"thaw: {thaw.num_generated_tokens} tokens in {thaw.elapsed_s:.2f} s = {thaw.tokens_per_s:.1f} tok/s")
+    _log(f"transformers: serving the workload in static batches of {mode.hf_batch_size}")
+    hf = run_transformers(hf_model, requests, mode.hf_batch_size)
+    _log(f"transformers: {hf.num_generated_tokens} tokens in {hf.elapsed_s:.2f} s = {hf.tokens_per_s:.1f} tok/s")
+
+    # Sanity, not timing: greedy outputs should agree. Random-init models have near-ties in the
+    # argmax that batching-dependent rounding can flip, so a mismatch is a warning, not a failure.
+    num_checked = min(2, len(requests))
+    num_matching = sum(thaw.output_token_ids[i] == hf.output_token_ids[i] for i in range(num_checked))
+    if num_matching != num_checked:
+        for i in range(num_checked):
+            a, b = thaw.output_token_ids[i], hf.output_token_ids[i]
+            if a != b:
+                first_diff = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                _log(f"WARNING: request {i}: thaw and transformers greedy outputs differ from token {first_diff} "
+                     f"of {len(a)}")
+
+    thaw_tpot, hf_tpot = [], []
+    for _ in range(mode.batch1_repeats):  # interleaved so drift hits both alike
+        thaw_tpot.append(thaw_batch1_s_per_token(engine, batch1_prompt, mode.batch1_output_len))
+        hf_tpot.append(transformers_batch1_s_per_token(hf_model, batch1_prompt, mode.batch1_output_len))
+    thaw_ms = statistics.median(thaw_tpot) * 1e3
+    hf_ms = statistics.median(hf_tpot) * 1e3
+    _log(f"batch-1 decode: thaw {thaw_ms:.2f} ms/token, transformers {hf_ms:.2f} ms/token")
+
+    throughput_ratio = thaw.tokens_per_s / hf.tokens_per_s
+    batch1_ratio = thaw_ms / hf_ms if hf_ms > 0 else float("inf")
+    import transformers
+
+    return {
+        "bench": "engine",
+        "mode": mode.name,
+        "params_m": round(num_params / 1e6, 1),
+        "num_requests": len(requests),
+        "prompt_tokens": num_prompt_tokens,
+        "generated_tokens": thaw.num_generated_tokens,
+        "thaw_s": round(thaw.elapsed_s, 3),
+        "transformers_s": round(hf.elapsed_s, 3),
+        "thaw_tokens_per_s": round(thaw.tokens_per_s, 1),
+        "transformers_tokens_per_s": round(hf.tokens_per_s, 1),
+        "throughput_ratio": round(throughput_ratio, 3),
+        "transformers_batch_size": mode.hf_batch_size,
+        "batch1_prompt_len": mode.batch1_prompt_len,
+        "batch1_output_len": mode.batch1_output_len,
+        "thaw_batch1_ms_per_token": round(thaw_ms, 3),
+        "transformers_batch1_ms_per_token": round(hf_ms, 3),
+        "batch1_ratio": round(batch1_ratio, 3),
+        "target_throughput_ratio": TARGET_THROUGHPUT_RATIO,
+        "target_batch1_ratio": TARGET_BATCH1_RATIO,
+        "meets_targets": throughput_ratio >= TARGET_THROUGHPUT_RATIO and batch1_ratio <= TARGET_BATCH1_RATIO,
+        "outputs_match": f"{num_matching}/{num_checked}",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": threads,
+        "machine": _machine(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny model and workload (seconds; what CI runs)")
+    parser.add_argument("--num-requests", type=int, default=None,
+                        help=f"requests in the workload (default {FULL.num_requests}, {QUICK.num_requests} with --quick)")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (the model's seed is fixed)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="torch intra-op threads for both systems (default: all cores)")
+    parser.add_argument("--out-dir", type=Path, default=None,
+                        help="where to write the demo model (replaced if present; default: a temp dir)")
+    args = parser.parse_args(argv)
+    mode = QUICK if args.quick else FULL
+    num_requests = mode.num_requests if args.num_requests is None else args.num_requests
+    if num_requests < 1:
+        parser.error("--num-requests must be >= 1")
+    if args.threads < 1:
+        parser.error("--threads must be >= 1")
+
+    if args.out_dir is not None:
+        result = run(mode, num_requests, args.seed, args.threads, args.out_dir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="thaw-bench-engine-") as tmp:
+            result = run(mode, num_requests, args.seed, args.threads, Path(tmp) / "model")
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

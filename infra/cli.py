@@ -1,0 +1,153 @@
+"""The ``thaw`` command line.
+
+Each subcommand is a small function over the public APIs of the other folders; argument
+errors exit with status 2 and a message naming the flag, runtime failures with status 1 and
+a one-line ``error:`` message (the traceback only with ``--debug``), so scripts can rely on
+exit codes and humans get something actionable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad input from the command line: exit status 2."""
+
+
+def _cmd_demo_model(args: argparse.Namespace) -> int:
+    from worker import DemoModelConfig, write_demo_model
+
+    out_dir = Path(args.dir)
+    if args.exist_ok and (out_dir / "config.json").is_file() and (out_dir / "model.safetensors").is_file():
+        print(f"demo model already present in {out_dir}", file=sys.stderr)
+        return EXIT_OK
+    try:
+        config = DemoModelConfig(
+            hidden_size=args.hidden_size, num_hidden_layers=args.layers, seed=args.seed, dtype=args.dtype
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    start = time.perf_counter()
+    try:
+        path = write_demo_model(out_dir, config, overwrite=args.overwrite)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    print(
+        f"wrote a demo Llama model to {path} in {time.perf_counter() - start:.1f} s\n"
+        "note: its weights are random, so it produces gibberish; it exists to exercise the platform "
+        "without downloading anything.",
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from worker import Engine, EngineConfig, InvalidRequestError, SamplingParams
+
+    try:
+        params = SamplingParams(
+            max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            seed=args.seed, stop=tuple(args.stop or ()), ignore_eos=args.ignore_eos,
+        )
+        config = EngineConfig(dtype=args.dtype, device=args.device)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if not args.prompt:
+        raise UsageError("prompt must not be empty")
+    engine = Engine(args.model_dir, config)
+    print(f"[thaw] loaded {Path(args.model_dir).name} in {engine.load_s:.2f} s", file=sys.stderr)
+    prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
+    try:
+        request_id = engine.add_request(prompt, params)
+    except InvalidRequestError as exc:
+        raise UsageError(str(exc)) from exc
+    start = time.perf_counter()
+    first_token_s = None
+    num_tokens, finish_reason, text_parts = 0, None, []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id != request_id:
+                continue
+            if first_token_s is None and out.new_token_ids:
+                first_token_s = time.perf_counter() - start
+            num_tokens = out.num_output_tokens
+            text_parts.append(out.new_text)
+            if not args.json:
+                sys.stdout.write(out.new_text)
+                sys.stdout.flush()
+            if out.finished:
+                finish_reason = out.finish_reason
+    elapsed = time.perf_counter() - start
+    if args.json:
+        print(json.dumps({"text": "".join(text_parts), "num_output_tokens": num_tokens,
+                          "finish_reason": finish_reason, "elapsed_s": round(elapsed, 4)}))
+    else:
+        sys.stdout.write("\n")
+        rate = num_tokens / elapsed if elapsed > 0 else 0.0
+        print(f"[thaw] {num_tokens} tokens, finish_reason={finish_reason}, first token "
+              f"{(first_token_s or 0) * 1000:.0f} ms, {rate:.1f} tokens/s", file=sys.stderr)
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="thaw", description="Thaw: serverless multi-model LLM serving")
+    parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser("demo-model", help="write a small random-weight Llama model (Hugging Face format)")
+    demo.add_argument("dir", help="output directory (must be empty or absent)")
+    demo.add_argument("--overwrite", action="store_true", help="replace a non-empty directory")
+    demo.add_argument("--exist-ok", action="store_true", help="do nothing if a model is already there")
+    demo.add_argument("--hidden-size", type=int, default=256)
+    demo.add_argument("--layers", type=int, default=4)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    demo.set_defaults(func=_cmd_demo_model)
+
+    gen = sub.add_parser("generate", help="generate text from a model directory, streamed to the terminal")
+    gen.add_argument("model_dir", help="Hugging Face model directory (config.json, *.safetensors, tokenizer.json)")
+    gen.add_argument("prompt")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", help="stop string (repeatable)")
+    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"])
+    gen.add_argument("--device", default="cpu")
+    gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    gen.set_defaults(func=_cmd_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"thaw {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence
+        if args.debug:
+            raise
+        print(f"thaw {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

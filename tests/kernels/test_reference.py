@@ -1,0 +1,113 @@
+"""The PyTorch reference paged attention against dense attention computed from scratch.
+
+Each case builds per-sequence K/V, scatters them into a pool of physical blocks through
+`write_kv_cache` with shuffled block tables, then checks every query row against float64
+softmax attention over the sequence's contiguous K/V: the paging, the causal mask within a
+prefill chunk, GQA head mapping and sliding windows are all exercised.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernels import AttentionMetadata, ReferenceAttentionBackend, get_attention_backend
+
+
+def dense_attention(q, k, v, seq_len, scale, window):
+    # q: [Q, Hq, D]; k, v: [S, Hkv, D] -> [Q, Hq, D], float64
+    q_len, num_heads, _ = q.shape
+    group = num_heads // k.shape[1]
+    out = torch.empty(q.shape, dtype=torch.float64)
+    for i in range(q_len):
+        pos = seq_len - q_len + i
+        lo = 0 if window is None else max(0, pos - window + 1)
+        for h in range(num_heads):
+            keys = k[lo : pos + 1, h // group].double()
+            scores = keys @ q[i, h].double() * scale
+            weights = torch.softmax(scores, dim=0)
+            out[i, h] = weights @ v[lo : pos + 1, h // group].double()
+    return out
+
+
+def build_case(query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, seed):
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks_needed = sum(math.ceil(s / block_size) for s in seq_lens)
+    num_blocks = num_blocks_needed + 5
+    physical = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, cursor = [], 0
+    for s in seq_lens:
+        n = math.ceil(s / block_size)
+        tables.append(physical[cursor : cursor + n])
+        cursor += n
+    keys = [torch.randn(s, num_kv_heads, head_dim, generator=gen) for s in seq_lens]
+    values = [torch.randn(s, num_kv_heads, head_dim, generator=gen) for s in seq_lens]
+    queries = [torch.randn(q, num_heads, head_dim, generator=gen) for q in query_lens]
+    key_cache = torch.zeros(num_blocks, block_size, num_kv_heads, head_dim)
+    value_cache = torch.zeros_like(key_cache)
+    # Write the whole context at once: metadata for "every token is new" gives every slot.
+    full = AttentionMetadata.build(block_tables=tables, query_lens=list(seq_lens), seq_lens=list(seq_lens),
+                                   block_size=block_size)
+    backend = ReferenceAttentionBackend()
+    backend.write_kv_cache(torch.cat(keys), torch.cat(values), key_cache, value_cache, full.slot_mapping)
+    meta = AttentionMetadata.build(block_tables=tables, query_lens=list(query_lens), seq_lens=list(seq_lens),
+                                   block_size=block_size)
+    return queries, keys, values, key_cache, value_cache, meta
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2), (8, 1)])
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("window", [None, 5])
+def test_mixed_batch_matches_dense(num_heads, num_kv_heads, block_size, window):
+    # decode rows (q_len 1), a full prefill, a chunk continuing a cached prefix; odd lengths.
+    query_lens = [1, 7, 1, 5, 1, 13]
+    seq_lens = [9, 7, 33, 21, 1, 30]
+    head_dim = 16
+    queries, keys, values, key_cache, value_cache, meta = build_case(
+        query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, seed=block_size + num_heads)
+    scale = head_dim ** -0.5
+    out = ReferenceAttentionBackend().paged_attention(torch.cat(queries), key_cache, value_cache, meta, scale, window)
+    assert out.shape == (sum(query_lens), num_heads, head_dim)
+    start = 0
+    for q, k, v, s in zip(queries, keys, values, seq_lens):
+        expected = dense_attention(q, k, v, s, scale, window)
+        torch.testing.assert_close(out[start : start + q.shape[0]].double(), expected, atol=1e-5, rtol=1e-5)
+        start += q.shape[0]
+
+
+def test_write_kv_cache_puts_each_token_in_its_slot():
+    block_size, num_kv_heads, head_dim = 4, 2, 3
+    meta = AttentionMetadata.build(block_tables=[[5, 2], [0]], query_lens=[2, 3], seq_lens=[6, 3],
+                                   block_size=block_size)
+    # seq 0 writes positions 4, 5 -> block 2 slots 0, 1; seq 1 writes positions 0..2 -> block 0.
+    assert meta.slot_mapping.tolist() == [8, 9, 0, 1, 2]
+    key = torch.arange(5 * num_kv_heads * head_dim, dtype=torch.float32).view(5, num_kv_heads, head_dim)
+    key_cache = torch.zeros(6, block_size, num_kv_heads, head_dim)
+    value_cache = torch.zeros_like(key_cache)
+    ReferenceAttentionBackend().write_kv_cache(key, -key, key_cache, value_cache, meta.slot_mapping)
+    torch.testing.assert_close(key_cache[2, 0], key[0])
+    torch.testing.assert_close(key_cache[2, 1], key[1])
+    torch.testing.assert_close(key_cache[0, :3], key[2:])
+    torch.testing.assert_close(value_cache[0, :3], -key[2:])
+    assert key_cache[1].abs().sum() == 0 and key_cache[5].abs().sum() == 0
+
+
+def test_metadata_validates_and_slots_are_64_bit():
+    with pytest.raises(ValueError, match="cannot hold"):
+        AttentionMetadata.build(block_tables=[[0]], query_lens=[1], seq_lens=[5], block_size=4)
+    with pytest.raises(ValueError, match="query_len <= seq_len"):
+        AttentionMetadata.build(block_tables=[[0, 1]], query_lens=[6], seq_lens=[5], block_size=4)
+    # a block id whose slot offset is past 2**31 must survive intact
+    big_block = (2**31) // 16 + 7
+    meta = AttentionMetadata.build(block_tables=[[big_block]], query_lens=[1], seq_lens=[3], block_size=16)
+    assert meta.slot_mapping.dtype == torch.int64
+    assert meta.slot_mapping.tolist() == [big_block * 16 + 2]
+
+
+def test_backend_selection():
+    assert get_attention_backend("cpu").name == "reference"
+    assert get_attention_backend("cpu", prefer="reference").name == "reference"
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        get_attention_backend("cpu", prefer="nope")

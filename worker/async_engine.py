@@ -1,0 +1,143 @@
+"""An asyncio face on the engine: ``async for out in engine.generate(prompt, params)``.
+
+The engine is single threaded and its steps are long, blocking tensor work, so it runs on
+a dedicated thread that owns it. Callers never touch the engine directly: `generate`
+validates the request in the caller (so a bad request raises right there, alone), then
+posts it to the engine thread's inbox; the engine thread posts each step's outputs back
+to the caller's event loop. Leaving the ``async for`` early — a client that disconnected —
+aborts the request on the engine, which frees its KV blocks at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from worker.engine import Engine, InvalidRequestError, Prompt
+from worker.request_output import RequestOutput
+from worker.sampling_params import SamplingParams
+from worker.sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped on an error; every open request fails with it."""
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._lock = threading.Lock()  # guards _streams between the caller loops and the engine thread
+        self._stopped = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="thaw-engine", daemon=True)
+        self._thread.start()
+
+    async def generate(self, prompt: Prompt, params: SamplingParams | None = None,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Streams a request's outputs; raises `InvalidRequestError` before the first one for bad input."""
+        if self._error is not None:
+            raise EngineDeadError(f"engine stopped: {self._error!r}")
+        if self._stopped.is_set():
+            raise EngineDeadError("engine is shut down")
+        seq = self.engine.prepare_request(prompt, params, request_id)
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        with self._lock:
+            if seq.request_id in self._streams:
+                raise InvalidRequestError(f"request id {seq.request_id!r} is already in use")
+            self._streams[seq.request_id] = stream
+        self._inbox.put(("add", seq))
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self._inbox.put(("abort", seq.request_id))
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        self._stopped.set()
+        self._inbox.put(("stop", None))
+        self._thread.join(timeout_s)
+
+    # ---- engine thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopped.is_set():
+                # Block for work when idle; otherwise just drain what arrived during the step.
+                block = not self.engine.has_unfinished_requests()
+                self._drain_inbox(block)
+                if self.engine.has_unfinished_requests():
+                    self._deliver(self.engine.step())
+        except BaseException as exc:  # noqa: BLE001 - every open stream must hear about it
+            logger.exception("engine thread died")
+            self._error = exc
+            self._fail_all(EngineDeadError(f"engine stopped: {exc!r}"))
+
+    def _drain_inbox(self, block: bool) -> None:
+        while True:
+            try:
+                kind, payload = self._inbox.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            if kind == "add":
+                self._add(payload)
+            elif kind == "abort":
+                out = self.engine.abort(payload)
+                if out is not None:
+                    self._deliver([out])
+            elif kind == "stop":
+                return
+
+    def _add(self, seq: Sequence) -> None:
+        try:
+            self.engine.enqueue(seq)
+        except ValueError as exc:
+            self._post(seq.request_id, exc, final=True)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            self._post(out.request_id, out, final=out.finished)
+
+    def _post(self, request_id: str, item, final: bool) -> None:
+        with self._lock:
+            stream = self._streams.pop(request_id, None) if final else self._streams.get(request_id)
+        if stream is not None:
+            _post_to_loop(stream, item)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._lock:
+            streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            _post_to_loop(stream, exc)
+
+
+def _post_to_loop(stream: _Stream, item) -> None:
+    try:
+        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+    except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+        pass
