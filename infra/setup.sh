@@ -16,7 +16,16 @@ if [ ! -x "$venv/bin/python" ]; then
     echo "[setup] creating $venv with $($python_bin --version)"
     "$python_bin" -m venv "$venv"
 fi
-pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+pip_install() {
+    # Some machines' pip configs name index folders that do not exist; that noise is not ours.
+    local status
+    set +e
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$@" 2>&1 \
+        | grep -v "is ignored: it is neither a file nor a directory"
+    status=${PIPESTATUS[0]}
+    set -e
+    return "$status"
+}
 
 if [ -n "${THAW_TORCH_SPEC:-}" ]; then
     torch_spec="$THAW_TORCH_SPEC"
@@ -27,7 +36,7 @@ else
 fi
 if ! "$venv/bin/python" -c "import torch" >/dev/null 2>&1; then
     echo "[setup] installing $torch_spec"
-    if ! "${pip[@]}" "$torch_spec"; then
+    if ! pip_install "$torch_spec"; then
         echo "[setup] could not install '$torch_spec'." >&2
         echo "        Point pip at a wheel index that has it (PIP_EXTRA_INDEX_URL) or set THAW_TORCH_SPEC." >&2
         exit 1
@@ -37,5 +46,5 @@ fi
 extras=""
 [ "${1:-}" = "--test" ] && extras="[test]"
 echo "[setup] installing thaw$extras (editable)"
-"${pip[@]}" -e ".$extras"
+pip_install -e ".$extras"
 "$venv/bin/python" -c "import torch; print('[setup] ok: torch', torch.__version__, 'cuda' if torch.cuda.is_available() else 'cpu')"

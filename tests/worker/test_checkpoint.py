@@ -1,0 +1,69 @@
+"""Checkpoint loading refuses incomplete or foreign weights by name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from worker.checkpoint import CheckpointError, checkpoint_files, load_model
+from worker.model_config import ModelConfig
+
+
+@pytest.fixture()
+def model_copy(tiny_llama_dir, tmp_path):
+    dst = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, dst)
+    return dst
+
+
+def test_loads_all_weights_fused(model_copy):
+    config = ModelConfig.from_model_dir(model_copy)
+    model = load_model(model_copy, config)
+    hf = load_file(str(model_copy / "model.safetensors"))
+    qkv = model.layers[1].self_attn.qkv_proj.weight
+    expected = torch.cat([hf[f"model.layers.1.self_attn.{x}_proj.weight"] for x in "qkv"])
+    assert torch.equal(qkv, expected)
+    assert not any(p.is_meta for p in model.parameters())
+
+
+def test_missing_tensor_is_named(model_copy):
+    tensors = load_file(str(model_copy / "model.safetensors"))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(model_copy / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="model.layers.1.mlp.up_proj.weight"):
+        load_model(model_copy, ModelConfig.from_model_dir(model_copy))
+
+
+def test_wrong_shape_and_extra_tensor_are_named(model_copy):
+    tensors = load_file(str(model_copy / "model.safetensors"))
+    tensors["model.norm.weight"] = torch.ones(3)
+    save_file(tensors, str(model_copy / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="model.norm.weight has shape"):
+        load_model(model_copy, ModelConfig.from_model_dir(model_copy))
+    tensors["model.norm.weight"] = torch.ones(64)
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)  # tolerated legacy buffer
+    tensors["model.visual.proj.weight"] = torch.ones(2, 2)
+    save_file(tensors, str(model_copy / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="model.visual.proj.weight"):
+        load_model(model_copy, ModelConfig.from_model_dir(model_copy))
+
+
+def test_missing_files_are_named(model_copy):
+    (model_copy / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="model.safetensors.index.json"):
+        checkpoint_files(model_copy)
+    (model_copy / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}}))
+    with pytest.raises(FileNotFoundError, match="model-00001-of-00002.safetensors"):
+        checkpoint_files(model_copy)
+
+
+def test_truncated_file_is_refused(model_copy):
+    path = model_copy / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        load_model(model_copy, ModelConfig.from_model_dir(model_copy))
