@@ -1,0 +1,34 @@
+"""Every benchmark's ``--quick`` mode runs and prints its one JSON line (so benchmarks never
+rot). No timing is asserted: only that the figures are there, positive, and consistent."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_quick(script: str) -> dict:
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick"],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected exactly one JSON line on stdout, got {lines!r}"
+    return json.loads(lines[0])
+
+
+@pytest.mark.slow
+def test_engine_benchmark_quick():
+    figures = run_quick("engine.py")
+    assert figures["bench"] == "engine" and figures["mode"] == "quick"
+    for key in ("thaw_tokens_per_s", "transformers_tokens_per_s", "thaw_batch1_ms_per_token",
+                "transformers_batch1_ms_per_token"):
+        assert figures[key] > 0, key
+    assert figures["throughput_ratio"] == pytest.approx(
+        figures["thaw_tokens_per_s"] / figures["transformers_tokens_per_s"], rel=0.02)
+    assert figures["outputs_match"].split("/")[0] == figures["outputs_match"].split("/")[1]
