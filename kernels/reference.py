@@ -33,6 +33,20 @@ def _context_mask(
     return mask
 
 
+def _length_groups(seq_ids: list[int], seq_lens: tuple[int, ...], max_groups: int = 4) -> list[list[int]]:
+    """Splits decode sequences, sorted by context length, into up to ``max_groups`` groups.
+
+    A batched decode pads every sequence to the longest one in its call; with mixed lengths
+    that gathers ~1.5x the real context. Equal-count groups of similar lengths cut the padding
+    to a few percent for the price of a few more (cheap) attention calls.
+    """
+    if len(seq_ids) <= 8:
+        return [seq_ids] if seq_ids else []
+    ordered = sorted(seq_ids, key=lambda b: seq_lens[b])
+    size = -(-len(ordered) // max_groups)
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+
 class ReferenceAttentionBackend:
     """Reference implementation of `AttentionBackend` for any device PyTorch supports."""
 
@@ -69,9 +83,9 @@ class ReferenceAttentionBackend:
             starts.append(starts[-1] + q_len)
         decode_ids = [b for b, q_len in enumerate(metadata.query_lens_host) if q_len == 1]
         prefill_ids = [b for b, q_len in enumerate(metadata.query_lens_host) if q_len > 1]
-        if decode_ids:
-            rows = [starts[b] for b in decode_ids]
-            out[rows] = self._decode(query[rows], key_cache, value_cache, metadata, decode_ids, scale, sliding_window)
+        for group in _length_groups(decode_ids, metadata.seq_lens_host):
+            rows = [starts[b] for b in group]
+            out[rows] = self._decode(query[rows], key_cache, value_cache, metadata, group, scale, sliding_window)
         for b in prefill_ids:
             start, end = starts[b], starts[b + 1]
             out[start:end] = self._prefill(query[start:end], key_cache, value_cache, metadata, b, scale, sliding_window)
@@ -80,9 +94,11 @@ class ReferenceAttentionBackend:
     @staticmethod
     def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
         # cache: [num_blocks, bs, Hkv, D]; tables: [B, nb] -> [B, Hkv, nb * bs, D]
-        gathered = cache[tables.long()]  # [B, nb, bs, Hkv, D]
-        b, nb, bs, h, d = gathered.shape
-        return gathered.reshape(b, nb * bs, h, d).transpose(1, 2)
+        # index_select on the flattened table is ~2x faster on CPU than advanced indexing.
+        b, nb = tables.shape
+        _, bs, h, d = cache.shape
+        gathered = cache.index_select(0, tables.reshape(-1).long())  # [B * nb, bs, Hkv, D]
+        return gathered.view(b, nb * bs, h, d).transpose(1, 2)
 
     def _decode(self, query, key_cache, value_cache, metadata, seq_ids, scale, sliding_window):
         # query: [Bd, Hq, D] -> out [Bd, Hq, D]

@@ -356,13 +356,17 @@ class Tokenizer:
                 "send a plain completion prompt instead"
             )
         chat = _validate_messages(messages)
-        return self._chat_template.render(
-            messages=chat,
-            tools=None,
-            documents=None,
-            add_generation_prompt=add_generation_prompt,
-            **self._special_tokens,
-        )
+        try:
+            return self._chat_template.render(
+                messages=chat,
+                tools=None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **self._special_tokens,
+            )
+        except jinja2.TemplateError as exc:
+            # e.g. raise_exception("Conversation roles must alternate user/assistant"): the user's to fix
+            raise ValueError(f"the model's chat template refused these messages: {exc}") from exc
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
         """Ids of the rendered chat; the template writes its own BOS, so none is added here."""
