@@ -1,14 +1,20 @@
 """Pure-PyTorch paged attention: the ground truth for the Triton kernels and the CPU path.
 
 It gathers each sequence's K/V out of the block pool by its block table and calls
-``scaled_dot_product_attention`` with an explicit boolean mask. Decode rows (one query token)
-are gathered together and attended in one batched call, because on CPU that is where a
-continuous-batching engine spends its steps; prefill rows are attended one sequence at a
-time so a long prompt never pads a batch of short ones. Both paths share one mask rule
-(`_context_mask`), which is the whole definition of causality and sliding windows here.
+``scaled_dot_product_attention``. Decode rows (one query token) are attended in a few
+batched calls, grouped by context length so short sequences are not padded to the longest;
+prefill rows are attended one sequence at a time so a long prompt never pads a batch of short
+ones. Both paths share one mask rule (`_context_mask`), which is the whole definition of
+causality and sliding windows here.
+
+Everything that depends only on the step's batch (which rows go together, the gather
+indices, the masks) is a `_StepPlan`, built once per `AttentionMetadata` and reused by every
+layer of the forward pass: on CPU, rebuilding it per layer cost as much as the attention.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -47,10 +53,77 @@ def _length_groups(seq_ids: list[int], seq_lens: tuple[int, ...], max_groups: in
     return [ordered[i : i + size] for i in range(0, len(ordered), size)]
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One SDPA call: which output rows, which KV blocks, and the mask (None = causal/full)."""
+
+    rows: torch.Tensor  # [R] int64 output rows
+    block_ids: torch.Tensor  # [B * nb] int64 physical blocks, row-major per sequence
+    num_seqs: int
+    num_keys: int  # keys per sequence after trimming the last block
+    mask: torch.Tensor | None  # decode: [B, 1, 1, L]; prefill: [Q, S]; None: plain causal
+    is_decode: bool
+
+
+@dataclass(frozen=True)
+class _StepPlan:
+    calls: tuple[_Call, ...]
+
+
+def _plan(metadata: AttentionMetadata, block_size: int, sliding_window: int | None,
+          device: torch.device) -> _StepPlan:
+    tables = metadata.block_tables.long()
+    starts = [0]
+    for q_len in metadata.query_lens_host:
+        starts.append(starts[-1] + q_len)
+    calls: list[_Call] = []
+    decode_ids = [b for b, q_len in enumerate(metadata.query_lens_host) if q_len == 1]
+    for group in _length_groups(decode_ids, metadata.seq_lens_host):
+        lens = [metadata.seq_lens_host[b] for b in group]
+        num_blocks = -(-max(lens) // block_size)
+        ids = torch.tensor(group, device=device)
+        key_pos = torch.arange(num_blocks * block_size, device=device)  # [L]
+        query_pos = torch.tensor(lens, device=device).unsqueeze(-1) - 1  # [Bd, 1]
+        calls.append(_Call(
+            rows=torch.tensor([starts[b] for b in group], device=device),
+            block_ids=tables[ids, :num_blocks].reshape(-1),
+            num_seqs=len(group),
+            num_keys=num_blocks * block_size,
+            mask=_context_mask(query_pos, key_pos, sliding_window).unsqueeze(1),  # [Bd, 1, 1, L]
+            is_decode=True,
+        ))
+    for b, q_len in enumerate(metadata.query_lens_host):
+        if q_len == 1:
+            continue
+        seq_len = metadata.seq_lens_host[b]
+        num_blocks = -(-seq_len // block_size)
+        if q_len == seq_len and sliding_window is None:
+            mask = None  # a whole prompt: plain causal attention, SDPA's fastest path
+        else:
+            key_pos = torch.arange(seq_len, device=device)
+            query_pos = torch.arange(seq_len - q_len, seq_len, device=device)
+            mask = _context_mask(query_pos, key_pos, sliding_window)  # [Q, S]
+        calls.append(_Call(
+            rows=torch.arange(starts[b], starts[b + 1], device=device),
+            block_ids=tables[b, :num_blocks],
+            num_seqs=1,
+            num_keys=seq_len,
+            mask=mask,
+            is_decode=False,
+        ))
+    return _StepPlan(tuple(calls))
+
+
 class ReferenceAttentionBackend:
     """Reference implementation of `AttentionBackend` for any device PyTorch supports."""
 
     name = "reference"
+
+    def __init__(self) -> None:
+        # The plan of the step in progress: (metadata it was built for, window) -> plan.
+        # Holding the metadata keeps its identity unique while it is cached.
+        self._plan_metadata: AttentionMetadata | None = None
+        self._plans: dict[tuple[int, int | None], _StepPlan] = {}
 
     def write_kv_cache(
         self,
@@ -60,10 +133,21 @@ class ReferenceAttentionBackend:
         value_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
         slot_mapping: torch.Tensor,  # [T] int64
     ) -> None:
-        flat_k = key_cache.view(-1, key_cache.shape[-2], key_cache.shape[-1])  # [num_slots, Hkv, D]
-        flat_v = value_cache.view(-1, value_cache.shape[-2], value_cache.shape[-1])
-        flat_k.index_copy_(0, slot_mapping, key.to(key_cache.dtype))
-        flat_v.index_copy_(0, slot_mapping, value.to(value_cache.dtype))
+        num_tokens = key.shape[0]
+        row = key_cache.shape[-2] * key_cache.shape[-1]
+        flat_k = key_cache.view(-1, row)  # [num_slots, Hkv * D]: 2-D row copies are the fast path
+        flat_v = value_cache.view(-1, row)
+        flat_k.index_copy_(0, slot_mapping, key.reshape(num_tokens, row).to(key_cache.dtype))
+        flat_v.index_copy_(0, slot_mapping, value.reshape(num_tokens, row).to(value_cache.dtype))
+
+    def _plan_for(self, metadata: AttentionMetadata, block_size: int, sliding_window: int | None,
+                  device: torch.device) -> _StepPlan:
+        if self._plan_metadata is not metadata:
+            self._plan_metadata, self._plans = metadata, {}
+        key = (block_size, sliding_window)
+        if key not in self._plans:
+            self._plans[key] = _plan(metadata, block_size, sliding_window, device)
+        return self._plans[key]
 
     def paged_attention(
         self,
@@ -77,62 +161,31 @@ class ReferenceAttentionBackend:
         num_heads, num_kv_heads = query.shape[1], key_cache.shape[2]
         if num_heads % num_kv_heads:
             raise ValueError(f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})")
+        plan = self._plan_for(metadata, key_cache.shape[1], sliding_window, query.device)
         out = torch.empty_like(query)
-        starts = [0]
-        for q_len in metadata.query_lens_host:
-            starts.append(starts[-1] + q_len)
-        decode_ids = [b for b, q_len in enumerate(metadata.query_lens_host) if q_len == 1]
-        prefill_ids = [b for b, q_len in enumerate(metadata.query_lens_host) if q_len > 1]
-        for group in _length_groups(decode_ids, metadata.seq_lens_host):
-            rows = [starts[b] for b in group]
-            out[rows] = self._decode(query[rows], key_cache, value_cache, metadata, group, scale, sliding_window)
-        for b in prefill_ids:
-            start, end = starts[b], starts[b + 1]
-            out[start:end] = self._prefill(query[start:end], key_cache, value_cache, metadata, b, scale, sliding_window)
+        for call in plan.calls:
+            keys = self._gather(key_cache, call)  # [B, Hkv, L, D]
+            values = self._gather(value_cache, call)
+            q = query.index_select(0, call.rows)  # [R, Hq, D]
+            if call.is_decode:
+                q = q.unsqueeze(2)  # [Bd, Hq, 1, D]
+            else:
+                q = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, Q, D]
+            o = F.scaled_dot_product_attention(
+                q, keys.to(query.dtype), values.to(query.dtype),
+                attn_mask=call.mask, is_causal=call.mask is None and not call.is_decode,
+                scale=scale, enable_gqa=True,
+            )
+            o = o.squeeze(2) if call.is_decode else o[0].transpose(0, 1)  # [R, Hq, D]
+            out.index_copy_(0, call.rows, o)
         return out
 
     @staticmethod
-    def _gather(cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-        # cache: [num_blocks, bs, Hkv, D]; tables: [B, nb] -> [B, Hkv, nb * bs, D]
-        # index_select on the flattened table is ~2x faster on CPU than advanced indexing.
-        b, nb = tables.shape
-        _, bs, h, d = cache.shape
-        gathered = cache.index_select(0, tables.reshape(-1).long())  # [B * nb, bs, Hkv, D]
-        return gathered.view(b, nb * bs, h, d).transpose(1, 2)
-
-    def _decode(self, query, key_cache, value_cache, metadata, seq_ids, scale, sliding_window):
-        # query: [Bd, Hq, D] -> out [Bd, Hq, D]
-        block_size = key_cache.shape[1]
-        seq_lens_host = [metadata.seq_lens_host[b] for b in seq_ids]
-        num_blocks = -(-max(seq_lens_host) // block_size)
-        ids = torch.tensor(seq_ids, device=query.device)
-        tables = metadata.block_tables[ids, :num_blocks]  # [Bd, nb]
-        keys = self._gather(key_cache, tables)  # [Bd, Hkv, L, D]
-        values = self._gather(value_cache, tables)
-        seq_lens = metadata.seq_lens[ids].long()  # [Bd]
-        key_pos = torch.arange(keys.shape[2], device=query.device)  # [L]
-        query_pos = (seq_lens - 1).unsqueeze(-1)  # [Bd, 1]
-        mask = _context_mask(query_pos, key_pos, sliding_window).unsqueeze(1)  # [Bd, 1, 1, L]
-        out = F.scaled_dot_product_attention(
-            query.unsqueeze(2), keys.to(query.dtype), values.to(query.dtype),
-            attn_mask=mask, scale=scale, enable_gqa=True,
-        )  # [Bd, Hq, 1, D]
-        return out.squeeze(2)
-
-    def _prefill(self, query, key_cache, value_cache, metadata, seq_id, scale, sliding_window):
-        # query: [Q, Hq, D] -> out [Q, Hq, D]
-        block_size = key_cache.shape[1]
-        seq_len = metadata.seq_lens_host[seq_id]
-        q_len = query.shape[0]
-        num_blocks = -(-seq_len // block_size)
-        tables = metadata.block_tables[seq_id : seq_id + 1, :num_blocks]  # [1, nb]
-        keys = self._gather(key_cache, tables)[:, :, :seq_len]  # [1, Hkv, S, D]
-        values = self._gather(value_cache, tables)[:, :, :seq_len]
-        key_pos = torch.arange(seq_len, device=query.device)  # [S]
-        query_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)  # [Q]
-        mask = _context_mask(query_pos, key_pos, sliding_window)  # [Q, S]
-        out = F.scaled_dot_product_attention(
-            query.transpose(0, 1).unsqueeze(0), keys.to(query.dtype), values.to(query.dtype),
-            attn_mask=mask, scale=scale, enable_gqa=True,
-        )  # [1, Hq, Q, D]
-        return out[0].transpose(0, 1)
+    def _gather(cache: torch.Tensor, call: _Call) -> torch.Tensor:
+        # cache: [num_blocks, bs, Hkv, D] -> [B, Hkv, num_keys, D]
+        # Selecting rows of a 2-D view is ~3x faster on CPU than index_select on the 4-D cache
+        # (and ~5x faster than advanced indexing): one memcpy per block.
+        num_blocks, bs, h, d = cache.shape
+        rows = cache.view(num_blocks, bs * h * d).index_select(0, call.block_ids)  # [B * nb, bs * Hkv * D]
+        gathered = rows.view(call.num_seqs, -1, h, d)[:, : call.num_keys]  # [B, L, Hkv, D]
+        return gathered.transpose(1, 2)
