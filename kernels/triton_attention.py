@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels.attention_metadata import AttentionMetadata
+from kernels.select import triton_interpreter_enabled
 
 _LOG2E = 1.4426950408889634
 
@@ -45,6 +46,7 @@ def _paged_attention_kernel(
     HEAD_DIM_P: tl.constexpr,  # HEAD_DIM rounded up to a power of two (80/96/112 are masked)
     BLOCK_SIZE: tl.constexpr,  # KV-cache block size (tokens)
     USE_WINDOW: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,  # only for Triton's interpreter, whose bf16 tl.dot is wrong
 ):
     seq = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -70,6 +72,8 @@ def _paged_attention_kernel(
     q_rows = (q_start + tok).to(tl.int64)
     q_offs = q_rows[:, None] * stride_qt + head.to(tl.int64)[:, None] * stride_qh + d[None, :]
     q = tl.load(q_ptr + q_offs, mask=row_valid[:, None] & d_valid[None, :], other=0.0)  # [BLOCK_M, D]
+    if DOT_IN_FP32:
+        q = q.to(tl.float32)
     q_pos = first_pos + tok  # [BLOCK_M]
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -89,6 +93,9 @@ def _paged_attention_kernel(
         v_offs = block_id * stride_vb + s.to(tl.int64)[:, None] * stride_vs + kv_head * stride_vh + d[None, :]
         k = tl.load(k_cache_ptr + k_offs, mask=d_valid[None, :], other=0.0)  # [BLOCK_SIZE, D]
         v = tl.load(v_cache_ptr + v_offs, mask=d_valid[None, :], other=0.0)  # [BLOCK_SIZE, D]
+        if DOT_IN_FP32:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
 
         scores = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_SIZE], float32
         k_pos = j * BLOCK_SIZE + s
@@ -209,5 +216,6 @@ class TritonAttentionBackend:
             GROUP=group, GROUP_P=group_p, BLOCK_Q=block_q,
             HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim),
             BLOCK_SIZE=key_cache.shape[1], USE_WINDOW=sliding_window is not None,
+            DOT_IN_FP32=query.dtype == torch.bfloat16 and triton_interpreter_enabled(),
         )
         return out

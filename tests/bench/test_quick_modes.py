@@ -32,3 +32,19 @@ def test_engine_benchmark_quick():
     assert figures["throughput_ratio"] == pytest.approx(
         figures["thaw_tokens_per_s"] / figures["transformers_tokens_per_s"], rel=0.02)
     assert figures["outputs_match"].split("/")[0] == figures["outputs_match"].split("/")[1]
+
+
+def test_kernels_benchmark_quick():
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "kernels.py"), "--quick"],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    assert lines and all(line["bench"] == "kernels" for line in lines)
+    import torch
+
+    if not torch.cuda.is_available():
+        assert len(lines) == 1 and "no CUDA device" in lines[0]["skipped"]
+    else:
+        for line in lines:
+            assert line["thaw_gbps"] > 0 and line["sdpa_gathered_gbps"] > 0
+            assert line["max_abs_error_vs_sdpa"] < 0.05

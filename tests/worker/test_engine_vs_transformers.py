@@ -67,3 +67,27 @@ def test_greedy_matches_transformers(reference, engine_config):
     bm = engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks, "KV blocks leaked"
     assert not engine.has_unfinished_requests()
+
+
+@pytest.mark.slow
+def test_greedy_matches_transformers_with_triton_kernels(tmp_path):
+    """The same check with the Triton kernels (compiled on CUDA, interpreted on CPU)."""
+    import transformers
+
+    from tests.model_factory import make_hf_checkpoint as make
+
+    model_dir = make(tmp_path / "qwen2", "qwen2", seed=4)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, hf.config.vocab_size, (n,), generator=gen).tolist() for n in (3, 17, 22, 40)]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    engine = Engine(model_dir, EngineConfig(block_size=16, max_num_batched_tokens=32, num_kv_blocks=64,
+                                            attention_backend="triton", device=device))
+    assert engine.runner.backend.name == "triton"
+    completions = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12))
+    with torch.no_grad():
+        for prompt, completion in zip(prompts, completions):
+            want = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                               max_new_tokens=12, do_sample=False)[0, len(prompt):].tolist()
+            assert list(completion.output_token_ids) == want
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
