@@ -47,4 +47,11 @@ extras=""
 [ "${1:-}" = "--test" ] && extras="[test]"
 echo "[setup] installing thaw$extras (editable)"
 pip_install -e ".$extras"
+if ! "$venv/bin/python" -c "import torch; raise SystemExit(torch.cuda.is_available())"; then
+    echo "[setup] building the CPU attention kernel (once, ~40 s; cached)"
+    "$venv/bin/python" -c "
+from kernels import prepare_cpu_kernels
+why = prepare_cpu_kernels()
+print('[setup] CPU attention kernel ready' if why is None else f'[setup] warning: CPU attention kernel unavailable ({why}); the engine will use the slower PyTorch reference')"
+fi
 "$venv/bin/python" -c "import torch; print('[setup] ok: torch', torch.__version__, 'cuda' if torch.cuda.is_available() else 'cpu')"

@@ -71,13 +71,13 @@ class _StepPlan:
 
 
 def _plan(metadata: AttentionMetadata, block_size: int, sliding_window: int | None,
-          device: torch.device) -> _StepPlan:
+          device: torch.device, include_decode: bool) -> _StepPlan:
     tables = metadata.block_tables.long()
     starts = [0]
     for q_len in metadata.query_lens_host:
         starts.append(starts[-1] + q_len)
     calls: list[_Call] = []
-    decode_ids = [b for b, q_len in enumerate(metadata.query_lens_host) if q_len == 1]
+    decode_ids = [b for b, q_len in enumerate(metadata.query_lens_host) if q_len == 1 and include_decode]
     for group in _length_groups(decode_ids, metadata.seq_lens_host):
         lens = [metadata.seq_lens_host[b] for b in group]
         num_blocks = -(-max(lens) // block_size)
@@ -123,7 +123,7 @@ class ReferenceAttentionBackend:
         # The plan of the step in progress: (metadata it was built for, window) -> plan.
         # Holding the metadata keeps its identity unique while it is cached.
         self._plan_metadata: AttentionMetadata | None = None
-        self._plans: dict[tuple[int, int | None], _StepPlan] = {}
+        self._plans: dict[tuple, object] = {}
 
     def write_kv_cache(
         self,
@@ -140,14 +140,18 @@ class ReferenceAttentionBackend:
         flat_k.index_copy_(0, slot_mapping, key.reshape(num_tokens, row).to(key_cache.dtype))
         flat_v.index_copy_(0, slot_mapping, value.reshape(num_tokens, row).to(value_cache.dtype))
 
-    def _plan_for(self, metadata: AttentionMetadata, block_size: int, sliding_window: int | None,
-                  device: torch.device) -> _StepPlan:
+    def _cached(self, metadata: AttentionMetadata, key: tuple, build):
+        """Per-step memo: ``build()`` once per (metadata, key), reused by every layer."""
         if self._plan_metadata is not metadata:
             self._plan_metadata, self._plans = metadata, {}
-        key = (block_size, sliding_window)
         if key not in self._plans:
-            self._plans[key] = _plan(metadata, block_size, sliding_window, device)
+            self._plans[key] = build()
         return self._plans[key]
+
+    def _plan_for(self, metadata: AttentionMetadata, block_size: int, sliding_window: int | None,
+                  device: torch.device, include_decode: bool = True) -> _StepPlan:
+        return self._cached(metadata, ("plan", block_size, sliding_window, include_decode),
+                            lambda: _plan(metadata, block_size, sliding_window, device, include_decode))
 
     def paged_attention(
         self,
@@ -162,6 +166,10 @@ class ReferenceAttentionBackend:
         if num_heads % num_kv_heads:
             raise ValueError(f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})")
         plan = self._plan_for(metadata, key_cache.shape[1], sliding_window, query.device)
+        return self._run(plan, query, key_cache, value_cache, scale)
+
+    def _run(self, plan: _StepPlan, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+             scale: float) -> torch.Tensor:  # [T, Hq, D]; rows no call covers are left unset
         out = torch.empty_like(query)
         for call in plan.calls:
             keys = self._gather(key_cache, call)  # [B, Hkv, L, D]

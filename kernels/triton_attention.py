@@ -196,6 +196,10 @@ class TritonAttentionBackend:
         if num_heads % num_kv_heads:
             raise ValueError(f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})")
         _check_last_dim_contiguous(query=query, key_cache=key_cache, value_cache=value_cache)
+        block_size = key_cache.shape[1]
+        if block_size < 16 or block_size & (block_size - 1):
+            # tl.dot tiles need >= 16 rows; arange needs a power of two.
+            raise ValueError(f"the Triton attention kernel needs a power-of-two block_size >= 16, got {block_size}")
         out = torch.empty_like(query)
         if num_tokens == 0:
             return out

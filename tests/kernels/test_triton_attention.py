@@ -20,7 +20,8 @@ def triton_backend():
     return get_attention_backend(DEVICE, prefer="triton")
 
 
-def make_batch(query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed, extra_blocks=3):
+def make_batch(query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed, extra_blocks=3,
+               device=DEVICE):
     gen = torch.Generator().manual_seed(seed)
     needed = sum(math.ceil(s / block_size) for s in seq_lens)
     num_blocks = needed + extra_blocks
@@ -30,11 +31,11 @@ def make_batch(query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_si
         n = math.ceil(s / block_size)
         tables.append(physical[cursor : cursor + n])
         cursor += n
-    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype).to(DEVICE)
-    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype).to(DEVICE)
-    query = torch.randn(sum(query_lens), num_heads, head_dim, generator=gen).to(dtype).to(DEVICE)
+    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype).to(device)
+    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype).to(device)
+    query = torch.randn(sum(query_lens), num_heads, head_dim, generator=gen).to(dtype).to(device)
     meta = AttentionMetadata.build(block_tables=tables, query_lens=list(query_lens), seq_lens=list(seq_lens),
-                                   block_size=block_size, device=DEVICE)
+                                   block_size=block_size, device=device)
     return query, key_cache, value_cache, meta
 
 
@@ -138,3 +139,10 @@ def test_selection_refuses_triton_on_cpu_without_interpreter(monkeypatch):
 @pytest.mark.cuda
 def test_cuda_default_is_triton():
     assert get_attention_backend("cuda").name == "triton"
+
+
+@pytest.mark.parametrize("block_size", [8, 24])
+def test_unsupported_block_sizes_are_refused(triton_backend, block_size):
+    query, key_cache, value_cache, meta = make_batch([1], [5], 4, 2, 64, block_size, torch.float32, seed=0)
+    with pytest.raises(ValueError, match="power-of-two block_size >= 16"):
+        triton_backend.paged_attention(query, key_cache, value_cache, meta, 0.125)

@@ -31,6 +31,8 @@ CHECKPOINTS = {
 ENGINE_CONFIGS = {
     "chunked": EngineConfig(block_size=4, max_num_batched_tokens=16, num_kv_blocks=256),
     "preempting": EngineConfig(block_size=4, max_num_batched_tokens=32, num_kv_blocks=30),
+    "reference-attention": EngineConfig(block_size=4, max_num_batched_tokens=16, num_kv_blocks=256,
+                                        attention_backend="reference"),
 }
 
 

@@ -1,0 +1,121 @@
+// Paged decode attention for CPU: one query token per sequence, K/V read straight through the
+// block table, never gathered into a contiguous copy.
+//
+// Why it exists: on CPU the PyTorch reference has to copy every sequence's context out of the
+// block pool into a contiguous tensor for SDPA, once per layer per step; that copy and the
+// second pass SDPA makes over it were ~a quarter of an engine step. Here each (sequence, KV
+// head) task reads its keys once (scores for all query heads of the group) and its values
+// once (weighted sum), in float32, with an exact two-pass softmax.
+//
+// Layouts (all contiguous):
+//   query        [B, Hq, D]                float32
+//   key_cache    [num_blocks, bs, Hkv, D]  float32 (value_cache the same)
+//   block_tables [B, max_blocks]           int32
+//   seq_lens     [B]                       int32  (context length incl. the new token)
+//   out          [B, Hq, D]                float32
+// The new token sits at position seq_len - 1 and sees keys [max(0, seq_len - window), seq_len).
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+inline void axpy(float alpha, const float* __restrict x, float* __restrict y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+}  // namespace
+
+void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
+                            torch::Tensor value_cache, torch::Tensor block_tables, torch::Tensor seq_lens,
+                            double scale, int64_t sliding_window) {
+  TORCH_CHECK(query.scalar_type() == torch::kFloat32 && key_cache.scalar_type() == torch::kFloat32 &&
+                  value_cache.scalar_type() == torch::kFloat32 && out.scalar_type() == torch::kFloat32,
+              "paged_decode_attention: float32 tensors only");
+  TORCH_CHECK(query.device().is_cpu() && key_cache.device().is_cpu() && value_cache.device().is_cpu() &&
+                  block_tables.device().is_cpu() && seq_lens.device().is_cpu() && out.device().is_cpu(),
+              "paged_decode_attention: CPU tensors only");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && seq_lens.scalar_type() == torch::kInt32,
+              "paged_decode_attention: block_tables and seq_lens must be int32");
+  TORCH_CHECK(query.is_contiguous() && key_cache.is_contiguous() && value_cache.is_contiguous() &&
+                  block_tables.is_contiguous() && seq_lens.is_contiguous() && out.is_contiguous(),
+              "paged_decode_attention: tensors must be contiguous");
+  const int64_t num_seqs = query.size(0), num_heads = query.size(1), head_dim = query.size(2);
+  const int64_t block_size = key_cache.size(1), num_kv_heads = key_cache.size(2);
+  TORCH_CHECK(num_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads");
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t max_blocks = block_tables.size(1);
+
+  const float* q = query.data_ptr<float>();
+  const float* kc = key_cache.data_ptr<float>();
+  const float* vc = value_cache.data_ptr<float>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  float* o = out.data_ptr<float>();
+  const float fscale = static_cast<float>(scale);
+  // Offsets in elements; int64 throughout (a large pool passes 2**31 elements).
+  const int64_t token_stride = num_kv_heads * head_dim;
+  const int64_t block_stride = block_size * token_stride;
+
+  at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;  // [group, keys]
+    std::vector<float> acc(group * head_dim);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t seq = task / num_kv_heads, kv_head = task % num_kv_heads;
+      const int64_t seq_len = lens[seq];
+      const int64_t lo = sliding_window > 0 ? std::max<int64_t>(0, seq_len - sliding_window) : 0;
+      const int64_t num_keys = seq_len - lo;
+      const int32_t* table = tables + seq * max_blocks;
+      const float* q_group = q + (seq * num_heads + kv_head * group) * head_dim;
+      scores.assign(group * num_keys, 0.f);
+      std::vector<float> row_max(group, -std::numeric_limits<float>::infinity());
+      for (int64_t pos = lo; pos < seq_len; ++pos) {
+        const float* k = kc + static_cast<int64_t>(table[pos / block_size]) * block_stride +
+                         (pos % block_size) * token_stride + kv_head * head_dim;
+        for (int64_t g = 0; g < group; ++g) {
+          const float s = dot(q_group + g * head_dim, k, head_dim) * fscale;
+          scores[g * num_keys + pos - lo] = s;
+          row_max[g] = std::max(row_max[g], s);
+        }
+      }
+      std::vector<float> denom(group, 0.f);
+      for (int64_t g = 0; g < group; ++g) {
+        float* row = scores.data() + g * num_keys;
+        for (int64_t i = 0; i < num_keys; ++i) {
+          row[i] = std::exp(row[i] - row_max[g]);
+          denom[g] += row[i];
+        }
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t pos = lo; pos < seq_len; ++pos) {
+        const float* v = vc + static_cast<int64_t>(table[pos / block_size]) * block_stride +
+                         (pos % block_size) * token_stride + kv_head * head_dim;
+        for (int64_t g = 0; g < group; ++g) {
+          axpy(scores[g * num_keys + pos - lo], v, acc.data() + g * head_dim, head_dim);
+        }
+      }
+      float* o_group = o + (seq * num_heads + kv_head * group) * head_dim;
+      for (int64_t g = 0; g < group; ++g) {
+        const float inv = 1.f / denom[g];
+        for (int64_t d = 0; d < head_dim; ++d) o_group[g * head_dim + d] = acc[g * head_dim + d] * inv;
+      }
+    }
+  });
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode_attention", &paged_decode_attention, "Paged decode attention (CPU, float32)");
+}

@@ -1,0 +1,65 @@
+"""The CPU serving backend (C++ decode kernel + reference prefill) against the reference."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from kernels import ReferenceAttentionBackend, get_attention_backend
+from tests.kernels.test_triton_attention import make_batch as _make_batch
+
+MIXED = ([1, 9, 1, 21, 1, 1], [37, 9, 16, 50, 70, 1])
+DECODE_ONLY = ([1] * 12, [5, 64, 33, 17, 90, 1, 2, 16, 31, 48, 7, 100])
+
+
+def make_batch(*args, **kwargs):
+    return _make_batch(*args, **kwargs, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def cpu_backend():
+    return get_attention_backend("cpu", prefer="cpu")
+
+
+@pytest.mark.parametrize("lens", [MIXED, DECODE_ONLY], ids=["mixed", "decode"])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2), (8, 1)], ids=["mha", "gqa4", "mqa8"])
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_matches_reference(cpu_backend, lens, num_heads, num_kv_heads, window, block_size):
+    query_lens, seq_lens = lens
+    query, key_cache, value_cache, meta = make_batch(query_lens, seq_lens, num_heads, num_kv_heads, 32,
+                                                     block_size, torch.float32, seed=num_heads + block_size)
+    want = ReferenceAttentionBackend().paged_attention(query, key_cache, value_cache, meta, 0.2, window)
+    got = cpu_backend.paged_attention(query, key_cache, value_cache, meta, 0.2, window)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_is_the_default_on_cpu_and_repeated_layers_reuse_the_plan(cpu_backend):
+    assert get_attention_backend("cpu").name == "cpu"
+    query, key_cache, value_cache, meta = make_batch(*MIXED, 8, 2, 32, 16, torch.float32, seed=1)
+    first = cpu_backend.paged_attention(query, key_cache, value_cache, meta, 0.2)
+    # a second "layer" with other caches but the same step metadata: same plan, new values
+    again = cpu_backend.paged_attention(query, key_cache * 2, value_cache * 3, meta, 0.2)
+    want = ReferenceAttentionBackend().paged_attention(query, key_cache * 2, value_cache * 3, meta, 0.2)
+    torch.testing.assert_close(again, want, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(first, again)
+
+
+def test_half_precision_falls_back_to_the_reference(cpu_backend):
+    query, key_cache, value_cache, meta = make_batch(*MIXED, 8, 2, 32, 16, torch.bfloat16, seed=2)
+    got = cpu_backend.paged_attention(query, key_cache, value_cache, meta, 0.2)
+    want = ReferenceAttentionBackend().paged_attention(query, key_cache, value_cache, meta, 0.2)
+    assert torch.equal(got, want)
+
+
+def test_unbuildable_kernel_falls_back_with_a_warning(monkeypatch, caplog):
+    import kernels.cpu_attention as cpu_attention
+
+    monkeypatch.setattr(cpu_attention, "try_build_cpu_decode_extension", lambda: (None, "no compiler"))
+    with caplog.at_level(logging.WARNING):
+        assert get_attention_backend("cpu").name == "reference"
+    assert "no compiler" in caplog.text
+    with pytest.raises(RuntimeError, match="no compiler"):
+        get_attention_backend("cpu", prefer="cpu")
