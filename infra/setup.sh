@@ -47,7 +47,7 @@ extras=""
 [ "${1:-}" = "--test" ] && extras="[test]"
 echo "[setup] installing thaw$extras (editable)"
 pip_install -e ".$extras"
-if ! "$venv/bin/python" -c "import torch; raise SystemExit(torch.cuda.is_available())"; then
+if "$venv/bin/python" -c "import torch; raise SystemExit(torch.cuda.is_available())"; then  # exits 0 without CUDA
     echo "[setup] building the CPU attention kernel (once, ~40 s; cached)"
     "$venv/bin/python" -c "
 from kernels import prepare_cpu_kernels
