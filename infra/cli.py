@@ -63,7 +63,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if not args.prompt:
         raise UsageError("prompt must not be empty")
     engine = Engine(args.model_dir, config)
-    print(f"[thaw] loaded {Path(args.model_dir).name} in {engine.load_s:.2f} s", file=sys.stderr)
+    print(f"[thaw] loaded {Path(args.model_dir).name} in {engine.load_s:.2f} s ({engine.load_report})", file=sys.stderr)
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
     try:
         request_id = engine.add_request(prompt, params)
@@ -97,6 +97,25 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from loader import convert_checkpoint
+
+    src, dst = Path(args.hf_dir), Path(args.out_dir)
+    if not src.is_dir():
+        raise UsageError(f"source model directory not found: {src}")
+    start = time.perf_counter()
+    try:
+        index = convert_checkpoint(src, dst, dtype=args.dtype, overwrite=args.overwrite, progress=not args.quiet)
+    except FileExistsError as exc:
+        raise UsageError(f"{dst} exists and is not empty; pass --overwrite to replace it") from exc
+    except (ValueError, FileNotFoundError) as exc:
+        raise UsageError(str(exc)) from exc
+    total = sum(p.size for p in index.partitions)
+    print(f"converted {src} -> {dst}: {len(index.tensors)} tensors, {total / 1e9:.2f} GB in "
+          f"{len(index.partitions)} partition(s), {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="thaw", description="Thaw: serverless multi-model LLM serving")
     parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -113,8 +132,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     demo.set_defaults(func=_cmd_demo_model)
 
+    conv = sub.add_parser("convert", help="convert a Hugging Face safetensors model to the thaw loading format")
+    conv.add_argument("hf_dir", help="Hugging Face model directory (model.safetensors or sharded with an index)")
+    conv.add_argument("out_dir", help="output directory (created atomically: it appears only when complete)")
+    conv.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
+                      help="cast floating-point weights (default: keep the source dtype)")
+    conv.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    conv.add_argument("--quiet", action="store_true", help="no progress output")
+    conv.set_defaults(func=_cmd_convert)
+
     gen = sub.add_parser("generate", help="generate text from a model directory, streamed to the terminal")
-    gen.add_argument("model_dir", help="Hugging Face model directory (config.json, *.safetensors, tokenizer.json)")
+    gen.add_argument("model_dir", help="model directory: Hugging Face (safetensors) or thaw format (thaw convert)")
     gen.add_argument("prompt")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     gen.add_argument("--max-tokens", type=int, default=64)

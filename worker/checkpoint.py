@@ -1,11 +1,12 @@
-"""Reads a Hugging Face safetensors checkpoint into a `LlamaForCausalLM`.
+"""Reads a checkpoint into a `LlamaForCausalLM`: the thaw format (through `loader`'s parallel,
+checksummed loader) or a Hugging Face safetensors dir.
 
-Accepts a single ``model.safetensors`` or shards listed by ``model.safetensors.index.json``.
+Hugging Face dirs: a single ``model.safetensors`` or shards listed by ``model.safetensors.index.json``.
 Tensor names are mapped onto our fused layout (q/k/v -> ``qkv_proj``, gate/up ->
 ``gate_up_proj``); every expected tensor must be present with the expected shape and every
 tensor in the files must be used, so a truncated or foreign checkpoint is refused with the
-name of what is wrong instead of producing a silently wrong model. (The thaw chunked format
-and its parallel loader replace the reading part of this file in the loader issue.)
+name of what is wrong instead of producing a silently wrong model. Both formats carry the
+same Hugging Face tensor names, so the mapping below serves both.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from loader import is_thaw_checkpoint, load_checkpoint
 from worker.llama import LlamaForCausalLM
 from worker.model_config import ModelConfig
 
@@ -118,11 +120,25 @@ def to_engine_state_dict(hf_tensors: dict[str, torch.Tensor], config: ModelConfi
     return state
 
 
-def load_model(model_dir: str | Path, config: ModelConfig, device: torch.device | str = "cpu") -> LlamaForCausalLM:
-    """Builds the model on the meta device and assigns the checkpoint's weights to it."""
-    hf_tensors = dict(iter_safetensors(checkpoint_files(model_dir)))
+def read_checkpoint(model_dir: str | Path) -> tuple[dict[str, torch.Tensor], str]:
+    """All tensors of a checkpoint by Hugging Face name, and a one-line account of the read."""
+    if is_thaw_checkpoint(model_dir):
+        tensors, stats = load_checkpoint(model_dir)
+        how = (f"thaw format: {stats.total_bytes / 1e9:.2f} GB in {stats.elapsed_s:.2f} s "
+               f"({stats.gb_per_s:.2f} GB/s, {'O_DIRECT' if stats.direct_io else 'buffered'}, "
+               f"{stats.num_threads} threads, checksums {'verified' if stats.verified else 'not verified'})")
+        return tensors, how
+    files = checkpoint_files(model_dir)
+    return dict(iter_safetensors(files)), f"safetensors: {len(files)} file(s)"
+
+
+def load_model(model_dir: str | Path, config: ModelConfig, device: torch.device | str = "cpu"
+               ) -> tuple[LlamaForCausalLM, str]:
+    """Builds the model on the meta device and assigns the checkpoint's weights to it.
+    Returns the model and how its weights were read (for the startup log)."""
+    hf_tensors, how = read_checkpoint(model_dir)
     state = to_engine_state_dict(hf_tensors, config)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     model.load_state_dict(state, assign=True, strict=True)
-    return model.to(device).eval().requires_grad_(False)
+    return model.to(device).eval().requires_grad_(False), how

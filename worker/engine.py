@@ -71,7 +71,7 @@ class Engine:
         self.eos_token_ids = frozenset(_read_eos_ids(self.model_dir, self.model_config, self.tokenizer))
 
         start = time.perf_counter()
-        model = load_model(self.model_dir, self.model_config, self.device)
+        model, self.load_report = load_model(self.model_dir, self.model_config, self.device)
         self.load_s = time.perf_counter() - start
 
         block_bytes = kv_bytes_per_block(self.model_config, config.block_size, self.model_config.torch_dtype)
@@ -95,9 +95,9 @@ class Engine:
         self._tracked: dict[str, _Tracked] = {}
         self._next_id = itertools.count()
         logger.info(
-            "engine ready: %s (%s, %.1fM params) loaded in %.2f s; %d KV blocks x %d tokens; attention=%s",
+            "engine ready: %s (%s, %.1fM params) loaded in %.2f s [%s]; %d KV blocks x %d tokens; attention=%s",
             self.model_dir.name, self.model_config.architecture, self.model_config.num_params / 1e6,
-            self.load_s, num_blocks, config.block_size, self.runner.backend.name,
+            self.load_s, self.load_report, num_blocks, config.block_size, self.runner.backend.name,
         )
 
     # ---- admission -------------------------------------------------------------------------

@@ -48,3 +48,19 @@ def test_kernels_benchmark_quick():
         for line in lines:
             assert line["thaw_gbps"] > 0 and line["sdpa_gathered_gbps"] > 0
             assert line["max_abs_error_vs_sdpa"] < 0.05
+
+
+@pytest.mark.slow
+def test_loader_benchmark_quick():
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "loader.py"), "--quick"],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    by_name = {(line["loader"], line.get("state")): line for line in lines}
+    for name in ("limit-read", "thaw", "thaw-fresh-process", "safetensors", "torch.load-mmap"):
+        for state in ("cold", "warm"):
+            line = by_name[(name, state)]
+            assert line["gbps"] > 0, line
+    assert by_name[("thaw", "cold")]["ratio_to_limit"] > 0
+    for peer in ("runai-model-streamer", "tensorizer", "fastsafetensors"):
+        assert any(line["loader"] == peer for line in lines)  # measured, or a line saying why not

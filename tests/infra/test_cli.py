@@ -75,3 +75,19 @@ def test_generate_missing_model_and_bad_model(tmp_path):
     unsupported = thaw("generate", str(tmp_path), "hi")
     assert unsupported.returncode == 1 and "GPT2LMHeadModel" in unsupported.stderr
     assert "Traceback" not in unsupported.stderr
+
+
+def test_convert_then_generate_from_the_thaw_format(demo_dir, tmp_path):
+    out = tmp_path / "demo-thaw"
+    result = thaw("convert", str(demo_dir), str(out), "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "converted" in result.stderr and (out / "thaw_index.json").is_file()
+    assert (out / "tokenizer.json").is_file() and (out / "config.json").is_file()
+    from_hf = thaw("generate", str(demo_dir), "Once upon a time", "--max-tokens", "6", "--ignore-eos", "--json")
+    from_thaw = thaw("generate", str(out), "Once upon a time", "--max-tokens", "6", "--ignore-eos", "--json")
+    assert from_thaw.returncode == 0, from_thaw.stderr
+    assert json.loads(from_thaw.stdout)["text"] == json.loads(from_hf.stdout)["text"]
+    again = thaw("convert", str(demo_dir), str(out), "--quiet")
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+    missing = thaw("convert", str(tmp_path / "nope"), str(tmp_path / "x"))
+    assert missing.returncode == 2 and "not found" in missing.stderr

@@ -22,7 +22,8 @@ def model_copy(tiny_llama_dir, tmp_path):
 
 def test_loads_all_weights_fused(model_copy):
     config = ModelConfig.from_model_dir(model_copy)
-    model = load_model(model_copy, config)
+    model, how = load_model(model_copy, config)
+    assert how.startswith("safetensors")
     hf = load_file(str(model_copy / "model.safetensors"))
     qkv = model.layers[1].self_attn.qkv_proj.weight
     expected = torch.cat([hf[f"model.layers.1.self_attn.{x}_proj.weight"] for x in "qkv"])

@@ -5,6 +5,7 @@ problem, while the requests around it finish exactly as they would without it.""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from worker import Engine, EngineConfig, InvalidRequestError, SamplingParams
 
@@ -170,3 +171,19 @@ def test_streamed_text_equals_decoded_tokens(engine):
     rid = engine.add_request("streaming text", SamplingParams(temperature=1.0, seed=3, max_tokens=20, ignore_eos=True))
     tokens, text, _ = run_all(engine)[rid]
     assert text == engine.tokenizer.decode(tokens)
+
+
+def test_thaw_format_loads_the_same_model(tiny_llama_dir, tmp_path):
+    from loader import convert_checkpoint
+
+    thaw_dir = tmp_path / "thaw"
+    convert_checkpoint(tiny_llama_dir, thaw_dir, progress=False)
+    from_hf = Engine(tiny_llama_dir, EngineConfig(block_size=4, num_kv_blocks=128))
+    from_thaw = Engine(thaw_dir, EngineConfig(block_size=4, num_kv_blocks=128))
+    assert from_thaw.load_report.startswith("thaw format") and "checksums verified" in from_thaw.load_report
+    prompts = ["the thaw format", "loads the same weights"]
+    want = from_hf.generate(prompts, GREEDY)
+    got = from_thaw.generate(prompts, GREEDY)
+    assert [c.output_token_ids for c in got] == [c.output_token_ids for c in want]
+    for name, param in from_hf.runner.model.state_dict().items():
+        assert torch.equal(param, from_thaw.runner.model.state_dict()[name]), name

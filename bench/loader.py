@@ -1,0 +1,340 @@
+"""Checkpoint loading: Thaw's chunked format against safetensors, torch.load and fast loaders.
+
+One run writes a Llama-shaped bf16 checkpoint (~2 GB; ~64 MB with `--quick`) as safetensors,
+a torch.save file and our thaw format, then measures for every loader the time until every
+byte is resident in memory the process owns (a lazy mmap counts only once every page has been
+touched), cold (the files evicted from the page cache with posix_fadvise(DONTNEED) first) and
+warm (files cached). Each measurement runs in a fresh Python process, so page faults on fresh
+memory are paid where a real cold start pays them; ours is measured twice — into a pool that
+was reserved and faulted before the clock starts (a warm, idle worker: what the platform uses
+at a cold start, since each node keeps pre-started workers) and from a fresh process with no
+pool.
+
+The physical limit is measured in the same run: a plain multi-threaded sequential read of the
+same bytes into a pre-faulted buffer (O_DIRECT where allowed), and `dd` (cold). Peers that are
+not installed or do not run on this machine get a line saying why.
+
+    python bench/loader.py [--quick] [--work-dir DIR] [--repeats 3] [--threads N]
+
+Prints one JSON line per (loader, state) with GB/s and the ratio to the limit. Peers:
+`pip install runai-model-streamer tensorizer fastsafetensors` to include them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = 4096
+
+
+# ---- checkpoint -----------------------------------------------------------------------------
+
+def write_checkpoints(work_dir: Path, quick: bool) -> dict[str, Path]:
+    """A Llama-shaped bf16 model: hidden 2048, 16 layers (~2.1 GB), or a tiny one for --quick."""
+    import torch
+    from safetensors.torch import save_file
+
+    from loader import convert_checkpoint
+
+    hidden, inter, layers, vocab = (256, 704, 4, 8000) if quick else (2048, 5632, 16, 32000)
+    hf_dir = work_dir / "hf"
+    if not (hf_dir / "model.safetensors").is_file():
+        hf_dir.mkdir(parents=True, exist_ok=True)
+        gen = torch.Generator().manual_seed(0)
+        tensors = {"model.embed_tokens.weight": torch.randn(vocab, hidden, generator=gen)}
+        for i in range(layers):
+            p = f"model.layers.{i}."
+            for name, shape in (("self_attn.q_proj", (hidden, hidden)), ("self_attn.k_proj", (hidden // 4, hidden)),
+                                ("self_attn.v_proj", (hidden // 4, hidden)), ("self_attn.o_proj", (hidden, hidden)),
+                                ("mlp.gate_proj", (inter, hidden)), ("mlp.up_proj", (inter, hidden)),
+                                ("mlp.down_proj", (hidden, inter))):
+                tensors[p + name + ".weight"] = torch.randn(*shape, generator=gen)
+            tensors[p + "input_layernorm.weight"] = torch.ones(hidden)
+            tensors[p + "post_attention_layernorm.weight"] = torch.ones(hidden)
+        tensors["model.norm.weight"] = torch.ones(hidden)
+        tensors["lm_head.weight"] = torch.randn(vocab, hidden, generator=gen)
+        tensors = {k: v.to(torch.bfloat16) for k, v in tensors.items()}
+        save_file(tensors, str(hf_dir / "model.safetensors"))
+        torch.save(tensors, str(work_dir / "model.pt"))
+        (hf_dir / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    thaw_dir = work_dir / "thaw"
+    if not (thaw_dir / "thaw_index.json").is_file():
+        convert_checkpoint(hf_dir, thaw_dir, progress=False, overwrite=True)
+    return {"hf": hf_dir, "safetensors": hf_dir / "model.safetensors", "pt": work_dir / "model.pt", "thaw": thaw_dir}
+
+
+def data_files(paths: dict[str, Path]) -> list[Path]:
+    return [paths["safetensors"], paths["pt"], *sorted(paths["thaw"].glob("partition_*.bin"))]
+
+
+def evict(files: list[Path]) -> None:
+    """Drops the files from the page cache (after writing back dirty pages, which DONTNEED
+    would otherwise keep). Whether it worked shows in the limit's cold vs warm figures."""
+    os.sync()
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+# ---- measurements, each in its own process ----------------------------------------------------
+
+def _touch(tensors) -> None:
+    """Reads one byte per page of every tensor so lazily mapped memory is really resident."""
+    import torch
+
+    total = 0
+    for t in tensors:
+        flat = t.reshape(-1).view(torch.uint8)
+        total += int(flat[::PAGE].sum()) if flat.numel() else 0
+    return total
+
+
+def measure(loader: str, paths: dict[str, Path], threads: int, state: str) -> dict:
+    """Runs inside the child process: returns seconds until every byte is resident.
+
+    The limit reads with O_DIRECT when cold and through the page cache when warm. Ours runs its
+    default configuration in both: it takes what the page cache holds and O_DIRECT-reads the rest."""
+    direct = state == "cold"
+    import torch
+
+    torch.set_num_threads(max(1, threads))
+    nbytes = None
+    if loader in ("thaw", "thaw-fresh-process"):
+        from loader import HostMemoryPool, LoaderConfig, ThawCheckpointLoader, ThawIndex
+
+        index = ThawIndex.read(paths["thaw"])
+        nbytes = sum(p.size for p in index.partitions)
+        pool = HostMemoryPool()
+        if loader == "thaw":
+            pool.reserve(nbytes + PAGE * (len(index.partitions) + 1))  # a warm worker's faulted pool
+        start = time.perf_counter()
+        with ThawCheckpointLoader(paths["thaw"], LoaderConfig(), pool=pool) as ckpt:
+            ckpt.start()
+            tensors = ckpt.wait_all()
+            elapsed = time.perf_counter() - start
+            extra = {"direct_io": ckpt.stats.direct_io}
+            del tensors
+        return {"seconds": elapsed, "bytes": nbytes, **extra}
+    if loader == "safetensors":
+        from safetensors.torch import load_file
+
+        start = time.perf_counter()
+        tensors = load_file(str(paths["safetensors"]))
+        elapsed = time.perf_counter() - start
+        return {"seconds": elapsed, "bytes": sum(t.numel() * t.element_size() for t in tensors.values())}
+    if loader == "torch.load-mmap":
+        start = time.perf_counter()
+        tensors = torch.load(str(paths["pt"]), mmap=True, weights_only=True)
+        _touch(tensors.values())
+        elapsed = time.perf_counter() - start
+        return {"seconds": elapsed, "bytes": sum(t.numel() * t.element_size() for t in tensors.values())}
+    if loader == "runai-model-streamer":
+        from runai_model_streamer import SafetensorsStreamer
+
+        start = time.perf_counter()
+        tensors = {}
+        with SafetensorsStreamer() as streamer:
+            streamer.stream_file(str(paths["safetensors"]))
+            for name, tensor in streamer.get_tensors():
+                tensors[name] = tensor.clone()  # the streamer reuses its buffer
+        elapsed = time.perf_counter() - start
+        return {"seconds": elapsed, "bytes": sum(t.numel() * t.element_size() for t in tensors.values())}
+    if loader == "fastsafetensors":
+        from fastsafetensors import SafeTensorsFileLoader, SingleGroup
+
+        start = time.perf_counter()
+        file_loader = SafeTensorsFileLoader(SingleGroup(), torch.device("cpu"), nogds=True)
+        file_loader.add_filenames({0: [str(paths["safetensors"])]})
+        buffers = file_loader.copy_files_to_device()
+        tensors = {k: buffers.get_tensor(k) for k in buffers.key_to_rank_lidx}
+        elapsed = time.perf_counter() - start
+        return {"seconds": elapsed, "bytes": sum(t.numel() * t.element_size() for t in tensors.values())}
+    if loader == "tensorizer":
+        from tensorizer import TensorDeserializer
+
+        tz = paths["hf"].parent / "model.tensors"
+        start = time.perf_counter()
+        tensors = TensorDeserializer(str(tz), device="cpu", lazy_load=False)
+        _touch(tensors.values())
+        elapsed = time.perf_counter() - start
+        return {"seconds": elapsed, "bytes": sum(t.numel() * t.element_size() for t in tensors.values())}
+    if loader == "limit-read":
+        files = sorted(paths["thaw"].glob("partition_*.bin"))
+        sizes = [f.stat().st_size for f in files]
+        buf = torch.empty(sum(sizes) + PAGE, dtype=torch.uint8)
+        buf.fill_(0)  # pre-faulted
+        base = (-buf.data_ptr()) % PAGE
+        chunk = 32 << 20
+        tasks, cursor = [], base
+        for f, size in zip(files, sizes):
+            for off in range(0, size, chunk):
+                tasks.append((f, off, min(chunk, size - off), cursor + off))
+            cursor += size
+        view = memoryview(buf.numpy())
+        start = time.perf_counter()
+
+        def read(task):
+            nonlocal direct
+            path, off, n, dst = task
+            flags = os.O_RDONLY | (os.O_DIRECT if direct else 0)
+            try:
+                fd = os.open(path, flags)
+            except OSError:
+                direct = False
+                fd = os.open(path, os.O_RDONLY)
+            try:
+                os.preadv(fd, [view[dst : dst + n]], off)
+            finally:
+                os.close(fd)
+
+        with ThreadPoolExecutor(max(1, threads)) as ex:
+            list(ex.map(read, tasks))
+        return {"seconds": time.perf_counter() - start, "bytes": sum(sizes), "direct_io": direct}
+    raise ValueError(f"unknown loader {loader!r}")
+
+
+def run_child(loader: str, paths: dict[str, Path], threads: int, state: str) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--_measure", loader, "--_paths", json.dumps(
+        {k: str(v) for k, v in paths.items()}), "--threads", str(threads), "--_state", state]
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": last[:300]}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def warm_up(files: list[Path]) -> None:
+    """Reads the files through the page cache so the warm runs find them there."""
+    for path in files:
+        with open(path, "rb", buffering=0) as f:
+            while f.read(64 << 20):
+                pass
+
+
+def dd_cold(paths: dict[str, Path]) -> dict:
+    files = sorted(paths["thaw"].glob("partition_*.bin"))
+    evict(files)
+    start = time.perf_counter()
+    total = 0
+    for f in files:
+        subprocess.run(["dd", f"if={f}", "of=/dev/null", "bs=16M", "iflag=direct"], capture_output=True, check=False)
+        total += f.stat().st_size
+    return {"seconds": time.perf_counter() - start, "bytes": total}
+
+
+PEERS = ("safetensors", "torch.load-mmap", "runai-model-streamer", "tensorizer", "fastsafetensors")
+PEER_MODULES = {"runai-model-streamer": "runai_model_streamer", "tensorizer": "tensorizer",
+                "fastsafetensors": "fastsafetensors"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="~64 MB checkpoint, one repeat (CI smoke run)")
+    parser.add_argument("--work-dir", type=Path, default=None, help="where checkpoints are written (kept)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--_measure", help=argparse.SUPPRESS)
+    parser.add_argument("--_paths", help=argparse.SUPPRESS)
+    parser.add_argument("--_state", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args._measure:
+        paths = {k: Path(v) for k, v in json.loads(args._paths).items()}
+        print(json.dumps(measure(args._measure, paths, args.threads, args._state)))
+        return 0
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    repeats = 1 if args.quick else args.repeats
+    tmp = None
+    work_dir = args.work_dir
+    if work_dir is None:
+        tmp = tempfile.mkdtemp(prefix="thaw-bench-loader-")
+        work_dir = Path(tmp)
+    try:
+        print(f"[bench/loader] writing checkpoints to {work_dir}", file=sys.stderr)
+        paths = write_checkpoints(work_dir, args.quick)
+        import importlib.util
+
+        available = {p: importlib.util.find_spec(PEER_MODULES.get(p, "safetensors")) is not None for p in PEERS}
+        if available["tensorizer"]:
+            try:
+                import torch
+                from safetensors.torch import load_file
+                from tensorizer import TensorSerializer
+
+                serializer = TensorSerializer(str(work_dir / "model.tensors"))
+                serializer.write_state_dict(load_file(str(paths["safetensors"])))
+                serializer.close()
+                del torch
+            except Exception as exc:  # noqa: BLE001
+                available["tensorizer"] = False
+                print(f"[bench/loader] tensorizer could not serialize: {exc}", file=sys.stderr)
+        files = data_files(paths)
+        limits = {}
+        for state in ("cold", "warm"):
+            runs = []
+            for _ in range(repeats):
+                if state == "cold":
+                    evict(files)
+                else:
+                    warm_up(files)
+                runs.append(run_child("limit-read", paths, args.threads, state))
+            good = [r for r in runs if "seconds" in r]
+            limits[state] = statistics.median(r["bytes"] / r["seconds"] / 1e9 for r in good) if good else None
+            print(json.dumps({"bench": "loader", "loader": "limit-read", "state": state,
+                              "gbps": round(limits[state], 3) if limits[state] else None,
+                              "direct_io": good[0].get("direct_io") if good else None}), flush=True)
+        dd = dd_cold(paths)
+        print(json.dumps({"bench": "loader", "loader": "dd", "state": "cold",
+                          "gbps": round(dd["bytes"] / dd["seconds"] / 1e9, 3)}), flush=True)
+        for loader in ("thaw", "thaw-fresh-process", *PEERS):
+            if not available.get(loader, True):
+                print(json.dumps({"bench": "loader", "loader": loader, "skipped":
+                                  f"not installed (pip install {loader})" if loader != "tensorizer" or
+                                  importlib.util.find_spec("tensorizer") is None else "serialization failed"}),
+                      flush=True)
+                continue
+            for state in ("cold", "warm"):
+                runs = []
+                for _ in range(repeats):
+                    if state == "cold":
+                        evict(files)
+                    else:
+                        warm_up(files)
+                    runs.append(run_child(loader, paths, args.threads, state))
+                good = [r for r in runs if "seconds" in r]
+                line = {"bench": "loader", "loader": loader, "state": state}
+                if not good:
+                    line["skipped"] = runs[0].get("error", "failed")
+                else:
+                    gbps = statistics.median(r["bytes"] / r["seconds"] / 1e9 for r in good)
+                    line |= {"gbps": round(gbps, 3), "seconds": round(statistics.median(r["seconds"] for r in good), 4),
+                             "bytes": good[0]["bytes"], "limit_gbps": round(limits[state], 3) if limits[state] else None,
+                             "ratio_to_limit": round(gbps / limits[state], 3) if limits[state] else None}
+                    if "direct_io" in good[0]:
+                        line["direct_io"] = good[0]["direct_io"]
+                print(json.dumps(line), flush=True)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

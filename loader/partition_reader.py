@@ -1,0 +1,125 @@
+"""Positional reads of one partition file into host memory: page cache first, then O_DIRECT.
+
+``O_DIRECT`` bypasses the page cache: a cold load does not copy every byte into the cache and then
+again into our buffer, and does not evict other models' cached pages. But it also never *uses*
+the cache: a file that is already cached (just downloaded, loaded a minute ago) is read from disk
+again. Measured on the dev machine kind (~0.9 GB checkpoint, 4 threads, 64 MiB chunks): pure
+O_DIRECT 1.2-1.3 GB/s (the disk) whether or not the file is cached; buffered reads of a cached
+file 8.3 GB/s (5.3 with checksums). So with `direct_io` each read first takes what the page cache
+already holds with ``RWF_NOWAIT`` (returns only cached bytes, never waits for the disk) and reads
+the rest with ``O_DIRECT``: cached files load at memory speed (5.5 GB/s with checksums), cold
+ones at disk speed without filling the cache. (On this virtual disk buffered cold reads were
+~10% faster than O_DIRECT, 1.41 vs 1.26 GB/s: `LoaderConfig(direct_io=False)` when the page
+cache should keep the model as a free warm tier.)
+
+``O_DIRECT`` needs aligned offsets, lengths and buffer addresses (the format and
+`HostMemoryPool` guarantee 4096) and some filesystems refuse it (older tmpfs, some FUSE and
+network mounts) with ``EINVAL`` -- at ``open`` or only at the first read. Either way the reader
+carries on with buffered reads and `direct_io` reports False, so load statistics say which path
+was taken.
+
+Reads go through ``os.preadv`` (positional, so threads share the descriptors; it releases the GIL
+while the kernel copies). ``open_fn`` and ``read_fn`` are injectable so tests can simulate a
+filesystem without O_DIRECT or gate individual reads with events.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from loader.format import ALIGNMENT_BYTES, TruncatedCheckpointError
+
+OpenFn = Callable[[str, int], int]  # (path, flags) -> file descriptor, like os.open
+ReadFn = Callable[[int, memoryview, int, int], int]  # (fd, destination, file offset, RWF_* flags) -> bytes read
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+
+
+def preadv_into(fd: int, destination: memoryview, offset: int, flags: int = 0) -> int:
+    return os.preadv(fd, [destination], offset, flags)
+
+
+class PartitionReader:
+    """Reads byte ranges of one partition file into caller-provided buffers; thread-safe."""
+
+    def __init__(self, path: str | Path, *, direct_io: bool, open_fn: OpenFn = os.open, read_fn: ReadFn = preadv_into):
+        self.path = str(path)
+        self._read_fn = read_fn
+        self._lock = threading.Lock()
+        self._fd = open_fn(self.path, os.O_RDONLY)
+        self._direct_fd = -1
+        if direct_io and hasattr(os, "O_DIRECT"):
+            try:
+                self._direct_fd = open_fn(self.path, os.O_RDONLY | os.O_DIRECT)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    os.close(self._fd)
+                    raise
+        self._use_direct = self._direct_fd >= 0
+        self._probe_cache = self._use_direct and _RWF_NOWAIT != 0
+        self.num_cached_bytes = 0  # taken from the page cache by the RWF_NOWAIT probe
+        self.num_direct_bytes = 0  # read with O_DIRECT
+        self.num_buffered_bytes = 0  # read through the page cache, waiting for the disk if needed
+
+    @property
+    def direct_io(self) -> bool:
+        """Whether uncached bytes are read with O_DIRECT (False without it or after a fallback)."""
+        with self._lock:
+            return self._use_direct
+
+    def _read_cached(self, destination: memoryview, offset: int) -> int:
+        """Copy what the page cache already holds of `destination`'s range; returns bytes copied."""
+        done = 0
+        while done < len(destination):
+            try:
+                n = self._read_fn(self._fd, destination[done:], offset + done, _RWF_NOWAIT)
+            except OSError as exc:
+                if exc.errno == errno.EOPNOTSUPP:  # e.g. tmpfs: no cache to probe
+                    with self._lock:
+                        self._probe_cache = False
+                elif exc.errno != errno.EAGAIN:  # EAGAIN: the next page is not cached
+                    raise
+                break
+            if n == 0:
+                break
+            done += n
+        return done
+
+    def read_into(self, destination: memoryview, offset: int) -> None:
+        """Fill `destination` with the file's bytes from `offset` on (looping over short reads)."""
+        total = len(destination)
+        done = self._read_cached(destination, offset) if self._probe_cache else 0
+        cached = done
+        direct = 0
+        while done < total:
+            # O_DIRECT only from an aligned position (a cached prefix normally ends on a page boundary).
+            use_direct = self._use_direct and (offset + done) % ALIGNMENT_BYTES == 0
+            try:
+                n = self._read_fn(self._direct_fd if use_direct else self._fd, destination[done:], offset + done, 0)
+            except OSError as exc:
+                if exc.errno == errno.EINVAL and use_direct:
+                    with self._lock:  # the filesystem refuses O_DIRECT reads: buffered from now on
+                        self._use_direct = self._probe_cache = False
+                    continue
+                raise OSError(exc.errno, f"{exc.strerror} while reading bytes [{offset + done}, {offset + total}) "
+                                         f"of {self.path}") from exc
+            if n == 0:
+                raise TruncatedCheckpointError(f"{self.path} ended at byte {offset + done} while reading "
+                                               f"[{offset}, {offset + total}): the file shrank after the load started")
+            done += n
+            direct += n if use_direct else 0
+        with self._lock:
+            self.num_cached_bytes += cached
+            self.num_direct_bytes += direct
+            self.num_buffered_bytes += total - cached - direct
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in (self._fd, self._direct_fd):
+                if fd >= 0:
+                    os.close(fd)
+            self._fd = self._direct_fd = -1
+            self._use_direct = self._probe_cache = False

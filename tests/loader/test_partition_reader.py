@@ -1,0 +1,103 @@
+"""PartitionReader: page-cache probe then O_DIRECT, short reads, truncation and I/O errors."""
+
+import errno
+import os
+
+import pytest
+
+from loader import HostMemoryPool, TruncatedCheckpointError
+from loader.partition_reader import PartitionReader, preadv_into
+
+SIZE = 5 * 4096
+
+
+@pytest.fixture()
+def partition(tmp_path):
+    path = tmp_path / "partition_000.bin"
+    path.write_bytes(bytes(range(256)) * (SIZE // 256))
+    return path
+
+
+@pytest.fixture()
+def buffer():
+    return HostMemoryPool().acquire(SIZE)
+
+
+def _o_direct_opens(path):
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError:
+        return False
+
+
+class CacheHolds:
+    """Pretends the page cache holds the first `cached_bytes` of the file and nothing after."""
+
+    def __init__(self, cached_bytes, max_read=None):
+        self.cached_bytes = cached_bytes
+        self.max_read = max_read
+        self.calls = []
+
+    def __call__(self, fd, destination, offset, flags=0):
+        self.calls.append((offset, len(destination), flags))
+        if flags & os.RWF_NOWAIT:
+            if offset >= self.cached_bytes:
+                raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+            destination = destination[: self.cached_bytes - offset]
+        if self.max_read is not None:
+            destination = destination[: self.max_read]
+        return preadv_into(fd, destination, offset, flags)
+
+
+def test_cached_prefix_comes_from_the_cache_rest_with_o_direct(partition, buffer):
+    if not _o_direct_opens(partition):
+        pytest.skip("this filesystem refuses O_DIRECT")
+    read = CacheHolds(cached_bytes=2 * 4096)
+    reader = PartitionReader(partition, direct_io=True, read_fn=read)
+    reader.read_into(memoryview(buffer.numpy()), 0)
+    reader.close()
+    assert bytes(buffer.numpy()) == partition.read_bytes()
+    assert (reader.num_cached_bytes, reader.num_direct_bytes, reader.num_buffered_bytes) == (8192, 12288, 0)
+    assert read.calls == [(0, SIZE, os.RWF_NOWAIT), (8192, 12288, os.RWF_NOWAIT), (8192, 12288, 0)]
+
+
+def test_without_direct_io_there_is_no_probe(partition, buffer):
+    read = CacheHolds(cached_bytes=SIZE)
+    reader = PartitionReader(partition, direct_io=False, read_fn=read)
+    reader.read_into(memoryview(buffer.numpy())[4096:], 4096)
+    assert reader.direct_io is False
+    assert (reader.num_cached_bytes, reader.num_direct_bytes, reader.num_buffered_bytes) == (0, 0, 16384)
+    assert read.calls == [(4096, 16384, 0)]
+    reader.close()
+
+
+def test_short_reads_are_continued(partition, buffer):
+    read = CacheHolds(cached_bytes=0, max_read=1000)
+    reader = PartitionReader(partition, direct_io=False, read_fn=read)
+    reader.read_into(memoryview(buffer.numpy()), 0)
+    reader.close()
+    assert bytes(buffer.numpy()) == partition.read_bytes()
+    assert [offset for offset, _, _ in read.calls] == list(range(0, SIZE, 1000))
+
+
+def test_file_shrinking_mid_load_raises_truncated(partition, buffer):
+    reader = PartitionReader(partition, direct_io=False)
+    os.truncate(partition, 3 * 4096)
+    with pytest.raises(TruncatedCheckpointError) as err:
+        reader.read_into(memoryview(buffer.numpy()), 0)
+    reader.close()
+    assert str(err.value) == (f"{partition} ended at byte 12288 while reading [0, 20480): "
+                              f"the file shrank after the load started")
+
+
+def test_io_errors_name_the_file_and_range(partition, buffer):
+    def failing_read(fd, destination, offset, flags=0):
+        raise OSError(errno.EIO, "Input/output error")
+
+    reader = PartitionReader(partition, direct_io=False, read_fn=failing_read)
+    with pytest.raises(OSError) as err:
+        reader.read_into(memoryview(buffer.numpy())[:4096], 8192)
+    reader.close()
+    assert err.value.errno == errno.EIO
+    assert str(err.value) == f"[Errno 5] Input/output error while reading bytes [8192, 12288) of {partition}"
