@@ -239,6 +239,17 @@ def dd_cold(paths: dict[str, Path]) -> dict:
     return {"seconds": time.perf_counter() - start, "bytes": total}
 
 
+def measure_repeated(loader: str, state: str, paths: dict[str, Path], files: list[Path], threads: int,
+                     repeats: int, keep_errors: bool = False) -> list[dict]:
+    """``repeats`` fresh-process runs of one loader, each after evicting (cold) or reading (warm)
+    the files; only successful runs unless ``keep_errors``."""
+    runs = []
+    for _ in range(repeats):
+        evict(files) if state == "cold" else warm_up(files)
+        runs.append(run_child(loader, paths, threads, state))
+    return runs if keep_errors else [r for r in runs if "seconds" in r]
+
+
 PEERS = ("safetensors", "torch.load-mmap", "runai-model-streamer", "tensorizer", "fastsafetensors")
 PEER_MODULES = {"runai-model-streamer": "runai_model_streamer", "tensorizer": "tensorizer",
                 "fastsafetensors": "fastsafetensors"}
@@ -288,14 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         files = data_files(paths)
         limits = {}
         for state in ("cold", "warm"):
-            runs = []
-            for _ in range(repeats):
-                if state == "cold":
-                    evict(files)
-                else:
-                    warm_up(files)
-                runs.append(run_child("limit-read", paths, args.threads, state))
-            good = [r for r in runs if "seconds" in r]
+            good = measure_repeated("limit-read", state, paths, files, args.threads, repeats)
             limits[state] = statistics.median(r["bytes"] / r["seconds"] / 1e9 for r in good) if good else None
             print(json.dumps({"bench": "loader", "loader": "limit-read", "state": state,
                               "gbps": round(limits[state], 3) if limits[state] else None,
@@ -311,13 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
                 continue
             for state in ("cold", "warm"):
-                runs = []
-                for _ in range(repeats):
-                    if state == "cold":
-                        evict(files)
-                    else:
-                        warm_up(files)
-                    runs.append(run_child(loader, paths, args.threads, state))
+                runs = measure_repeated(loader, state, paths, files, args.threads, repeats, keep_errors=True)
                 good = [r for r in runs if "seconds" in r]
                 line = {"bench": "loader", "loader": loader, "state": state}
                 if not good:
