@@ -62,6 +62,8 @@ class Engine:
         self.model_config = ModelConfig.from_model_dir(self.model_dir, dtype=config.dtype)
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.device = torch.device(config.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {config.device!r} was requested but this machine has no usable CUDA device")
         max_positions = self.model_config.max_position_embeddings
         if config.max_model_len is not None and config.max_model_len > max_positions:
             raise ValueError(

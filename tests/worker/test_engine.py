@@ -187,3 +187,9 @@ def test_thaw_format_loads_the_same_model(tiny_llama_dir, tmp_path):
     assert [c.output_token_ids for c in got] == [c.output_token_ids for c in want]
     for name, param in from_hf.runner.model.state_dict().items():
         assert torch.equal(param, from_thaw.runner.model.state_dict()[name]), name
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_device_without_cuda_is_refused_clearly(tiny_llama_dir):
+    with pytest.raises(ValueError, match="no usable CUDA device"):
+        Engine(tiny_llama_dir, EngineConfig(device="cuda"))
