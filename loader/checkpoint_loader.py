@@ -38,8 +38,9 @@ from loader.partition_reader import OpenFn, PartitionReader, ReadFn, preadv_into
 # pool, GB/s for 1/2/4/8 threads: page cache warm 2.9/5.3/5.3/5.4 with checksums, 4.2/8.0/8.0/7.8
 # without; cold (O_DIRECT) 1.1/1.29/1.23/1.23. Two threads already saturate 2 cores and the
 # disk; 4 costs nothing here and leaves queue depth for faster disks (ServerlessLLM uses 4 too).
-# Checksums: xxh3_64 runs at 7-7.8 GB/s on one core and holds the GIL (no gain from threads), so
-# verifying costs ~35% warm (8.55 -> 5.50 GB/s) and ~5% cold (1.33 -> 1.26 GB/s, disk-bound).
+# Checksums: xxh3_64 runs at 7-7.8 GB/s per core (14.5 GB/s on 2 threads: it releases the GIL), but
+# on 2 cores it competes with the copy, so verifying costs ~35% warm (8.55 -> 5.50 GB/s) and ~5%
+# cold (1.33 -> 1.26 GB/s, disk-bound).
 DEFAULT_NUM_THREADS = 4
 
 @dataclass(frozen=True)
