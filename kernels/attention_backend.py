@@ -16,6 +16,12 @@ import torch
 from kernels.attention_metadata import AttentionMetadata
 
 
+def check_gqa_heads(num_heads: int, num_kv_heads: int) -> None:
+    """Every backend's one shape rule: query heads come in equal groups per KV head."""
+    if num_heads % num_kv_heads:
+        raise ValueError(f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})")
+
+
 class AttentionBackend(Protocol):
     name: str
 

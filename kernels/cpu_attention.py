@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from kernels.attention_backend import check_gqa_heads
 from kernels.attention_metadata import AttentionMetadata
 from kernels.reference import ReferenceAttentionBackend
 
@@ -78,8 +79,7 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         if not (query.dtype == key_cache.dtype == value_cache.dtype == torch.float32) or 1 not in metadata.query_lens_host:
             return super().paged_attention(query, key_cache, value_cache, metadata, scale, sliding_window)
         num_heads, num_kv_heads = query.shape[1], key_cache.shape[2]
-        if num_heads % num_kv_heads:
-            raise ValueError(f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})")
+        check_gqa_heads(num_heads, num_kv_heads)
         decode = self._cached(metadata, ("decode",), lambda: self._decode_plan(metadata))
         prefill = self._plan_for(metadata, key_cache.shape[1], sliding_window, query.device, include_decode=False)
         out = self._run(prefill, query, key_cache, value_cache, scale)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.attention_backend import check_gqa_heads
 from kernels.attention_metadata import AttentionMetadata
 
 
@@ -163,8 +164,7 @@ class ReferenceAttentionBackend:
         sliding_window: int | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
         num_heads, num_kv_heads = query.shape[1], key_cache.shape[2]
-        if num_heads % num_kv_heads:
-            raise ValueError(f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})")
+        check_gqa_heads(num_heads, num_kv_heads)
         plan = self._plan_for(metadata, key_cache.shape[1], sliding_window, query.device)
         return self._run(plan, query, key_cache, value_cache, scale)
 

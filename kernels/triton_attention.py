@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.attention_backend import check_gqa_heads
 from kernels.attention_metadata import AttentionMetadata
 from kernels.select import triton_interpreter_enabled
 
@@ -193,8 +194,7 @@ class TritonAttentionBackend:
     ) -> torch.Tensor:  # [T, Hq, D]
         num_tokens, num_heads, head_dim = query.shape
         num_kv_heads = key_cache.shape[2]
-        if num_heads % num_kv_heads:
-            raise ValueError(f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})")
+        check_gqa_heads(num_heads, num_kv_heads)
         _check_last_dim_contiguous(query=query, key_cache=key_cache, value_cache=value_cache)
         block_size = key_cache.shape[1]
         if block_size < 16 or block_size & (block_size - 1):

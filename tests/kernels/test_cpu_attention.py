@@ -8,14 +8,10 @@ import pytest
 import torch
 
 from kernels import ReferenceAttentionBackend, get_attention_backend
-from tests.kernels.test_triton_attention import make_batch as _make_batch
+from tests.kernels.paged_cases import make_batch
 
 MIXED = ([1, 9, 1, 21, 1, 1], [37, 9, 16, 50, 70, 1])
 DECODE_ONLY = ([1] * 12, [5, 64, 33, 17, 90, 1, 2, 16, 31, 48, 7, 100])
-
-
-def make_batch(*args, **kwargs):
-    return _make_batch(*args, **kwargs, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +59,10 @@ def test_unbuildable_kernel_falls_back_with_a_warning(monkeypatch, caplog):
     assert "no compiler" in caplog.text
     with pytest.raises(RuntimeError, match="no compiler"):
         get_attention_backend("cpu", prefer="cpu")
+
+
+@pytest.mark.parametrize("name", ["reference", "cpu", "triton"])
+def test_uneven_gqa_groups_are_refused_by_every_backend(name):
+    query, key_cache, value_cache, meta = make_batch([1, 3], [5, 17], 6, 4, 32, 16, torch.float32, seed=0)
+    with pytest.raises(ValueError, match=r"query heads \(6\) must be a multiple of KV heads \(4\)"):
+        get_attention_backend("cpu", prefer=name).paged_attention(query, key_cache, value_cache, meta, 0.2)

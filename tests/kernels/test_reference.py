@@ -8,12 +8,11 @@ prefill chunk, GQA head mapping and sliding windows are all exercised.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from kernels import AttentionMetadata, ReferenceAttentionBackend, get_attention_backend
+from tests.kernels.paged_cases import shuffled_block_tables
 
 
 def dense_attention(q, k, v, seq_len, scale, window):
@@ -34,14 +33,7 @@ def dense_attention(q, k, v, seq_len, scale, window):
 
 def build_case(query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, seed):
     gen = torch.Generator().manual_seed(seed)
-    num_blocks_needed = sum(math.ceil(s / block_size) for s in seq_lens)
-    num_blocks = num_blocks_needed + 5
-    physical = torch.randperm(num_blocks, generator=gen).tolist()
-    tables, cursor = [], 0
-    for s in seq_lens:
-        n = math.ceil(s / block_size)
-        tables.append(physical[cursor : cursor + n])
-        cursor += n
+    tables, num_blocks = shuffled_block_tables(seq_lens, block_size, gen, extra_blocks=5)
     keys = [torch.randn(s, num_kv_heads, head_dim, generator=gen) for s in seq_lens]
     values = [torch.randn(s, num_kv_heads, head_dim, generator=gen) for s in seq_lens]
     queries = [torch.randn(q, num_heads, head_dim, generator=gen) for q in query_lens]

@@ -5,12 +5,11 @@ non-power-of-two, sliding windows, and a KV pool large enough that 32-bit offset
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from kernels import AttentionMetadata, ReferenceAttentionBackend, get_attention_backend
+from tests.kernels.paged_cases import make_batch as _make_batch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -20,23 +19,8 @@ def triton_backend():
     return get_attention_backend(DEVICE, prefer="triton")
 
 
-def make_batch(query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed, extra_blocks=3,
-               device=DEVICE):
-    gen = torch.Generator().manual_seed(seed)
-    needed = sum(math.ceil(s / block_size) for s in seq_lens)
-    num_blocks = needed + extra_blocks
-    physical = torch.randperm(num_blocks, generator=gen).tolist()
-    tables, cursor = [], 0
-    for s in seq_lens:
-        n = math.ceil(s / block_size)
-        tables.append(physical[cursor : cursor + n])
-        cursor += n
-    key_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype).to(device)
-    value_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(dtype).to(device)
-    query = torch.randn(sum(query_lens), num_heads, head_dim, generator=gen).to(dtype).to(device)
-    meta = AttentionMetadata.build(block_tables=tables, query_lens=list(query_lens), seq_lens=list(seq_lens),
-                                   block_size=block_size, device=device)
-    return query, key_cache, value_cache, meta
+def make_batch(*args, **kwargs):
+    return _make_batch(*args, device=DEVICE, **kwargs)
 
 
 # Mixed: decodes, a whole prompt, a chunk continuing a cached prefix, odd lengths.
