@@ -1,0 +1,167 @@
+"""The autoscaling decision for one model: a pure function of a load snapshot and explicit state.
+
+``decide(policy, snapshot, state, now) -> (ScaleDecision, AutoscaleState)`` does no I/O and
+reads no clock: `now` is passed in and every memory of the past is in `AutoscaleState`. So the
+decision is unit-tested with plain numbers, replayed by a simulator, and survives a
+controller restart when the state is saved (a lost state only makes the next move wait its
+delay again, it never makes a wrong move).
+
+The rule (after Ray Serve's and ServerlessLLM's):
+
+1. demand = ongoing + queued requests: a queued request is one a new instance would serve.
+2. desired = ceil(demand / target_ongoing_requests), clamped to [min_instances, max_instances].
+3. A model with no instance and some demand starts at once, no delay: that request is
+   waiting on a cold start, and a delay would only add to it.
+4. Otherwise a change must persist: more instances only after the wish for more has lasted
+   `upscale_delay_s`, fewer only after `downscale_delay_s` (hysteresis, as Ray Serve's
+   consecutive-decision counter). The change applied is the desire at that moment.
+5. Zero demand keeps one instance warm until the model has been idle `keep_alive_s`; then it
+   scales to zero (only when min_instances == 0). Idle means no ongoing or queued request
+   since the snapshot's `last_request_s`.
+6. A count outside [min, max] (the spec was just changed) is moved to the nearest bound at
+   once: those are limits, not load signals to smooth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from controller.model_spec import AutoscalingPolicy
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadSnapshot:
+    """What the controller saw of one model at one reconcile tick.
+
+    Fields:
+        num_instances: instances that exist (starting or ready).
+        num_ongoing_requests: requests in flight on those instances, summed.
+        num_queued_requests: requests waiting at the gateway for an instance.
+        last_request_s: when a request was last seen (arrived or finished), on the clock of
+            `now`; None if the model has not served since the controller started.
+    """
+
+    num_instances: int
+    num_ongoing_requests: int = 0
+    num_queued_requests: int = 0
+    last_request_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_instances", "num_ongoing_requests", "num_queued_requests"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+    @property
+    def num_demand_requests(self) -> int:
+        return self.num_ongoing_requests + self.num_queued_requests
+
+
+@dataclass(frozen=True)
+class AutoscaleState:
+    """The policy's memory between ticks.
+
+    Fields:
+        wish_direction: +1 while more instances are wanted, -1 while fewer, 0 when content.
+        wish_since_s: when the current wish began; the up/down delays count from here.
+        idle_since_s: when the policy first saw zero demand with no `last_request_s` to go by,
+            so an instance that never served still reaches its keep-alive.
+    """
+
+    wish_direction: int = 0
+    wish_since_s: float | None = None
+    idle_since_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ScaleDecision:
+    """What to do now.
+
+    Fields:
+        num_instances: the count to have now (equal to the snapshot's when holding).
+        num_desired_instances: what the load asks for, before the delays.
+        reason: one line for logs and ``thaw status``.
+    """
+
+    num_instances: int
+    num_desired_instances: int
+    reason: str
+
+
+def desired_instances(policy: AutoscalingPolicy, num_demand_requests: int) -> int:
+    """ceil(demand / target), clamped to [min_instances, max_instances]."""
+    raw = math.ceil(num_demand_requests / policy.target_ongoing_requests)
+    return max(policy.min_instances, min(policy.max_instances, raw))
+
+
+def decide(
+    policy: AutoscalingPolicy, snapshot: LoadSnapshot, state: AutoscaleState, now: float
+) -> tuple[ScaleDecision, AutoscaleState]:
+    """One tick of the autoscaler for one model; see the module docstring for the rule."""
+    current = snapshot.num_instances
+    demand = snapshot.num_demand_requests
+    desired = desired_instances(policy, demand)
+
+    idle_since = state.idle_since_s
+    if demand > 0:
+        idle_since = None
+    elif idle_since is None:
+        idle_since = now
+
+    if current < policy.min_instances or current > policy.max_instances:
+        bounded = max(policy.min_instances, min(policy.max_instances, current))
+        bound = "min_instances" if current < policy.min_instances else "max_instances"
+        return (
+            ScaleDecision(bounded, desired, f"{current} -> {bounded}: outside [{policy.min_instances}, "
+                          f"{policy.max_instances}] ({bound} changed)"),
+            AutoscaleState(idle_since_s=idle_since),
+        )
+
+    if current == 0:
+        if demand == 0:
+            return ScaleDecision(0, 0, "scaled to zero, no requests"), AutoscaleState(idle_since_s=idle_since)
+        return (
+            ScaleDecision(desired, desired, f"cold start 0 -> {desired}: {demand} requests and no instance "
+                          f"(ceil({demand}/{policy.target_ongoing_requests:g}))"),
+            AutoscaleState(),
+        )
+
+    idle_s = 0.0
+    if demand == 0:
+        idle_from = snapshot.last_request_s if snapshot.last_request_s is not None else idle_since
+        idle_s = max(0.0, now - idle_from)
+        if policy.min_instances == 0 and idle_s >= policy.keep_alive_s:
+            return (
+                ScaleDecision(0, 0, f"scale to zero {current} -> 0: idle {idle_s:g}s >= keep_alive_s "
+                              f"{policy.keep_alive_s:g}"),
+                AutoscaleState(idle_since_s=idle_since),
+            )
+        # Keep one instance warm until the keep-alive runs out: a scale to zero here would
+        # make the next request pay the cold start that the keep-alive exists to avoid.
+        desired = max(desired, 1)
+
+    if desired == current:
+        reason = f"steady at {current}"
+        if demand == 0 and policy.min_instances == 0:
+            reason += f": idle {idle_s:g}s of keep_alive_s {policy.keep_alive_s:g}"
+        return ScaleDecision(current, desired, reason), AutoscaleState(idle_since_s=idle_since)
+
+    direction = 1 if desired > current else -1
+    delay_s = policy.upscale_delay_s if direction > 0 else policy.downscale_delay_s
+    delay_name = "upscale_delay_s" if direction > 0 else "downscale_delay_s"
+    since = state.wish_since_s if state.wish_direction == direction and state.wish_since_s is not None else now
+    waited_s = now - since
+    verb = "scale up" if direction > 0 else "scale down"
+    load = f"{demand} requests / target {policy.target_ongoing_requests:g}"
+    if waited_s >= delay_s:
+        return (
+            ScaleDecision(desired, desired, f"{verb} {current} -> {desired}: {load} for {waited_s:g}s >= "
+                          f"{delay_name} {delay_s:g}"),
+            AutoscaleState(idle_since_s=idle_since),
+        )
+    return (
+        ScaleDecision(current, desired, f"holding {current}: want {desired} ({load}) for {waited_s:g}s of "
+                      f"{delay_name} {delay_s:g}"),
+        AutoscaleState(wish_direction=direction, wish_since_s=since, idle_since_s=idle_since),
+    )

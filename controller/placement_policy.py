@@ -1,0 +1,211 @@
+"""Where a new instance of a model goes: a pure function of the model's size and node views.
+
+For every node, the estimated time until the model is ready there is
+
+    wait for the node's loader + model bytes / bandwidth of the fastest tier holding it there
+
+where the tiers are a peer's GPU memory on the node, the node's DRAM cache, its SSD cache, and
+the model repository (always available, at the node's measured download rate). Among the
+nodes with enough free worker slots the minimum wins; ties go to the node with more free
+slots (keeps room for the next model), then to the smaller node id, so the result never
+depends on the order of the input.
+
+This is ServerlessLLM's scheduler estimate, extended with the repository and peer-GPU tiers
+(ServerlessLLM skips nodes without the model on disk) and a loader wait that applies to every
+tier: a node whose loader is busy with another model may lose to a node that must read from
+SSD. The bandwidths are the node's calibrated end-to-end rates from that tier into a worker's
+memory, so a repository rate already includes converting and caching on the way.
+
+`place_locality_blind` is the baseline that ignores all of this (most free slots wins); it
+exists so tests and the simulator can show what locality buys. Both return the estimates of
+every node, best first, for ``thaw status`` and logs.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+# Source tiers, fastest first by nature; equal estimates prefer the earlier tier.
+MODEL_TIERS = ("gpu", "dram", "ssd")
+REPOSITORY = "repository"
+TIERS = (*MODEL_TIERS, REPOSITORY)
+
+
+def _check_rate(name: str, value: object, *, required: bool) -> None:
+    if value is None and not required:
+        return
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0{'' if required else ' or None'}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TierBandwidths:
+    """A node's calibrated rates, bytes/s, from each tier into a worker's memory.
+
+    None means the node has no such tier (or it was never calibrated): a model sitting
+    there cannot be used as a source. The repository rate is required: it is the fallback.
+    """
+
+    repository_bytes_per_s: float
+    ssd_bytes_per_s: float | None = None
+    dram_bytes_per_s: float | None = None
+    gpu_bytes_per_s: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_rate("repository_bytes_per_s", self.repository_bytes_per_s, required=True)
+        for tier in MODEL_TIERS:
+            _check_rate(f"{tier}_bytes_per_s", getattr(self, f"{tier}_bytes_per_s"), required=False)
+
+    def rate(self, tier: str) -> float | None:
+        return getattr(self, f"{tier}_bytes_per_s")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeView:
+    """One node as placement sees it.
+
+    Fields:
+        node_id: the Ray node id (or any stable name).
+        num_free_slots: worker slots not taken by an instance.
+        model_tiers: tiers on this node that hold the model being placed, from "gpu" (a
+            running peer instance), "dram" and "ssd"; empty means repository only.
+        bandwidths: the node's calibrated rates.
+        loader_wait_s: seconds before this node's loader can start on the model (what it is
+            loading now plus loads queued ahead).
+    """
+
+    node_id: str
+    num_free_slots: int
+    bandwidths: TierBandwidths
+    model_tiers: frozenset[str] = frozenset()
+    loader_wait_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.node_id, str) or not self.node_id:
+            raise ValueError(f"node_id must be a non-empty string, got {self.node_id!r}")
+        where = f"node {self.node_id}"
+        free = self.num_free_slots
+        if not isinstance(free, int) or isinstance(free, bool) or free < 0:
+            raise ValueError(f"{where}: num_free_slots must be an integer >= 0, got {free!r}")
+        if not isinstance(self.bandwidths, TierBandwidths):
+            raise ValueError(f"{where}: bandwidths must be TierBandwidths, got {type(self.bandwidths).__name__}")
+        tiers = frozenset(self.model_tiers) if isinstance(self.model_tiers, Iterable) else None
+        if tiers is None or isinstance(self.model_tiers, str) or not tiers <= set(MODEL_TIERS):
+            raise ValueError(f"{where}: model_tiers must be a set drawn from {MODEL_TIERS}, got {self.model_tiers!r}")
+        for tier in tiers:
+            if self.bandwidths.rate(tier) is None:
+                raise ValueError(f"node {self.node_id}: holds the model in '{tier}' but has no {tier}_bytes_per_s")
+        object.__setattr__(self, "model_tiers", tiers)
+        wait = self.loader_wait_s
+        if not isinstance(wait, numbers.Real) or isinstance(wait, bool) or not (math.isfinite(wait) and wait >= 0):
+            raise ValueError(f"node {self.node_id}: loader_wait_s must be a finite number >= 0, got {wait!r}")
+        object.__setattr__(self, "loader_wait_s", float(wait))
+
+
+@dataclass(frozen=True)
+class NodeEstimate:
+    """How soon the model could be ready on one node, and from which tier."""
+
+    node_id: str
+    tier: str
+    load_s: float
+    wait_s: float
+    num_free_slots: int
+    has_room: bool  # enough free slots for one instance
+
+    @property
+    def ready_s(self) -> float:
+        return self.wait_s + self.load_s
+
+    def describe(self) -> str:
+        wait = f" + wait {self.wait_s:.3g}s" if self.wait_s else ""
+        room = "" if self.has_room else " (full)"
+        return f"{self.node_id}: {self.tier} {self.load_s:.3g}s{wait} = {self.ready_s:.3g}s{room}"
+
+
+@dataclass(frozen=True)
+class PlacementDecision:
+    """The chosen node (None when no node has room), and what every node was estimated at.
+
+    `estimates` lists every node: those with room first, best first, then the full ones,
+    best first (a full node that would be fastest is where a migration could free a slot).
+    """
+
+    node_id: str | None
+    tier: str | None
+    estimate_s: float | None
+    estimates: tuple[NodeEstimate, ...]
+    reason: str
+
+    @property
+    def placed(self) -> bool:
+        return self.node_id is not None
+
+
+def estimate_node(model_bytes: int, node: NodeView, num_slots: int = 1) -> NodeEstimate:
+    """The node's time-to-ready for a model of `model_bytes`, from its fastest tier holding it."""
+    best_tier, best_load_s = REPOSITORY, model_bytes / node.bandwidths.repository_bytes_per_s
+    for tier in MODEL_TIERS:  # fastest tier by nature first, so equal times keep it
+        if tier in node.model_tiers:
+            load_s = model_bytes / node.bandwidths.rate(tier)
+            if load_s < best_load_s or (load_s == best_load_s and TIERS.index(tier) < TIERS.index(best_tier)):
+                best_tier, best_load_s = tier, load_s
+    return NodeEstimate(
+        node_id=node.node_id,
+        tier=best_tier,
+        load_s=best_load_s,
+        wait_s=node.loader_wait_s,
+        num_free_slots=node.num_free_slots,
+        has_room=node.num_free_slots >= num_slots,
+    )
+
+
+def _check_inputs(model_bytes: int, nodes: Sequence[NodeView], num_slots: int) -> None:
+    if not isinstance(model_bytes, int) or isinstance(model_bytes, bool) or model_bytes < 1:
+        raise ValueError(f"model_bytes must be an integer >= 1, got {model_bytes!r}")
+    if not isinstance(num_slots, int) or isinstance(num_slots, bool) or num_slots < 1:
+        raise ValueError(f"num_slots must be an integer >= 1, got {num_slots!r}")
+    node_ids = [node.node_id for node in nodes]
+    if len(set(node_ids)) != len(node_ids):
+        raise ValueError(f"node ids must be unique, got {sorted(node_ids)}")
+
+
+def _by_ready(estimate: NodeEstimate) -> tuple[float, int, str]:
+    return (estimate.ready_s, -estimate.num_free_slots, estimate.node_id)
+
+
+def _decide(
+    estimates: list[NodeEstimate], order: Callable[[NodeEstimate], tuple], policy: str, num_slots: int
+) -> PlacementDecision:
+    with_room = sorted((e for e in estimates if e.has_room), key=order)
+    full = sorted((e for e in estimates if not e.has_room), key=_by_ready)
+    ranked = tuple(with_room + full)
+    if not with_room:
+        return PlacementDecision(
+            None, None, None, ranked,
+            f"no free slot: none of {len(estimates)} nodes has {num_slots} free worker slot{'s' * (num_slots > 1)}",
+        )
+    best = with_room[0]
+    runner_up = f"; next {with_room[1].describe()}" if len(with_room) > 1 else ""
+    return PlacementDecision(
+        best.node_id, best.tier, best.ready_s, ranked,
+        f"{policy}: {best.describe()} (of {len(with_room)} nodes with room{runner_up})",
+    )
+
+
+def place(model_bytes: int, nodes: Sequence[NodeView], num_slots: int = 1) -> PlacementDecision:
+    """Locality-aware placement: the node with room where the model is ready soonest."""
+    _check_inputs(model_bytes, nodes, num_slots)
+    estimates = [estimate_node(model_bytes, node, num_slots) for node in nodes]
+    return _decide(estimates, _by_ready, "soonest ready", num_slots)
+
+
+def place_locality_blind(model_bytes: int, nodes: Sequence[NodeView], num_slots: int = 1) -> PlacementDecision:
+    """Baseline: the node with the most free slots (ties: smaller node id), ignoring where the
+    model is. Its estimate is still reported, so the cost of ignoring locality shows."""
+    _check_inputs(model_bytes, nodes, num_slots)
+    estimates = [estimate_node(model_bytes, node, num_slots) for node in nodes]
+    return _decide(estimates, lambda e: (-e.num_free_slots, e.node_id), "most free slots", num_slots)

@@ -1,0 +1,144 @@
+"""Tests for controller/placement_policy.py: tier preference, loader wait, tie-breaks, and the
+locality-blind baseline on a scenario where the two disagree."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from controller import NodeView, TierBandwidths, place, place_locality_blind
+from controller.placement_policy import estimate_node
+
+GB = 10**9
+MODEL_BYTES = 4 * GB
+# Rates per tier (bytes/s): repository 0.5 GB/s, SSD 2 GB/s, DRAM 10 GB/s, peer GPU 20 GB/s.
+RATES = TierBandwidths(
+    repository_bytes_per_s=0.5 * GB, ssd_bytes_per_s=2 * GB, dram_bytes_per_s=10 * GB, gpu_bytes_per_s=20 * GB
+)
+
+
+def _node(node_id: str, tiers: tuple[str, ...] = (), free: int = 1, wait_s: float = 0.0,
+          rates: TierBandwidths = RATES) -> NodeView:
+    return NodeView(node_id=node_id, num_free_slots=free, bandwidths=rates, model_tiers=frozenset(tiers),
+                    loader_wait_s=wait_s)
+
+
+def test_dram_beats_ssd_beats_repository():
+    nodes = [_node("repo-only"), _node("on-ssd", ("ssd",)), _node("in-dram", ("ssd", "dram"))]
+    decision = place(MODEL_BYTES, nodes)
+    assert decision.placed
+    assert (decision.node_id, decision.tier, decision.estimate_s) == ("in-dram", "dram", 0.4)
+    assert [(e.node_id, e.tier, e.ready_s) for e in decision.estimates] == [
+        ("in-dram", "dram", 0.4), ("on-ssd", "ssd", 2.0), ("repo-only", "repository", 8.0),
+    ]
+    assert decision.reason == (
+        "soonest ready: in-dram: dram 0.4s = 0.4s (of 3 nodes with room; next on-ssd: ssd 2s = 2s)"
+    )
+
+    without_dram = place(MODEL_BYTES, nodes[:2])
+    assert (without_dram.node_id, without_dram.tier, without_dram.estimate_s) == ("on-ssd", "ssd", 2.0)
+    only_repo = place(MODEL_BYTES, nodes[:1])
+    assert (only_repo.node_id, only_repo.tier, only_repo.estimate_s) == ("repo-only", "repository", 8.0)
+
+
+def test_peer_gpu_is_the_fastest_source():
+    decision = place(MODEL_BYTES, [_node("dram", ("dram",)), _node("peer", ("gpu", "dram", "ssd"))])
+    assert (decision.node_id, decision.tier, decision.estimate_s) == ("peer", "gpu", 0.2)
+
+
+def test_a_busy_loader_flips_the_choice():
+    idle_ssd = _node("idle-ssd", ("ssd",))
+    busy_dram = _node("busy-dram", ("dram",), wait_s=3.0)
+    decision = place(MODEL_BYTES, [busy_dram, idle_ssd])
+    assert (decision.node_id, decision.tier, decision.estimate_s) == ("idle-ssd", "ssd", 2.0)
+    busy = decision.estimates[1]
+    assert (busy.node_id, busy.load_s, busy.wait_s, busy.ready_s) == ("busy-dram", 0.4, 3.0, 3.4)
+    assert busy.describe() == "busy-dram: dram 0.4s + wait 3s = 3.4s"
+
+    # A shorter wait keeps DRAM ahead: 0.4 + 1.5 = 1.9 < 2.0.
+    decision = place(MODEL_BYTES, [_node("busy-dram", ("dram",), wait_s=1.5), idle_ssd])
+    assert (decision.node_id, decision.estimate_s) == ("busy-dram", 1.9)
+
+
+def test_locality_blind_baseline_differs_and_is_slower():
+    """The roomiest node has the model only in the repository; locality picks the DRAM node."""
+    nodes = [_node("roomy", free=3), _node("warm", ("dram",), free=1)]
+    aware = place(MODEL_BYTES, nodes)
+    blind = place_locality_blind(MODEL_BYTES, nodes)
+    assert (aware.node_id, aware.tier, aware.estimate_s) == ("warm", "dram", 0.4)
+    assert (blind.node_id, blind.tier, blind.estimate_s) == ("roomy", "repository", 8.0)
+    assert blind.reason.startswith("most free slots: roomy: repository 8s = 8s")
+    assert blind.estimate_s / aware.estimate_s == 20.0
+
+
+def test_locality_blind_ties_go_to_the_smaller_node_id():
+    nodes = [_node("b", free=2), _node("a", ("dram",), free=2), _node("c", free=1)]
+    assert place_locality_blind(MODEL_BYTES, nodes).node_id == "a"
+    assert [e.node_id for e in place_locality_blind(MODEL_BYTES, nodes).estimates] == ["a", "b", "c"]
+
+
+def test_the_fastest_tier_wins_even_against_the_usual_order():
+    """A node whose SSD is slower than its repository link loads from the repository."""
+    rates = TierBandwidths(repository_bytes_per_s=1 * GB, ssd_bytes_per_s=0.25 * GB)
+    estimate = estimate_node(MODEL_BYTES, _node("slow-disk", ("ssd",), rates=rates))
+    assert (estimate.tier, estimate.load_s) == ("repository", 4.0)
+    # Equal times keep the tier that is faster by nature.
+    rates = TierBandwidths(repository_bytes_per_s=1 * GB, ssd_bytes_per_s=1 * GB)
+    assert estimate_node(MODEL_BYTES, _node("same", ("ssd",), rates=rates)).tier == "ssd"
+
+
+def test_no_free_slot():
+    nodes = [_node("full-dram", ("dram",), free=0), _node("full", free=0)]
+    decision = place(MODEL_BYTES, nodes)
+    assert not decision.placed
+    assert (decision.node_id, decision.tier, decision.estimate_s) == (None, None, None)
+    assert decision.reason == "no free slot: none of 2 nodes has 1 free worker slot"
+    # The estimates are still reported: the full DRAM node is where freeing a slot would pay.
+    assert [(e.node_id, e.has_room) for e in decision.estimates] == [("full-dram", False), ("full", False)]
+    assert place(MODEL_BYTES, []).reason == "no free slot: none of 0 nodes has 1 free worker slot"
+
+
+def test_full_nodes_are_skipped_and_listed_last():
+    nodes = [_node("full-dram", ("dram",), free=0), _node("ssd", ("ssd",)), _node("repo")]
+    decision = place(MODEL_BYTES, nodes)
+    assert decision.node_id == "ssd"
+    assert [e.node_id for e in decision.estimates] == ["ssd", "repo", "full-dram"]
+    assert decision.estimates[-1].describe() == "full-dram: dram 0.4s = 0.4s (full)"
+
+
+def test_instances_needing_several_slots():
+    nodes = [_node("one-slot", ("dram",), free=1), _node("two-slots", ("ssd",), free=2)]
+    decision = place(MODEL_BYTES, nodes, num_slots=2)
+    assert decision.node_id == "two-slots"
+    assert place(MODEL_BYTES, nodes, num_slots=3).reason == "no free slot: none of 2 nodes has 3 free worker slots"
+
+
+def test_ties_are_deterministic_whatever_the_input_order():
+    nodes = [_node("n2", ("ssd",), free=1), _node("n1", ("ssd",), free=1), _node("n3", ("ssd",), free=2)]
+    for order in itertools.permutations(nodes):
+        decision = place(MODEL_BYTES, list(order))
+        # Same estimate everywhere: more free slots first, then the smaller id.
+        assert [e.node_id for e in decision.estimates] == ["n3", "n1", "n2"]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: _node("x", ("nvme",)), "model_tiers must be a set drawn from"),
+        (lambda: _node("x", ("dram",), rates=TierBandwidths(repository_bytes_per_s=GB)),
+         "holds the model in 'dram' but has no dram_bytes_per_s"),
+        (lambda: _node("x", free=-1), "num_free_slots must be an integer >= 0"),
+        (lambda: _node("x", wait_s=-0.1), "loader_wait_s must be a finite number >= 0"),
+        (lambda: _node(""), "node_id must be a non-empty string"),
+        (lambda: TierBandwidths(repository_bytes_per_s=0), "repository_bytes_per_s must be a finite number > 0"),
+        (lambda: TierBandwidths(repository_bytes_per_s=GB, ssd_bytes_per_s=float("inf")),
+         "ssd_bytes_per_s must be a finite number > 0 or None"),
+        (lambda: place(0, [_node("a")]), "model_bytes must be an integer >= 1"),
+        (lambda: place(GB, [_node("a"), _node("a")]), "node ids must be unique"),
+        (lambda: place(GB, [_node("a")], num_slots=0), "num_slots must be an integer >= 1"),
+    ],
+)
+def test_invalid_inputs(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
