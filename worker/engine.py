@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from kernels import get_attention_backend
+from kernels.cpu_linear import cpu_prepack_unavailable_reason
 from worker.block_manager import BlockManager
 from worker.checkpoint import load_model
 from worker.detokenizer import IncrementalDetokenizer
@@ -74,6 +75,12 @@ class Engine:
 
         start = time.perf_counter()
         model, self.load_report = load_model(self.model_dir, self.model_config, self.device)
+        if config.cpu_weight_prepack:
+            why_not = cpu_prepack_unavailable_reason(self.model_config.torch_dtype, self.device)
+            if why_not is None:
+                self.load_report += f"; {model.prepack_for_cpu()} linear layers pre-packed for oneDNN"
+            elif self.device.type == "cpu":
+                logger.info("linear weights not pre-packed: %s", why_not)
         self.load_s = time.perf_counter() - start
 
         block_bytes = kv_bytes_per_block(self.model_config, config.block_size, self.model_config.torch_dtype)

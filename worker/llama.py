@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import AttentionBackend, AttentionMetadata
+from kernels.cpu_linear import prepack_linear_layers
 from worker.model_config import ModelConfig
 from worker.rotary_embedding import apply_rope, inverse_frequencies, rope_cos_sin
 
@@ -126,5 +127,15 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] float32
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        if self.lm_head is None:  # tied: the embedding matrix is the head
+            return F.linear(hidden, self.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()
+
+    def prepack_for_cpu(self) -> int:
+        """Swaps every linear layer (and the head, tied or not) for a `PrepackedLinear`; returns
+        how many. A tied head gets its own packed copy: the embedding lookup needs the plain
+        matrix, the head GEMM the blocked one."""
+        if self.lm_head is None:
+            self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False, device="meta")
+            self.lm_head.weight = self.embed_tokens.weight
+        return prepack_linear_layers(self)

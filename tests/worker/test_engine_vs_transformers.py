@@ -33,6 +33,9 @@ ENGINE_CONFIGS = {
     "preempting": EngineConfig(block_size=4, max_num_batched_tokens=32, num_kv_blocks=30),
     "reference-attention": EngineConfig(block_size=4, max_num_batched_tokens=16, num_kv_blocks=256,
                                         attention_backend="reference"),
+    # The plain F.linear path (what non-float32 and non-oneDNN builds use).
+    "unpacked-linear": EngineConfig(block_size=4, max_num_batched_tokens=16, num_kv_blocks=256,
+                                    cpu_weight_prepack=False),
 }
 
 
