@@ -116,6 +116,56 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _open_models_repository(args: argparse.Namespace):
+    """The repository at ``args.uri`` (a directory or s3://bucket/prefix); bad input is a UsageError."""
+    from storage import RepositoryConfig, open_repository
+
+    try:
+        config = RepositoryConfig(uri=args.uri, endpoint_url=args.endpoint_url)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    return open_repository(config)
+
+
+def _cmd_models_push(args: argparse.Namespace) -> int:
+    from storage import InvalidModelNameError, ModelExistsError
+
+    src = Path(args.src)
+    if not src.is_dir():
+        raise UsageError(f"source model directory not found: {src}")
+    name = args.name or src.resolve().name
+    repository = _open_models_repository(args)
+    start = time.perf_counter()
+    try:
+        manifest = repository.push(src, name, overwrite=args.overwrite)
+    except InvalidModelNameError as exc:
+        raise UsageError(f"{exc}{'' if args.name else ' (taken from the directory name; pass --name)'}") from exc
+    except ModelExistsError as exc:
+        raise UsageError(f"model {name!r} already exists in {repository.uri}; pass --overwrite to replace it") from exc
+    except ValueError as exc:  # neither a thaw checkpoint nor a Hugging Face safetensors dir
+        raise UsageError(str(exc)) from exc
+    print(f"pushed {name} ({manifest.kind}, {len(manifest.files)} files, {manifest.total_bytes / 1e6:,.1f} MB) "
+          f"to {repository.uri} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return EXIT_OK
+
+
+def _cmd_models_ls(args: argparse.Namespace) -> int:
+    manifests = _open_models_repository(args).list_models()
+    if args.json:
+        print(json.dumps([{"model": m.model, "kind": m.kind, "num_files": len(m.files), "total_bytes": m.total_bytes,
+                           "pushed_at": m.pushed_at} for m in manifests]))
+        return EXIT_OK
+    if not manifests:
+        print(f"no models in {args.uri}", file=sys.stderr)
+        return EXIT_OK
+    width = max(len("MODEL"), *(len(m.model) for m in manifests))
+    print(f"{'MODEL':<{width}}  KIND  FILES  {'SIZE (MB)':>12}  PUSHED (UTC)")
+    for m in manifests:
+        pushed = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(m.pushed_at))
+        print(f"{m.model:<{width}}  {m.kind:<4}  {len(m.files):>5}  {m.total_bytes / 1e6:>12,.1f}  {pushed}")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="thaw", description="Thaw: serverless multi-model LLM serving")
     parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -156,6 +206,23 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default="cpu")
     gen.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     gen.set_defaults(func=_cmd_generate)
+
+    models = sub.add_parser("models", help="the model repository (a directory or s3://bucket/prefix)")
+    models_sub = models.add_subparsers(dest="models_command", required=True, metavar="SUBCOMMAND")
+    endpoint_help = ("S3-compatible endpoint, e.g. http://localhost:9000 (default: AWS_ENDPOINT_URL or AWS); "
+                     "credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a profile")
+    push = models_sub.add_parser("push", help="upload a Hugging Face or thaw-format model dir to a repository")
+    push.add_argument("src", help="model directory: Hugging Face (safetensors) or thaw format")
+    push.add_argument("uri", help="repository: a directory path or s3://bucket/prefix")
+    push.add_argument("--name", default=None, help="model name in the repository (default: the directory's name)")
+    push.add_argument("--overwrite", action="store_true", help="replace a model of that name")
+    push.add_argument("--endpoint-url", default=None, help=endpoint_help)
+    push.set_defaults(func=_cmd_models_push)
+    ls = models_sub.add_parser("ls", help="list the complete models in a repository")
+    ls.add_argument("uri", help="repository: a directory path or s3://bucket/prefix")
+    ls.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
+    ls.add_argument("--endpoint-url", default=None, help=endpoint_help)
+    ls.set_defaults(func=_cmd_models_ls)
     return parser
 
 

@@ -1,0 +1,343 @@
+"""The node store on the real filesystem and the real /dev/shm: misses fetched once, exact LRU
+in both tiers, pins and loads that survive pressure, corruption detected and re-fetched,
+interrupted downloads that leave nothing behind, restarts that adopt what is complete."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from loader import ChecksumMismatchError, load_checkpoint
+from storage import (InvalidModelNameError, LocalModelRepository, ModelNotFoundError, NodeStore, RepositoryError,
+                     TierFullError)
+from storage.checkpoint_copy import checkpoint_bytes
+from tests.loader.hf_checkpoint_builder import llama_tensors
+from tests.storage.conftest import wait_until
+
+WAIT_S = 30  # a guard so a bug fails the test instead of hanging it; never reached when correct
+MODELS = ("m0", "m1", "m2", "m3", "m4")
+
+
+def flip_byte(path, offset: int = 100) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def read_bytes_from_storage() -> int:
+    """Bytes this process made the kernel fetch from a block device (all threads)."""
+    for line in open("/proc/self/io"):
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    raise AssertionError("no read_bytes in /proc/self/io")
+
+
+@pytest.fixture
+def repository(tmp_path, thaw_model_dir, hf_model_dir):
+    """A local repository with five identical thaw-format models m0..m4 and one Hugging Face model."""
+    repo = LocalModelRepository(tmp_path / "repo", part_bytes=16384, max_concurrency=4)
+    for model in MODELS:
+        repo.push(thaw_model_dir, model)
+    repo.push(hf_model_dir, "hf")
+    return repo
+
+
+@pytest.fixture
+def model_bytes(thaw_model_dir) -> int:
+    return checkpoint_bytes(thaw_model_dir)
+
+
+@pytest.fixture
+def expected_tensors():
+    return llama_tensors(2, torch.bfloat16, seed=3)
+
+
+def assert_tensors(loaded, expected) -> None:
+    assert sorted(loaded) == sorted(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(loaded[name], tensor), name
+
+
+def test_ssd_miss_downloads_and_converts_once(store_config, repository, expected_tensors):
+    with NodeStore(store_config(), repository) as store:
+        path = store.ensure("hf", "ssd")
+        assert path == store.config.ssd_dir / "hf" and (path / "thaw_index.json").is_file()
+        assert store.ensure("hf", "ssd") == path
+        report = store.report()
+        assert (report.num_fetches, report.num_conversions) == (1, 1)
+        assert report.tier("ssd").get("hf").num_bytes == checkpoint_bytes(path)
+        assert sorted(p.name for p in store.config.ssd_dir.iterdir()) == [".staging", ".trash", "hf"]
+        assert list((store.config.ssd_dir / ".staging").iterdir()) == []  # the download was removed
+        tensors, _ = load_checkpoint(path)
+        assert_tensors(tensors, expected_tensors)
+
+
+@pytest.mark.parametrize("tier", ["ssd", "dram"])
+def test_lru_eviction_order_is_exact(store_config, repository, model_bytes, tier):
+    capacity = 3 * model_bytes + model_bytes // 2
+    config = store_config(**{f"{tier}_capacity_bytes": capacity})
+    with NodeStore(config, repository) as store:
+        for model in ("m0", "m1", "m2", "m0"):
+            store.ensure(model, tier)
+        assert store.report().tier(tier).models == ("m1", "m2", "m0")
+        store.ensure("m3", tier)
+        assert store.report().tier(tier).models == ("m2", "m0", "m3")
+        store.ensure("m4", tier)
+        store.ensure("m3", tier)
+        report = store.report().tier(tier)
+        assert report.models == ("m0", "m4", "m3")
+        assert report.used_bytes == 3 * model_bytes and report.capacity_bytes == capacity
+        root = store.ssd.root if tier == "ssd" else store.dram.root
+        assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == ["m0", "m3", "m4"]
+        assert list((root / ".trash").iterdir()) == []
+        assert store.report().num_fetches == 5  # one per model: a hit never fetches
+
+
+def test_pinned_and_loading_entries_survive_pressure(store_config, repository, model_bytes):
+    config = store_config(dram_capacity_bytes=2 * model_bytes + model_bytes // 2)
+    with NodeStore(config, repository) as store:
+        store.pin("m0", "dram")
+        for model in ("m1", "m2", "m3"):
+            store.ensure(model, "dram")
+            assert "m0" in store.report().tier("dram").models
+        assert store.report().tier("dram").models == ("m0", "m3")
+        with store.loading("m3", "dram") as path:
+            assert store.report().tier("dram").get("m3").loading
+            with pytest.raises(TierFullError, match=r"m0 \(\d+ bytes, pinned\), m3 \(\d+ bytes, 1 loading\)"):
+                store.ensure("m4", "dram")
+            assert store.report().tier("dram").models == ("m0", "m3")  # the refusal evicted nothing
+            assert (path / "thaw_index.json").is_file()
+        assert store.unpin("m0", "dram") and not store.unpin("absent", "dram")
+        store.ensure("m4", "dram")
+        assert store.report().tier("dram").models == ("m3", "m4")
+        entry = store.report().tier("dram").get("m3")
+        assert (entry.pinned, entry.num_loading) == (False, 0)
+
+
+class GatedRepository(LocalModelRepository):
+    """Counts fetches; each one waits for `release` after announcing itself on `fetch_started`."""
+
+    def __init__(self, root, **kwargs):
+        super().__init__(root, **kwargs)
+        self.fetch_started = threading.Event()
+        self.release = threading.Event()
+        self.num_fetch_calls = 0
+
+    def fetch(self, model, dest_dir, **kwargs):
+        self.num_fetch_calls += 1
+        self.fetch_started.set()
+        if not self.release.wait(WAIT_S):
+            raise TimeoutError("the test never released the fetch")
+        return super().fetch(model, dest_dir, **kwargs)
+
+
+@pytest.mark.parametrize("tier", ["ssd", "dram"])
+def test_concurrent_requests_share_one_fetch(store_config, repository, tier):
+    gated = GatedRepository(repository.root, part_bytes=16384)
+    with NodeStore(store_config(), gated) as store:
+        results, errors = [], []
+
+        def ask() -> None:
+            try:
+                results.append(store.ensure("m0", tier))
+            except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=ask) for _ in range(6)]
+        threads[0].start()
+        assert gated.fetch_started.wait(WAIT_S)
+        for thread in threads[1:]:
+            thread.start()
+        waiting_tier = store.ssd if tier == "ssd" else store.dram
+        wait_until(lambda: waiting_tier.num_waiting("m0") == 5, "five callers waiting on the one fetch")
+        gated.release.set()
+        for thread in threads:
+            thread.join(WAIT_S)
+        assert errors == [] and len(results) == 6 and len(set(results)) == 1
+        assert gated.num_fetch_calls == 1 and store.report().num_fetches == 1
+
+
+def test_concurrent_requests_share_the_error_too(store_config, repository):
+    gated = GatedRepository(repository.root)
+    with NodeStore(store_config(), gated) as store:
+        errors = []
+
+        def ask() -> None:
+            try:
+                store.ensure("absent", "ssd")
+            except ModelNotFoundError as exc:
+                errors.append(exc)
+
+        gated.release.set()
+        threads = [threading.Thread(target=ask) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(WAIT_S)
+        assert len(errors) == 4 and all("absent" in str(e) for e in errors)
+        assert store.report().tier("ssd").entries == () and gated.num_fetch_calls == 0
+
+
+def test_corrupted_ssd_partition_is_detected_and_refetched(store_config, repository, expected_tensors):
+    with NodeStore(store_config(), repository) as store:
+        path = store.ensure("m0", "ssd")
+        flip_byte(path / "partition_000.bin")
+        with pytest.raises(ChecksumMismatchError):  # what a worker's load meets
+            load_checkpoint(path)
+        tensors, stats = store.load_checkpoint("m0", "ssd")  # drops the bad copy, fetches, loads again
+        assert_tensors(tensors, expected_tensors)
+        assert stats.verified and store.report().num_fetches == 2
+        assert store.report().tier("ssd").get("m0").num_loading == 0
+
+
+def test_corrupted_ssd_copy_is_refetched_when_promoting_to_dram(store_config, repository, expected_tensors):
+    with NodeStore(store_config(), repository) as store:
+        flip_byte(store.ensure("m0", "ssd") / "partition_000.bin")
+        dram_path = store.ensure("m0", "dram")
+        assert store.report().num_fetches == 2
+        tensors, _ = load_checkpoint(dram_path)
+        assert_tensors(tensors, expected_tensors)
+
+
+def test_corrupted_dram_copy_is_dropped_by_the_loading_context(store_config, repository, expected_tensors):
+    with NodeStore(store_config(), repository) as store:
+        flip_byte(store.ensure("m0", "dram") / "partition_000.bin", offset=9000)
+        with pytest.raises(ChecksumMismatchError):
+            with store.loading("m0", "dram") as path:
+                load_checkpoint(path)
+        assert "m0" not in store.report().tier("dram").models
+        tensors, _ = store.load_checkpoint("m0", "dram")  # promoted again from the (good) SSD copy
+        assert_tensors(tensors, expected_tensors)
+        assert store.report().num_fetches == 1
+
+
+def test_interrupted_download_leaves_no_entry_that_looks_complete(store_config, repository, monkeypatch):
+    calls = []
+    real = repository._download_range
+
+    def dropping(key, start, length, fd):
+        calls.append(key)
+        if len(calls) == 3:
+            raise RepositoryError("connection reset mid-download")
+        real(key, start, length, fd)
+
+    monkeypatch.setattr(repository, "_download_range", dropping)
+    config = store_config()
+    with NodeStore(config, repository) as store:
+        with pytest.raises(RepositoryError, match="connection reset"):
+            store.ensure("m0", "dram")
+        report = store.report()
+        assert report.tier("ssd").entries == () and report.tier("dram").entries == ()
+        assert report.tier("ssd").used_bytes == 0
+        assert sorted(p.name for p in config.ssd_dir.iterdir()) == [".staging", ".trash"]
+        assert list((config.ssd_dir / ".staging").iterdir()) == []
+    with NodeStore(config, repository) as restarted:  # nothing to adopt after a restart either
+        assert restarted.report().tier("ssd").entries == ()
+        monkeypatch.undo()
+        assert (restarted.ensure("m0", "ssd") / "thaw_index.json").is_file()
+
+
+def test_restart_adopts_complete_entries_in_lru_order_and_clears_crash_leftovers(store_config, repository):
+    config = store_config()
+    with NodeStore(config, repository) as store:
+        for model in ("m0", "m1", "m2", "m0"):
+            store.ensure(model, "ssd")
+    # What a hard crash can leave: a half-written staging dir, plus foreign junk.
+    crashed = config.ssd_dir / ".staging" / "m3.abc" / "checkpoint"
+    crashed.mkdir(parents=True)
+    (crashed / "partition_000.bin").write_bytes(b"x" * 100)
+    (config.ssd_dir / "m4").mkdir()
+    (config.ssd_dir / "m4" / "partition_000.bin").write_bytes(b"partial")  # no index: not a checkpoint
+    (config.ssd_dir / "not a model").write_text("?")
+    with NodeStore(config, repository) as store:
+        report = store.report()
+        assert report.tier("ssd").models == ("m1", "m2", "m0") and report.num_fetches == 0
+        assert sorted(p.name for p in config.ssd_dir.iterdir()) == [".staging", ".trash", "m0", "m1", "m2"]
+        assert list((config.ssd_dir / ".staging").iterdir()) == []
+    small = store_config(ssd_dir=config.ssd_dir, ssd_capacity_bytes=2 * checkpoint_bytes(config.ssd_dir / "m0"))
+    with NodeStore(small, repository) as store:  # a smaller capacity than last time: the LRU goes
+        assert store.report().tier("ssd").models == ("m2", "m0")
+
+
+def test_dram_load_reads_no_disk(store_config, repository, expected_tensors):
+    with NodeStore(store_config(), repository) as store:
+        store.load_checkpoint("m0", "ssd")  # warm every code path first
+        store.ensure("m0", "dram")
+        before = read_bytes_from_storage()
+        tensors, stats = store.load_checkpoint("m0", "dram")
+        assert read_bytes_from_storage() - before == 0
+        assert stats.num_bytes == stats.total_bytes
+        assert_tensors(tensors, expected_tensors)
+
+
+def test_close_removes_shared_memory_and_ends_use(store_config, repository):
+    config = store_config()
+    store = NodeStore(config, repository)
+    store.ensure("m0", "dram")
+    assert (config.shm_dir / "checkpoints" / "m0" / "thaw_index.json").is_file()
+    store.close()
+    assert not config.shm_dir.exists()
+    with pytest.raises(RuntimeError, match="closed"):
+        store.ensure("m0", "ssd")
+    store.close()  # idempotent
+    assert (config.ssd_dir / "m0").is_dir()  # the SSD cache outlives the store
+
+
+def test_two_stores_with_one_shm_name_are_refused(store_config, repository):
+    config = store_config()
+    with NodeStore(config, repository):
+        with pytest.raises(FileExistsError, match="different platform_id or node_id"):
+            NodeStore(store_config(node_id=config.node_id), repository)
+        with NodeStore(store_config(), repository) as other:  # another node id: its own directory
+            assert other.config.shm_dir != config.shm_dir and other.config.shm_dir.is_dir()
+
+
+def test_store_without_dram_tier(store_config, repository):
+    config = store_config(dram_capacity_bytes=0)
+    with NodeStore(config, repository) as store:
+        assert not config.shm_dir.exists()
+        with pytest.raises(ValueError, match="no DRAM tier"):
+            store.ensure("m0", "dram")
+        assert store.report().tier("dram").capacity_bytes == 0
+
+
+def test_bad_requests_are_refused_clearly(store_config, repository, model_bytes):
+    with NodeStore(store_config(ssd_capacity_bytes=model_bytes - 1), repository) as store:
+        with pytest.raises(TierFullError, match="larger than the tier"):
+            store.ensure("m0", "ssd")
+        with pytest.raises(ModelNotFoundError, match="'absent' not found"):
+            store.ensure("absent", "ssd")
+        with pytest.raises(InvalidModelNameError):
+            store.ensure("../m0", "ssd")
+        with pytest.raises(ValueError, match="tier 'gpu' is not one of"):
+            store.ensure("m0", "gpu")
+        assert store.report().tier("ssd").entries == ()
+
+
+def test_report_and_calibration(store_config, repository, model_bytes):
+    config = store_config(calibrate=True)
+    with NodeStore(config, repository) as store:
+        store.pin("m0", "ssd")
+        store.ensure("m1", "dram")
+        before = time.time()
+        with store.loading("m1", "dram"):
+            report = store.report()
+        assert report.platform_id == config.platform_id and report.node_id == config.node_id
+        assert report.reported_at >= before
+        dram, ssd = report.tier("dram"), report.tier("ssd")
+        assert (dram.capacity_bytes, ssd.capacity_bytes) == (config.dram_capacity_bytes, config.ssd_capacity_bytes)
+        assert [(e.model, e.num_bytes, e.pinned, e.num_loading) for e in ssd.entries] == \
+            [("m0", model_bytes, True, 0), ("m1", model_bytes, False, 0)]
+        assert [(e.model, e.pinned, e.loading) for e in dram.entries] == [("m1", False, True)]
+        assert ssd.used_bytes == 2 * model_bytes and dram.free_bytes == config.dram_capacity_bytes - model_bytes
+        assert all(e.last_used_s <= report.reported_at for e in ssd.entries)
+        bandwidth = report.bandwidth
+        assert bandwidth.ssd_bytes_per_s > 0 and bandwidth.dram_bytes_per_s > 0 and bandwidth.repository_bytes_per_s > 0
+        assert report.best_tier("m1") == "dram" and report.best_tier("m0") == "ssd" and report.best_tier("m2") is None
+        assert report.estimate_load_s("m1", 10**9) == pytest.approx(10**9 / bandwidth.dram_bytes_per_s)
+        assert list(config.ssd_dir.glob(".bandwidth-probe*")) == [] and repository._list_objects("_probes") == []
