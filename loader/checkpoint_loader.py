@@ -32,7 +32,8 @@ import xxhash
 from loader.format import (ChecksumMismatchError, CheckpointFormatError, TensorEntry, ThawIndex,
                            TruncatedCheckpointError, torch_dtype)
 from loader.memory_pool import HostMemoryPool
-from loader.partition_reader import OpenFn, PartitionReader, ReadFn, preadv_into
+from loader.partition_reader import (DEFAULT_RESIDENCY_FN, OpenFn, PartitionReader, ReadFn, ResidencyFn,
+                                     preadv_into)
 
 # Measured on the 2-vCPU dev machine kind, ~0.9 GB bf16 checkpoint, 64 MiB chunks, pre-faulted
 # pool, GB/s for 1/2/4/8 threads: page cache warm 2.9/5.3/5.3/5.4 with checksums, 4.2/8.0/8.0/7.8
@@ -106,17 +107,20 @@ class ThawCheckpointLoader:
     dropped (or copied elsewhere, e.g. to the device) before. `load_checkpoint` keeps the buffer
     for the life of the returned tensors instead.
 
-    `open_fn` / `read_fn` replace ``os.open`` / ``os.preadv`` (tests use them to gate reads).
+    `open_fn` / `read_fn` replace ``os.open`` / ``os.preadv`` (tests use them to gate reads);
+    `residency_fn` answers which bytes the page cache holds (None: probe with ``RWF_NOWAIT``).
     """
 
     def __init__(self, ckpt_dir: str | Path, config: LoaderConfig | None = None, pool: HostMemoryPool | None = None,
-                 *, open_fn: OpenFn = os.open, read_fn: ReadFn = preadv_into):
+                 *, open_fn: OpenFn = os.open, read_fn: ReadFn = preadv_into,
+                 residency_fn: ResidencyFn | None = DEFAULT_RESIDENCY_FN):
         self.ckpt_dir = Path(ckpt_dir)
         self.config = config or LoaderConfig()
         self.index = ThawIndex.read(self.ckpt_dir)
         self._pool = pool if pool is not None else HostMemoryPool()
         self._open_fn = open_fn
         self._read_fn = read_fn
+        self._residency_fn = residency_fn
         self._check_partition_files()
 
         self._partition_bases: list[int] = []  # buffer offset of each partition's region
@@ -191,7 +195,8 @@ class ThawCheckpointLoader:
             self._alloc_s = time.perf_counter() - t0
             for p in self.index.partitions:
                 self._readers.append(PartitionReader(self.ckpt_dir / p.file, direct_io=self.config.direct_io,
-                                                     open_fn=self._open_fn, read_fn=self._read_fn))
+                                                     open_fn=self._open_fn, read_fn=self._read_fn,
+                                                     residency_fn=self._residency_fn))
             with self._cond:  # waiters in other threads see the buffer only once it is set up
                 self._buffer = buffer
                 self._cond.notify_all()

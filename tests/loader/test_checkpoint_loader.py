@@ -186,7 +186,7 @@ def test_missing_index_and_unknown_version(tmp_path):
 class NoDirectIO:
     """A filesystem without O_DIRECT: EINVAL at open (or, with at_read, at the first read).
 
-    Page-cache probes (RWF_NOWAIT) see a cold cache, so reads do reach the O_DIRECT path."""
+    Page-cache probes see a cold cache, so reads do reach the O_DIRECT path."""
 
     def __init__(self, at_read=False):
         self.at_read = at_read
@@ -207,13 +207,17 @@ class NoDirectIO:
             raise OSError(errno.EINVAL, "Invalid argument")
         return preadv_into(fd, destination, offset, flags)
 
+    @staticmethod
+    def residency(fd, offset, length):
+        return 0
+
 
 @pytest.mark.parametrize("at_read", [False, True])
 def test_falls_back_to_buffered_reads_without_o_direct(tmp_path, at_read):
     source = llama_tensors(2, torch.float16)
     ckpt = _convert(tmp_path, source, chunk_bytes=8192)
     fs = NoDirectIO(at_read)
-    with ThawCheckpointLoader(ckpt, open_fn=fs.open, read_fn=fs.read) as loader:
+    with ThawCheckpointLoader(ckpt, open_fn=fs.open, read_fn=fs.read, residency_fn=fs.residency) as loader:
         _assert_identical(loader.wait_all(timeout_s=WAIT_S), source)
         stats = loader.stats
     assert stats.direct_io is False

@@ -50,11 +50,28 @@ class CacheHolds:
         return preadv_into(fd, destination, offset, flags)
 
 
-def test_cached_prefix_comes_from_the_cache_rest_with_o_direct(partition, buffer):
+    def residency(self, fd, offset, length):
+        return max(0, min(length, self.cached_bytes - offset))
+
+
+def test_cached_prefix_is_asked_without_io_then_copied_rest_with_o_direct(partition, buffer):
     if not _o_direct_opens(partition):
         pytest.skip("this filesystem refuses O_DIRECT")
     read = CacheHolds(cached_bytes=2 * 4096)
-    reader = PartitionReader(partition, direct_io=True, read_fn=read)
+    reader = PartitionReader(partition, direct_io=True, read_fn=read, residency_fn=read.residency)
+    reader.read_into(memoryview(buffer.numpy()), 0)
+    reader.close()
+    assert bytes(buffer.numpy()) == partition.read_bytes()
+    assert (reader.num_cached_bytes, reader.num_direct_bytes, reader.num_buffered_bytes) == (8192, 12288, 0)
+    # No probing read at all: the resident prefix is copied, the rest read with O_DIRECT.
+    assert read.calls == [(0, 8192, 0), (8192, 12288, 0)]
+
+
+def test_without_residency_queries_the_cache_is_probed_with_rwf_nowait(partition, buffer):
+    if not _o_direct_opens(partition):
+        pytest.skip("this filesystem refuses O_DIRECT")
+    read = CacheHolds(cached_bytes=2 * 4096)
+    reader = PartitionReader(partition, direct_io=True, read_fn=read, residency_fn=None)
     reader.read_into(memoryview(buffer.numpy()), 0)
     reader.close()
     assert bytes(buffer.numpy()) == partition.read_bytes()
