@@ -7,6 +7,11 @@ Public API (everything else in this folder is private to it):
 - `ModelConfig`, `UnsupportedModelError`, `CheckpointError`: what a checkpoint is, and why it was refused.
 - `Tokenizer`: tokenizer + chat template without `transformers`.
 - `DemoModelConfig`, `write_demo_model`: a small Llama checkpoint built locally.
+- `InstanceWorker`: one model instance (load, ``generate`` streams of `GenerationChunk`, ``abort``,
+  ``stats`` -> `InstanceStats`, ``ready`` -> `InstanceLoad`, ``health`` -> `InstanceState`,
+  ``shutdown``); `InvalidFieldError` names the refused field, `InstanceLoadError` a failed load.
+- `InstanceWorkerActor`, `start_instance_worker`, `stop_instance_worker`, `stream_generation`:
+  the instance as a Ray actor, and the caller's side of its stream.
 """
 
 from worker.async_engine import AsyncEngine, EngineDeadError
@@ -14,6 +19,11 @@ from worker.checkpoint import CheckpointError
 from worker.demo_model import DemoModelConfig, write_demo_model
 from worker.engine import Engine, InvalidRequestError
 from worker.engine_config import EngineConfig
+from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
+from worker.instance_worker import GenerationChunk, InstanceLoadError, InstanceWorker, InvalidFieldError
+from worker.instance_worker_actor import (
+    InstanceWorkerActor, start_instance_worker, stop_instance_worker, stream_generation,
+)
 from worker.model_config import ModelConfig, UnsupportedModelError
 from worker.request_output import Completion, RequestOutput
 from worker.sampling_params import SamplingParams
@@ -21,6 +31,8 @@ from worker.tokenizer import Tokenizer
 
 __all__ = [
     "AsyncEngine", "CheckpointError", "Completion", "DemoModelConfig", "Engine", "EngineConfig",
-    "EngineDeadError", "InvalidRequestError", "ModelConfig", "RequestOutput", "SamplingParams", "Tokenizer",
-    "UnsupportedModelError", "write_demo_model",
+    "EngineDeadError", "GenerationChunk", "InstanceLoad", "InstanceLoadError", "InstanceState", "InstanceStats",
+    "InstanceWorker", "InstanceWorkerActor", "InvalidFieldError", "InvalidRequestError", "ModelConfig",
+    "RequestOutput", "SamplingParams", "Tokenizer", "UnsupportedModelError", "start_instance_worker",
+    "stop_instance_worker", "stream_generation", "write_demo_model",
 ]

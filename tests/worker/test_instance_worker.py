@@ -1,0 +1,242 @@
+"""The model-instance worker without Ray: load reporting, streams, field-named errors, abort, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from worker import (
+    DemoModelConfig, Engine, EngineConfig, EngineDeadError, InstanceLoadError, InstanceState, InstanceWorker,
+    InvalidFieldError, InvalidRequestError, SamplingParams, write_demo_model,
+)
+from worker.instance_worker import as_engine_config, as_sampling_params
+
+# Tiny but not near-uniform (init_std 0.1), so greedy argmaxes are not decided by float noise.
+TINY_DEMO = DemoModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=128, max_position_embeddings=256, init_std=0.1)
+# 48 blocks x 4 = 192 KV slots, fewer than the 256-token context, so max_tokens can outgrow the cache.
+NUM_KV_BLOCKS = 48
+ENGINE_CONFIG = {"block_size": 4, "num_kv_blocks": NUM_KV_BLOCKS}
+LONG = {"temperature": 0.0, "max_tokens": 150, "ignore_eos": True}
+GREEDY = {"temperature": 0.0, "max_tokens": 8, "ignore_eos": True}
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a fox."}]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return write_demo_model(tmp_path_factory.mktemp("instance") / "demo", TINY_DEMO)
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    """The engine run directly, offline: what every stream must reproduce."""
+    return Engine(model_dir, EngineConfig(**ENGINE_CONFIG))
+
+
+@pytest.fixture(scope="module")
+def worker(model_dir):
+    worker = InstanceWorker("inst-1", "acme/demo", model_dir, ENGINE_CONFIG)
+    asyncio.run(worker.ready())
+    yield worker
+    asyncio.run(worker.shutdown())
+
+
+async def collect(worker, request_id, prompt, params=GREEDY):
+    return [chunk async for chunk in worker.generate(request_id, prompt, params)]
+
+
+async def wait_until(predicate, timeout_s=10.0):
+    """Polls ``predicate`` until it holds or the deadline passes (the engine thread acts on its own time)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    return predicate()
+
+
+def all_blocks_free(worker) -> bool:
+    stats = worker.stats()
+    return stats.num_free_kv_blocks == stats.num_kv_blocks and stats.num_ongoing_requests == 0
+
+
+def test_ready_reports_how_the_model_was_loaded(worker, model_dir):
+    load = asyncio.run(worker.ready())
+    assert (load.instance_id, load.model_id, load.model_dir) == ("inst-1", "acme/demo", str(model_dir))
+    assert (load.num_kv_blocks, load.block_size, load.max_model_len) == (NUM_KV_BLOCKS, 4, 256)
+    assert load.weights_read.startswith("safetensors: 1 file(s)")
+    assert 0 < load.weights_load_s <= load.load_s
+    stats = worker.stats()
+    assert stats.state is InstanceState.READY and worker.health() == "ready"
+    assert (stats.num_ongoing_requests, stats.num_waiting_requests, stats.num_running_requests) == (0, 0, 0)
+    assert (stats.num_free_kv_blocks, stats.num_kv_blocks, stats.kv_cache_usage) == (NUM_KV_BLOCKS, NUM_KV_BLOCKS, 0.0)
+    assert stats.started_at <= time.time() and stats.load_s == load.load_s
+    assert stats.weights_read == load.weights_read
+
+
+@pytest.mark.parametrize("prompt", ["The quick brown fox", MESSAGES, [1, 300, 42, 7]],
+                         ids=["text", "chat", "token-ids"])
+def test_stream_matches_the_engine_run_directly(worker, reference, prompt):
+    want = reference.generate([prompt], SamplingParams(**GREEDY))[0]
+    generated_before = worker.stats().num_generated_tokens
+
+    chunks = asyncio.run(collect(worker, f"req-{type(prompt[0]).__name__}", prompt))
+
+    assert [t for c in chunks for t in c.token_ids] == list(want.output_token_ids)
+    assert "".join(c.text for c in chunks) == want.text
+    assert [c.finish_reason for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
+    last = chunks[-1]
+    assert (last.num_prompt_tokens, last.num_completion_tokens) == (want.num_prompt_tokens, 8)
+    if prompt is MESSAGES:  # rendered with the model's chat template
+        assert last.num_prompt_tokens == len(reference.tokenizer.encode_chat(MESSAGES))
+    assert worker.stats().num_generated_tokens - generated_before == 8
+    assert all_blocks_free(worker)
+
+
+def test_requests_sent_during_the_load_wait_for_it(model_dir, reference):
+    want = reference.generate(["Once upon a time"], SamplingParams(**GREEDY))[0]
+
+    async def main():
+        worker = InstanceWorker("inst-early", "acme/demo", model_dir, EngineConfig(**ENGINE_CONFIG))
+        state_at_start = worker.health()
+        chunks = await collect(worker, "early", "Once upon a time")
+        await worker.shutdown()
+        return state_at_start, chunks
+
+    state_at_start, chunks = asyncio.run(main())
+    assert state_at_start is InstanceState.LOADING
+    assert tuple(t for c in chunks for t in c.token_ids) == want.output_token_ids
+
+
+@pytest.mark.parametrize(("prompt", "params", "field", "match"), [
+    ("hi", {"temperature": -1}, "temperature", "temperature must be >= 0"),
+    ("hi", {"max_tokens": 0}, "max_tokens", "max_tokens must be an integer >= 1"),
+    ("hi", {"top_p": 0.5, "stop": [""]}, "stop", "stop\\[0\\] must be a non-empty string"),
+    ("hi", {"temperature": 0, "best_of": 2}, "best_of", "unknown sampling parameter 'best_of'"),
+    ("hi", ["max_tokens", 3], "sampling_params", "must be a mapping"),
+    ("", GREEDY, "prompt", "must not be empty"),
+    ([5, 99999], GREEDY, "prompt", "token ids must be in \\[0, 1024\\)"),
+    ([7] * 256, GREEDY, "prompt", "prompt is 256 tokens but the model's context is 256 tokens"),
+    ([{"role": "user"}], GREEDY, "messages", "content"),
+    ("hi", {"max_tokens": 255}, "max_tokens", "KV-cache slots"),
+], ids=["temperature", "max_tokens", "stop", "unknown", "not-a-mapping", "empty", "token-range", "too-long",
+        "bad-message", "over-kv-cache"])
+def test_invalid_request_names_its_field_and_others_keep_going(worker, reference, prompt, params, field, match):
+    want = reference.generate(["a fine prompt"], SamplingParams(**GREEDY))[0]
+
+    async def main():
+        good = asyncio.create_task(collect(worker, "good", "a fine prompt"))
+        with pytest.raises(InvalidFieldError, match=match) as info:
+            await collect(worker, "bad", prompt, params)
+        return info.value, await good
+
+    error, good_chunks = asyncio.run(main())
+    assert isinstance(error, InvalidRequestError) and error.field == field and error.message == str(error)
+    assert tuple(t for c in good_chunks for t in c.token_ids) == want.output_token_ids
+    assert all_blocks_free(worker)
+
+
+def test_request_id_in_use_is_refused(worker):
+    async def main():
+        first = worker.generate("same-id", "walk slowly", LONG)
+        await anext(first)
+        with pytest.raises(InvalidFieldError, match="already in use") as info:
+            await collect(worker, "same-id", "another")
+        await first.aclose()
+        return info.value
+
+    assert asyncio.run(main()).field == "request_id"
+    assert asyncio.run(wait_until(lambda: all_blocks_free(worker)))
+
+
+def test_abort_ends_the_stream_and_frees_its_blocks(worker, reference):
+    want = reference.generate(["bystander"], SamplingParams(**GREEDY))[0]
+
+    async def main():
+        bystander = asyncio.create_task(collect(worker, "bystander", "bystander"))
+        stream = worker.generate("victim", "this one is cancelled", LONG)
+        chunks = [await anext(stream), await anext(stream)]
+        assert worker.stats().num_free_kv_blocks < NUM_KV_BLOCKS
+        assert worker.abort("victim") is True
+        chunks += [chunk async for chunk in stream]
+        return chunks, await bystander
+
+    chunks, bystander_chunks = asyncio.run(main())
+    assert chunks[-1].finish_reason == "abort" and chunks[-1].token_ids == ()
+    assert chunks[-1].num_completion_tokens == sum(len(c.token_ids) for c in chunks) < 150
+    assert tuple(t for c in bystander_chunks for t in c.token_ids) == want.output_token_ids
+    assert all_blocks_free(worker)  # the engine frees the blocks before it sends the "abort" chunk
+    assert worker.abort("victim") is False and worker.abort("never-seen") is False
+
+
+def test_leaving_the_stream_early_aborts_it(worker):
+    async def main():
+        stream = worker.generate("leaver", "walk away early", LONG)
+        await anext(stream)
+        await stream.aclose()
+        assert worker.stats().num_ongoing_requests == 0
+        return await wait_until(lambda: all_blocks_free(worker))
+
+    assert asyncio.run(main())
+
+
+def test_load_failure_is_reported_not_hung(tmp_path):
+    missing = tmp_path / "no-such-model"
+
+    async def main():
+        worker = InstanceWorker("inst-bad", "acme/missing", missing, ENGINE_CONFIG)
+        with pytest.raises(InstanceLoadError, match="could not load model 'acme/missing'") as info:
+            await worker.ready()
+        with pytest.raises(InstanceLoadError):
+            await collect(worker, "r", "hello")
+        stats = worker.stats()
+        await worker.shutdown()
+        return info.value, stats, worker.health()
+
+    error, stats, state_after_shutdown = asyncio.run(main())
+    assert str(missing) in str(error) and "FileNotFoundError" in str(error)
+    assert stats.state is InstanceState.FAILED
+    assert (stats.num_kv_blocks, stats.load_s, stats.weights_read) == (0, 0.0, "")
+    assert state_after_shutdown is InstanceState.STOPPED
+
+
+def test_shutdown_aborts_open_streams_and_stops_the_engine_thread(model_dir):
+    threads_before = set(threading.enumerate())
+
+    async def main():
+        worker = InstanceWorker("inst-stop", "acme/demo", model_dir, ENGINE_CONFIG)
+        await worker.ready()
+        engine_threads = [t for t in threading.enumerate() if t not in threads_before and t.name == "thaw-engine"]
+        # The caller keeps reading, as Ray does for the actor: shutdown waits for the streams to close.
+        streaming = asyncio.Event()
+
+        async def read_all():
+            chunks = []
+            async for chunk in worker.generate("open", "still talking", LONG):
+                chunks.append(chunk)
+                streaming.set()
+            return chunks
+
+        reader = asyncio.create_task(read_all())
+        await streaming.wait()
+        await worker.shutdown()
+        chunks = await reader
+        with pytest.raises(EngineDeadError, match="shut down"):
+            await collect(worker, "late", "too late")
+        return worker, engine_threads, chunks
+
+    worker, engine_threads, chunks = asyncio.run(main())
+    assert len(engine_threads) == 1 and not engine_threads[0].is_alive()
+    assert chunks[-1].finish_reason == "abort"
+    assert worker.health() is InstanceState.STOPPED and worker.stats().num_ongoing_requests == 0
+
+
+def test_configs_from_mappings_are_validated():
+    assert as_engine_config({"block_size": 8}) == EngineConfig(block_size=8)
+    assert as_engine_config(None) == EngineConfig()
+    with pytest.raises(ValueError, match="unknown engine config field 'blocksize'"):
+        as_engine_config({"blocksize": 8})
+    with pytest.raises(ValueError, match="block_size must be a positive integer"):
+        as_engine_config({"block_size": 0})
+    assert as_sampling_params({"max_tokens": 3, "stop": ["\n"]}) == SamplingParams(max_tokens=3, stop=("\n",))

@@ -1,0 +1,336 @@
+"""One model instance: a model loaded into an engine, serving streams of tokens to the gateway.
+
+`InstanceWorker` is the body of the Ray actor that hosts a model instance (see
+`instance_worker_actor.py`, which only forwards to it), written as a plain class so it is tested
+without Ray. It owns one `AsyncEngine`; continuous batching happens there, so any number of
+concurrent ``generate`` streams share each forward pass.
+
+Loading starts in the constructor, on a thread of its own: the actor exists (and answers
+``health()`` / ``stats()``) while the weights are read, requests that arrive meanwhile wait for
+the model instead of failing, and a load that fails is reported by ``ready()`` — and by every
+``generate`` — as an `InstanceLoadError` naming the model, the dir and the cause, instead of an
+actor that dies in its constructor or hangs.
+
+Requests are validated before they touch the engine and refused with `InvalidFieldError`, which
+names the offending field (OpenAI's error ``param``) so the gateway answers 400 pointing at it.
+The prompt is tokenized once; which check failed tells which field is at fault, so no error
+message is ever parsed.
+
+All methods run on one asyncio event loop (the actor's); only the load thread and the engine
+thread run beside it, and they hand results over through futures and `AsyncEngine`'s queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from worker.async_engine import AsyncEngine, EngineDeadError
+from worker.engine import Engine, InvalidRequestError, Prompt
+from worker.engine_config import EngineConfig
+from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
+from worker.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+_ENGINE_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(EngineConfig))
+
+
+class InvalidFieldError(InvalidRequestError):
+    """A request refused because of one of its fields; ``field`` names it, ``message`` says why.
+
+    Pickles with both (an exception normally pickles only its args), so it reaches the gateway
+    intact across a Ray call.
+    """
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+    def __reduce__(self):
+        return type(self), (self.message, self.field)
+
+
+class InstanceLoadError(RuntimeError):
+    """The instance could not load its model; the message names the model, the dir and the cause."""
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    """One piece of a stream: the text and tokens added since the previous chunk.
+
+    The last chunk has ``finish_reason`` set ("stop", "length", or "abort" when the request was
+    cancelled). ``num_prompt_tokens`` / ``num_completion_tokens`` are running totals, so on the
+    last chunk they are the request's usage. Prints without its text.
+    """
+
+    request_id: str
+    text: str = field(repr=False)
+    token_ids: tuple[int, ...]
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_completion_tokens: int
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+def as_engine_config(value: EngineConfig | Mapping[str, Any] | None) -> EngineConfig:
+    """An `EngineConfig` from itself, a mapping of its fields (e.g. a model spec's), or None
+    (defaults). Raises `ValueError` naming an unknown or invalid field."""
+    if value is None:
+        return EngineConfig()
+    if isinstance(value, EngineConfig):
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError(f"engine config must be an EngineConfig or a mapping, got {type(value).__name__}")
+    unknown = [key for key in value if key not in _ENGINE_CONFIG_FIELDS]
+    if unknown:
+        raise ValueError(
+            f"unknown engine config field {unknown[0]!r}; known fields: {', '.join(_ENGINE_CONFIG_FIELDS)}"
+        )
+    return EngineConfig(**value)
+
+
+def as_sampling_params(value: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:
+    """`SamplingParams` from a mapping of its fields; raises `InvalidFieldError` naming the field."""
+    if value is None:
+        return SamplingParams()
+    if isinstance(value, SamplingParams):
+        return value
+    if not isinstance(value, Mapping):
+        raise InvalidFieldError(
+            f"sampling parameters must be a mapping of field names to values, got {type(value).__name__}",
+            field="sampling_params",
+        )
+    unknown = [key for key in value if key not in _SAMPLING_FIELDS]
+    if unknown:
+        raise InvalidFieldError(
+            f"unknown sampling parameter {unknown[0]!r}; known: {', '.join(_SAMPLING_FIELDS)}", field=str(unknown[0])
+        )
+    try:
+        return SamplingParams(**value)
+    except ValueError as exc:
+        raise InvalidFieldError(str(exc), field=_failing_sampling_field(value)) from exc
+
+
+def _failing_sampling_field(value: Mapping[str, Any]) -> str:
+    """The first field that `SamplingParams` refuses on its own. Every one of its checks looks at
+    a single field, so trying them one by one finds the culprit without reading the message."""
+    for name, item in value.items():
+        try:
+            SamplingParams(**{name: item})
+        except ValueError:
+            return name
+    return "sampling_params"
+
+
+class InstanceWorker:
+    """A model instance: loads ``model_dir`` into an engine and streams generations from it."""
+
+    def __init__(self, instance_id: str, model_id: str, model_dir: str | Path,
+                 engine_config: EngineConfig | Mapping[str, Any] | None = None) -> None:
+        self.instance_id = instance_id
+        self.model_id = model_id
+        self.model_dir = Path(model_dir)
+        self.engine_config = as_engine_config(engine_config)
+        self.started_at = time.time()
+        # RUNNING from the start, so that a cancelled waiter (a generate cancelled during the load)
+        # cannot cancel the load itself through asyncio.wrap_future.
+        self._loaded: concurrent.futures.Future[AsyncEngine] = concurrent.futures.Future()
+        self._loaded.set_running_or_notify_cancel()
+        self._load: InstanceLoad | None = None
+        self._open_streams: dict[str, asyncio.Future[None]] = {}  # request id -> resolved when it closes
+        self._num_generated_tokens = 0
+        self._engine_error: EngineDeadError | None = None
+        self._stopped = False
+        threading.Thread(target=self._load_engine, name=f"thaw-load-{instance_id}", daemon=True).start()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def _load_engine(self) -> None:
+        start = time.perf_counter()
+        try:
+            engine = Engine(self.model_dir, self.engine_config)
+            async_engine = AsyncEngine(engine)
+        except BaseException as exc:  # noqa: BLE001 - whatever it was, ready() must report it, not hang
+            logger.exception("instance %s: loading %s failed", self.instance_id, self.model_id)
+            self._loaded.set_exception(InstanceLoadError(
+                f"instance {self.instance_id} could not load model {self.model_id!r} from {self.model_dir}: "
+                f"{type(exc).__name__}: {exc}"
+            ))
+            return
+        self._load = InstanceLoad(
+            instance_id=self.instance_id,
+            model_id=self.model_id,
+            model_dir=str(self.model_dir),
+            load_s=time.perf_counter() - start,
+            weights_load_s=engine.load_s,
+            weights_read=engine.load_report,
+            num_kv_blocks=engine.block_manager.num_blocks,
+            block_size=engine.block_manager.block_size,
+            max_model_len=engine.max_model_len,
+        )
+        logger.info("instance %s: %s ready in %.2f s", self.instance_id, self.model_id, self._load.load_s)
+        self._loaded.set_result(async_engine)
+
+    async def ready(self) -> InstanceLoad:
+        """Waits until the model is loaded; returns how it was loaded. Raises `InstanceLoadError`."""
+        await asyncio.wrap_future(self._loaded)
+        assert self._load is not None  # set before the future resolves
+        return self._load
+
+    @property
+    def state(self) -> InstanceState:
+        if self._stopped:
+            return InstanceState.STOPPED
+        if not self._loaded.done():
+            return InstanceState.LOADING
+        if self._loaded.exception() is not None or self._engine_error is not None:
+            return InstanceState.FAILED
+        return InstanceState.READY
+
+    def health(self) -> InstanceState:
+        """The instance's state; never raises, so a probe tells "failed" from "unreachable"."""
+        return self.state
+
+    async def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stops taking requests, aborts the open ones (their streams end with "abort") and stops
+        the engine thread. Idempotent.
+
+        Waits up to ``timeout_s`` for the open streams to close, which needs their readers to keep
+        reading — Ray does, in the actor; a plain caller must not await this from its only reader.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            async_engine = await asyncio.wrap_future(self._loaded)
+        except InstanceLoadError:
+            return
+        # Aborts first, and wait for the streams to close: AsyncEngine.shutdown stops its thread
+        # without answering open streams, which would leave their callers waiting forever.
+        for request_id in list(self._open_streams):
+            async_engine.abort(request_id)
+        closing = list(self._open_streams.values())
+        if closing:
+            await asyncio.wait(closing, timeout=timeout_s)
+        await asyncio.to_thread(async_engine.shutdown, timeout_s)
+
+    # ---- requests --------------------------------------------------------------------------
+
+    async def generate(self, request_id: str, prompt: Prompt,
+                       sampling_params: SamplingParams | Mapping[str, Any] | None = None
+                       ) -> AsyncIterator[GenerationChunk]:
+        """Streams one request's chunks; the last one has ``finish_reason`` and the usage.
+
+        ``prompt`` is a string, a list of token ids, or a list of chat messages (rendered with the
+        model's chat template). Raises before the first chunk: `InvalidFieldError` for a bad
+        request, `InstanceLoadError` if the model could not be loaded, `EngineDeadError` if the
+        instance is shut down or its engine failed. Leaving early (``aclose``, or the task being
+        cancelled, which is what ``ray.cancel`` does) aborts the request and frees its KV blocks.
+        """
+        async_engine = await self._serving_engine()
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidFieldError(f"request_id must be a non-empty string, got {request_id!r}", field="request_id")
+        if request_id in self._open_streams:
+            raise InvalidFieldError(f"request id {request_id!r} is already in use", field="request_id")
+        params = as_sampling_params(sampling_params)
+        prompt_token_ids = _validated_prompt_ids(async_engine.engine, prompt, params)
+        closed = asyncio.get_running_loop().create_future()
+        self._open_streams[request_id] = closed
+        try:
+            outputs = async_engine.generate(prompt_token_ids, params, request_id)
+            async with contextlib.aclosing(outputs):
+                async for out in outputs:
+                    self._num_generated_tokens += len(out.new_token_ids)
+                    yield GenerationChunk(
+                        request_id=request_id,
+                        text=out.new_text,
+                        token_ids=out.new_token_ids,
+                        finish_reason=out.finish_reason,
+                        num_prompt_tokens=out.num_prompt_tokens,
+                        num_completion_tokens=out.num_output_tokens,
+                    )
+        except InvalidRequestError as exc:
+            # Prompt and params passed the checks above; what is left is the engine still holding
+            # an earlier request under this id (a cancelled one whose abort is in flight).
+            raise InvalidFieldError(str(exc), field="request_id") from exc
+        except EngineDeadError as exc:
+            self._engine_error = exc
+            raise
+        finally:
+            del self._open_streams[request_id]
+            closed.set_result(None)
+
+    async def _serving_engine(self) -> AsyncEngine:
+        async_engine = await asyncio.wrap_future(self._loaded)
+        if self._stopped:
+            raise EngineDeadError(f"instance {self.instance_id} is shut down")
+        if self._engine_error is not None:
+            raise EngineDeadError(f"instance {self.instance_id} failed: {self._engine_error}")
+        return async_engine
+
+    def abort(self, request_id: str) -> bool:
+        """Cancels an open request (its stream ends with "abort"); False if none is open under that id."""
+        if request_id not in self._open_streams:  # open streams exist only once the engine is loaded
+            return False
+        self._loaded.result().abort(request_id)
+        return True
+
+    # ---- reporting -------------------------------------------------------------------------
+
+    def stats(self) -> InstanceStats:
+        """A snapshot of this instance's load (engine figures are read without stopping it)."""
+        engine = None
+        if self._loaded.done() and self._loaded.exception() is None:
+            engine = self._loaded.result().engine
+        load = self._load
+        return InstanceStats(
+            instance_id=self.instance_id,
+            model_id=self.model_id,
+            state=self.state,
+            num_ongoing_requests=len(self._open_streams),
+            num_waiting_requests=engine.scheduler.num_waiting if engine else 0,
+            num_running_requests=engine.scheduler.num_running if engine else 0,
+            num_free_kv_blocks=engine.block_manager.num_free_blocks if engine else 0,
+            num_kv_blocks=engine.block_manager.num_blocks if engine else 0,
+            num_generated_tokens=self._num_generated_tokens,
+            started_at=self.started_at,
+            load_s=load.load_s if load else 0.0,
+            weights_read=load.weights_read if load else "",
+        )
+
+    def __repr__(self) -> str:
+        return f"InstanceWorker({self.instance_id!r}, model={self.model_id!r}, state={self.state.value})"
+
+
+def _validated_prompt_ids(engine: Engine, prompt: Prompt, params: SamplingParams) -> list[int]:
+    """Tokenizes the prompt and runs the engine's admission checks, blaming the right field.
+
+    The engine checks the prompt alone first (with one output token: its length against the
+    context and the KV pool), then the prompt with the request's ``max_tokens``; a failure in the
+    second step is ``max_tokens``'s fault. `Engine.prepare_request` touches no engine state.
+    """
+    prompt_field = "messages" if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) else "prompt"
+    try:
+        prompt_ids = engine.prepare_request(prompt, SamplingParams(max_tokens=1)).prompt_token_ids
+    except InvalidRequestError as exc:
+        raise InvalidFieldError(str(exc), field=prompt_field) from exc
+    try:
+        engine.prepare_request(prompt_ids, params)
+    except InvalidRequestError as exc:
+        raise InvalidFieldError(str(exc), field="max_tokens") from exc
+    return prompt_ids

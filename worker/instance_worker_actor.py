@@ -1,0 +1,138 @@
+"""The model instance as a Ray actor, the helpers that start and stop it, and the caller's side
+of its token stream.
+
+`InstanceWorkerActor` forwards to an `InstanceWorker` built inside the actor's process, so the
+model is loaded there (``ready()`` says when, and how; a failed load is an `InstanceLoadError`
+from ``ready()`` while the actor stays up to report it). It is an async actor: every method runs
+on one event loop, concurrent ``generate`` streams interleave on it, and the engine thread does
+the tensor work beside it. Nothing else in `worker/` knows about Ray; Ray is imported only
+inside the helpers, so the rest of the folder works without it.
+
+A caller streams through Ray's streaming generators::
+
+    stream = handle.generate.options(num_returns="streaming").remote(request_id, prompt, params)
+    async for ref in stream:
+        chunk = await ref          # a GenerationChunk; the last one has finish_reason and usage
+    ...
+    ray.cancel(stream)             # client went away: aborts the request, frees its KV blocks
+
+Dropping ``stream`` does not stop it — Ray runs a streaming generator to its end whether or not
+anyone reads it — so a caller that stops early must call ``ray.cancel(stream)``; that cancels the
+actor's asyncio task, which aborts the request in the engine. `stream_generation` does all of
+this (and unwraps Ray's error wrapper), and is what the gateway should use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from worker.async_engine import EngineDeadError
+from worker.engine import InvalidRequestError, Prompt
+from worker.engine_config import EngineConfig
+from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
+from worker.instance_worker import GenerationChunk, InstanceLoadError, InstanceWorker, as_engine_config
+from worker.sampling_params import SamplingParams
+
+# Errors the worker raises on purpose: passed to the caller as themselves, not as Ray's wrapper.
+_WORKER_ERRORS = (InvalidRequestError, InstanceLoadError, EngineDeadError)
+
+
+class InstanceWorkerActor:
+    """Ray actor body over `InstanceWorker` (see the module docstring)."""
+
+    def __init__(self, instance_id: str, model_id: str, model_dir: str, engine_config: EngineConfig) -> None:
+        self._worker = InstanceWorker(instance_id, model_id, model_dir, engine_config)
+
+    async def ready(self) -> InstanceLoad:
+        return await self._worker.ready()
+
+    async def generate(self, request_id: str, prompt: Prompt,
+                       sampling_params: Mapping[str, Any] | SamplingParams | None = None
+                       ) -> AsyncIterator[GenerationChunk]:
+        async for chunk in self._worker.generate(request_id, prompt, sampling_params):
+            yield chunk
+
+    def abort(self, request_id: str) -> bool:
+        return self._worker.abort(request_id)
+
+    def stats(self) -> InstanceStats:
+        return self._worker.stats()
+
+    def health(self) -> InstanceState:
+        return self._worker.health()
+
+    async def shutdown(self, timeout_s: float = 10.0) -> None:
+        await self._worker.shutdown(timeout_s)
+
+
+def start_instance_worker(instance_id: str, model_id: str, model_dir: str,
+                          engine_config: EngineConfig | Mapping[str, Any] | None = None, *,
+                          name: str | None = None, namespace: str | None = None, node_id: str | None = None,
+                          num_cpus: float = 1.0, num_gpus: float = 0.0, detached: bool = False, **options):
+    """Starts an `InstanceWorkerActor` and returns its handle at once (the model loads in the actor;
+    await ``handle.ready.remote()``).
+
+    ``node_id`` pins the actor to that Ray node (hard node affinity: placement already chose the
+    node for its checkpoint's locality, so running anywhere else would defeat it). ``detached``
+    lets the actor outlive its creator, so a restarted controller can adopt it by ``name`` and
+    ``namespace``. The engine config is validated here, so a bad one fails in the caller rather
+    than in a dead actor. Other ``options`` go to ``.options()`` (e.g. ``resources``).
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    config = as_engine_config(engine_config)
+    actor_options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": 0}
+    if name is not None:
+        actor_options["name"] = name
+    if namespace is not None:
+        actor_options["namespace"] = namespace
+    if node_id is not None:
+        actor_options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+    if detached:
+        actor_options["lifetime"] = "detached"
+    actor_options.update(options)
+    return ray.remote(InstanceWorkerActor).options(**actor_options).remote(
+        instance_id, model_id, str(model_dir), config)
+
+
+def stop_instance_worker(handle, timeout_s: float = 30.0) -> None:
+    """Shuts the instance down cleanly (open streams end with "abort", the engine thread stops),
+    then ends the actor. An actor that is already gone counts as stopped."""
+    import ray
+
+    try:
+        ray.get(handle.shutdown.remote(timeout_s), timeout=timeout_s)
+    except ray.exceptions.RayActorError:
+        pass
+    finally:
+        ray.kill(handle, no_restart=True)
+
+
+async def stream_generation(handle, request_id: str, prompt: Prompt,
+                            sampling_params: Mapping[str, Any] | SamplingParams | None = None
+                            ) -> AsyncIterator[GenerationChunk]:
+    """The caller's side of ``generate``: yields the chunks; leaving early cancels the request.
+
+    The worker's own errors (`InvalidFieldError` and the other `InvalidRequestError`s,
+    `InstanceLoadError`, `EngineDeadError`) are raised as themselves, with Ray's wrapper as their
+    ``__cause__``; Ray's errors (the actor died, ...) pass through unchanged.
+    """
+    import ray
+
+    stream = handle.generate.options(num_returns="streaming").remote(request_id, prompt, sampling_params)
+    finished = False
+    try:
+        async for ref in stream:
+            try:
+                chunk = await ref
+            except ray.exceptions.RayTaskError as exc:
+                if isinstance(exc.cause, _WORKER_ERRORS):
+                    raise exc.cause from exc
+                raise
+            finished = chunk.finished
+            yield chunk
+    finally:
+        if not finished:
+            ray.cancel(stream)
