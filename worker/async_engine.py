@@ -77,7 +77,18 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
 
+    @property
+    def is_alive(self) -> bool:
+        """False once the engine thread has stopped, by `shutdown` or by an error (see `error`)."""
+        return self._thread.is_alive() and not self._stopped.is_set()
+
+    @property
+    def error(self) -> BaseException | None:
+        """What killed the engine thread, if it died; None while healthy or after a clean stop."""
+        return self._error
+
     def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stops the engine thread; requests still open end with `EngineDeadError`."""
         self._stopped.set()
         self._inbox.put(("stop", None))
         self._thread.join(timeout_s)
@@ -96,6 +107,9 @@ class AsyncEngine:
             logger.exception("engine thread died")
             self._error = exc
             self._fail_all(EngineDeadError(f"engine stopped: {exc!r}"))
+            return
+        # Clean stop: nobody may wait forever on a request the engine will never step again.
+        self._fail_all(EngineDeadError("engine is shut down"))
 
     def _drain_inbox(self, block: bool) -> None:
         while True:

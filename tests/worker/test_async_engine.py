@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from worker import AsyncEngine, Engine, EngineConfig, InvalidRequestError, SamplingParams
+from worker.async_engine import EngineDeadError
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 
@@ -76,3 +77,21 @@ def test_leaving_the_stream_early_aborts_and_frees_blocks(engines):
     asyncio.run(main())
     assert engine.num_unfinished_requests == 0
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_shutdown_ends_open_streams_with_an_error(tiny_llama_dir):
+    engine = Engine(tiny_llama_dir, EngineConfig(block_size=4, num_kv_blocks=128))
+    async_engine = AsyncEngine(engine)
+    long_params = SamplingParams(temperature=0.0, max_tokens=500, ignore_eos=True)
+
+    async def main():
+        agen = async_engine.generate("still talking", long_params)
+        await agen.__anext__()  # the request is running
+        await asyncio.to_thread(async_engine.shutdown)
+        with pytest.raises(EngineDeadError, match="shut down"):
+            async for _ in agen:
+                pass
+
+    assert async_engine.is_alive
+    asyncio.run(main())
+    assert not async_engine.is_alive and async_engine.error is None
