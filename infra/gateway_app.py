@@ -1,0 +1,232 @@
+"""The gateway's HTTP surface: an OpenAI-compatible FastAPI app over a `GatewayBackend`.
+
+`build_gateway_app` makes a plain FastAPI app from injected parts — the backend (what serves
+models), the auth (keys to tenants) and the metrics (a registry of their own) — and keeps all
+its state in those, so the Ray Serve ingress can mount it and tests can run it in-process
+against `LocalEngineBackend` with the real `openai` client.
+
+Routes (``{model}`` is ``tenant/name``, slash included):
+
+- ``POST /v1/completions``, ``POST /v1/chat/completions``: SSE when ``stream`` (``data: ...``
+  events, then ``data: [DONE]``), one JSON body otherwise; ``usage`` always filled in, and in
+  a stream as a last chunk when ``stream_options.include_usage``;
+- ``GET /v1/models``, ``GET /v1/models/{model}``: the models the caller's key may use;
+- the same under ``/models/{model}/v1/...``, where the model is in the URL and a body's
+  ``model`` is optional (and must match when given);
+- ``GET /healthz`` (process up), ``GET /readyz`` (backend ready), ``GET /metrics``.
+
+Order of checks on a generation request: the key (401), the body (400, each field named), the
+model's tenant (403), the model's existence (404), then the backend's own verdicts (400 prompt
+over context, 429/503 for a cold model's queue). A bad request fails on its own: nothing is
+shared between requests but the backend, which validates before admitting.
+"""
+
+# No `from __future__ import annotations` here: FastAPI reads the route functions' annotations,
+# and `Caller` is local to the factory, which a string annotation could not be resolved against.
+import time
+import uuid
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from controller import parse_model_id
+from infra.gateway_auth import GatewayAuth, Principal
+from infra.gateway_backend import GatewayBackend, ModelCard
+from infra.gateway_body_limit import BodySizeLimit
+from infra.gateway_metrics import UNKNOWN_MODEL, GatewayMetrics
+from infra.gateway_stream import GenerationResponse, GenerationStream, RequestInfo
+from infra.openai_errors import OpenAIError, bad_request, install_error_handlers, model_forbidden, model_not_found
+from infra.openai_protocol import (
+    COMPLETION_DEFAULT_MAX_TOKENS,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatRenderer,
+    CompletionRenderer,
+    CompletionRequest,
+    CompletionResponse,
+    ModelList,
+    ModelObject,
+)
+
+DEFAULT_MAX_BODY_BYTES = 8 << 20
+# Chat requests without max_tokens may run to the end of the model's context (as OpenAI's and
+# vLLM's do); this bounds them when the backend does not know the context length.
+FALLBACK_CHAT_MAX_TOKENS = 1024
+_ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+_ERROR_RESPONSES = {
+    status: {"description": text, "content": {"application/json": {}}}
+    for status, text in ((400, "bad request"), (401, "no or unknown API key"), (403, "model of another tenant"),
+                         (404, "unknown model"), (413, "body too large"), (429, "model queue full"),
+                         (503, "queue deadline passed or backend unavailable"))
+}
+
+
+def build_gateway_app(
+    backend: GatewayBackend,
+    auth: GatewayAuth,
+    metrics: GatewayMetrics | None = None,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    chat_default_max_tokens: int | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    title: str = "Thaw gateway",
+) -> FastAPI:
+    """The OpenAI-compatible app over `backend`.
+
+    metrics: where request metrics go (a fresh `GatewayMetrics` when None; pass one to share it
+        with the code that records cold starts and instance counts).
+    max_body_bytes: larger request bodies get 413.
+    chat_default_max_tokens: a chat's limit when it gives none; None means up to the model's context.
+    clock: monotonic seconds, for latency metrics.
+    """
+    metrics = metrics if metrics is not None else GatewayMetrics()
+    if chat_default_max_tokens is not None and (not isinstance(chat_default_max_tokens, int)
+                                                or chat_default_max_tokens < 1):
+        raise ValueError(f"chat_default_max_tokens must be None or an integer >= 1, got {chat_default_max_tokens!r}")
+    app = FastAPI(title=title, version="1", description="OpenAI-compatible serving of Thaw's models.")
+    app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
+    bearer = HTTPBearer(auto_error=False, description="an API key: `Authorization: Bearer thaw_...`")
+
+    def observe_error(request: Request, error: OpenAIError) -> None:
+        endpoint = _endpoint_of(request)
+        if endpoint is not None:
+            model_id = getattr(request.state, "model_id", UNKNOWN_MODEL)
+            metrics.record_request(model_id, endpoint, error.status_code)
+
+    install_error_handlers(app, observe_error)
+
+    async def principal(request: Request,
+                        _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
+        # The raw header, not HTTPBearer's parse: a malformed one gets its own message.
+        return await auth.authenticate(request.headers.get("authorization"))
+
+    Caller = Annotated[Principal, Depends(principal)]
+
+    async def resolve(caller: Principal, model_id: str) -> ModelCard:
+        try:
+            parse_model_id(model_id)
+        except ValueError:
+            raise model_not_found(model_id) from None
+        if not caller.may_use(model_id):
+            raise model_forbidden(model_id)
+        return await backend.describe_model(model_id)
+
+    def model_of(body_model: str | None, url_model: str | None) -> str:
+        if url_model is None:
+            if body_model is None:
+                raise bad_request("invalid request: model: is required", "model")
+            return body_model
+        if body_model is not None and body_model != url_model:
+            raise bad_request(f"model {body_model!r} in the body does not match {url_model!r} in the URL; "
+                              "leave it out or make them equal", "model")
+        return url_model
+
+    async def generate(request: Request, caller: Principal, body: CompletionRequest | ChatCompletionRequest,
+                       url_model: str | None) -> GenerationResponse:
+        arrival_s = clock()
+        card = await resolve(caller, model_of(body.model, url_model))
+        request.state.model_id = card.model_id  # from here on, metrics may carry the model's name
+        if isinstance(body, ChatCompletionRequest):
+            endpoint, prefix, prompt = "chat", "chatcmpl", body.prompt_messages()
+            default_max_tokens = chat_default_max_tokens or card.max_model_len or FALLBACK_CHAT_MAX_TOKENS
+        else:
+            endpoint, prefix, prompt = "completions", "cmpl", body.prompt_input()
+            default_max_tokens = COMPLETION_DEFAULT_MAX_TOKENS
+        params = body.to_sampling_params(default_max_tokens)
+        info = RequestInfo(model_id=card.model_id, request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=endpoint,
+                           arrival_s=arrival_s)
+        renderer_cls = ChatRenderer if endpoint == "chat" else CompletionRenderer
+        renderer = renderer_cls(request_id=info.request_id, model=card.model_id, created=int(time.time()))
+        stream = GenerationStream(backend, metrics, info, prompt, params, clock)
+        return GenerationResponse(
+            stream, renderer, streaming=bool(body.stream), include_usage=body.include_usage,
+            on_done=lambda status: metrics.record_request(card.model_id, endpoint, status),
+        )
+
+    async def list_models(caller: Principal, url_model: str | None) -> ModelList:
+        if url_model is not None:
+            cards = [await resolve(caller, url_model)]
+        else:
+            cards = await backend.list_models(caller.tenant)
+        return ModelList(data=[_model_object(card) for card in cards if caller.may_use(card.model_id)])
+
+    async def describe(caller: Principal, model_id: str, url_model: str | None) -> ModelObject:
+        if url_model is not None and model_id != url_model:
+            raise model_not_found(model_id)
+        return _model_object(await resolve(caller, model_id))
+
+    # ---- routes -------------------------------------------------------------------------------
+
+    generation_doc = {"responses": _ERROR_RESPONSES}
+
+    @app.post("/v1/completions", response_model=CompletionResponse, **generation_doc)
+    async def completions(request: Request, body: CompletionRequest, caller: Caller) -> Response:
+        return await generate(request, caller, body, None)
+
+    @app.post("/models/{model:path}/v1/completions", response_model=CompletionResponse, **generation_doc)
+    async def model_completions(request: Request, model: str, body: CompletionRequest, caller: Caller) -> Response:
+        return await generate(request, caller, body, model)
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, **generation_doc)
+    async def chat_completions(request: Request, body: ChatCompletionRequest, caller: Caller) -> Response:
+        return await generate(request, caller, body, None)
+
+    @app.post("/models/{model:path}/v1/chat/completions", response_model=ChatCompletionResponse, **generation_doc)
+    async def model_chat_completions(request: Request, model: str, body: ChatCompletionRequest,
+                                     caller: Caller) -> Response:
+        return await generate(request, caller, body, model)
+
+    @app.get("/v1/models", response_model=ModelList, responses=_ERROR_RESPONSES)
+    async def models(caller: Caller) -> ModelList:
+        return await list_models(caller, None)
+
+    @app.get("/v1/models/{model_id:path}", response_model=ModelObject, responses=_ERROR_RESPONSES)
+    async def model_info(model_id: str, caller: Caller) -> ModelObject:
+        return await describe(caller, model_id, None)
+
+    @app.get("/models/{model:path}/v1/models", response_model=ModelList, responses=_ERROR_RESPONSES)
+    async def per_model_models(model: str, caller: Caller) -> ModelList:
+        return await list_models(caller, model)
+
+    @app.get("/models/{model:path}/v1/models/{model_id:path}", response_model=ModelObject,
+             responses=_ERROR_RESPONSES)
+    async def per_model_model_info(model: str, model_id: str, caller: Caller) -> ModelObject:
+        return await describe(caller, model_id, model)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", responses={503: _ERROR_RESPONSES[503]})
+    async def readyz() -> JSONResponse:
+        try:
+            ready = await backend.is_ready()
+        except Exception:  # noqa: BLE001 - an unreachable controller is "not ready", not a crash
+            ready = False
+        if ready:
+            return JSONResponse({"status": "ready"})
+        return OpenAIError(503, "the serving backend is not ready", "service_unavailable", None,
+                           "backend_unavailable", {"Retry-After": "1"}).to_response()
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    return app
+
+
+def _endpoint_of(request: Request) -> str | None:
+    path = request.url.path
+    for suffix, endpoint in _ENDPOINTS.items():
+        if path.endswith(suffix):
+            return endpoint
+    return None
+
+
+def _model_object(card: ModelCard) -> ModelObject:
+    return ModelObject(id=card.model_id, created=card.created_s, owned_by=card.owned_by,
+                       max_model_len=card.max_model_len)

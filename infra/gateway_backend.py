@@ -1,0 +1,154 @@
+"""What the HTTP gateway needs from the serving platform: `GatewayBackend`, and how it fails.
+
+The gateway's FastAPI app (`gateway_app.build_gateway_app`) speaks HTTP and OpenAI's wire
+format; everything behind it — which instance serves a model, the bounded cold-start queue,
+Ray — sits behind this small protocol. That split lets the HTTP surface be tested end to end
+in one process (`LocalEngineBackend` runs `worker.AsyncEngine`s directly), and lets the Ray
+Serve ingress plug in a backend that talks to the controller and workers without the app
+changing.
+
+Failures a client should see with a particular status are exceptions of the `BackendError`
+hierarchy; `openai_errors.error_from_backend` maps each to its HTTP status and OpenAI error
+body. Anything else a backend raises is a bug and becomes a 500.
+
+Messages carrying prompt or completion text print without it (house rule: logs never leak
+prompts), so `GenerationChunk`'s text is left out of its repr.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from worker import SamplingParams
+
+# A completion prompt (text or token ids) or a chat: messages as {"role": ..., "content": ...}
+# dicts with string content, the form `worker.Tokenizer.encode_chat` renders.
+Prompt = str | Sequence[int] | Sequence[dict[str, str]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelCard:
+    """A model as `GET /v1/models` shows it."""
+
+    model_id: str  # "tenant/name"
+    owned_by: str  # the tenant
+    created_s: int  # Unix time the model was deployed (OpenAI's `created`)
+    max_model_len: int | None = None  # longest prompt + output, when known
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_id, str) or not self.model_id:
+            raise ValueError(f"model_id must be a non-empty string, got {self.model_id!r}")
+        if not isinstance(self.owned_by, str) or not self.owned_by:
+            raise ValueError(f"owned_by must be a non-empty string, got {self.owned_by!r}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be None or >= 1, got {self.max_model_len!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationChunk:
+    """One step's news for one request: text and tokens added since the last chunk.
+
+    The counts are running totals, so the last chunk holds the request's usage.
+    `queue_s` is set on the first chunk by backends that queue requests (time spent waiting
+    for a ready instance); None where the backend has no queue.
+    """
+
+    request_id: str
+    text: str = field(repr=False)
+    token_ids: tuple[int, ...]
+    finished: bool
+    finish_reason: str | None  # "stop", "length" or "abort" once finished
+    num_prompt_tokens: int
+    num_output_tokens: int
+    queue_s: float | None = None
+
+
+class BackendError(Exception):
+    """A failure the client is told about with a specific status (see `openai_errors`)."""
+
+
+class ModelNotFound(BackendError):
+    """No model with this id is deployed (404)."""
+
+    def __init__(self, model_id: str) -> None:
+        super().__init__(f"model {model_id!r} does not exist")
+        self.model_id = model_id
+
+
+class ModelOverloaded(BackendError):
+    """The model's request queue is full (429): try again after `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class QueueTimeout(BackendError):
+    """No instance became ready before the queue deadline (503): try again after `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class BackendUnavailable(BackendError):
+    """The serving side cannot take requests now (engine died, controller unreachable): 503."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class InvalidRequest(BackendError):
+    """The request is wrong for this model (400); `param` names the culprit field when known."""
+
+    code: str | None = None
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt does not fit the model's context (400, code ``context_length_exceeded``)."""
+
+    code = "context_length_exceeded"
+
+
+@runtime_checkable
+class GatewayBackend(Protocol):
+    """The serving platform as the gateway sees it. Every method is called on the app's loop.
+
+    Tenancy is the gateway's job (it checks a caller may use a model before calling here);
+    a backend only needs `list_models` to filter by owner.
+    """
+
+    async def list_models(self, tenant: str | None) -> list[ModelCard]:
+        """Models owned by `tenant`, or every model for None (admin, or auth turned off); sorted by id."""
+        ...
+
+    async def describe_model(self, model_id: str) -> ModelCard:
+        """The model's card; raises `ModelNotFound`."""
+        ...
+
+    def generate(self, model_id: str, request_id: str, prompt: Prompt,
+                 params: SamplingParams) -> AsyncIterator[GenerationChunk]:
+        """Streams one request's chunks until one has ``finished``.
+
+        Errors about the request itself (`InvalidRequest`, `ModelNotFound`, `ModelOverloaded`,
+        `QueueTimeout`, `BackendUnavailable`) are raised before the first chunk. Closing the
+        iterator early (the client left) must free the request's resources; the gateway also
+        calls `abort`, so either alone is enough.
+        """
+        ...
+
+    async def abort(self, model_id: str, request_id: str) -> None:
+        """Cancels a request wherever it is (queued or running); unknown ids are ignored."""
+        ...
+
+    async def is_ready(self) -> bool:
+        """True when the backend can take requests now (for ``GET /readyz``)."""
+        ...

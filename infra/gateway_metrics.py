@@ -1,0 +1,105 @@
+"""The gateway's Prometheus metrics, in a registry of their own.
+
+Each `GatewayMetrics` owns a fresh `CollectorRegistry` instead of registering on
+prometheus_client's process-global one: two gateways (or two tests) in one process then never
+collide with "Duplicated timeseries", and ``GET /metrics`` shows exactly this app's series.
+Ray Serve's own metrics stay on Ray's exporter.
+
+What is measured and by whom:
+- the app, per request: counts by model, endpoint and HTTP status; time to first token;
+  inter-token latency; end-to-end latency; prompt and generated tokens; queue time when the
+  backend reports one on the first chunk;
+- the platform (controller / backend), as events happen: cold starts by the tier the
+  checkpoint came from and their load seconds, and the number of ready instances per model.
+
+The ``model`` label only ever carries a resolved model id (or ``""`` when a request failed
+before its model was known), never a string from the request body, so a client cannot grow
+the number of series by sending made-up model names. Metric names follow vLLM's where they
+mean the same (``time_to_first_token_seconds``, ``e2e_request_latency_seconds``).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_QUEUE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+UNKNOWN_MODEL = ""
+
+
+class GatewayMetrics:
+    """Prometheus series for one gateway app; `render` is the ``/metrics`` body."""
+
+    def __init__(self, namespace: str = "thaw") -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r, ns = self.registry, namespace
+        self.requests = Counter("gateway_requests", "Requests by model, endpoint and HTTP status.",
+                                ["model", "endpoint", "status"], namespace=ns, registry=r)
+        self.time_to_first_token = Histogram(
+            "time_to_first_token_seconds", "From request arrival to the first generated token.",
+            ["model"], namespace=ns, registry=r, buckets=_TTFT_BUCKETS)
+        self.inter_token_latency = Histogram(
+            "inter_token_latency_seconds", "Gap between successive streamed tokens of one request.",
+            ["model"], namespace=ns, registry=r, buckets=_ITL_BUCKETS)
+        self.e2e_latency = Histogram(
+            "e2e_request_latency_seconds", "From request arrival to its last token.",
+            ["model"], namespace=ns, registry=r, buckets=_E2E_BUCKETS)
+        self.queue_time = Histogram(
+            "queue_time_seconds", "Time a request waited for a ready instance of its model.",
+            ["model"], namespace=ns, registry=r, buckets=_QUEUE_BUCKETS)
+        self.prompt_tokens = Counter("prompt_tokens", "Prompt tokens of finished requests.",
+                                     ["model"], namespace=ns, registry=r)
+        self.generation_tokens = Counter("generation_tokens", "Tokens generated.",
+                                         ["model"], namespace=ns, registry=r)
+        self.cold_starts = Counter("cold_starts", "Model instances started, by the tier the checkpoint came from.",
+                                   ["model", "tier"], namespace=ns, registry=r)
+        self.load_seconds = Histogram("load_seconds", "Time to load a model instance, by source tier.",
+                                      ["model", "tier"], namespace=ns, registry=r, buckets=_LOAD_BUCKETS)
+        self.instances = Gauge("model_instances", "Ready instances per model.",
+                               ["model"], namespace=ns, registry=r)
+
+    # ---- per request (the app) -----------------------------------------------------------
+
+    def record_request(self, model_id: str, endpoint: str, status: int) -> None:
+        self.requests.labels(model=model_id, endpoint=endpoint, status=str(status)).inc()
+
+    def record_first_token(self, model_id: str, seconds: float) -> None:
+        self.time_to_first_token.labels(model=model_id).observe(seconds)
+
+    def record_inter_token(self, model_id: str, seconds: float) -> None:
+        self.inter_token_latency.labels(model=model_id).observe(seconds)
+
+    def record_queue_time(self, model_id: str, seconds: float) -> None:
+        self.queue_time.labels(model=model_id).observe(seconds)
+
+    def record_finished(self, model_id: str, e2e_s: float, num_prompt_tokens: int, num_output_tokens: int) -> None:
+        self.e2e_latency.labels(model=model_id).observe(e2e_s)
+        self.prompt_tokens.labels(model=model_id).inc(num_prompt_tokens)
+        self.generation_tokens.labels(model=model_id).inc(num_output_tokens)
+
+    # ---- platform events (controller / backend) ------------------------------------------
+
+    def record_cold_start(self, model_id: str, tier: str, load_s: float) -> None:
+        """One instance of `model_id` became ready after loading from `tier` ("gpu", "dram", "ssd", "repository")."""
+        self.cold_starts.labels(model=model_id, tier=tier).inc()
+        self.load_seconds.labels(model=model_id, tier=tier).observe(load_s)
+
+    def set_instances(self, model_id: str, num_instances: int) -> None:
+        self.instances.labels(model=model_id).set(num_instances)
+
+    def forget_model(self, model_id: str) -> None:
+        """Drops a deleted model's instance gauge (counters keep their history until restart)."""
+        try:
+            self.instances.remove(model_id)
+        except KeyError:
+            pass
+
+    # ---- exposition -----------------------------------------------------------------------
+
+    def render(self) -> tuple[bytes, str]:
+        """The text exposition of this registry and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

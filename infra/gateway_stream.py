@@ -1,0 +1,272 @@
+"""One generation request from backend to client: `GenerationStream` and `GenerationResponse`.
+
+`GenerationStream` pulls a request's chunks from the backend, times them into the metrics
+(time to first token, inter-token gaps, end to end, queue time) and, if it is closed before the
+last chunk, aborts the request on the backend — that is what frees a worker's KV blocks when
+a client goes away.
+
+`GenerationResponse` is the ASGI response that drives it, as server-sent events or as one JSON
+body. It is written out rather than built on Starlette's `StreamingResponse` for three reasons:
+
+- the first chunk is awaited *before* the status line goes out, so a request that fails in the
+  backend (a cold model's queue is full, the deadline passed, the prompt is too long) still gets
+  its proper status (429/503/400 with ``Retry-After``), not a 200 followed by an error event;
+- it listens for the client's ``http.disconnect`` the whole time — also while the request waits
+  in a cold model's queue, before any byte is sent, and for non-streaming requests — since
+  servers such as uvicorn drop writes to a closed connection silently instead of failing them;
+- it always closes the stream (a shielded abort) however it ends, so no request is left
+  running for nobody.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+from pydantic import BaseModel
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from infra.gateway_backend import BackendError, GatewayBackend, GenerationChunk, Prompt
+from infra.gateway_metrics import GatewayMetrics
+from infra.openai_errors import OpenAIError, error_from_backend, internal_error
+from infra.openai_protocol import Usage
+from worker import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first", used in metrics only
+_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                (b"x-accel-buffering", b"no")]
+_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """What the metrics and the response need to know about one request."""
+
+    model_id: str
+    request_id: str
+    endpoint: str  # "completions" or "chat"
+    arrival_s: float  # on `clock`
+
+
+class GenerationStream:
+    """A backend request's chunks, measured as they arrive; aborted if closed before the end."""
+
+    def __init__(self, backend: GatewayBackend, metrics: GatewayMetrics, info: RequestInfo, prompt: Prompt,
+                 params: SamplingParams, clock: Callable[[], float] = time.monotonic) -> None:
+        self.info = info
+        self._backend = backend
+        self._metrics = metrics
+        self._clock = clock
+        self._chunks: AsyncIterator[GenerationChunk] = backend.generate(info.model_id, info.request_id, prompt, params)
+        self._ended = False  # the backend said its last word (a finished chunk, the end, or an error)
+        self._num_chunks = 0
+        self._last_token_s: float | None = None
+        self.last: GenerationChunk | None = None
+        self._abort_task: asyncio.Future[None] | None = None
+
+    async def next(self) -> GenerationChunk | None:
+        """The next chunk, or None after the last one. Backend errors propagate."""
+        if self._ended:
+            return None
+        try:
+            chunk = await self._chunks.__anext__()
+        except StopAsyncIteration:
+            self._ended = True
+            return None
+        except Exception:
+            # An error ends the backend's iterator, which cleaned up after itself. A cancellation
+            # (not an Exception) leaves the request running: `close` still aborts it.
+            self._ended = True
+            raise
+        self._observe(chunk)
+        return chunk
+
+    def _observe(self, chunk: GenerationChunk) -> None:
+        now, model = self._clock(), self.info.model_id
+        if self._num_chunks == 0 and chunk.queue_s is not None:
+            self._metrics.record_queue_time(model, chunk.queue_s)
+        self._num_chunks += 1
+        if chunk.token_ids:
+            if self._last_token_s is None:
+                self._metrics.record_first_token(model, now - self.info.arrival_s)
+            else:
+                self._metrics.record_inter_token(model, (now - self._last_token_s) / len(chunk.token_ids))
+            self._last_token_s = now
+        self.last = chunk
+        if chunk.finished:
+            self._ended = True
+            self._metrics.record_finished(model, now - self.info.arrival_s, chunk.num_prompt_tokens,
+                                          chunk.num_output_tokens)
+
+    async def close(self) -> None:
+        """Aborts the request unless the backend already finished it, and closes the backend's
+        iterator; never raises an error of its own. This runs as a cancelled request unwinds, so
+        it is shielded from the cancel scope, and the abort runs as a task of its own: a native
+        ``task.cancel()`` (Ray Serve's way of saying the client left) can interrupt the wait,
+        but never the abort."""
+        with anyio.CancelScope(shield=True):
+            try:
+                if not self._ended:
+                    self._ended = True
+                    self._abort_task = asyncio.ensure_future(self._abort())
+                    await asyncio.shield(self._abort_task)
+            finally:
+                aclose = getattr(self._chunks, "aclose", None)
+                if aclose is not None:
+                    try:
+                        await aclose()
+                    except Exception:  # noqa: BLE001 - the request's own outcome matters more
+                        logger.exception("closing the backend stream of %s failed", self.info.request_id)
+
+    async def _abort(self) -> None:
+        try:
+            await self._backend.abort(self.info.model_id, self.info.request_id)
+        except Exception:  # noqa: BLE001 - a failed abort must not hide the request's own outcome
+            logger.exception("abort of %s failed", self.info.request_id)
+
+
+class Renderer(Protocol):
+    """How chunks become OpenAI objects (`openai_protocol.CompletionRenderer` / `ChatRenderer`)."""
+
+    def stream_objects(self, chunk: GenerationChunk, is_first: bool) -> list[BaseModel]: ...
+
+    def usage_object(self, usage: Usage) -> BaseModel: ...
+
+    def whole(self, text: str, finish_reason: str | None, usage: Usage) -> BaseModel: ...
+
+
+class GenerationResponse(Response):
+    """Sends one generation as SSE (``stream=True``) or one JSON body; see the module docstring.
+
+    `on_done(status)` is called once with the HTTP status the client got (499 if it left).
+    """
+
+    def __init__(self, stream: GenerationStream, renderer: Renderer, *, streaming: bool, include_usage: bool,
+                 on_done: Callable[[int], None]) -> None:
+        # Response.__init__ would render a body; this response writes its own messages.
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [(b"x-request-id", stream.info.request_id.encode())]
+        self._stream = stream
+        self._renderer = renderer
+        self._streaming = streaming
+        self._include_usage = include_usage
+        self._on_done = on_done
+        self._status = 0
+        self._complete = False  # the last body message is being (or has been) sent
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        left = False
+        async with anyio.create_task_group() as task_group:
+
+            async def watch_disconnect() -> None:
+                nonlocal left
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                # Servers also report a disconnect once the response is complete: that is no early exit.
+                if not self._complete:
+                    left = True
+                    task_group.cancel_scope.cancel()
+
+            task_group.start_soon(watch_disconnect)
+            try:
+                await self._respond(send)
+            except OSError:  # ASGI 2.4 servers raise on writes to a closed connection
+                left = True
+            finally:
+                await self._stream.close()
+                task_group.cancel_scope.cancel()
+        self._on_done(CLIENT_CLOSED_REQUEST if left else self._status)
+        if self.background is not None:  # FastAPI hands a route's BackgroundTasks to its response
+            await self.background()
+
+    async def _respond(self, send: Send) -> None:
+        try:
+            first = await self._stream.next()
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error
+            await self._send_error(send, self._error_for(exc))
+            return
+        if self._streaming:
+            await self._send_events(send, first)
+        else:
+            await self._send_whole(send, first)
+
+    async def _send_events(self, send: Send, chunk: GenerationChunk | None) -> None:
+        self._status = 200
+        await send({"type": "http.response.start", "status": 200, "headers": [*self.raw_headers, *_SSE_HEADERS]})
+        is_first = True
+        try:
+            while chunk is not None:
+                for obj in self._renderer.stream_objects(chunk, is_first):
+                    await send({"type": "http.response.body", "body": _sse(obj), "more_body": True})
+                is_first = False
+                chunk = await self._stream.next()
+            if self._include_usage and self._stream.last is not None:
+                usage = _usage(self._stream.last)
+                await send({"type": "http.response.body", "body": _sse(self._renderer.usage_object(usage)),
+                            "more_body": True})
+        except OSError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the status line is out: report in-band, as OpenAI does
+            error = self._error_for(exc)
+            self._status = error.status_code
+            await send({"type": "http.response.body", "body": error.sse_event(), "more_body": True})
+        await self._send_last(send, _DONE)
+
+    async def _send_whole(self, send: Send, chunk: GenerationChunk | None) -> None:
+        parts: list[str] = []
+        try:
+            while chunk is not None:
+                parts.append(chunk.text)
+                chunk = await self._stream.next()
+        except Exception as exc:  # noqa: BLE001
+            await self._send_error(send, self._error_for(exc))
+            return
+        last = self._stream.last
+        if last is None:
+            await self._send_error(send, self._error_for(RuntimeError("the backend produced no output")))
+            return
+        body = self._renderer.whole("".join(parts), last.finish_reason, _usage(last)).model_dump_json().encode()
+        self._status = 200
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [*self.raw_headers, (b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await self._send_last(send, body)
+
+    async def _send_error(self, send: Send, error: OpenAIError) -> None:
+        self._status = error.status_code
+        body = json.dumps(error.body()).encode()
+        headers = [*self.raw_headers, (b"content-type", b"application/json"),
+                   (b"content-length", str(len(body)).encode()),
+                   *((k.lower().encode(), v.encode()) for k, v in error.headers.items())]
+        await send({"type": "http.response.start", "status": error.status_code, "headers": headers})
+        await self._send_last(send, body)
+
+    async def _send_last(self, send: Send, body: bytes) -> None:
+        self._complete = True
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    def _error_for(self, exc: Exception) -> OpenAIError:
+        if isinstance(exc, BackendError):
+            return error_from_backend(exc)
+        if isinstance(exc, OpenAIError):
+            return exc
+        logger.error("request %s failed", self._stream.info.request_id, exc_info=exc)
+        return internal_error()
+
+
+def _sse(obj: BaseModel) -> bytes:
+    return b"data: " + obj.model_dump_json().encode() + b"\n\n"
+
+
+def _usage(chunk: GenerationChunk) -> Usage:
+    return Usage.of(chunk.num_prompt_tokens, chunk.num_output_tokens)
