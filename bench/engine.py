@@ -50,6 +50,7 @@ if __package__ in (None, ""):
 from worker.demo_model import DemoModelConfig, demo_weight_shapes, write_demo_model  # noqa: E402
 from worker.engine import Engine  # noqa: E402
 from worker.engine_config import EngineConfig  # noqa: E402
+from worker.host_allocator import tune_host_allocator  # noqa: E402
 from worker.sampling_params import SamplingParams  # noqa: E402
 
 TARGET_THROUGHPUT_RATIO = 2.0
@@ -279,6 +280,9 @@ def _engine_config(requests: list[BenchRequest], block_size: int = 16) -> Engine
 
 def run(mode: BenchMode, num_requests: int, seed: int, threads: int, model_dir: Path) -> dict:
     torch.set_num_threads(threads)
+    # As a Thaw worker process does at start; transformers runs in this process too and gets the
+    # same allocator (it gains from it as well, so the comparison stays like for like).
+    tune_host_allocator()
     vocab_size = mode.model.vocab_size
     _log(f"mode={mode.name} threads={threads}; writing the demo model to {model_dir}")
     write_demo_model(model_dir, mode.model, overwrite=True)

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from infra.cli_admin import AdminCommandError
+
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
 
@@ -51,6 +53,9 @@ def _cmd_demo_model(args: argparse.Namespace) -> int:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from worker import Engine, EngineConfig, InvalidRequestError, SamplingParams
+    from worker.host_allocator import tune_host_allocator
+
+    tune_host_allocator()  # this process runs one engine and exits
 
     try:
         params = SamplingParams(
@@ -223,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
     ls.add_argument("--endpoint-url", default=None, help=endpoint_help)
     ls.set_defaults(func=_cmd_models_ls)
+
+    # Running and operating a platform (infra/cli_serve.py, infra/cli_admin.py).
+    from infra.cli_admin import add_admin_commands
+    from infra.cli_serve import add_serve_command
+
+    add_serve_command(sub)
+    add_admin_commands(sub)
     return parser
 
 
@@ -235,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"thaw {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except AdminCommandError as exc:
+        print(f"thaw {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_status
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence

@@ -30,6 +30,7 @@ from typing import Any
 from worker.async_engine import EngineDeadError
 from worker.engine import InvalidRequestError, Prompt
 from worker.engine_config import EngineConfig
+from worker.host_allocator import tune_host_allocator
 from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
 from worker.instance_worker import GenerationChunk, InstanceLoadError, InstanceWorker, as_engine_config
 from worker.sampling_params import SamplingParams
@@ -42,6 +43,7 @@ class InstanceWorkerActor:
     """Ray actor body over `InstanceWorker` (see the module docstring)."""
 
     def __init__(self, instance_id: str, model_id: str, model_dir: str, engine_config: EngineConfig) -> None:
+        tune_host_allocator()  # this process exists for this one engine (see host_allocator.py)
         self._worker = InstanceWorker(instance_id, model_id, model_dir, engine_config)
 
     async def ready(self) -> InstanceLoad:

@@ -1,0 +1,46 @@
+"""Keeps glibc from returning every large tensor's memory to the kernel (and faulting it back).
+
+Why: PyTorch's CPU allocator takes each tensor from ``malloc``. glibc serves blocks above its
+mmap threshold (128 KiB at start, adapting up to 32 MiB) with a fresh ``mmap`` and gives them
+back with ``munmap`` on free, so a prefill step's activations -- a few MB each, dozens per
+layer -- are page-faulted in and zeroed on every single op. Measured on the developers' VM for
+a [2048, 768] float32 RMSNorm: 7.3 ms per call with the defaults, 1.4 ms once large blocks stay
+in the heap. A worker process owns its memory and runs one engine, so it raises the thresholds
+once at start: freed blocks are reused by the next step instead of going back to the kernel.
+
+This is process-wide allocator configuration, so only process owners call it (the instance
+worker, ``thaw generate``, the engine benchmark), never library code on import.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import sys
+
+logger = logging.getLogger(__name__)
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+# Blocks up to 1 GiB come from the heap; up to 1 GiB of free heap is kept rather than trimmed.
+DEFAULT_THRESHOLD_BYTES = 1 << 30
+
+
+def tune_host_allocator(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> bool:
+    """Raises glibc's mmap and trim thresholds; True if applied (False off glibc, e.g. macOS/musl)."""
+    if threshold_bytes < 1:
+        raise ValueError(f"threshold_bytes must be positive, got {threshold_bytes}")
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    value = min(threshold_bytes, 2**31 - 1)
+    applied = mallopt(_M_MMAP_THRESHOLD, value) == 1 and mallopt(_M_TRIM_THRESHOLD, value) == 1
+    if not applied:
+        logger.info("mallopt refused the allocator thresholds; large tensors keep mmap/munmap per allocation")
+    return applied
