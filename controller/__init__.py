@@ -10,9 +10,24 @@ Public API (everything else in this folder is private to it):
   `NodeEstimate`: locality-aware placement (and the baseline it is measured against).
 - `open_state_store`, `StateStore`, `StateStoreError`, `WorkerRecord`, `ApiKeyRecord`:
   specs, tenants, hashed API keys, desired counts and the worker registry, in SQLite or Redis.
+- `Controller`, `ControllerConfig`: the registry and reconcile loop (a plain class over a
+  `ClusterClient`; `RayClusterClient` is the real one); `ControllerActor`, `start_controller`,
+  `get_controller`, `stop_controller`: the same as a detached, named Ray actor.
+- `RoutingTable`, `Route`: the versioned model -> ready instances table the gateway routes from.
+- `ControllerError`, `InvalidSpecError`, `UnknownModelError`, `ModelAlreadyDeployedError`: what
+  the controller's API refuses with (they pickle across Ray with their fields).
+- `repository_name`, `worker_actor_name`, `node_store_actor_name`: how models and actors are named.
+
+The controller itself, its config and its Ray side are imported on first use (PEP 562
+`__getattr__`): they bring the storage and worker packages (boto3, torch), which code that only
+validates specs or reads the routing table (the gateway, the CLI) does not need.
 """
 
+import importlib
+
 from controller.autoscale_policy import AutoscaleState, LoadSnapshot, ScaleDecision, decide
+from controller.controller_errors import (ControllerError, InvalidSpecError, ModelAlreadyDeployedError,
+                                         UnknownModelError)
 from controller.model_spec import (
     AutoscalingPolicy,
     ModelSpec,
@@ -32,12 +47,40 @@ from controller.placement_policy import (
     place,
     place_locality_blind,
 )
+from controller.routing_table import Route, RoutingTable
 from controller.state_store import ApiKeyRecord, StateStore, StateStoreError, WorkerRecord, open_state_store
 
+_LAZY = {
+    "ActorGoneError": "controller.cluster_client",
+    "ClusterClient": "controller.cluster_client",
+    "Controller": "controller.controller",
+    "ControllerActor": "controller.controller_actor",
+    "ControllerConfig": "controller.controller_config",
+    "DEFAULT_CONTROLLER_NAME": "controller.controller_actor",
+    "RayClusterClient": "controller.ray_cluster_client",
+    "RayNodeInfo": "controller.cluster_node",
+    "get_controller": "controller.controller_actor",
+    "node_store_actor_name": "controller.cluster_client",
+    "repository_name": "controller.model_source",
+    "start_controller": "controller.controller_actor",
+    "stop_controller": "controller.controller_actor",
+    "worker_actor_name": "controller.cluster_client",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'controller' has no attribute {name!r}")
+
+
 __all__ = [
-    "ApiKeyRecord", "AutoscaleState", "AutoscalingPolicy", "LoadSnapshot", "ModelSpec", "NodeEstimate",
-    "NodeView", "PlacementDecision", "ResourceSpec", "ScaleDecision", "SpecError", "StateStore",
-    "StateStoreError", "TierBandwidths", "WorkerRecord", "add_model_spec_arguments", "decide",
-    "load_model_spec", "load_model_specs", "model_spec_from_arguments", "open_state_store", "parse_model_id",
-    "place", "place_locality_blind",
+    "ActorGoneError", "ApiKeyRecord", "AutoscaleState", "AutoscalingPolicy", "ClusterClient", "Controller",
+    "ControllerActor", "ControllerConfig", "ControllerError", "DEFAULT_CONTROLLER_NAME", "InvalidSpecError",
+    "LoadSnapshot", "ModelAlreadyDeployedError", "ModelSpec", "NodeEstimate", "NodeView", "PlacementDecision",
+    "RayClusterClient", "RayNodeInfo", "ResourceSpec", "Route", "RoutingTable", "ScaleDecision", "SpecError",
+    "StateStore", "StateStoreError", "TierBandwidths", "UnknownModelError", "WorkerRecord",
+    "add_model_spec_arguments", "decide", "get_controller", "load_model_spec", "load_model_specs",
+    "model_spec_from_arguments", "node_store_actor_name", "open_state_store", "parse_model_id", "place",
+    "place_locality_blind", "repository_name", "start_controller", "stop_controller", "worker_actor_name",
 ]

@@ -1,0 +1,107 @@
+"""Everything the controller asks of the cluster, behind one small interface.
+
+Every Ray call the controller makes goes through a `ClusterClient` (as Ray Serve's controller
+goes through one wrapper per Ray concern), so the controller's logic -- adoption, autoscaling,
+placement, the start/stop lifecycle -- is unit-tested against a fake in memory, and only
+`RayClusterClient` knows about actors, names, namespaces and Ray's exception types.
+
+Handles are opaque to the controller: whatever the client returns from `start_worker` or
+`connect_node_store` is passed back to it unchanged. A call that cannot finish in its timeout
+raises `TimeoutError`; a call to an actor that no longer exists raises `ActorGoneError`;
+anything else an actor raised on purpose (a failed load, a full tier) propagates as itself.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from controller.cluster_node import RayNodeInfo
+from storage import NodeStoreConfig, NodeStoreReport
+
+WORKER_ACTOR_PREFIX = "thaw-worker-"
+NODE_STORE_ACTOR_PREFIX = "thaw-node-store-"
+
+
+class ActorGoneError(RuntimeError):
+    """The actor is dead (or was never there): its work is lost, its slot is free."""
+
+
+def worker_actor_name(instance_id: str) -> str:
+    """The named actor of one model instance (unique within the platform's namespace)."""
+    return f"{WORKER_ACTOR_PREFIX}{instance_id}"
+
+
+def node_store_actor_name(node_id: str) -> str:
+    """The named actor of one logical node's store (unique within the platform's namespace)."""
+    return f"{NODE_STORE_ACTOR_PREFIX}{node_id}"
+
+
+class ClusterClient(ABC):
+    """The cluster as the controller sees it (see the module docstring). Methods that wait are
+    coroutines, run on the controller's event loop."""
+
+    namespace: str
+
+    @abstractmethod
+    async def list_nodes(self) -> list[RayNodeInfo]:
+        """The live Ray nodes."""
+
+    # --- node stores ------------------------------------------------------------------------
+
+    @abstractmethod
+    async def connect_node_store(self, node_id: str, ray_node_id: str, config: NodeStoreConfig) -> Any:
+        """The handle of the node's store: the running one found by name, else a new one
+        started on that Ray node (outliving the controller, so its caches survive a restart)."""
+
+    @abstractmethod
+    async def node_store_report(self, store: Any, timeout_s: float) -> NodeStoreReport: ...
+
+    @abstractmethod
+    async def pin_checkpoint(self, store: Any, model: str, tier: str, timeout_s: float) -> str:
+        """Bring `model` into `tier` (fetching or promoting on a miss), pin it there, return its
+        local path. Raises `storage.TierFullError` if the tier cannot make room."""
+
+    @abstractmethod
+    async def unpin_checkpoint(self, store: Any, model: str, tier: str, timeout_s: float) -> bool: ...
+
+    @abstractmethod
+    async def invalidate_checkpoint(self, store: Any, model: str, tier: str, timeout_s: float) -> bool:
+        """Drop the node's copy (the repository's content changed)."""
+
+    @abstractmethod
+    async def stop_node_store(self, store: Any, timeout_s: float) -> None:
+        """Close the store (its shared memory is freed) and end its actor."""
+
+    # --- workers ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def start_worker(self, *, instance_id: str, model_id: str, model_dir: str, engine_config: Any,
+                     actor_name: str, ray_node_id: str, num_cpus: float, num_gpus: float) -> Any:
+        """Start a model-instance actor on that Ray node and return its handle at once (the
+        model loads in the actor; `worker_ready` waits for it). It outlives the controller."""
+
+    @abstractmethod
+    async def find_worker(self, actor_name: str) -> Any | None:
+        """The handle of a running worker actor by name, None if there is none."""
+
+    @abstractmethod
+    async def worker_ready(self, handle: Any, timeout_s: float) -> Any:
+        """Wait for the model to be loaded; returns the worker's `InstanceLoad`."""
+
+    @abstractmethod
+    async def worker_stats(self, handle: Any, timeout_s: float) -> Any:
+        """The worker's `InstanceStats` now."""
+
+    @abstractmethod
+    async def stop_worker(self, handle: Any, timeout_s: float) -> None:
+        """Shut the worker down (open requests end with "abort") and end its actor; a worker
+        that is already gone counts as stopped."""
+
+    @abstractmethod
+    async def list_worker_actor_names(self) -> list[str]:
+        """Names of the live worker actors of this platform's namespace."""
+
+    @abstractmethod
+    async def kill_worker(self, actor_name: str) -> None:
+        """End a worker actor found by name at once (an orphan no record accounts for)."""

@@ -1,0 +1,148 @@
+"""The nodes the controller places on, and how one becomes a `NodeView` for the placement policy.
+
+A logical node is one node store plus a number of worker slots on one Ray node. Normally there
+is one per Ray node; `ControllerConfig.nodes_per_ray_node` splits a Ray node into several (each
+with its own store, so its own SSD and DRAM holdings) to exercise placement on one machine.
+
+Everything here except `ClusterNode` itself is a pure function of reports and instances, so
+the controller's view of a node is tested with plain values:
+
+- `plan_nodes`: which logical nodes the live Ray nodes give, with their slot counts;
+- `node_view`: the placement input for one model on one node -- tiers holding it, calibrated
+  rates (the config's fallbacks where the store has not measured), free slots, loader wait;
+- `store_tier`: which tier the node store should bring the model into before a worker reads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from controller.controller_config import ControllerConfig
+from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.placement_policy import NodeView, TierBandwidths
+from storage import BandwidthReport, NodeStoreReport
+
+NODE_ID_PREFIX_CHARS = 16  # of the Ray node id (56 hex digits); 64 bits keeps them apart
+
+
+@dataclass(frozen=True)
+class RayNodeInfo:
+    """A live Ray node: its id and its GPU count (0 on a CPU-only node)."""
+
+    ray_node_id: str
+    num_gpus: int = 0
+
+
+@dataclass
+class ClusterNode:
+    """One logical node: its store's actor handle and last report, its slots, whether it drains.
+
+    `report` is the last report that arrived; a tick whose report times out keeps it (holdings
+    change slowly, and placement without it would assume an empty node)."""
+
+    node_id: str
+    ray_node_id: str
+    num_slots: int
+    store: Any = None
+    report: NodeStoreReport | None = None
+    report_error: str | None = None
+    draining: bool = False
+
+
+def plan_nodes(ray_nodes: Iterable[RayNodeInfo], nodes_per_ray_node: int,
+               cpu_worker_slots_per_node: int) -> list[tuple[str, str, int]]:
+    """(logical node id, Ray node id, worker slots) for every live Ray node, sorted.
+
+    Logical ids are a prefix of the Ray id (node-store ids must be short: they name
+    shared-memory directories), suffixed ``-0``, ``-1``... when a Ray node is split."""
+    planned = []
+    for node in ray_nodes:
+        slots = node.num_gpus if node.num_gpus > 0 else cpu_worker_slots_per_node
+        prefix = node.ray_node_id[:NODE_ID_PREFIX_CHARS]
+        if nodes_per_ray_node == 1:
+            planned.append((prefix, node.ray_node_id, slots))
+        else:
+            planned += [(f"{prefix[:12]}-{i}", node.ray_node_id, slots) for i in range(nodes_per_ray_node)]
+    return sorted(planned)
+
+
+def effective_bandwidth(report: NodeStoreReport | None, config: ControllerConfig) -> BandwidthReport:
+    """The node's measured rates, with the config's fallbacks where nothing was measured."""
+    measured = report.bandwidth if report is not None else BandwidthReport(None, None, None, measured_at=0.0)
+    return dataclasses.replace(
+        measured,
+        dram_bytes_per_s=measured.dram_bytes_per_s or config.fallback_dram_bytes_per_s,
+        ssd_bytes_per_s=measured.ssd_bytes_per_s or config.fallback_ssd_bytes_per_s,
+        repository_bytes_per_s=measured.repository_bytes_per_s or config.fallback_repository_bytes_per_s,
+    )
+
+
+def has_dram_tier(report: NodeStoreReport | None, config: ControllerConfig) -> bool:
+    if report is None:
+        return config.dram_capacity_bytes > 0
+    return report.tier("dram").capacity_bytes > 0
+
+
+def tier_bandwidths(report: NodeStoreReport | None, config: ControllerConfig) -> TierBandwidths:
+    """Placement's rates for a node: end-to-end into a worker, from each tier it has.
+
+    The repository rate is download then SSD read (`BandwidthReport.rate`), since a fetched
+    model lands on the SSD before a worker reads it."""
+    rates = effective_bandwidth(report, config)
+    return TierBandwidths(
+        repository_bytes_per_s=rates.rate("repository"),
+        ssd_bytes_per_s=rates.rate("ssd"),
+        dram_bytes_per_s=rates.rate("dram") if has_dram_tier(report, config) else None,
+    )
+
+
+def model_tiers(report: NodeStoreReport | None, repository_name: str) -> frozenset[str]:
+    """Tiers of the node holding a usable (fully arrived) copy of the model."""
+    if report is None:
+        return frozenset()
+    return frozenset(tier.tier for tier in report.tiers
+                     if tier.capacity_bytes > 0 and repository_name in tier.models)
+
+
+def num_used_slots(node_id: str, instances: Iterable[ManagedInstance]) -> int:
+    """Slots taken on the node; a stopping instance holds its slot until it is gone."""
+    return sum(instance.num_worker_slots for instance in instances if instance.node_id == node_id)
+
+
+def loader_wait_s(node_id: str, instances: Iterable[ManagedInstance], now: float) -> float:
+    """What the node's loads in progress have left by their estimates: a new load shares the
+    node's bandwidth with them, so it is ready that much later."""
+    return sum(instance.remaining_load_s(now) for instance in instances
+               if instance.node_id == node_id and instance.phase is InstancePhase.LOADING)
+
+
+def node_view(node: ClusterNode, repository_name: str, instances: list[ManagedInstance],
+              config: ControllerConfig, now: float) -> NodeView:
+    """The placement policy's input for putting `repository_name` on `node`."""
+    free = 0 if node.draining else max(0, node.num_slots - num_used_slots(node.node_id, instances))
+    return NodeView(
+        node_id=node.node_id,
+        num_free_slots=free,
+        bandwidths=tier_bandwidths(node.report, config),
+        model_tiers=model_tiers(node.report, repository_name),
+        loader_wait_s=loader_wait_s(node.node_id, instances, now),
+    )
+
+
+def store_tier(report: NodeStoreReport | None, repository_name: str, model_bytes: int,
+               config: ControllerConfig) -> str:
+    """The tier the worker reads from: DRAM when the model is there or fits beside what DRAM
+    cannot give up (pinned, loading or arriving entries), else SSD. DRAM makes a later restart
+    of the model on this node fast; forcing it in would only fail or evict a busy neighbour."""
+    if not has_dram_tier(report, config):
+        return "ssd"
+    if report is None:
+        return "dram"
+    dram = report.tier("dram")
+    if repository_name in dram.models:
+        return "dram"
+    held = sum(entry.num_bytes for entry in dram.entries if entry.pinned or entry.loading or entry.filling)
+    return "dram" if dram.capacity_bytes - held >= model_bytes else "ssd"

@@ -1,0 +1,537 @@
+"""The controller: the model registry, and the reconcile loop that gives each model its instances.
+
+A plain class on one asyncio event loop (the Ray actor in `controller_actor.py` only forwards to
+it); every cluster call goes through a `ClusterClient`, so all of this is unit-tested with a
+fake cluster and a fake clock. After Ray Serve's controller: a tick gathers live reports, runs
+the policies, acts, and a failure in one step is logged without stopping the others or the loop.
+
+One tick (`reconcile_once`):
+
+1. nodes: the live Ray nodes give the logical nodes; each gets its node store (found by name,
+   else started);
+2. reports, gathered in parallel with a timeout each: every store's holdings and rates, every
+   ready worker's stats. A worker whose actor is gone is dropped from the routing table and
+   the registry; one that reports FAILED is replaced. The live report always wins: nothing is
+   kept about a worker but what its last report said;
+3. autoscale, per model: `decide` on ongoing requests (summed over its workers) plus the
+   requests the gateways report queued, against the model's desired count; the new count is
+   saved, then the instances are converged to it: missing ones placed (`place` over a
+   `NodeView` per node) and started, extra ones stopped, idle and loading ones first;
+4. pins: a node store keeps pinned exactly the checkpoints its running instances came from.
+
+Starting and stopping are asynchronous (`InstanceManager`), so a tick never waits on a load:
+an instance takes its slot at once (LOADING) and enters the routing table when ``ready()``
+answers; a stopping one leaves the routing table at once and finishes its open requests first.
+
+Durable state (specs, tenants, desired counts, a record per worker) is in the state store; the
+worker record is written before its actor exists, so a crash can leave a record without an
+actor (cleaned up at the next start) but never an actor nobody knows. A new controller on the
+same state adopts the workers still alive, by name, and starts nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from controller.autoscale_policy import LoadSnapshot, decide
+from controller.cluster_client import ActorGoneError, ClusterClient
+from controller.cluster_node import ClusterNode, node_view, num_used_slots, plan_nodes
+from controller.controller_config import ControllerConfig
+from controller.controller_errors import InvalidSpecError, ModelAlreadyDeployedError, UnknownModelError
+from controller.controller_status import event_to_dict, node_to_dict, placement_to_dict, scale_to_dict
+from controller.instance_manager import InstanceManager, stop_order
+from controller.managed_instance import InstancePhase
+from controller.model_source import PublishedModel, publish_source, repository_name, repository_name_for
+from controller.model_spec import ModelSpec, SpecError, parse_model_id
+from controller.model_state import ModelState
+from controller.placement_policy import PlacementDecision, place
+from controller.routing_table import Route, RoutingTable
+from controller.state_store import StateStore, open_state_store
+from storage import ModelRepository, open_repository
+
+logger = logging.getLogger(__name__)
+
+
+def _spec_from(data: Mapping[str, Any] | ModelSpec) -> ModelSpec:
+    """A validated spec; `SpecError` becomes `InvalidSpecError`, which survives pickling."""
+    if isinstance(data, ModelSpec):
+        return data
+    try:
+        return ModelSpec.from_dict(data)
+    except SpecError as exc:
+        raise InvalidSpecError(exc.field, exc.reason) from None
+    except TypeError as exc:
+        raise InvalidSpecError("spec", str(exc)) from None
+
+
+def _checked_model_id(model_id: str) -> str:
+    try:
+        parse_model_id(model_id)
+    except SpecError as exc:
+        raise InvalidSpecError(exc.field, exc.reason) from None
+    return model_id
+
+
+class Controller:
+    """See the module docstring. All methods run on one event loop; `start` before anything else."""
+
+    def __init__(self, config: ControllerConfig, cluster: ClusterClient, *, state_store: StateStore | None = None,
+                 repository: ModelRepository | None = None, clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self._cluster = cluster
+        self._store = state_store if state_store is not None else open_state_store(config.state_location)
+        self._repository = repository if repository is not None else open_repository(config.repository)
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._models: dict[str, ModelState] = {}
+        self._nodes: dict[str, ClusterNode] = {}
+        self._routing = RoutingTable()
+        self._routing_changed = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._tick_lock = asyncio.Lock()
+        self._recent: deque[dict[str, Any]] = deque(maxlen=config.max_recent_decisions)
+        self._instances = InstanceManager(config, cluster, self._store, self._models,
+                                          on_routes_changed=self._publish_routes, on_slot_freed=self._wake.set,
+                                          record=self._recent.append, clock=clock, wall_clock=wall_clock)
+        self._num_ticks = 0
+        self._last_tick_errors: list[str] = []
+        self._closed = False
+
+    # --- life --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the registry, find the nodes, adopt the workers still alive."""
+        desired = self._store.list_desired_instances()
+        for spec in self._store.list_model_specs():
+            self._models[spec.model_id] = ModelState(
+                spec, repository_name_for(spec, self._repository.uri),
+                desired.get(spec.model_id, spec.autoscaling.min_instances))
+        try:
+            await self._refresh_nodes()
+        except Exception:  # noqa: BLE001 - the loop tries again; adoption needs no node list
+            logger.exception("listing nodes at start failed")
+        await self._instances.adopt(self._nodes)
+        for model_id in self._models:
+            self._publish_routes(model_id)
+        logger.info("controller started: %d models, %d instances adopted, %d nodes", len(self._models),
+                    len(self._instances.all()), len(self._nodes))
+
+    async def run(self) -> None:
+        """The reconcile loop: a tick every `reconcile_interval_s`, or at once when woken."""
+        while not self._closed:
+            try:
+                await self.reconcile_once()
+            except Exception:  # noqa: BLE001 - a bug in a tick must not end the loop
+                logger.exception("reconcile tick failed")
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.config.reconcile_interval_s)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def shutdown(self, stop_workers: bool = True) -> None:
+        """End the loop. With `stop_workers`, also stop every worker and node store (their shared
+        memory is freed); without, leave them for a successor to adopt."""
+        if self._closed:
+            return
+        self._closed = True
+        self._wake.set()
+        async with self._tick_lock:
+            await self._instances.close(stop_workers)
+            if stop_workers:
+                for node in self._nodes.values():
+                    if node.store is not None:
+                        try:
+                            await self._cluster.stop_node_store(node.store, self.config.report_timeout_s)
+                        except Exception:  # noqa: BLE001
+                            logger.exception("stopping node store %s failed", node.node_id)
+                        node.store = None
+            self._store.close()
+        logger.info("controller shut down (workers %s)", "stopped" if stop_workers else "left running")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the controller is shut down")
+
+    # --- registry ----------------------------------------------------------------------------
+
+    async def deploy(self, spec_data: Mapping[str, Any] | ModelSpec) -> dict[str, Any]:
+        """Register a model (pushing a local source into the repository once); returns the stored
+        spec. Deploying the same spec again is a no-op; a different one needs `update`."""
+        self._check_open()
+        spec = _spec_from(spec_data)
+        existing = self._models.get(spec.model_id)
+        if existing is not None:
+            if existing.spec == spec:
+                return spec.to_dict()
+            raise ModelAlreadyDeployedError(spec.model_id)
+        published = await self._publish(spec)
+        async with self._tick_lock:
+            if spec.model_id in self._models:  # deployed while we were pushing
+                if self._models[spec.model_id].spec == spec:
+                    return spec.to_dict()
+                raise ModelAlreadyDeployedError(spec.model_id)
+            self._store.add_tenant(spec.tenant)
+            self._store.put_model_spec(spec)
+            self._store.set_desired_instances(spec.model_id, spec.autoscaling.min_instances)
+            self._models[spec.model_id] = ModelState(spec, published.repository_name, spec.autoscaling.min_instances,
+                                                     num_bytes=published.num_bytes)
+        self._record(event_to_dict("deployed", spec.model_id, f"repository model {published.repository_name} "
+                                   f"({published.num_bytes} bytes{', pushed' if published.pushed else ''})",
+                                   self._wall_clock()))
+        self._wake.set()
+        return spec.to_dict()
+
+    async def update(self, spec_data: Mapping[str, Any] | ModelSpec) -> dict[str, Any]:
+        """Replace a deployed model's spec. Running instances keep serving what they loaded;
+        new ones use the new spec and source (no rolling restart)."""
+        self._check_open()
+        spec = _spec_from(spec_data)
+        if spec.model_id not in self._models:
+            raise UnknownModelError(spec.model_id)
+        published = await self._publish(spec)
+        async with self._tick_lock:
+            state = self._models.get(spec.model_id)
+            if state is None:
+                raise UnknownModelError(spec.model_id)
+            self._store.put_model_spec(spec)
+            state.spec, state.repository_name, state.num_bytes = spec, published.repository_name, published.num_bytes
+        self._record(event_to_dict("updated", spec.model_id, f"repository model {published.repository_name}"
+                                   f"{' (new content pushed)' if published.pushed else ''}", self._wall_clock()))
+        self._wake.set()
+        return spec.to_dict()
+
+    async def _publish(self, spec: ModelSpec) -> PublishedModel:
+        """Push or find the spec's checkpoint. New content under an existing name makes the nodes'
+        cached copies stale: they are dropped, so the next start fetches the new one."""
+        name = repository_name_for(spec, self._repository.uri)
+        for other in self._models.values():
+            if other.model_id != spec.model_id and other.repository_name == name and name == repository_name(
+                    spec.model_id):
+                raise InvalidSpecError("name", f"{spec.model_id!r} maps to repository model {name!r}, which "
+                                               f"{other.model_id!r} already uses; choose another name")
+        published = await asyncio.to_thread(publish_source, spec, self._repository)
+        if published.replaced:
+            await self._invalidate_copies(published.repository_name)
+        return published
+
+    async def _invalidate_copies(self, name: str) -> None:
+        calls = [self._cluster.invalidate_checkpoint(node.store, name, tier, self.config.report_timeout_s)
+                 for node in self._nodes.values() if node.store is not None
+                 for tier in (("dram", "ssd") if self.config.dram_capacity_bytes > 0 else ("ssd",))]
+        for result in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(result, BaseException):
+                logger.warning("dropping a node's stale copy of %s failed: %s", name, result)
+
+    async def delete(self, model_id: str) -> None:
+        """Remove a model and stop its instances (open requests are aborted). Its repository copy
+        and node caches stay until evicted."""
+        self._check_open()
+        _checked_model_id(model_id)
+        async with self._tick_lock:
+            if self._models.pop(model_id, None) is None:
+                raise UnknownModelError(model_id)
+            self._store.delete_model_spec(model_id)
+            stops = [self._instances.begin_stop(instance, "model deleted", 0.0)
+                     for instance in self._instances.of_model(model_id)]
+        self._record(event_to_dict("deleted", model_id, f"{len(stops)} instances stopped", self._wall_clock()))
+        await asyncio.gather(*stops, return_exceptions=True)
+
+    async def scale(self, model_id: str, min_instances: int | None = None,
+                    max_instances: int | None = None) -> dict[str, Any]:
+        """Change a model's instance bounds; returns the stored spec."""
+        self._check_open()
+        state = self._model(model_id)
+        data = state.spec.to_dict()
+        changes = {key: value for key, value in (("min_instances", min_instances), ("max_instances", max_instances))
+                   if value is not None}
+        data["autoscaling"] = {**data["autoscaling"], **changes}
+        spec = _spec_from(data)
+        async with self._tick_lock:
+            self._store.put_model_spec(spec)
+            state.spec = spec
+        self._wake.set()
+        return spec.to_dict()
+
+    def list_models(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        """Stored specs (of one tenant when given), sorted by model id."""
+        return [state.spec.to_dict() for model_id, state in sorted(self._models.items())
+                if tenant is None or state.spec.tenant == tenant]
+
+    def get_model(self, model_id: str) -> dict[str, Any]:
+        """Spec, instances, desired count, queue, last scale decision, last placement with estimates."""
+        state = self._model(model_id)
+        now = self._clock()
+        return {
+            "model_id": model_id, "spec": state.spec.to_dict(), "repository_name": state.repository_name,
+            "num_bytes": state.num_bytes, "num_desired_instances": state.num_desired_instances,
+            "num_queued_requests": state.num_queued_requests(now, self.config.queue_report_ttl_s),
+            "instances": [instance.to_dict() for instance in self._instances.of_model(model_id)],
+            "last_scale": state.last_scale, "last_placement": state.last_placement,
+        }
+
+    def _model(self, model_id: str) -> ModelState:
+        _checked_model_id(model_id)
+        state = self._models.get(model_id)
+        if state is None:
+            raise UnknownModelError(model_id)
+        return state
+
+    # --- the gateway's side ------------------------------------------------------------------
+
+    def notify_demand(self, model_id: str, num_queued: int, reporter: str = "gateway") -> None:
+        """`num_queued` requests wait for `model_id` at `reporter` now (a level, not an increment;
+        repeat it while they wait, it expires after `queue_report_ttl_s`). Wakes the loop: a
+        model at zero starts on this tick."""
+        self._check_open()
+        if not isinstance(num_queued, int) or isinstance(num_queued, bool) or num_queued < 0:
+            raise ValueError(f"num_queued must be an integer >= 0, got {num_queued!r}")
+        self._model(model_id).report_queue(str(reporter), num_queued, self._clock())
+        if num_queued > 0:
+            self._wake.set()
+
+    async def routing_table(self, known_version: int = -1, timeout_s: float = 0.0
+                            ) -> tuple[int, dict[str, list[dict[str, Any]]]]:
+        """(version, model id -> ready instances). When the caller already holds the current
+        version, waits up to `timeout_s` for a change (a long poll); always returns the whole table."""
+        if known_version == self._routing.version and timeout_s > 0:
+            try:
+                await asyncio.wait_for(self._routing_changed.wait(), timeout_s)
+            except TimeoutError:
+                pass
+        return self._routing.snapshot()
+
+    def _publish_routes(self, model_id: str) -> None:
+        routes = [Route(i.instance_id, i.actor_name, self._cluster.namespace, i.node_id, i.num_ongoing_requests)
+                  for i in self._instances.ready_routes(model_id)]
+        if self._routing.set_routes(model_id, routes if model_id in self._models else []):
+            self._routing_changed.set()
+            self._routing_changed = asyncio.Event()
+
+    # --- the reconcile tick ------------------------------------------------------------------
+
+    async def reconcile_once(self) -> dict[str, Any]:
+        """One tick (see the module docstring); returns what it did, for tests and logs."""
+        if self._closed:
+            return {"errors": ["shut down"]}
+        async with self._tick_lock:
+            errors: list[str] = []
+            for name, step in (("nodes", self._refresh_nodes), ("reports", self._gather_reports),
+                               ("autoscale", self._autoscale), ("pins", self._reconcile_pins)):
+                try:
+                    errors += await step() or []
+                except Exception as exc:  # noqa: BLE001 - one failed step must not stop the others
+                    logger.exception("reconcile step %s failed", name)
+                    errors.append(f"{name}: {type(exc).__name__}: {exc}")
+            for model_id in set(self._models) | {i.model_id for i in self._instances.all()}:
+                self._publish_routes(model_id)
+            self._num_ticks += 1
+            self._last_tick_errors = errors
+            return {"tick": self._num_ticks, "errors": errors, "routing_version": self._routing.version,
+                    "num_desired_instances": {m: s.num_desired_instances for m, s in sorted(self._models.items())}}
+
+    async def _refresh_nodes(self) -> list[str]:
+        planned = plan_nodes(await self._cluster.list_nodes(), self.config.nodes_per_ray_node,
+                             self.config.cpu_worker_slots_per_node)
+        for node_id, ray_node_id, num_slots in planned:
+            node = self._nodes.get(node_id)
+            if node is None:
+                self._nodes[node_id] = ClusterNode(node_id, ray_node_id, num_slots)
+                logger.info("node %s (Ray node %s, %d worker slots) joined", node_id, ray_node_id, num_slots)
+            else:
+                node.num_slots = num_slots
+        for node_id in set(self._nodes) - {planned_id for planned_id, _, _ in planned}:
+            logger.warning("node %s left the cluster", node_id)
+            del self._nodes[node_id]
+        unconnected = [node for node in self._nodes.values() if node.store is None]
+        config = self.config
+        results = await asyncio.gather(*(
+            self._cluster.connect_node_store(node.node_id, node.ray_node_id, config.node_store_config(node.node_id))
+            for node in unconnected), return_exceptions=True)
+        errors = []
+        for node, result in zip(unconnected, results):
+            if isinstance(result, BaseException):
+                node.report_error = f"cannot start its store: {result}"
+                errors.append(f"node {node.node_id}: {node.report_error}")
+            else:
+                node.store = result
+        return errors
+
+    async def _gather_reports(self) -> list[str]:
+        timeout_s = self.config.report_timeout_s
+        nodes = [node for node in self._nodes.values() if node.store is not None]
+        ready = [i for i in self._instances.all() if i.phase is InstancePhase.READY and i.handle is not None]
+        results = await asyncio.gather(
+            *(self._cluster.node_store_report(node.store, timeout_s) for node in nodes),
+            *(self._cluster.worker_stats(instance.handle, timeout_s) for instance in ready),
+            return_exceptions=True)
+        errors = []
+        for node, result in zip(nodes, results[:len(nodes)]):
+            if isinstance(result, ActorGoneError):
+                node.store, node.report_error = None, "its store died; starting a new one"
+            elif isinstance(result, BaseException):
+                node.report_error = f"no report: {type(result).__name__}: {result}"
+            else:
+                node.report, node.report_error = result, None
+            if node.report_error:
+                errors.append(f"node {node.node_id}: {node.report_error}")
+        now = self._clock()
+        for instance, result in zip(ready, results[len(nodes):]):
+            if instance.phase is not InstancePhase.READY or self._instances.get(instance.instance_id) is not instance:
+                continue  # stopped while we waited
+            if isinstance(result, ActorGoneError):
+                self._instances.died(instance, str(result))
+            elif isinstance(result, BaseException):
+                errors.append(f"instance {instance.instance_id}: no stats: {type(result).__name__}: {result}")
+            else:
+                self._instances.apply_stats(instance, result, now)
+        return errors
+
+    async def _autoscale(self) -> list[str]:
+        errors = []
+        for model in list(self._models.values()):
+            try:
+                await self._autoscale_model(model)
+            except Exception as exc:  # noqa: BLE001 - one model's trouble must not hold up the others
+                logger.exception("autoscaling %s failed", model.model_id)
+                errors.append(f"{model.model_id}: {type(exc).__name__}: {exc}")
+        return errors
+
+    async def _autoscale_model(self, model: ModelState) -> None:
+        now = self._clock()
+        live = self._instances.live(model.model_id)
+        ongoing = sum(i.num_ongoing_requests for i in live if i.phase is InstancePhase.READY)
+        queued = model.num_queued_requests(now, self.config.queue_report_ttl_s)
+        if ongoing or queued:
+            model.last_request_s = now
+        snapshot = LoadSnapshot(num_instances=model.num_desired_instances, num_ongoing_requests=ongoing,
+                                num_queued_requests=queued, last_request_s=model.last_request_s)
+        decision, model.autoscale_state = decide(model.spec.autoscaling, snapshot, model.autoscale_state, now)
+        previous = model.num_desired_instances
+        model.last_scale = scale_to_dict(model.model_id, previous, decision, self._wall_clock())
+        if decision.num_instances != previous:
+            # Durable first: if the store fails, the change is not made and the next tick retries.
+            self._store.set_desired_instances(model.model_id, decision.num_instances)
+            model.num_desired_instances = decision.num_instances
+            self._record(model.last_scale)
+            logger.info("%s: %s", model.model_id, decision.reason)
+        else:
+            logger.debug("%s: %s", model.model_id, decision.reason)
+        await self._converge(model, now)
+
+    async def _converge(self, model: ModelState, now: float) -> None:
+        live = self._instances.live(model.model_id)
+        missing = model.num_desired_instances - len(live)
+        if missing < 0:
+            for instance in sorted(live, key=stop_order)[:-missing]:
+                self._instances.begin_stop(instance, f"scaling down to {model.num_desired_instances}",
+                                           self.config.drain_timeout_s)
+            return
+        if missing == 0 or now < model.next_start_s:
+            return
+        if model.num_bytes is None:
+            name = model.repository_name
+            model.num_bytes = await asyncio.to_thread(lambda: self._repository.describe(name).total_bytes)
+        for _ in range(missing):
+            if self._models.get(model.model_id) is not model or not self._place_and_start(model, now):
+                break
+
+    def _place_and_start(self, model: ModelState, now: float) -> bool:
+        """Choose a node and start one instance there; False if no node has room."""
+        spec = model.spec
+        instances = self._instances.all()
+        nodes = sorted((n for n in self._nodes.values() if n.store is not None), key=lambda n: n.node_id)
+        views = [node_view(node, model.repository_name, instances, self.config, now) for node in nodes]
+        decision = (place(model.num_bytes, views, spec.resources.num_worker_slots) if views else
+                    PlacementDecision(None, None, None, (), "no node with a connected store yet"))
+        if not decision.placed:
+            unplaced = placement_to_dict(model.model_id, decision, self._wall_clock())
+            if model.last_placement is None or model.last_placement["reason"] != decision.reason:
+                logger.info("%s: cannot place: %s", model.model_id, decision.reason)  # once, not every tick
+                self._record(unplaced)
+            model.last_placement = unplaced
+            return False
+        instance = self._instances.start(model, self._nodes[decision.node_id], decision.estimate_s, now)
+        model.last_placement = placement_to_dict(model.model_id, decision, self._wall_clock(), instance.instance_id)
+        self._record(model.last_placement)
+        logger.info("%s: starting %s: %s", model.model_id, instance.instance_id, decision.reason)
+        return True
+
+    async def _reconcile_pins(self) -> list[str]:
+        """Unpin what no instance on the node came from. An instance whose tier is not known
+        (adopted, or its pin still in flight) keeps every pin of its model on its node."""
+        calls = []
+        for node in self._nodes.values():
+            if node.store is None or node.report is None:
+                continue
+            mine = [i for i in self._instances.all() if i.node_id == node.node_id]
+            keep_any = {i.repository_name for i in mine if i.tier is None}
+            keep = {(i.repository_name, i.tier) for i in mine if i.tier is not None}
+            for tier in node.report.tiers:
+                for entry in tier.entries:
+                    if entry.pinned and entry.model not in keep_any and (entry.model, tier.tier) not in keep:
+                        calls.append(self._cluster.unpin_checkpoint(node.store, entry.model, tier.tier,
+                                                                    self.config.report_timeout_s))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        return [f"unpin: {result}" for result in results if isinstance(result, BaseException)]
+
+    # --- operations --------------------------------------------------------------------------
+
+    async def drain_node(self, node_id: str) -> dict[str, Any]:
+        """Place nothing more on the node and stop its instances once they finish their open
+        requests (up to `drain_timeout_s`); the autoscaler starts their replacements elsewhere.
+        Requests are not moved (that needs live migration, issue 8). Held in memory only: a
+        restarted controller places on the node again."""
+        self._check_open()
+        node = self._nodes.get(node_id)
+        if node is None:
+            raise LookupError(f"no node {node_id!r}; nodes: {sorted(self._nodes)}")
+        node.draining = True
+        stopping = [i for i in self._instances.all() if i.node_id == node_id and i.serving]
+        for instance in stopping:
+            self._instances.begin_stop(instance, f"node {node_id} draining", self.config.drain_timeout_s)
+        self._wake.set()
+        return {"node_id": node_id, "stopping": sorted(i.instance_id for i in stopping)}
+
+    def undrain_node(self, node_id: str) -> None:
+        """Let placement use a drained node again."""
+        node = self._nodes.get(node_id)
+        if node is None:
+            raise LookupError(f"no node {node_id!r}; nodes: {sorted(self._nodes)}")
+        node.draining = False
+        self._wake.set()
+
+    def status(self) -> dict[str, Any]:
+        """Everything ``thaw status`` shows: models, instances, nodes, recent decisions."""
+        now = self._clock()
+        instances = self._instances.all()
+        models = []
+        for model_id, state in sorted(self._models.items()):
+            mine = [i for i in instances if i.model_id == model_id]
+            models.append({
+                "model_id": model_id, "num_desired_instances": state.num_desired_instances,
+                "num_ready_instances": sum(i.phase is InstancePhase.READY for i in mine),
+                "num_loading_instances": sum(i.phase is InstancePhase.LOADING for i in mine),
+                "num_ongoing_requests": sum(i.num_ongoing_requests for i in mine),
+                "num_queued_requests": state.num_queued_requests(now, self.config.queue_report_ttl_s),
+                "scale_reason": state.last_scale["reason"] if state.last_scale else None,
+                "placement_reason": state.last_placement["reason"] if state.last_placement else None,
+            })
+        return {
+            "namespace": self._cluster.namespace, "platform_id": self.config.effective_platform_id,
+            "num_ticks": self._num_ticks, "last_tick_errors": list(self._last_tick_errors),
+            "routing_version": self._routing.version, "models": models,
+            "instances": [i.to_dict() for i in instances],
+            "nodes": [node_to_dict(node, num_used_slots(node.node_id, instances), self.config)
+                      for _, node in sorted(self._nodes.items())],
+            "recent_decisions": list(self._recent),
+        }
+
+    def _record(self, decision: dict[str, Any]) -> None:
+        self._recent.append(decision)

@@ -1,0 +1,190 @@
+"""How one platform's controller is set up: state, repository, node stores, worker slots, timing.
+
+Frozen and validated on construction, no I/O (whether paths exist is the controller's business
+at start). Nothing here is global: the namespace names every actor the platform starts (its
+controller, node stores and workers), and the platform id -- the namespace by default -- names
+its shared-memory directories, so two platforms on one Ray cluster or one machine never touch
+each other's actors or memory as long as their namespaces differ.
+
+The engine defaults are plain `worker.EngineConfig` fields; a spec's ``dtype`` and
+``max_model_len`` override them per model. They are checked against `EngineConfig` here, so a
+typo fails when the platform starts rather than in the first worker.
+
+``nodes_per_ray_node`` > 1 splits every Ray node into that many logical nodes, each with its
+own node store (its own SSD directory and shared-memory directory) and its own worker slots.
+It exists to exercise multi-node placement with real stores on one machine (tests, demos); a
+real cluster leaves it at 1.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from storage import NodeStoreConfig, RepositoryConfig
+
+MIB = 1 << 20
+GIB = 1 << 30
+_NAMESPACE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,47}")
+
+
+def _positive(name: str, value: object, *, allow_zero: bool = False) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"ControllerConfig.{name} must be a finite number, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"ControllerConfig.{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return float(value)
+
+
+def _count(name: str, value: object, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"ControllerConfig.{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControllerConfig:
+    """One platform's controller.
+
+    Fields:
+        state_dir: absolute directory for the platform's local state: the SQLite state store
+            (unless `state_store` says otherwise) and, by default, the SSD cache.
+        repository: the model repository every node store fills from; local sources are
+            pushed there on deploy.
+        state_store: a state store location (``redis://...``, ``sqlite:///...`` or a path);
+            None: SQLite in `state_dir`.
+        namespace: Ray namespace of every actor of this platform.
+        platform_id: names the node stores' shared-memory directories; None: the namespace.
+        ssd_dir: root of the node stores' SSD caches (one subdirectory per logical node);
+            None: ``state_dir/ssd-cache``. On a cluster it is the same path on every node.
+        ssd_capacity_bytes / dram_capacity_bytes: per node store; 0 DRAM: no DRAM tier.
+        calibrate / calibration_bytes / repository_calibration_bytes: the node stores'
+            bandwidth probes (see `storage.NodeStoreConfig`).
+        cpu_worker_slots_per_node: worker slots of a logical node without GPUs; a GPU node
+            has one slot per GPU.
+        nodes_per_ray_node: logical nodes per Ray node (see the module docstring).
+        engine_defaults: `worker.EngineConfig` fields every worker starts with.
+        reconcile_interval_s: time between reconcile ticks (demand wakes one at once).
+        report_timeout_s: how long a tick waits for one worker's or store's report.
+        load_timeout_s: how long a worker may take from start to ready before it is replaced.
+        drain_timeout_s: how long a worker being stopped may finish its open requests.
+        queue_report_ttl_s: a gateway's queue report counts for this long; the gateway
+            repeats it while requests wait.
+        start_retry_delay_s: wait after a failed start before the model's next start (doubles
+            per consecutive failure, up to 32x).
+        fallback_*_bytes_per_s: rates placement assumes where a node store has not measured
+            its own (calibration off, or not done yet).
+        max_recent_decisions: scale and placement decisions kept for ``thaw status``.
+    """
+
+    state_dir: Path
+    repository: RepositoryConfig
+    state_store: str | None = None
+    namespace: str = "thaw"
+    platform_id: str | None = None
+    ssd_dir: Path | None = None
+    ssd_capacity_bytes: int = 64 * GIB
+    dram_capacity_bytes: int = 8 * GIB
+    calibrate: bool = True
+    calibration_bytes: int = 64 * MIB
+    repository_calibration_bytes: int = 8 * MIB
+    cpu_worker_slots_per_node: int = 1
+    nodes_per_ray_node: int = 1
+    engine_defaults: Mapping[str, Any] = field(default_factory=dict)
+    reconcile_interval_s: float = 1.0
+    report_timeout_s: float = 5.0
+    load_timeout_s: float = 600.0
+    drain_timeout_s: float = 30.0
+    queue_report_ttl_s: float = 10.0
+    start_retry_delay_s: float = 1.0
+    fallback_dram_bytes_per_s: float = 8e9
+    fallback_ssd_bytes_per_s: float = 1e9
+    fallback_repository_bytes_per_s: float = 2e8
+    max_recent_decisions: int = 100
+
+    def __post_init__(self) -> None:
+        for name in ("state_dir", "ssd_dir"):
+            value = getattr(self, name)
+            if value is None and name == "ssd_dir":
+                continue
+            if not isinstance(value, (str, Path)) or not str(value) or not Path(value).is_absolute():
+                raise ValueError(f"ControllerConfig.{name} must be an absolute path, got {value!r}")
+            object.__setattr__(self, name, Path(value))
+        if not isinstance(self.repository, RepositoryConfig):
+            raise ValueError(f"ControllerConfig.repository must be a storage.RepositoryConfig, "
+                             f"got {type(self.repository).__name__}")
+        if self.state_store is not None and (not isinstance(self.state_store, str) or not self.state_store.strip()):
+            raise ValueError(f"ControllerConfig.state_store must be None or a path/URL, got {self.state_store!r}")
+        for name in ("namespace", "platform_id"):
+            value = getattr(self, name)
+            if name == "platform_id" and value is None:
+                continue
+            if not isinstance(value, str) or not _NAMESPACE_RE.fullmatch(value):
+                raise ValueError(f"ControllerConfig.{name} {value!r} must be 1-48 letters, digits, '_' or '-', "
+                                 f"starting with a letter or digit")
+        _count("ssd_capacity_bytes", self.ssd_capacity_bytes, 1)
+        _count("dram_capacity_bytes", self.dram_capacity_bytes, 0)
+        _count("cpu_worker_slots_per_node", self.cpu_worker_slots_per_node, 1)
+        _count("nodes_per_ray_node", self.nodes_per_ray_node, 1)
+        _count("max_recent_decisions", self.max_recent_decisions, 1)
+        if not isinstance(self.calibrate, bool):
+            raise ValueError("ControllerConfig.calibrate must be True or False")
+        for name in ("reconcile_interval_s", "report_timeout_s", "load_timeout_s", "queue_report_ttl_s",
+                     "fallback_dram_bytes_per_s", "fallback_ssd_bytes_per_s", "fallback_repository_bytes_per_s"):
+            object.__setattr__(self, name, _positive(name, getattr(self, name)))
+        for name in ("drain_timeout_s", "start_retry_delay_s"):
+            object.__setattr__(self, name, _positive(name, getattr(self, name), allow_zero=True))
+        if not isinstance(self.engine_defaults, Mapping):
+            raise ValueError(f"ControllerConfig.engine_defaults must be a mapping of EngineConfig fields, "
+                             f"got {type(self.engine_defaults).__name__}")
+        # A copy, so the caller's dict changing later does not change this config (a mapping proxy
+        # would be safer still, but cannot be pickled to the controller actor).
+        object.__setattr__(self, "engine_defaults", dict(self.engine_defaults))
+        self.engine_config()  # a bad field fails here, naming itself
+        self.node_store_config("check")  # calibration sizes, capacities and ids checked by the store's config
+
+    @property
+    def effective_platform_id(self) -> str:
+        return self.platform_id if self.platform_id is not None else self.namespace
+
+    @property
+    def effective_ssd_dir(self) -> Path:
+        return self.ssd_dir if self.ssd_dir is not None else self.state_dir / "ssd-cache"
+
+    @property
+    def state_location(self) -> str:
+        """Where the state store is: the configured URL/path, or the state directory (SQLite)."""
+        return self.state_store if self.state_store is not None else str(self.state_dir) + "/"
+
+    def engine_config(self, overrides: Mapping[str, Any] | None = None):
+        """The `worker.EngineConfig` of a worker: the defaults with `overrides` on top.
+
+        Imported here: the worker package brings torch, which code that only reads this
+        config (a CLI, the gateway) does not need."""
+        from worker import EngineConfig
+
+        values = {**self.engine_defaults, **(overrides or {})}
+        try:
+            return EngineConfig(**values)
+        except TypeError as exc:  # an unknown field
+            raise ValueError(f"ControllerConfig.engine_defaults: {exc}") from None
+        except ValueError as exc:
+            raise ValueError(f"ControllerConfig.engine_defaults: {exc}") from None
+
+    def node_store_config(self, node_id: str) -> NodeStoreConfig:
+        """The store config of one logical node: its own SSD subdirectory, this platform's id."""
+        return NodeStoreConfig(
+            ssd_dir=self.effective_ssd_dir / node_id,
+            ssd_capacity_bytes=self.ssd_capacity_bytes,
+            dram_capacity_bytes=self.dram_capacity_bytes,
+            platform_id=self.effective_platform_id,
+            node_id=node_id,
+            calibrate=self.calibrate,
+            calibration_bytes=self.calibration_bytes,
+            repository_calibration_bytes=self.repository_calibration_bytes,
+        )

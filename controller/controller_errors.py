@@ -1,0 +1,47 @@
+"""Errors the controller's API raises on purpose, each with something a caller can act on.
+
+They cross Ray as pickles: Ray re-raises a remote exception as a subclass of its own type, so a
+caller writes ``except UnknownModelError`` around ``await controller.get_model.remote(...)``.
+Every one therefore pickles with all its fields (`__reduce__`), which an exception with a
+custom ``__init__`` does not do by itself.
+"""
+
+from __future__ import annotations
+
+
+class ControllerError(Exception):
+    """Base of the controller's deliberate errors."""
+
+
+class InvalidSpecError(ControllerError, ValueError):
+    """A model spec refused: `field` is the dotted path of the culprit, `reason` says why."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+    def __reduce__(self):
+        return type(self), (self.field, self.reason)
+
+
+class UnknownModelError(ControllerError, LookupError):
+    """No model of that id is deployed."""
+
+    def __init__(self, model_id: str) -> None:
+        super().__init__(f"model {model_id!r} is not deployed")
+        self.model_id = model_id
+
+    def __reduce__(self):
+        return type(self), (self.model_id,)
+
+
+class ModelAlreadyDeployedError(ControllerError, ValueError):
+    """`deploy` of a model id that exists with a different spec; `update` changes one."""
+
+    def __init__(self, model_id: str) -> None:
+        super().__init__(f"model {model_id!r} is already deployed with a different spec; use update to change it")
+        self.model_id = model_id
+
+    def __reduce__(self):
+        return type(self), (self.model_id,)

@@ -1,0 +1,66 @@
+"""Plain-data views of the controller's state, for ``thaw status``, `get_model` and logs.
+
+Pure functions from the controller's objects to dicts of strings, numbers, lists and None, so
+they pickle across Ray, print as JSON, and are tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from controller.autoscale_policy import ScaleDecision
+from controller.cluster_node import ClusterNode, effective_bandwidth, tier_bandwidths
+from controller.controller_config import ControllerConfig
+from controller.placement_policy import PlacementDecision
+
+
+def scale_to_dict(model_id: str, previous: int, decision: ScaleDecision, at_s: float) -> dict[str, Any]:
+    return {"kind": "scale", "model_id": model_id, "from_instances": previous,
+            "num_instances": decision.num_instances, "num_desired_instances": decision.num_desired_instances,
+            "reason": decision.reason, "at_s": at_s}
+
+
+def placement_to_dict(model_id: str, decision: PlacementDecision, at_s: float,
+                      instance_id: str | None = None) -> dict[str, Any]:
+    return {
+        "kind": "placement", "model_id": model_id, "instance_id": instance_id, "node_id": decision.node_id,
+        "tier": decision.tier, "estimate_s": decision.estimate_s, "reason": decision.reason, "at_s": at_s,
+        "estimates": [
+            {"node_id": e.node_id, "tier": e.tier, "load_s": e.load_s, "wait_s": e.wait_s, "ready_s": e.ready_s,
+             "num_free_slots": e.num_free_slots, "has_room": e.has_room}
+            for e in decision.estimates
+        ],
+    }
+
+
+def event_to_dict(kind: str, model_id: str, reason: str, at_s: float, instance_id: str | None = None
+                  ) -> dict[str, Any]:
+    """A lifecycle event: an instance ready, stopped, died, or a start that failed."""
+    return {"kind": kind, "model_id": model_id, "instance_id": instance_id, "reason": reason, "at_s": at_s}
+
+
+def node_to_dict(node: ClusterNode, num_used_slots: int, config: ControllerConfig) -> dict[str, Any]:
+    """A node with its slots, its tiers' entries (least recently used first) and its rates:
+    measured by its store, and the ones placement uses (fallbacks filled in)."""
+    report = node.report
+    tiers = []
+    measured = None
+    if report is not None:
+        measured = dataclasses.asdict(report.bandwidth)
+        tiers = [
+            {"tier": tier.tier, "capacity_bytes": tier.capacity_bytes, "used_bytes": tier.used_bytes,
+             "entries": [dataclasses.asdict(entry) for entry in tier.entries]}
+            for tier in report.tiers
+        ]
+    used = dataclasses.asdict(tier_bandwidths(report, config))
+    return {
+        "node_id": node.node_id, "ray_node_id": node.ray_node_id, "num_slots": node.num_slots,
+        "num_free_slots": max(0, node.num_slots - num_used_slots), "draining": node.draining,
+        "store_connected": node.store is not None, "report_error": node.report_error,
+        "reported_at": report.reported_at if report is not None else None,
+        "num_fetches": report.num_fetches if report is not None else 0,
+        "tiers": tiers, "measured_bandwidth": measured,
+        "effective_bandwidth": dataclasses.asdict(effective_bandwidth(report, config)),
+        "placement_bytes_per_s": used,
+    }

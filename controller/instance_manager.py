@@ -1,0 +1,338 @@
+"""The model instances the controller runs: starting, stopping, adopting, and their records.
+
+The controller decides *how many* instances a model has and *where* a new one goes; this class
+makes it so, one instance at a time, without ever blocking a reconcile tick:
+
+- `start`: the instance takes its slot at once (LOADING) and its worker record is written
+  before its actor exists -- a crash from there on leaves a record to clean up, never an
+  actor nobody knows. A task then asks the node's store to bring the checkpoint into DRAM (SSD
+  when DRAM cannot hold it) and pin it, starts the worker actor on that node with the store's
+  local path, and awaits ``ready()``: READY, recorded, routed. A failed start is stopped,
+  forgotten, and the model backs off before its next start.
+- `begin_stop`: out of the routing table at once; the instance finishes its open requests (up
+  to a drain timeout), then shuts down, and its record goes.
+- `adopt`: after a restart, the records whose actors are alive become instances again (READY
+  or still LOADING), the others are forgotten, and a worker actor of the namespace that no
+  record accounts for is ended -- so nothing is ever started twice.
+
+Every change that affects routing calls `on_routes_changed(model_id)`, a freed slot calls
+`on_slot_freed()` (a model waiting for room need not wait for the next tick), and every
+lifecycle event goes to `record` (the controller's recent decisions) and the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+from controller.cluster_client import ActorGoneError, ClusterClient, worker_actor_name
+from controller.cluster_node import ClusterNode, store_tier
+from controller.controller_config import ControllerConfig
+from controller.controller_status import event_to_dict
+from controller.managed_instance import RECORD_STATES, InstancePhase, ManagedInstance
+from controller.model_source import repository_name
+from controller.model_spec import ModelSpec
+from controller.model_state import ModelState
+from controller.state_store import StateStore, WorkerRecord
+from storage import TierFullError
+
+logger = logging.getLogger(__name__)
+DRAIN_POLL_S = 0.1
+WORKER_SHUTDOWN_TIMEOUT_S = 10.0
+
+
+def stop_order(instance: ManagedInstance) -> tuple[bool, int, float]:
+    """Which instance to stop first when scaling down: one still loading (it serves nobody yet),
+    then the least busy, then the newest."""
+    return (instance.phase is InstancePhase.READY, instance.num_ongoing_requests, -instance.started_s)
+
+
+class InstanceManager:
+    """See the module docstring. `models` is the controller's registry, read (never changed) here
+    but for the start back-off and the last-request time."""
+
+    def __init__(self, config: ControllerConfig, cluster: ClusterClient, store: StateStore,
+                 models: Mapping[str, ModelState], *, on_routes_changed: Callable[[str], None],
+                 on_slot_freed: Callable[[], None], record: Callable[[dict[str, Any]], None],
+                 clock: Callable[[], float],
+                 wall_clock: Callable[[], float]) -> None:
+        self.config = config
+        self._cluster = cluster
+        self._store = store
+        self._models = models
+        self._on_routes_changed = on_routes_changed
+        self._on_slot_freed = on_slot_freed
+        self._record = record
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._instances: dict[str, ManagedInstance] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._stop_tasks: dict[str, asyncio.Task] = {}
+
+    # --- queries -----------------------------------------------------------------------------
+
+    def all(self) -> list[ManagedInstance]:
+        return sorted(self._instances.values(), key=lambda i: i.instance_id)
+
+    def get(self, instance_id: str) -> ManagedInstance | None:
+        return self._instances.get(instance_id)
+
+    def of_model(self, model_id: str) -> list[ManagedInstance]:
+        return [i for i in self.all() if i.model_id == model_id]
+
+    def live(self, model_id: str) -> list[ManagedInstance]:
+        """The model's instances that count as its instances: loading or ready."""
+        return [i for i in self.of_model(model_id) if i.serving]
+
+    def ready_routes(self, model_id: str) -> list[ManagedInstance]:
+        return [i for i in self.of_model(model_id) if i.phase is InstancePhase.READY]
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _worker_record(self, instance: ManagedInstance) -> WorkerRecord:
+        return WorkerRecord(instance_id=instance.instance_id, model_id=instance.model_id, node_id=instance.node_id,
+                            actor_name=instance.actor_name, state=RECORD_STATES[instance.phase])
+
+    def _event(self, kind: str, instance: ManagedInstance, reason: str) -> None:
+        self._record(event_to_dict(kind, instance.model_id, reason, self._wall_clock(), instance.instance_id))
+
+    # --- starting ----------------------------------------------------------------------------
+
+    def start(self, model: ModelState, node: ClusterNode, estimate_s: float | None, now: float) -> ManagedInstance:
+        """Take a slot on `node` for a new instance of `model` and start it in the background."""
+        instance_id = f"{model.repository_name}-{uuid.uuid4().hex[:8]}"
+        instance = ManagedInstance(
+            instance_id=instance_id, model_id=model.model_id, node_id=node.node_id, ray_node_id=node.ray_node_id,
+            actor_name=worker_actor_name(instance_id), num_worker_slots=model.spec.resources.num_worker_slots,
+            repository_name=model.repository_name, estimate_s=estimate_s, started_s=now)
+        self._store.put_worker(self._worker_record(instance))  # before the actor: see the module docstring
+        self._instances[instance_id] = instance
+        self._spawn(self._start(instance, model, node))
+        return instance
+
+    def _engine_config(self, spec: ModelSpec) -> Any:
+        overrides: dict[str, Any] = {}
+        if spec.dtype != "auto":
+            overrides["dtype"] = spec.dtype
+        if spec.max_model_len is not None:
+            overrides["max_model_len"] = spec.max_model_len
+        if spec.resources.num_gpus > 0 and "device" not in self.config.engine_defaults:
+            overrides["device"] = "cuda"  # Ray makes the instance's GPU the visible one
+        return self.config.engine_config(overrides)
+
+    async def _start(self, instance: ManagedInstance, model: ModelState, node: ClusterNode) -> None:
+        try:
+            tier = store_tier(node.report, model.repository_name, model.num_bytes or 0, self.config)
+            path, instance.tier = await self._pin_checkpoint(node, model.repository_name, tier)
+            if instance.phase is not InstancePhase.LOADING:
+                return  # stopped while the checkpoint arrived: no actor to start
+            spec = model.spec
+            instance.handle = self._cluster.start_worker(
+                instance_id=instance.instance_id, model_id=instance.model_id, model_dir=path,
+                engine_config=self._engine_config(spec), actor_name=instance.actor_name,
+                ray_node_id=instance.ray_node_id, num_cpus=spec.resources.num_cpus, num_gpus=spec.resources.num_gpus)
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the instance is discarded and retried
+            if instance.phase is InstancePhase.LOADING:
+                await self._start_failed(instance, exc)
+            return
+        await self._await_ready(instance)
+
+    async def _pin_checkpoint(self, node: ClusterNode, name: str, tier: str) -> tuple[str, str]:
+        """(local path, tier) of the model on the node, pinned there."""
+        if node.store is None:
+            raise RuntimeError(f"node {node.node_id} has no connected store")
+        try:
+            return await self._cluster.pin_checkpoint(node.store, name, tier, self.config.load_timeout_s), tier
+        except TierFullError as exc:
+            if tier != "dram":
+                raise
+            logger.info("node %s: DRAM cannot take %s (%s); reading it from SSD", node.node_id, name, exc)
+            return await self._cluster.pin_checkpoint(node.store, name, "ssd", self.config.load_timeout_s), "ssd"
+
+    async def _await_ready(self, instance: ManagedInstance) -> None:
+        try:
+            load = await self._cluster.worker_ready(instance.handle, self.config.load_timeout_s)
+        except Exception as exc:  # noqa: BLE001
+            if instance.phase is InstancePhase.LOADING:
+                await self._start_failed(instance, exc)
+            return
+        if instance.phase is not InstancePhase.LOADING:
+            return  # stopped while it loaded
+        instance.phase = InstancePhase.READY
+        instance.ready_s = self._clock()
+        instance.load_s = load.load_s
+        self._store.put_worker(self._worker_record(instance))
+        model = self._models.get(instance.model_id)
+        if model is not None:
+            model.start_succeeded()
+        self._on_routes_changed(instance.model_id)
+        estimate = f"{instance.estimate_s:.3g}s" if instance.estimate_s is not None else "unknown"
+        reason = (f"ready on {instance.node_id} from {instance.tier or 'an unknown tier'} in {load.load_s:.3g}s "
+                  f"(estimated {estimate})")
+        logger.info("%s: instance %s %s", instance.model_id, instance.instance_id, reason)
+        self._event("ready", instance, reason)
+
+    async def _start_failed(self, instance: ManagedInstance, exc: BaseException) -> None:
+        instance.last_error = f"{type(exc).__name__}: {exc}"
+        model = self._models.get(instance.model_id)
+        delay_s = model.start_failed(self._clock(), self.config.start_retry_delay_s) if model is not None else 0.0
+        reason = f"start failed: {instance.last_error}; next start in {delay_s:g}s"
+        logger.warning("%s: instance %s %s", instance.model_id, instance.instance_id, reason)
+        self._event("start_failed", instance, reason)
+        await self.begin_stop(instance, "start failed", 0.0)
+
+    # --- reports -----------------------------------------------------------------------------
+
+    def apply_stats(self, instance: ManagedInstance, stats: Any, now: float) -> None:
+        """Take in a ready worker's report; a worker that reports FAILED or STOPPED is replaced."""
+        if stats.state in ("failed", "stopped"):
+            self.begin_stop(instance, f"worker reports {stats.state}", 0.0)
+            return
+        model = self._models.get(instance.model_id)
+        if model is not None and (stats.num_ongoing_requests > 0
+                                  or stats.num_generated_tokens != instance.num_generated_tokens):
+            model.last_request_s = now  # requests that came and went between ticks count too
+        instance.num_ongoing_requests = stats.num_ongoing_requests
+        instance.num_generated_tokens = stats.num_generated_tokens
+
+    def died(self, instance: ManagedInstance, why: str) -> None:
+        """The worker's actor is gone: forget it (its slot is free; the autoscaler replaces it)."""
+        logger.warning("%s: instance %s died: %s", instance.model_id, instance.instance_id, why)
+        self._event("died", instance, why)
+        self._forget(instance)
+
+    # --- stopping ----------------------------------------------------------------------------
+
+    def begin_stop(self, instance: ManagedInstance, reason: str, drain_timeout_s: float) -> asyncio.Task:
+        """Take the instance out of routing now; drain and stop it in the background."""
+        running = self._stop_tasks.get(instance.instance_id)
+        if running is not None:
+            return running
+        was_ready = instance.phase is InstancePhase.READY
+        instance.phase = InstancePhase.STOPPING
+        try:
+            self._store.put_worker(self._worker_record(instance))
+        except Exception:  # noqa: BLE001 - the record is advisory; stopping matters more
+            logger.exception("recording the stop of %s failed", instance.instance_id)
+        self._on_routes_changed(instance.model_id)
+        logger.info("%s: stopping %s: %s", instance.model_id, instance.instance_id, reason)
+        self._event("stop", instance, reason)
+        task = self._spawn(self._stop(instance, drain_timeout_s if was_ready else 0.0))
+        self._stop_tasks[instance.instance_id] = task
+        task.add_done_callback(lambda _: self._stop_tasks.pop(instance.instance_id, None))
+        return task
+
+    async def _stop(self, instance: ManagedInstance, drain_timeout_s: float) -> None:
+        try:
+            if instance.handle is not None:
+                await self._drain(instance, drain_timeout_s)
+                await self._cluster.stop_worker(instance.handle, WORKER_SHUTDOWN_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - stop_worker ends the actor whatever happened before
+            logger.exception("stopping %s failed", instance.instance_id)
+        finally:
+            self._forget(instance)
+        logger.info("%s: instance %s stopped", instance.model_id, instance.instance_id)
+
+    async def _drain(self, instance: ManagedInstance, timeout_s: float) -> None:
+        """Wait until the instance has no open request, or `timeout_s` (real time) has passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            try:
+                stats = await self._cluster.worker_stats(instance.handle, self.config.report_timeout_s)
+            except ActorGoneError:
+                return
+            except TimeoutError:
+                continue
+            if stats.num_ongoing_requests == 0:
+                return
+            await asyncio.sleep(DRAIN_POLL_S)
+
+    def _forget(self, instance: ManagedInstance) -> None:
+        if self._instances.get(instance.instance_id) is instance:
+            del self._instances[instance.instance_id]
+            try:
+                self._store.delete_worker(instance.instance_id)
+            except Exception:  # noqa: BLE001 - a stale record is cleaned up at the next start
+                logger.exception("deleting the record of %s failed", instance.instance_id)
+            self._on_slot_freed()
+        self._on_routes_changed(instance.model_id)
+
+    async def close(self, stop_workers: bool) -> None:
+        """Stop every instance (or leave them running for a successor) and end all tasks."""
+        if stop_workers:
+            stops = [self.begin_stop(instance, "controller shutdown", 0.0) for instance in self.all()]
+            await asyncio.gather(*stops, return_exceptions=True)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # --- adoption ----------------------------------------------------------------------------
+
+    async def adopt(self, nodes: Mapping[str, ClusterNode]) -> None:
+        """Take over the workers of the records whose actors are alive, forget the rest, and end
+        any worker actor of the namespace that no record accounts for."""
+        records = self._store.list_workers()
+        probes = await asyncio.gather(*(self._probe(record) for record in records))  # all at once: a
+        now = self._clock()  # restart with many workers must not take one timeout per worker
+        for record, (handle, stats) in zip(records, probes):
+            if handle is None:
+                logger.info("worker %s of %s is gone; forgetting it", record.instance_id, record.model_id)
+                self._store.delete_worker(record.instance_id)
+                continue
+            self._adopt_one(record, handle, stats, nodes.get(record.node_id), now)
+        known = {instance.actor_name for instance in self._instances.values()}
+        for name in await self._cluster.list_worker_actor_names():
+            if name not in known:
+                logger.warning("worker actor %s has no record; ending it", name)
+                await self._cluster.kill_worker(name)
+
+    async def _probe(self, record: WorkerRecord) -> tuple[Any, Any]:
+        """(handle, stats) of a recorded worker: (None, None) if its actor is gone, stats None
+        if it is alive but did not answer in time (adopted anyway; the next tick tells)."""
+        handle = await self._cluster.find_worker(record.actor_name)
+        if handle is None:
+            return None, None
+        try:
+            return handle, await self._cluster.worker_stats(handle, self.config.report_timeout_s)
+        except ActorGoneError:
+            return None, None
+        except TimeoutError:
+            return handle, None
+
+    def _adopt_one(self, record: WorkerRecord, handle: Any, stats: Any, node: ClusterNode | None,
+                   now: float) -> None:
+        model = self._models.get(record.model_id)
+        instance = ManagedInstance(
+            instance_id=record.instance_id, model_id=record.model_id, node_id=record.node_id,
+            ray_node_id=node.ray_node_id if node is not None else "", actor_name=record.actor_name,
+            num_worker_slots=model.spec.resources.num_worker_slots if model is not None else 1,
+            repository_name=model.repository_name if model is not None else repository_name(record.model_id),
+            handle=handle, started_s=now)
+        self._instances[instance.instance_id] = instance
+        state = stats.state if stats is not None else None
+        if model is None or record.state == "stopping" or state in ("failed", "stopped"):
+            why = "its model was deleted" if model is None else f"it was {state or record.state}"
+            self.begin_stop(instance, f"adopted, but {why}", 0.0)
+            return
+        if state == "ready" or (state is None and record.state == "ready"):
+            instance.phase, instance.ready_s = InstancePhase.READY, now
+            if stats is not None:
+                instance.num_ongoing_requests = stats.num_ongoing_requests
+                instance.num_generated_tokens = stats.num_generated_tokens
+                instance.load_s = stats.load_s
+            if record.state != "ready":
+                self._store.put_worker(self._worker_record(instance))
+            self._on_routes_changed(instance.model_id)
+        else:
+            self._spawn(self._await_ready(instance))
+        logger.info("adopted %s of %s (%s) on %s", instance.instance_id, instance.model_id, instance.phase.value,
+                    instance.node_id)
+        self._event("adopted", instance, f"{instance.phase.value} on {instance.node_id}")

@@ -1,0 +1,81 @@
+"""One model instance as the controller tracks it between reconcile ticks.
+
+The durable part is the state store's `WorkerRecord` (enough to find the actor again after a
+restart); this adds what only a live controller knows: the actor handle, where the checkpoint
+was read from, the placement estimate, and the last load report. Mutable on purpose: the
+controller updates it as reports arrive, always on its one event loop.
+
+Phases: LOADING from the moment a slot is taken (the checkpoint is being made local, the actor
+started, the model read) until ``ready()`` answers; READY while it serves (the only phase the
+routing table lists); STOPPING while it finishes its open requests and shuts down.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+
+class InstancePhase(str, enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    STOPPING = "stopping"
+
+
+# The state store's names for the phases (WorkerRecord.state).
+RECORD_STATES = {InstancePhase.LOADING: "starting", InstancePhase.READY: "ready", InstancePhase.STOPPING: "stopping"}
+
+
+@dataclass
+class ManagedInstance:
+    """Fields:
+        instance_id / model_id / node_id / actor_name: as in the worker record; `node_id` is
+            the logical node (the node store's id), `ray_node_id` the Ray node it runs on.
+        num_worker_slots: slots it occupies on its node.
+        repository_name: the model's name in the repository and the node stores.
+        tier: the node-store tier its checkpoint was read from ("dram", "ssd"), None if unknown
+            (adopted after a restart).
+        estimate_s: placement's time-to-ready estimate, None if adopted.
+        started_s / ready_s: on the controller's clock; ready_s None until ready.
+        num_ongoing_requests / num_generated_tokens: from the last stats report.
+        load_s: the worker's own load time once ready.
+    """
+
+    instance_id: str
+    model_id: str
+    node_id: str
+    ray_node_id: str
+    actor_name: str
+    num_worker_slots: int
+    repository_name: str
+    phase: InstancePhase = InstancePhase.LOADING
+    handle: Any = None
+    tier: str | None = None
+    estimate_s: float | None = None
+    started_s: float = 0.0
+    ready_s: float | None = None
+    load_s: float | None = None
+    num_ongoing_requests: int = 0
+    num_generated_tokens: int = 0
+    last_error: str | None = None
+
+    @property
+    def serving(self) -> bool:
+        """Counts toward the model's instances (the autoscaler's current count)."""
+        return self.phase is not InstancePhase.STOPPING
+
+    def remaining_load_s(self, now: float) -> float:
+        """What is left of placement's estimate for a loading instance: its node's loader wait."""
+        if self.phase is not InstancePhase.LOADING or self.estimate_s is None:
+            return 0.0
+        return max(0.0, self.estimate_s - (now - self.started_s))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "instance_id": self.instance_id, "model_id": self.model_id, "node_id": self.node_id,
+            "ray_node_id": self.ray_node_id, "actor_name": self.actor_name, "state": self.phase.value,
+            "tier": self.tier, "estimate_s": self.estimate_s, "load_s": self.load_s,
+            "num_ongoing_requests": self.num_ongoing_requests, "num_generated_tokens": self.num_generated_tokens,
+            "last_error": self.last_error,
+        }

@@ -1,0 +1,129 @@
+"""Where a deployed model's checkpoint comes from: the spec's source, made a repository model.
+
+Node stores fill only from the platform's repository, by a single-segment model name, so a
+deploy turns the spec's ``source`` into such a name:
+
+- a local directory is pushed under ``tenant--name`` -- once: a later deploy or update of the
+  same content finds the repository copy identical (same files, sizes and xxh3_64) and reuses
+  it; changed content replaces it (the push hides the old version first, so no reader sees a
+  mix);
+- a location inside the repository itself (``<repository uri>/<model>``, e.g. pushed earlier
+  with ``thaw models push``) is used as it is, under that name;
+- any other ``s3://`` location is refused: copying between buckets is not the controller's job.
+
+``tenant--name`` is unambiguous within one platform only if no two deployed ids map to the same
+string (``a--b/c`` and ``a/b--c`` would); the controller refuses the second such deploy.
+All of this is blocking I/O (hashing, uploading): the controller runs it in a thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+from controller.controller_errors import InvalidSpecError
+from controller.model_spec import ModelSpec, parse_model_id
+from storage import LocalModelRepository, ModelManifest, ModelNotFoundError, ModelRepository
+
+_HASH_BLOCK_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class PublishedModel:
+    """A spec's checkpoint as the repository holds it. `pushed`: uploaded by this call;
+    `replaced`: that upload replaced different content (nodes' cached copies are stale)."""
+
+    repository_name: str
+    num_bytes: int
+    pushed: bool
+    replaced: bool = False
+
+
+def repository_name(model_id: str) -> str:
+    """``tenant/name`` -> ``tenant--name``: one path segment, as node stores and repositories need."""
+    tenant, name = parse_model_id(model_id)
+    return f"{tenant}--{name}"
+
+
+def _name_inside_repository(source: str, repository_uri: str) -> str | None:
+    """The model name when `source` is ``<repository uri>/<model>``, else None."""
+    root = repository_uri.rstrip("/") + "/"
+    if not source.startswith(root):
+        return None
+    rest = source[len(root):].strip("/")
+    if not rest or "/" in rest:
+        raise InvalidSpecError("source", f"{source!r} is inside the repository {repository_uri} but is not "
+                                         f"one model directory (<repository>/<model>)")
+    return rest
+
+
+def repository_name_for(spec: ModelSpec, repository_uri: str) -> str:
+    """The repository name a spec's checkpoint has (or will have once published): known from
+    the spec alone, so a restarted controller needs no I/O to find it."""
+    inside = _name_inside_repository(spec.source, repository_uri)
+    return inside if inside is not None else repository_name(spec.model_id)
+
+
+def _local_files(src_dir: Path) -> dict[str, Path]:
+    """Relative '/'-path -> file, as a repository push sees the dir: regular files, hidden
+    entries skipped, symlinks followed."""
+    files = {}
+    for path in sorted(src_dir.rglob("*")):
+        rel = path.relative_to(src_dir)
+        if any(part.startswith(".") for part in rel.parts) or not path.is_file():
+            continue
+        files[rel.as_posix()] = path
+    return files
+
+
+def _xxh3_64(path: Path) -> str:
+    digest = xxhash.xxh3_64()
+    with open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK_BYTES):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def same_content(src_dir: Path, manifest: ModelManifest) -> bool:
+    """True if the repository copy has exactly the dir's files, sizes and xxh3_64 (sizes are
+    compared first, so a changed model is usually told apart without hashing)."""
+    files = _local_files(src_dir)
+    if set(files) != {entry.path for entry in manifest.files}:
+        return False
+    if any(files[entry.path].stat().st_size != entry.size for entry in manifest.files):
+        return False
+    return all(_xxh3_64(files[entry.path]) == entry.xxh3_64 for entry in manifest.files)
+
+
+def publish_source(spec: ModelSpec, repository: ModelRepository) -> PublishedModel:
+    """Make the spec's checkpoint a repository model (see the module docstring). Raises
+    `InvalidSpecError` on ``source`` when it cannot be used."""
+    inside = _name_inside_repository(spec.source, repository.uri)
+    if inside is not None:
+        try:
+            manifest = repository.describe(inside)
+        except (ModelNotFoundError, ValueError) as exc:
+            raise InvalidSpecError("source", str(exc)) from None
+        return PublishedModel(inside, manifest.total_bytes, pushed=False)
+    if "://" in spec.source:
+        raise InvalidSpecError("source", f"{spec.source!r} is not in the platform repository {repository.uri}: "
+                                         f"push it there (thaw models push) and deploy <repository>/<model>, "
+                                         f"or deploy from a local directory")
+    src = Path(spec.source)
+    if not src.is_dir():
+        raise InvalidSpecError("source", f"{spec.source!r} is not a directory on the controller's machine")
+    name = repository_name(spec.model_id)
+    # A local repository's directory appears with its first push; until then it holds nothing.
+    fresh = isinstance(repository, LocalModelRepository) and not repository.root.is_dir()
+    existed = not fresh and repository.exists(name)
+    if existed:
+        manifest = repository.describe(name)
+        if same_content(src, manifest):
+            return PublishedModel(name, manifest.total_bytes, pushed=False)
+    try:
+        manifest = repository.push(src, name, overwrite=True)
+    except ValueError as exc:  # neither a thaw nor a Hugging Face dir
+        raise InvalidSpecError("source", str(exc)) from None
+    return PublishedModel(name, manifest.total_bytes, pushed=True, replaced=existed)

@@ -1,0 +1,61 @@
+"""What the controller knows about one deployed model besides its spec, between ticks.
+
+Durable: the spec and the desired count (`num_desired_instances`, saved in the state store on
+every change so a restarted controller resumes at the same scale). Volatile, rebuilt after a
+restart: the autoscaler's `AutoscaleState` (a lost one only makes the next move wait its delay
+again), when a request was last seen, the gateways' queue reports, the model's size, the last
+scale and placement decisions, and the back-off after failed starts.
+
+Queue reports are levels per reporter (one per gateway replica), not increments: a gateway
+reports how many requests wait for the model now, and repeats it while they wait. A report
+older than the TTL counts as zero, so a gateway that died cannot hold a model up forever.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.autoscale_policy import AutoscaleState
+from controller.model_spec import ModelSpec
+
+MAX_START_BACKOFF_FACTOR = 32
+
+
+@dataclass
+class ModelState:
+    spec: ModelSpec
+    repository_name: str
+    num_desired_instances: int
+    num_bytes: int | None = None
+    autoscale_state: AutoscaleState = field(default_factory=AutoscaleState)
+    last_request_s: float | None = None
+    queue_reports: dict[str, tuple[int, float]] = field(default_factory=dict)  # reporter -> (queued, at)
+    last_scale: dict[str, Any] | None = None
+    last_placement: dict[str, Any] | None = None
+    num_failed_starts: int = 0
+    next_start_s: float = 0.0
+
+    @property
+    def model_id(self) -> str:
+        return self.spec.model_id
+
+    def report_queue(self, reporter: str, num_queued: int, now: float) -> None:
+        self.queue_reports[reporter] = (num_queued, now)
+        if num_queued > 0:
+            self.last_request_s = now
+
+    def num_queued_requests(self, now: float, ttl_s: float) -> int:
+        """Requests waiting at the gateways, from reports younger than `ttl_s`."""
+        return sum(num for num, at in self.queue_reports.values() if now - at <= ttl_s)
+
+    def start_failed(self, now: float, retry_delay_s: float) -> float:
+        """Count a failed start; returns the back-off before the next one (doubling, capped)."""
+        self.num_failed_starts += 1
+        delay_s = retry_delay_s * min(MAX_START_BACKOFF_FACTOR, 2 ** (self.num_failed_starts - 1))
+        self.next_start_s = now + delay_s
+        return delay_s
+
+    def start_succeeded(self) -> None:
+        self.num_failed_starts = 0
+        self.next_start_s = 0.0

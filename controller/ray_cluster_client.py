@@ -1,0 +1,162 @@
+"""`ClusterClient` over Ray: named, detached actors in the platform's namespace.
+
+Worker and node-store actors are detached, so they outlive the controller that started them: a
+killed or upgraded controller leaves the platform serving, and its successor finds them again
+by name (`ray.get_actor(name, namespace)`) instead of starting duplicates. Workers are pinned to
+their node with hard node affinity (placement chose the node for its checkpoint's locality).
+
+Ray's errors are translated here and nowhere else: a dead actor (`RayActorError`) becomes
+`ActorGoneError`, an actor that is only unreachable for now (`ActorUnavailableError`) or slow
+becomes `TimeoutError`, and an error the actor raised on purpose (`RayTaskError`, e.g. a
+failed load) is raised as its cause. Blocking Ray calls (name lookups, node listing) run in a
+thread so they never stall the controller's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from controller.cluster_client import (NODE_STORE_ACTOR_PREFIX, WORKER_ACTOR_PREFIX, ActorGoneError, ClusterClient,
+                                       node_store_actor_name)
+from controller.cluster_node import RayNodeInfo
+from storage import NodeStoreConfig, NodeStoreReport, RepositoryConfig
+
+logger = logging.getLogger(__name__)
+
+
+async def _call(ref: Any, timeout_s: float) -> Any:
+    """Await one actor call with a deadline, translating Ray's errors (see the module docstring)."""
+    import ray
+
+    async def wait() -> Any:
+        return await ref
+
+    try:
+        return await asyncio.wait_for(wait(), timeout_s)
+    except ray.exceptions.ActorUnavailableError as exc:
+        raise TimeoutError(f"actor unavailable: {exc}") from exc
+    except ray.exceptions.RayActorError as exc:
+        raise ActorGoneError(str(exc)) from exc
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause
+        if isinstance(cause, BaseException):
+            raise cause from exc
+        raise
+
+
+class RayClusterClient(ClusterClient):
+    """The cluster through Ray; every actor it names lives in `namespace`."""
+
+    def __init__(self, namespace: str, repository: RepositoryConfig) -> None:
+        self.namespace = namespace
+        self._repository = repository
+
+    async def list_nodes(self) -> list[RayNodeInfo]:
+        import ray
+
+        nodes = await asyncio.to_thread(ray.nodes)
+        return [RayNodeInfo(ray_node_id=node["NodeID"], num_gpus=int(node.get("Resources", {}).get("GPU", 0)))
+                for node in nodes if node.get("Alive")]
+
+    async def _find(self, name: str) -> Any | None:
+        import ray
+
+        try:
+            return await asyncio.to_thread(ray.get_actor, name, namespace=self.namespace)
+        except ValueError:  # no live actor of that name
+            return None
+
+    # --- node stores ------------------------------------------------------------------------
+
+    async def connect_node_store(self, node_id: str, ray_node_id: str, config: NodeStoreConfig) -> Any:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from storage import start_node_store
+
+        name = node_store_actor_name(node_id)
+        handle = await self._find(name)
+        if handle is not None:
+            return handle
+        try:
+            handle = start_node_store(
+                config, self._repository, name=name, namespace=self.namespace, lifetime="detached",
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=ray_node_id, soft=False))
+        except ray.exceptions.ActorAlreadyExistsError:  # started between the lookup and here
+            handle = await self._find(name)
+            if handle is None:
+                raise
+        logger.info("started node store %s on Ray node %s", name, ray_node_id)
+        return handle
+
+    async def node_store_report(self, store: Any, timeout_s: float) -> NodeStoreReport:
+        return await _call(store.report.remote(), timeout_s)
+
+    async def pin_checkpoint(self, store: Any, model: str, tier: str, timeout_s: float) -> str:
+        return await _call(store.pin.remote(model, tier), timeout_s)
+
+    async def unpin_checkpoint(self, store: Any, model: str, tier: str, timeout_s: float) -> bool:
+        return await _call(store.unpin.remote(model, tier), timeout_s)
+
+    async def invalidate_checkpoint(self, store: Any, model: str, tier: str, timeout_s: float) -> bool:
+        return await _call(store.invalidate.remote(model, tier), timeout_s)
+
+    async def stop_node_store(self, store: Any, timeout_s: float) -> None:
+        import ray
+
+        try:
+            await _call(store.close.remote(), timeout_s)
+        except (ActorGoneError, TimeoutError):
+            pass
+        finally:
+            ray.kill(store, no_restart=True)
+
+    # --- workers ----------------------------------------------------------------------------
+
+    def start_worker(self, *, instance_id: str, model_id: str, model_dir: str, engine_config: Any,
+                     actor_name: str, ray_node_id: str, num_cpus: float, num_gpus: float) -> Any:
+        from worker import start_instance_worker
+
+        return start_instance_worker(instance_id, model_id, model_dir, engine_config, name=actor_name,
+                                     namespace=self.namespace, node_id=ray_node_id, num_cpus=num_cpus,
+                                     num_gpus=num_gpus, detached=True)
+
+    async def find_worker(self, actor_name: str) -> Any | None:
+        return await self._find(actor_name)
+
+    async def worker_ready(self, handle: Any, timeout_s: float) -> Any:
+        return await _call(handle.ready.remote(), timeout_s)
+
+    async def worker_stats(self, handle: Any, timeout_s: float) -> Any:
+        return await _call(handle.stats.remote(), timeout_s)
+
+    async def stop_worker(self, handle: Any, timeout_s: float) -> None:
+        import ray
+
+        try:
+            await _call(handle.shutdown.remote(timeout_s), timeout_s + 5.0)
+        except (ActorGoneError, TimeoutError):
+            pass
+        finally:
+            ray.kill(handle, no_restart=True)
+
+    async def list_worker_actor_names(self) -> list[str]:
+        return [name for name in await self._list_names() if name.startswith(WORKER_ACTOR_PREFIX)]
+
+    async def list_node_store_actor_names(self) -> list[str]:
+        return [name for name in await self._list_names() if name.startswith(NODE_STORE_ACTOR_PREFIX)]
+
+    async def _list_names(self) -> list[str]:
+        import ray
+
+        entries = await asyncio.to_thread(ray.util.list_named_actors, True)
+        return sorted(entry["name"] for entry in entries if entry["namespace"] == self.namespace)
+
+    async def kill_worker(self, actor_name: str) -> None:
+        import ray
+
+        handle = await self._find(actor_name)
+        if handle is not None:
+            ray.kill(handle, no_restart=True)

@@ -1,0 +1,197 @@
+"""An in-memory `ClusterClient` for the controller's unit tests: nodes, node stores and workers
+as plain objects whose behaviour each test sets (a worker that loads until told, one that fails,
+a store whose DRAM is full, a node list that fails once).
+
+Handles are the fake objects themselves. Everything is recorded (pins, unpins, invalidations,
+started and stopped workers), so tests assert exactly what the controller asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller import ActorGoneError, ClusterClient, RayNodeInfo
+from storage import BandwidthReport, NodeStoreConfig, NodeStoreReport, TierEntryReport, TierFullError, TierReport
+
+
+@dataclass
+class FakeStats:
+    state: str
+    num_ongoing_requests: int
+    num_generated_tokens: int
+    load_s: float
+
+
+@dataclass
+class FakeLoad:
+    load_s: float
+
+
+@dataclass
+class FakeWorker:
+    instance_id: str
+    model_id: str
+    model_dir: str
+    actor_name: str
+    ray_node_id: str
+    num_cpus: float
+    engine_config: Any
+    state: str = "loading"
+    num_ongoing_requests: int = 0
+    num_generated_tokens: int = 0
+    alive: bool = True
+    loaded: asyncio.Event = field(default_factory=asyncio.Event)
+    load_error: Exception | None = None
+    stats_delay_s: float = 0.0
+
+    def finish_loading(self, error: Exception | None = None) -> None:
+        self.load_error = error
+        self.state = "failed" if error else "ready"
+        self.loaded.set()
+
+
+@dataclass
+class FakeStore:
+    node_id: str
+    config: NodeStoreConfig
+    model_bytes: dict[str, int] = field(default_factory=dict)  # what entries weigh
+    tiers: dict[str, dict[str, bool]] = field(default_factory=lambda: {"dram": {}, "ssd": {}})  # model -> pinned
+    dram_full: bool = False
+    alive: bool = True
+    unpins: list[tuple[str, str]] = field(default_factory=list)
+    invalidations: list[tuple[str, str]] = field(default_factory=list)
+    closed: bool = False
+
+    def hold(self, model: str, tier: str, pinned: bool = False) -> None:
+        self.tiers[tier][model] = pinned
+        if tier == "dram":
+            self.tiers["ssd"].setdefault(model, False)
+
+    def report(self) -> NodeStoreReport:
+        tiers = tuple(
+            TierReport(tier=tier, path=f"/fake/{self.node_id}/{tier}",
+                       capacity_bytes=self.config.dram_capacity_bytes if tier == "dram" else self.config.ssd_capacity_bytes,
+                       used_bytes=sum(self.model_bytes.get(m, 1) for m in models),
+                       entries=tuple(TierEntryReport(model=m, num_bytes=self.model_bytes.get(m, 1), last_used_s=0.0,
+                                                     pinned=pinned, num_loading=0) for m, pinned in models.items()))
+            for tier, models in self.tiers.items())
+        return NodeStoreReport(platform_id=self.config.platform_id, node_id=self.node_id, tiers=tiers,
+                               bandwidth=BandwidthReport(None, None, None, measured_at=0.0), num_fetches=0,
+                               num_conversions=0, reported_at=time.time())
+
+
+class FakeCluster(ClusterClient):
+    """See the module docstring. `auto_ready`: workers finish loading as soon as they start."""
+
+    def __init__(self, ray_node_ids: tuple[str, ...] = ("a" * 56,), namespace: str = "fake-ns",
+                 auto_ready: bool = True) -> None:
+        self.namespace = namespace
+        self.ray_nodes = [RayNodeInfo(node_id) for node_id in ray_node_ids]
+        self.auto_ready = auto_ready
+        self.workers: dict[str, FakeWorker] = {}  # actor name -> worker (alive or not)
+        self.stores: dict[str, FakeStore] = {}
+        self.num_started_workers = 0
+        self.stopped_workers: list[str] = []
+        self.killed_workers: list[str] = []
+        self.list_nodes_failures = 0
+        self.model_bytes: dict[str, int] = {}
+
+    async def list_nodes(self) -> list[RayNodeInfo]:
+        if self.list_nodes_failures > 0:
+            self.list_nodes_failures -= 1
+            raise ConnectionError("GCS unreachable (injected)")
+        return list(self.ray_nodes)
+
+    # --- node stores ------------------------------------------------------------------------
+
+    async def connect_node_store(self, node_id: str, ray_node_id: str, config: NodeStoreConfig) -> Any:
+        store = self.stores.get(node_id)
+        if store is None or not store.alive:
+            store = self.stores[node_id] = FakeStore(node_id, config, self.model_bytes)
+        return store
+
+    async def node_store_report(self, store: FakeStore, timeout_s: float) -> NodeStoreReport:
+        if not store.alive:
+            raise ActorGoneError(f"store {store.node_id} is dead")
+        return store.report()
+
+    async def pin_checkpoint(self, store: FakeStore, model: str, tier: str, timeout_s: float) -> str:
+        if tier == "dram" and store.dram_full and model not in store.tiers["dram"]:
+            raise TierFullError(f"dram of {store.node_id} is full (injected)")
+        store.hold(model, tier, pinned=True)
+        return f"/fake/{store.node_id}/{tier}/{model}"
+
+    async def unpin_checkpoint(self, store: FakeStore, model: str, tier: str, timeout_s: float) -> bool:
+        store.unpins.append((model, tier))
+        if model in store.tiers[tier]:
+            store.tiers[tier][model] = False
+            return True
+        return False
+
+    async def invalidate_checkpoint(self, store: FakeStore, model: str, tier: str, timeout_s: float) -> bool:
+        store.invalidations.append((model, tier))
+        return store.tiers[tier].pop(model, None) is not None
+
+    async def stop_node_store(self, store: FakeStore, timeout_s: float) -> None:
+        store.closed, store.alive = True, False
+
+    # --- workers ----------------------------------------------------------------------------
+
+    def start_worker(self, *, instance_id: str, model_id: str, model_dir: str, engine_config: Any,
+                     actor_name: str, ray_node_id: str, num_cpus: float, num_gpus: float) -> Any:
+        assert actor_name not in self.workers or not self.workers[actor_name].alive, f"duplicate actor {actor_name}"
+        worker = FakeWorker(instance_id, model_id, model_dir, actor_name, ray_node_id, num_cpus, engine_config)
+        self.workers[actor_name] = worker
+        self.num_started_workers += 1
+        if self.auto_ready:
+            worker.finish_loading()
+        return worker
+
+    def live_workers(self) -> list[FakeWorker]:
+        return sorted((w for w in self.workers.values() if w.alive), key=lambda w: w.instance_id)
+
+    async def find_worker(self, actor_name: str) -> Any | None:
+        worker = self.workers.get(actor_name)
+        return worker if worker is not None and worker.alive else None
+
+    async def worker_ready(self, handle: FakeWorker, timeout_s: float) -> Any:
+        await asyncio.wait_for(handle.loaded.wait(), timeout_s)
+        if not handle.alive:
+            raise ActorGoneError(f"{handle.actor_name} died while loading")
+        if handle.load_error is not None:
+            raise handle.load_error
+        return FakeLoad(load_s=0.5)
+
+    async def worker_stats(self, handle: FakeWorker, timeout_s: float) -> Any:
+        if handle.stats_delay_s:
+            await asyncio.sleep(min(handle.stats_delay_s, timeout_s))
+            if handle.stats_delay_s > timeout_s:
+                raise TimeoutError(f"{handle.actor_name} did not answer")
+        if not handle.alive:
+            raise ActorGoneError(f"{handle.actor_name} is dead")
+        return FakeStats(handle.state, handle.num_ongoing_requests, handle.num_generated_tokens, 0.5)
+
+    async def stop_worker(self, handle: FakeWorker, timeout_s: float) -> None:
+        if handle.alive:
+            self.stopped_workers.append(handle.instance_id)
+        handle.alive, handle.state = False, "stopped"
+        handle.loaded.set()
+
+    async def list_worker_actor_names(self) -> list[str]:
+        return sorted(name for name, worker in self.workers.items() if worker.alive)
+
+    async def kill_worker(self, actor_name: str) -> None:
+        worker = self.workers[actor_name]
+        worker.alive = False
+        worker.loaded.set()
+        self.killed_workers.append(actor_name)
+
+    def add_orphan(self, actor_name: str, model_id: str) -> FakeWorker:
+        """A worker actor no record accounts for (left by something else in the namespace)."""
+        worker = FakeWorker(actor_name, model_id, "/nowhere", actor_name, self.ray_nodes[0].ray_node_id, 1.0, None)
+        worker.finish_loading()
+        self.workers[actor_name] = worker
+        return worker
