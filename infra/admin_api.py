@@ -1,0 +1,244 @@
+"""The admin API: ``/admin/...`` routes behind the admin key, mounted into the gateway's app.
+
+What the ``thaw`` CLI (and any script) operates the platform through:
+
+- models: ``GET/POST /admin/models``, ``GET/PUT/DELETE /admin/models/{tenant}/{name}``,
+  ``POST /admin/models/{tenant}/{name}/scale``;
+- the cluster: ``GET /admin/status`` (nodes, tiers, instances, recent decisions),
+  ``POST /admin/nodes/{node_id}/drain``;
+- tenants and keys: ``GET/POST /admin/tenants``, ``DELETE /admin/tenants/{tenant}``,
+  ``GET /admin/keys``, ``POST /admin/tenants/{tenant}/keys``, ``DELETE /admin/keys/{key_id}``.
+
+Model operations go to the controller (through `ControllerClient`), tenants and keys straight
+to the state store (the controller has no say in them). Specs are validated here with
+`ModelSpec.from_dict` before they travel, so a bad field is a 400 naming it. Errors have the
+same OpenAI-style body as the rest of the gateway: 400 bad input (``param`` names the field),
+401 no/unknown key, 403 a key that is not the admin's, 404 unknown model/tenant/key, 409 a
+conflicting deploy or a tenant that still has models, 503 the controller not answering.
+
+State-store calls block (SQLite, Redis) and run on a worker thread, never on the loop that
+streams everyone's tokens.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the route functions' annotations.
+from collections.abc import Callable
+from typing import Annotated, Any, Protocol, TypeVar
+
+import anyio.to_thread
+from fastapi import APIRouter, Body, Depends, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
+
+from controller import ModelAlreadyDeployedError, ModelSpec, SpecError, StateStore, parse_model_id
+from infra.admin_key import ADMIN_TENANT
+from infra.controller_client import ControllerUnavailable
+from infra.gateway_auth import GatewayAuth, Principal
+from infra.openai_errors import OpenAIError, bad_request
+
+T = TypeVar("T")
+
+
+class AdminController(Protocol):
+    """What the admin API needs of the controller (`ControllerClient` provides it)."""
+
+    async def deploy(self, spec: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def update(self, spec: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def delete(self, model_id: str) -> Any: ...
+
+    async def list_models(self, tenant: str | None = None) -> list[dict[str, Any]]: ...
+
+    async def get_model(self, model_id: str) -> dict[str, Any]: ...
+
+    async def scale(self, model_id: str, min_instances: int | None = None,
+                    max_instances: int | None = None) -> dict[str, Any]: ...
+
+    async def status(self) -> dict[str, Any]: ...
+
+    async def drain_node(self, node_id: str) -> Any: ...
+
+
+class ScaleRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    min_instances: int | None = None
+    max_instances: int | None = None
+
+
+class TenantRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+def _not_found(what: str) -> OpenAIError:
+    return OpenAIError(404, what, "not_found_error", None, "not_found")
+
+
+def _conflict(message: str) -> OpenAIError:
+    return OpenAIError(409, message, "invalid_request_error", None, "conflict")
+
+
+def _forbidden_name(field: str, value: str) -> OpenAIError:
+    return bad_request(f"{field}: {value!r} is reserved for the platform's admin key; choose another name", field)
+
+
+def build_admin_router(controller: AdminController, store: StateStore, auth: GatewayAuth) -> APIRouter:
+    """The ``/admin`` routes over `controller` and `store`; every one needs an admin caller."""
+
+    async def require_admin(request: Request) -> Principal:
+        principal = await auth.authenticate(request.headers.get("authorization"))
+        if not principal.is_admin:
+            raise OpenAIError(403, "the admin API needs the admin key (printed by `thaw serve` on first start, "
+                              "and kept in the state directory's admin_key file)", "permission_error", None,
+                              "admin_required")
+        return principal
+
+    router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)])
+
+    async def in_thread(fn: Callable[..., T], *args: Any) -> T:
+        return await anyio.to_thread.run_sync(fn, *args)
+
+    async def call(coroutine: Any) -> Any:
+        """Awaits a controller call, turning its deliberate errors into HTTP answers."""
+        try:
+            return await coroutine
+        except ControllerUnavailable as exc:
+            raise OpenAIError(503, str(exc), "service_unavailable", None, "controller_unavailable",
+                              {"Retry-After": "1"}) from None
+        except SpecError as exc:
+            raise bad_request(str(exc), exc.field) from None
+        except LookupError as exc:  # UnknownModelError, an unknown node
+            raise _not_found(str(exc).strip("'\"")) from None
+        except ModelAlreadyDeployedError as exc:
+            raise _conflict(str(exc)) from None
+        except ValueError as exc:  # InvalidSpecError names the field
+            raise bad_request(str(exc), getattr(exc, "field", None)) from None
+
+    def checked_spec(body: dict[str, Any]) -> ModelSpec:
+        try:
+            spec = ModelSpec.from_dict(body)
+        except SpecError as exc:
+            raise bad_request(f"invalid model spec: {exc}", exc.field) from None
+        if spec.tenant == ADMIN_TENANT:
+            raise _forbidden_name("tenant", spec.tenant)
+        return spec
+
+    def model_id_of(tenant: str, name: str) -> str:
+        model_id = f"{tenant}/{name}"
+        try:
+            parse_model_id(model_id)
+        except SpecError as exc:
+            raise bad_request(str(exc), exc.field) from None
+        return model_id
+
+    def tenant_of(name: str, field: str = "tenant") -> str:
+        try:
+            parse_model_id(f"{name}/any")  # a tenant name obeys the rules of a model id's first half
+        except SpecError as exc:
+            raise bad_request(f"{field}: {exc.reason}", field) from None
+        if name == ADMIN_TENANT:
+            raise _forbidden_name(field, name)
+        return name
+
+    # ---- models ----------------------------------------------------------------------------
+
+    @router.get("/models")
+    async def list_models(tenant: str | None = None) -> list[dict[str, Any]]:
+        return await call(controller.list_models(tenant))
+
+    @router.post("/models", status_code=201)
+    async def deploy(body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+        spec = checked_spec(body)
+        deployed = await call(controller.deploy(spec.to_dict()))
+        await in_thread(store.add_tenant, spec.tenant)  # deploying for a new tenant creates it
+        return deployed
+
+    @router.get("/models/{tenant}/{name}")
+    async def get_model(tenant: str, name: str) -> dict[str, Any]:
+        return await call(controller.get_model(model_id_of(tenant, name)))
+
+    @router.put("/models/{tenant}/{name}")
+    async def update(tenant: str, name: str, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+        model_id = model_id_of(tenant, name)
+        spec = checked_spec({"tenant": tenant, "name": name, **body} if "name" not in body else body)
+        if spec.model_id != model_id:
+            raise bad_request(f"the spec is for {spec.model_id!r} but the URL names {model_id!r}", "name")
+        return await call(controller.update(spec.to_dict()))
+
+    @router.delete("/models/{tenant}/{name}")
+    async def delete(tenant: str, name: str) -> dict[str, Any]:
+        model_id = model_id_of(tenant, name)
+        await call(controller.delete(model_id))
+        return {"deleted": model_id}
+
+    @router.post("/models/{tenant}/{name}/scale")
+    async def scale(tenant: str, name: str, body: ScaleRequest) -> dict[str, Any]:
+        if body.min_instances is None and body.max_instances is None:
+            raise bad_request("give min_instances and/or max_instances", "min_instances")
+        return await call(controller.scale(model_id_of(tenant, name), min_instances=body.min_instances,
+                                           max_instances=body.max_instances))
+
+    # ---- the cluster -----------------------------------------------------------------------
+
+    @router.get("/status")
+    async def status() -> dict[str, Any]:
+        return await call(controller.status())
+
+    @router.post("/nodes/{node_id}/drain")
+    async def drain(node_id: str) -> dict[str, Any]:
+        result = await call(controller.drain_node(node_id))
+        return result if isinstance(result, dict) else {"draining": node_id}
+
+    # ---- tenants and keys ------------------------------------------------------------------
+
+    @router.get("/tenants")
+    async def list_tenants() -> list[str]:
+        return [t for t in await in_thread(store.list_tenants) if t != ADMIN_TENANT]
+
+    @router.post("/tenants", status_code=201)
+    async def create_tenant(body: TenantRequest) -> JSONResponse:
+        name = tenant_of(body.name, "name")
+        created = await in_thread(store.add_tenant, name)
+        return JSONResponse({"tenant": name, "created": created}, status_code=201 if created else 200)
+
+    @router.delete("/tenants/{tenant}")
+    async def delete_tenant(tenant: str) -> dict[str, Any]:
+        tenant = tenant_of(tenant)
+        models = await call(controller.list_models(tenant))
+        if models:
+            ids = ", ".join(sorted(_model_id(m) for m in models))
+            raise _conflict(f"tenant {tenant!r} still has models ({ids}); delete them first")
+        if not await in_thread(store.delete_tenant, tenant):
+            raise _not_found(f"tenant {tenant!r} does not exist")
+        return {"deleted": tenant}
+
+    @router.get("/keys")
+    async def list_keys(tenant: str | None = None) -> list[dict[str, Any]]:
+        records = await in_thread(store.list_api_keys, tenant)
+        return [{"key_id": r.key_id, "tenant": r.tenant, "created_s": r.created_s}
+                for r in records if r.tenant != ADMIN_TENANT]
+
+    @router.post("/tenants/{tenant}/keys", status_code=201)
+    async def create_key(tenant: str) -> dict[str, Any]:
+        tenant = tenant_of(tenant)
+        if tenant not in await in_thread(store.list_tenants):
+            raise _not_found(f"tenant {tenant!r} does not exist; create it first (POST /admin/tenants)")
+        key = await in_thread(store.create_api_key, tenant)
+        return {"tenant": tenant, "key_id": key.split("_")[1], "api_key": key,
+                "note": "this is the only time the key is shown; it is stored hashed"}
+
+    @router.delete("/keys/{key_id}")
+    async def revoke_key(key_id: str) -> dict[str, Any]:
+        records = {r.key_id: r for r in await in_thread(store.list_api_keys, None)}
+        record = records.get(key_id)
+        if record is None or record.tenant == ADMIN_TENANT:
+            raise _not_found(f"API key {key_id!r} does not exist")
+        await in_thread(store.revoke_api_key, key_id)
+        return {"revoked": key_id, "tenant": record.tenant}
+
+    return router
+
+
+def _model_id(record: dict[str, Any]) -> str:
+    spec = record.get("spec", record)
+    return str(record.get("model_id") or spec.get("model_id") or f"{spec.get('tenant')}/{spec.get('name')}")

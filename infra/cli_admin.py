@@ -1,0 +1,360 @@
+"""The ``thaw`` subcommands that operate a running platform through its admin API.
+
+``deploy``, ``delete``, ``list``, ``status``, ``scale``, ``drain``, ``tenants ...`` and
+``keys ...`` each make one or two calls with `AdminClient` and print a table (``--json``: the
+API's own JSON, for scripts). Where the platform is and which key to use come from ``--url`` /
+``--admin-key``, else ``$THAW_URL`` / ``$THAW_ADMIN_KEY``, else the files a running ``thaw
+serve`` keeps in its state directory (``--state``, default ``$THAW_STATE_DIR`` or ``~/.thaw``).
+
+Exit codes, as for every ``thaw`` command: 0 success; 2 bad input — a flag, a spec file, or a
+value the server refused as invalid (HTTP 400); 1 anything else — the server refused (401, 403,
+404, 409), failed (5xx), or could not be reached. Errors are one line naming the cause.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from infra.admin_client import AdminApiError, AdminClient, AdminUnreachable, resolve_endpoint
+from infra.platform_config import default_state_dir
+
+
+class AdminCommandError(Exception):
+    """A failed admin call, with the exit status it means (2 bad input, 1 otherwise)."""
+
+    def __init__(self, message: str, exit_status: int) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
+def _run(args: argparse.Namespace, action: Callable[[AdminClient], Coroutine[Any, Any, Any]]) -> Any:
+    """Runs `action` with a client for the platform the flags point at."""
+    url, key = resolve_endpoint(args.url, args.admin_key, Path(args.state).expanduser())
+
+    async def main() -> Any:
+        async with AdminClient(url, key, timeout_s=args.timeout) as client:
+            return await action(client)
+
+    try:
+        return asyncio.run(main())
+    except AdminApiError as exc:
+        hint = ""
+        if exc.status == 401 and key is None:
+            hint = " (no admin key found: pass --admin-key, set THAW_ADMIN_KEY, or use --state of the platform)"
+        raise AdminCommandError(f"{exc.message}{hint}", 2 if exc.status == 400 else 1) from None
+    except AdminUnreachable as exc:
+        raise AdminCommandError(str(exc), 1) from None
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True))
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], empty: str | None = None) -> None:
+    """Left-aligned columns separated by two spaces; `empty` printed instead when no rows."""
+    if not rows:
+        if empty:
+            print(empty)
+        return
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
+    for row in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def _size(num_bytes: int | None) -> str:
+    if num_bytes is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.1f} {unit}"
+    return f"{num_bytes} B"
+
+
+def _rate(bytes_per_s: float | None) -> str:
+    return "-" if not bytes_per_s else f"{bytes_per_s / 1e9:.2f} GB/s"
+
+
+# ---- models ---------------------------------------------------------------------------------
+
+
+def _specs_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from controller import SpecError, load_model_specs, model_spec_from_arguments
+
+    from infra.cli import UsageError
+
+    try:
+        if args.file is None:
+            return [model_spec_from_arguments(args).to_dict()]
+        specs = load_model_specs(args.file)
+        if len(specs) > 1:
+            if any(key.startswith("spec__") for key in vars(args)):
+                raise UsageError("spec flags apply to a file with one model; this one has several")
+            return [spec.to_dict() for spec in specs]
+        return [model_spec_from_arguments(args, base=specs[0]).to_dict()]
+    except SpecError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    specs = _specs_from_args(args)
+
+    async def action(client: AdminClient) -> list[dict[str, Any]]:
+        done = []
+        for spec in specs:
+            start = time.perf_counter()
+            print(f"{'updating' if args.update else 'deploying'} {spec['tenant']}/{spec['name']} ...", file=sys.stderr)
+            result = await (client.update(spec) if args.update else client.deploy(spec))
+            print(f"{spec['tenant']}/{spec['name']} {'updated' if args.update else 'deployed'} in "
+                  f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
+            done.append(result)
+        return done
+
+    results = _run(args, action)
+    if args.json:
+        _print_json(results)
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    result = _run(args, lambda client: client.delete(args.model))
+    print(json.dumps(result) if args.json else f"deleted {args.model}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    async def action(client: AdminClient) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        return await client.list_models(args.tenant), await client.status()
+
+    specs, status = _run(args, action)
+    if args.json:
+        _print_json(specs)
+        return 0
+    counts = {m["model_id"]: m for m in status.get("models", [])}
+    rows = []
+    for spec in specs:
+        model_id = f"{spec['tenant']}/{spec['name']}"
+        state = counts.get(model_id, {})
+        scaling = spec.get("autoscaling", {})
+        rows.append((model_id, f"{state.get('num_ready_instances', 0)}/{state.get('num_desired_instances', 0)}",
+                     f"{scaling.get('min_instances')}..{scaling.get('max_instances')}", spec.get("dtype"),
+                     spec.get("source")))
+    print_table(("MODEL", "READY/DESIRED", "MIN..MAX", "DTYPE", "SOURCE"), rows, "no models deployed")
+    return 0
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    from infra.cli import UsageError
+
+    if args.min is None and args.max is None:
+        raise UsageError("give --min and/or --max")
+    result = _run(args, lambda client: client.scale(args.model, args.min, args.max))
+    if args.json:
+        _print_json(result)
+    else:
+        scaling = result.get("autoscaling", {})
+        print(f"{args.model}: min_instances={scaling.get('min_instances')} "
+              f"max_instances={scaling.get('max_instances')}")
+    return 0
+
+
+# ---- the cluster ----------------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = _run(args, lambda client: client.status())
+    if args.json:
+        _print_json(status)
+    else:
+        print_status(status)
+    return 0
+
+
+def print_status(status: dict[str, Any]) -> None:
+    """``thaw status``: models, instances, nodes, where each checkpoint sits, placement estimates."""
+    print(f"platform {status.get('platform_id')} (namespace {status.get('namespace')}), "
+          f"{status.get('num_ticks')} reconcile ticks, routing version {status.get('routing_version')}")
+    errors = status.get("last_tick_errors") or []
+    if errors:
+        print(f"last tick errors: {'; '.join(errors)}")
+    print("\nMODELS")
+    print_table(("MODEL", "READY", "LOADING", "DESIRED", "ONGOING", "QUEUED", "LAST SCALE DECISION"),
+                [(m["model_id"], m["num_ready_instances"], m["num_loading_instances"], m["num_desired_instances"],
+                  m["num_ongoing_requests"], m["num_queued_requests"], m.get("scale_reason"))
+                 for m in status.get("models", [])], "  no models deployed")
+    print("\nINSTANCES")
+    print_table(("INSTANCE", "MODEL", "NODE", "STATE", "FROM TIER", "ESTIMATE S", "LOAD S", "ONGOING"),
+                [(i["instance_id"], i["model_id"], i["node_id"], i["state"], i.get("tier"), i.get("estimate_s"),
+                  i.get("load_s"), i.get("num_ongoing_requests")) for i in status.get("instances", [])],
+                "  no instances (every model is scaled to zero)")
+    nodes = status.get("nodes", [])
+    print("\nNODES")
+    print_table(("NODE", "FREE/SLOTS", "DRAINING", "DRAM", "SSD", "RATES dram/ssd/repository"),
+                [(n["node_id"], f"{n['num_free_slots']}/{n['num_slots']}", "yes" if n.get("draining") else "no",
+                  _tier_usage(n, "dram"), _tier_usage(n, "ssd"), _rates(n)) for n in nodes], "  no nodes")
+    rows = [(entry["model"], n["node_id"], tier["tier"], _size(entry.get("num_bytes")),
+             "yes" if entry.get("pinned") else "no", "filling" if entry.get("filling") else "ready")
+            for n in nodes for tier in n.get("tiers", []) for entry in tier.get("entries", [])]
+    print("\nCHECKPOINTS (node tiers; every deployed model is also in the repository)")
+    print_table(("CHECKPOINT", "NODE", "TIER", "SIZE", "PINNED", "STATE"), rows, "  no checkpoint cached on any node")
+    latest: dict[str, dict[str, Any]] = {}
+    for decision in status.get("recent_decisions", []):
+        if decision.get("kind") == "placement":
+            latest[decision["model_id"]] = decision
+    print("\nLOAD ESTIMATES (latest placement per model: seconds until ready on each node)")
+    print_table(("MODEL", "NODE", "FROM TIER", "LOAD S", "WAIT S", "READY S", "FREE SLOTS", "CHOSEN"),
+                [(model_id, e["node_id"], e["tier"], e["load_s"], e["wait_s"], e["ready_s"], e["num_free_slots"],
+                  "*" if e["node_id"] == d.get("node_id") else "")
+                 for model_id, d in sorted(latest.items()) for e in d.get("estimates", [])],
+                "  no placement decided yet")
+
+
+def _tier_usage(node: dict[str, Any], name: str) -> str:
+    for tier in node.get("tiers", []):
+        if tier["tier"] == name:
+            return f"{_size(tier['used_bytes'])} / {_size(tier['capacity_bytes'])}"
+    return "-"
+
+
+def _rates(node: dict[str, Any]) -> str:
+    rates = node.get("placement_bytes_per_s") or {}
+    return " / ".join(_rate(rates.get(f"{name}_bytes_per_s")) for name in ("dram", "ssd", "repository"))
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    result = _run(args, lambda client: client.drain(args.node))
+    if args.json:
+        _print_json(result)
+    else:
+        stopping = result.get("stopping") or []
+        print(f"node {args.node} draining; stopping {len(stopping)} instance(s){': ' if stopping else ''}"
+              f"{', '.join(stopping)}")
+    return 0
+
+
+# ---- tenants and keys -----------------------------------------------------------------------
+
+
+def cmd_tenants(args: argparse.Namespace) -> int:
+    action = args.tenants_command
+    if action == "ls":
+        tenants = _run(args, lambda client: client.list_tenants())
+        if args.json:
+            _print_json(tenants)
+        else:
+            print_table(("TENANT",), [(t,) for t in tenants], "no tenants")
+    elif action == "create":
+        result = _run(args, lambda client: client.create_tenant(args.name))
+        print(json.dumps(result) if args.json else
+              f"tenant {args.name} {'created' if result.get('created') else 'already exists'}")
+    else:
+        result = _run(args, lambda client: client.delete_tenant(args.name))
+        print(json.dumps(result) if args.json else f"deleted tenant {args.name} and its keys")
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    action = args.keys_command
+    if action == "ls":
+        keys = _run(args, lambda client: client.list_keys(args.tenant))
+        if args.json:
+            _print_json(keys)
+        else:
+            print_table(("KEY ID", "TENANT", "CREATED (UTC)"),
+                        [(k["key_id"], k["tenant"], time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(k["created_s"])))
+                         for k in keys], "no API keys")
+    elif action == "create":
+        result = _run(args, lambda client: client.create_key(args.tenant))
+        if args.json:
+            _print_json(result)
+        else:
+            print(result["api_key"])
+            print(f"(key {result['key_id']} for tenant {result['tenant']}: shown once, stored hashed)", file=sys.stderr)
+    else:
+        result = _run(args, lambda client: client.revoke_key(args.key_id))
+        print(json.dumps(result) if args.json else f"revoked key {args.key_id} of tenant {result.get('tenant')}")
+    return 0
+
+
+# ---- the parser -----------------------------------------------------------------------------
+
+
+def add_admin_commands(sub: argparse._SubParsersAction) -> None:
+    """Registers the admin subcommands on the ``thaw`` parser."""
+    from controller import add_model_spec_arguments
+
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("platform")
+    group.add_argument("--url", default=None, help="the gateway (default: $THAW_URL, the running platform's, "
+                                                    "or http://127.0.0.1:8000)")
+    group.add_argument("--admin-key", default=None, help="the admin key (default: $THAW_ADMIN_KEY or the state "
+                                                          "directory's admin_key file)")
+    group.add_argument("--state", default=str(default_state_dir()),
+                       help="the platform's state directory, where its URL and admin key are found "
+                            "(default: $THAW_STATE_DIR or ~/.thaw)")
+    group.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for an answer")
+    group.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
+
+    deploy = sub.add_parser("deploy", parents=[common], help="deploy (or --update) a model from a spec file or flags")
+    deploy.add_argument("file", nargs="?", default=None, help="spec file (YAML or JSON; one model or a list)")
+    deploy.add_argument("--update", action="store_true", help="replace the spec of a deployed model")
+    add_model_spec_arguments(deploy)
+    deploy.set_defaults(func=cmd_deploy)
+
+    delete = sub.add_parser("delete", parents=[common], help="delete a model and stop its instances")
+    delete.add_argument("model", help="tenant/name")
+    delete.set_defaults(func=cmd_delete)
+
+    listing = sub.add_parser("list", parents=[common], help="list deployed models")
+    listing.add_argument("--tenant", default=None)
+    listing.set_defaults(func=cmd_list)
+
+    status = sub.add_parser("status", parents=[common],
+                            help="models, instances, nodes, cached checkpoints and placement estimates")
+    status.set_defaults(func=cmd_status)
+
+    scale = sub.add_parser("scale", parents=[common], help="change a model's instance bounds")
+    scale.add_argument("model", help="tenant/name")
+    scale.add_argument("--min", type=int, default=None, help="fewest instances (0 lets it scale to zero)")
+    scale.add_argument("--max", type=int, default=None, help="most instances")
+    scale.set_defaults(func=cmd_scale)
+
+    drain = sub.add_parser("drain", parents=[common], help="stop placing on a node and move its instances away")
+    drain.add_argument("node", help="node id (see thaw status)")
+    drain.set_defaults(func=cmd_drain)
+
+    tenants = sub.add_parser("tenants", help="tenants: ls, create NAME, delete NAME")
+    tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True, metavar="SUBCOMMAND")
+    tenants_sub.add_parser("ls", parents=[common], help="list tenants").set_defaults(func=cmd_tenants)
+    for name, text in (("create", "create a tenant"), ("delete", "delete a tenant (it must have no models)")):
+        parser = tenants_sub.add_parser(name, parents=[common], help=text)
+        parser.add_argument("name")
+        parser.set_defaults(func=cmd_tenants)
+
+    keys = sub.add_parser("keys", help="API keys: ls [--tenant], create TENANT, revoke KEY_ID")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="SUBCOMMAND")
+    ls = keys_sub.add_parser("ls", parents=[common], help="list keys (ids only; keys are stored hashed)")
+    ls.add_argument("--tenant", default=None)
+    ls.set_defaults(func=cmd_keys)
+    create = keys_sub.add_parser("create", parents=[common], help="make a key for a tenant (printed once)")
+    create.add_argument("tenant")
+    create.set_defaults(func=cmd_keys)
+    revoke = keys_sub.add_parser("revoke", parents=[common], help="revoke a key by its id")
+    revoke.add_argument("key_id")
+    revoke.set_defaults(func=cmd_keys)

@@ -1,0 +1,105 @@
+"""``thaw serve``: run a platform in the foreground until Ctrl-C (or SIGTERM), then stop it cleanly.
+
+Starts a local Ray (or joins ``--address``), the controller, node stores and the gateway (see
+`infra.platform`), prints where it listens and — on the first start only — the admin key, then
+waits. A signal stops the gateway, the controller with its workers and node stores, and the
+local Ray, and the command exits 0; a second Ctrl-C while stopping is ignored, so the stop is
+never cut short into leftovers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from infra.platform_config import DEFAULT_PORT, GIB, PlatformConfig, default_state_dir
+
+
+def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
+    from infra.cli import UsageError
+
+    try:
+        return PlatformConfig(
+            state_dir=Path(args.state).expanduser().absolute(), state_store=args.state_store,
+            repository_uri=args.repository, repository_endpoint_url=args.endpoint_url, ray_address=args.address,
+            host=args.host, port=args.port, namespace=args.namespace, auth=not args.no_auth, num_cpus=args.num_cpus,
+            cpu_worker_slots_per_node=args.worker_slots, ssd_capacity_bytes=int(args.ssd_capacity_gb * GIB),
+            dram_capacity_bytes=int(args.dram_capacity_gb * GIB), calibrate=not args.no_calibrate,
+            num_gateway_replicas=args.gateway_replicas,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from infra.platform import Platform
+
+    config = _config_from_args(args)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    platform = Platform(config)
+    started = platform.start(demo=args.demo, reset_admin_key=args.reset_admin_key)
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        _print_banner(config, started)
+        stop.wait()
+        print("[thaw] stopping ...", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop short
+    finally:
+        platform.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print("[thaw] stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def _print_banner(config: PlatformConfig, started) -> None:
+    lines = [f"[thaw] serving at {started.url} (OpenAI-compatible: {started.url}/v1), state in {config.state_dir}"]
+    if not config.auth:
+        lines.append("[thaw] --no-auth: no API key needed, every caller is admin; do not expose this port")
+    elif started.new_admin_key is not None:
+        lines.append(f"[thaw] admin key (shown once; also saved to {config.admin_key_file}, mode 0600):")
+        lines.append(f"    {started.new_admin_key}")
+    else:
+        lines.append(f"[thaw] admin key: in {config.admin_key_file} (thaw serve --reset-admin-key makes a new one)")
+    if started.demo_model_id is not None:
+        key = "no-key" if not config.auth else f"$(cat {config.admin_key_file})"
+        lines.append(f"[thaw] demo model {started.demo_model_id} deployed; try:")
+        lines.append(f"    curl -N {started.url}/v1/chat/completions -H \"Authorization: Bearer {key}\" "
+                     f"-H 'Content-Type: application/json' -d '{{\"model\": \"{started.demo_model_id}\", "
+                     f"\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}], \"stream\": true}}'")
+    lines.append("[thaw] Ctrl-C stops the platform")
+    print("\n".join(lines), flush=True)
+
+
+def add_serve_command(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="run the platform (Ray, controller, node stores, gateway) until Ctrl-C")
+    serve.add_argument("--demo", action="store_true",
+                       help="write the demo model into the state directory (if missing) and deploy it as demo/tiny")
+    serve.add_argument("--address", default=None, help="join this Ray cluster instead of starting a local Ray")
+    serve.add_argument("--host", default="127.0.0.1", help="address the gateway listens on (0.0.0.0: all)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT)
+    serve.add_argument("--state", default=str(default_state_dir()),
+                       help="state directory: SQLite state, SSD cache, admin key, demo model "
+                            "(default: $THAW_STATE_DIR or ~/.thaw)")
+    serve.add_argument("--state-store", default=None, help="state store URL (redis://host:port/db for a cluster); "
+                                                            "default: SQLite in the state directory")
+    serve.add_argument("--repository", default=None, help="model repository: a directory or s3://bucket/prefix "
+                                                           "(default: STATE/repository)")
+    serve.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint of the repository")
+    serve.add_argument("--namespace", default="thaw", help="Ray namespace of this platform's actors")
+    serve.add_argument("--no-auth", action="store_true", help="no API keys: anyone may call anything (local only)")
+    serve.add_argument("--reset-admin-key", action="store_true", help="revoke the admin key and print a new one")
+    serve.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    serve.add_argument("--worker-slots", type=int, default=1, help="model instances per CPU-only node")
+    serve.add_argument("--ssd-capacity-gb", type=float, default=64.0, help="SSD cache per node")
+    serve.add_argument("--dram-capacity-gb", type=float, default=8.0, help="DRAM cache per node (0: none)")
+    serve.add_argument("--no-calibrate", action="store_true", help="skip the node stores' bandwidth probes")
+    serve.add_argument("--gateway-replicas", type=int, default=1)
+    serve.set_defaults(func=cmd_serve)

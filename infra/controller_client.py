@@ -1,0 +1,86 @@
+"""The controller actor as the gateway and the admin API call it: `ControllerClient`.
+
+One small async wrapper over the controller's handle, so that everything in `infra/` that talks
+to the controller does it the same way — with a timeout on every call, and with the
+controller's deliberate errors (an unknown model, an invalid spec, a conflicting deploy)
+raised as themselves rather than inside Ray's wrapper — and so tests can swap in a fake with
+the same coroutines. A controller that is gone or too slow is `ControllerUnavailable`, which
+the HTTP layers answer with 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+
+class ControllerUnavailable(Exception):
+    """The controller did not answer (dead, restarting, or slower than the timeout)."""
+
+
+class ControllerClient:
+    """Async calls to the controller actor (see the module docstring)."""
+
+    def __init__(self, handle: Any, call_timeout_s: float = 30.0, reporter: str | None = None) -> None:
+        if not call_timeout_s > 0:
+            raise ValueError(f"call_timeout_s must be > 0, got {call_timeout_s!r}")
+        self._handle = handle
+        self._call_timeout_s = call_timeout_s
+        self.reporter = reporter  # names this gateway replica in its queue reports
+
+    async def _call(self, method: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        """``method.remote(*args, **kwargs)``, awaited for at most `timeout_s` (default: the client's)."""
+        import ray
+
+        try:
+            ref = getattr(self._handle, method).remote(*args, **kwargs)
+            return await asyncio.wait_for(ref, timeout_s or self._call_timeout_s)
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause
+            if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
+                raise cause from None  # the controller's own error (UnknownModelError, ...)
+            raise
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, asyncio.TimeoutError) as exc:
+            raise ControllerUnavailable(f"the controller did not answer {method}: {type(exc).__name__}") from exc
+
+    # ---- models --------------------------------------------------------------------------
+
+    async def deploy(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        return await self._call("deploy", dict(spec))
+
+    async def update(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        return await self._call("update", dict(spec))
+
+    async def delete(self, model_id: str) -> Any:
+        return await self._call("delete", model_id)
+
+    async def list_models(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        return list(await self._call("list_models", tenant))
+
+    async def get_model(self, model_id: str) -> dict[str, Any]:
+        return await self._call("get_model", model_id)
+
+    async def scale(self, model_id: str, min_instances: int | None = None,
+                    max_instances: int | None = None) -> dict[str, Any]:
+        return await self._call("scale", model_id, min_instances=min_instances, max_instances=max_instances)
+
+    # ---- the gateway's feed ----------------------------------------------------------------
+
+    async def routing_table(self, known_version: int = -1, timeout_s: float = 0.0
+                            ) -> tuple[int, Mapping[str, list[Mapping[str, Any]]]]:
+        """The table at once when `known_version` is stale, else after a change or `timeout_s`."""
+        version, table = await self._call("routing_table", known_version, timeout_s,
+                                          timeout_s=timeout_s + self._call_timeout_s)
+        return int(version), table
+
+    async def notify_demand(self, model_id: str, num_queued: int) -> None:
+        await self._call("notify_demand", model_id, num_queued, self.reporter or "gateway")
+
+    # ---- cluster ---------------------------------------------------------------------------
+
+    async def status(self) -> dict[str, Any]:
+        return await self._call("status")
+
+    async def drain_node(self, node_id: str) -> Any:
+        return await self._call("drain_node", node_id)

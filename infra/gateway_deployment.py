@@ -1,0 +1,138 @@
+"""The gateway as a Ray Serve application: `GatewayReplica` and `gateway_application`.
+
+Ray Serve runs the HTTP proxy (on every node, on the configured port) and the replicas; each
+replica serves the gateway's FastAPI app (`build_gateway_app`, with the admin router mounted)
+over its own `RayGatewayBackend`. The app is built *inside* the replica, after its constructor
+has found the controller actor by name and opened the state store: Serve's late-bound ingress
+(`serve.ingress()` with no app, and a ``__serve_build_asgi_app__`` method that returns it) calls
+the method once the constructor is done. A FastAPI app built on the driver would instead be
+pickled into the deployment, with a backend that holds no connection yet and metrics whose
+locks do not pickle.
+
+A replica takes no CPU (``num_cpus=0``): on a CPU-only node the CPUs are the model instances'
+worker slots, and the gateway only relays tokens. Serve's default ``max_ongoing_requests``
+(5 per replica) would queue streams in the proxy; the gateway has its own per-model queue with
+a bound and a deadline, so the replica's limit is set high instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray import serve
+
+from infra.ray_gateway_backend import RayBackendConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayDeploymentConfig:
+    """One platform's gateway.
+
+    Fields:
+        namespace: Ray namespace of the platform's controller.
+        controller_name: the controller actor's name in that namespace.
+        state_store: where API keys are verified and tenants kept (the platform's store).
+        auth: False is ``--no-auth``: no keys, every caller is admin.
+        num_replicas: gateway replicas; each keeps its own routing-table cache and queue.
+        max_ongoing_requests: requests one replica takes at once (streams included).
+        controller_wait_s: how long a starting replica waits for the controller actor to exist.
+        backend: the routing and queueing settings.
+    """
+
+    namespace: str
+    controller_name: str
+    state_store: str
+    auth: bool = True
+    num_replicas: int = 1
+    max_ongoing_requests: int = 4096
+    controller_wait_s: float = 60.0
+    backend: RayBackendConfig = field(default_factory=RayBackendConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("namespace", "controller_name", "state_store"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"GatewayDeploymentConfig.{name} must be a non-empty string, got {value!r}")
+        if not isinstance(self.auth, bool):
+            raise ValueError("GatewayDeploymentConfig.auth must be True or False")
+        for name in ("num_replicas", "max_ongoing_requests"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"GatewayDeploymentConfig.{name} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.controller_wait_s, (int, float)) or not self.controller_wait_s > 0:
+            raise ValueError(f"GatewayDeploymentConfig.controller_wait_s must be > 0, got {self.controller_wait_s!r}")
+        if not isinstance(self.backend, RayBackendConfig):
+            raise ValueError("GatewayDeploymentConfig.backend must be a RayBackendConfig")
+
+
+async def find_controller(name: str, namespace: str, wait_s: float) -> Any:
+    """The controller actor's handle, waiting up to `wait_s` for it to be registered (a replica
+    may start before the controller has). Raises `RuntimeError` naming what it looked for."""
+    import ray
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while True:
+        try:
+            return await asyncio.to_thread(ray.get_actor, name, namespace=namespace)
+        except ValueError:
+            if loop.time() >= deadline:
+                raise RuntimeError(f"no controller actor {name!r} in namespace {namespace!r} after {wait_s:g} s; "
+                                   "start the platform with `thaw serve`") from None
+            await asyncio.sleep(0.2)  # a retry interval while the controller registers, not a synchronisation
+
+
+@serve.ingress()
+class GatewayReplica:
+    """One gateway replica (see the module docstring)."""
+
+    async def __init__(self, config: GatewayDeploymentConfig) -> None:
+        from controller import open_state_store
+        from infra.controller_client import ControllerClient
+        from infra.gateway_metrics import GatewayMetrics
+        from infra.ray_gateway_backend import RayGatewayBackend
+        from infra.serving_cluster import RayServingCluster
+
+        self._config = config
+        handle = await find_controller(config.controller_name, config.namespace, config.controller_wait_s)
+        reporter = f"gateway-{serve.get_replica_context().replica_id.unique_id}-{os.getpid()}"
+        self._controller = ControllerClient(handle, reporter=reporter)
+        self._store = await asyncio.to_thread(open_state_store, config.state_store)
+        self._metrics = GatewayMetrics()
+        self._backend = RayGatewayBackend(RayServingCluster(self._controller), config.backend, self._metrics)
+        await self._backend.start()
+
+    def __serve_build_asgi_app__(self) -> Any:
+        from infra.admin_api import build_admin_router
+        from infra.admin_key import AdminKeyAuth
+        from infra.gateway_app import build_gateway_app
+        from infra.gateway_auth import GatewayAuth
+
+        if self._config.auth:
+            auth: GatewayAuth = AdminKeyAuth(verify_api_key=self._store.verify_api_key)
+        else:
+            auth = GatewayAuth.no_auth()
+        app = build_gateway_app(self._backend, auth, self._metrics)
+        app.include_router(build_admin_router(self._controller, self._store, auth))
+        return app
+
+    async def __del__(self) -> None:
+        try:
+            await self._backend.close()
+        finally:
+            self._store.close()
+
+
+def gateway_application(config: GatewayDeploymentConfig) -> serve.Application:
+    """The gateway deployment, bound to `config`, ready for ``serve.run``."""
+    deployment = serve.deployment(
+        GatewayReplica, name="gateway", num_replicas=config.num_replicas,
+        max_ongoing_requests=config.max_ongoing_requests,
+        ray_actor_options={"num_cpus": 0},
+        # The proxy's health check must not wait on the controller; the app's own /readyz does.
+        health_check_period_s=10, graceful_shutdown_timeout_s=5,
+    )
+    return deployment.bind(config)

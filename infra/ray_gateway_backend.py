@@ -1,0 +1,546 @@
+"""`GatewayBackend` over the Ray platform: a cached routing table, least-loaded routing, and a
+bounded per-model queue for cold or saturated models.
+
+The request path must never wait on the controller for a warm model, so the backend keeps its
+own copy of the controller's routing table (ready instances per model, with a version) and of
+the deployed models' cards, kept fresh by a background task that long-polls ``routing_table``
+with the version it holds: the controller answers at once when the table changes (an instance
+became ready) and otherwise after a few seconds, and the model records are re-read with each
+answer. A request for a model with a ready instance below its concurrency cap goes straight to
+the least-loaded one (the gateway's own in-flight count first, the controller's last report as
+tie-break).
+
+When no instance can take it (scaled to zero, or all at the cap), the request joins the model's
+FIFO queue, bounded by the spec's ``max_queued_requests`` (beyond it: `ModelOverloaded`, 429)
+and waiting at most ``queue_timeout_s`` (then `QueueTimeout`, 503); both carry a Retry-After
+hint. While anything waits, a second background task tells the controller the queue length
+(``notify_demand``, at once on every change and again every second, since the controller lets
+a report expire), which is what makes the autoscaler start an instance without delay; the long
+poll brings the new instance back the moment it is ready, and every table change and every
+finished request hands free slots to the head of the queue. So a cold model's request waits and
+then succeeds, rather than failing.
+
+An instance that turns out to be gone (its actor died, it was scaled down between two table
+refreshes, it is shutting down) is skipped for a while and the request tried elsewhere — as
+long as nothing has been streamed yet; after that the failure is reported in-band.
+
+Generation goes through `worker.stream_generation` (via `serving_cluster`), whose early close
+``ray.cancel``s the stream and so aborts the request on the worker, freeing its KV blocks;
+`abort` also asks the instance directly, and releases a request still waiting in a queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from infra.gateway_backend import (
+    BackendUnavailable,
+    ContextLengthExceeded,
+    GenerationChunk,
+    InvalidRequest,
+    ModelCard,
+    ModelNotFound,
+    ModelOverloaded,
+    Prompt,
+    QueueTimeout,
+)
+from infra.gateway_metrics import GatewayMetrics
+from infra.serving_cluster import InstanceGone, InstanceRoute, ServingCluster
+from worker import InvalidRequestError, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RayBackendConfig:
+    """How the gateway backend follows the controller and admits requests.
+
+    Fields:
+        long_poll_s: how long one ``routing_table`` call waits for a change before it returns
+            the unchanged table. A change (an instance ready) comes back at once, so this does
+            not add to a cold start; it bounds how stale the model list can get.
+        retry_interval_s: pause after a failed refresh before the next try.
+        max_ongoing_requests_per_instance: requests this gateway sends one instance at once;
+            beyond it requests queue, which the controller sees as demand for more instances.
+        retry_after_s: the Retry-After hint on 429 (queue full) and 503 (deadline passed).
+        demand_report_interval_s: how often a non-empty queue is re-reported to the controller
+            (it is also reported at once whenever its length changes); must be well under the
+            controller's ``queue_report_ttl_s``.
+        stale_after_s: without a successful refresh for this long, ``/readyz`` says not ready;
+            longer than `long_poll_s`.
+        call_timeout_s: how long ``/readyz`` and an uncached model's lookup wait on the controller.
+        broken_instance_s: how long an instance that failed a request is skipped (unless the
+            routing table drops it sooner).
+        max_attempts: instances one request is tried on before it fails (only before its first
+            token; afterwards nothing is retried).
+    """
+
+    long_poll_s: float = 5.0
+    retry_interval_s: float = 0.5
+    max_ongoing_requests_per_instance: int = 64
+    retry_after_s: float = 1.0
+    demand_report_interval_s: float = 1.0
+    stale_after_s: float = 15.0
+    call_timeout_s: float = 5.0
+    broken_instance_s: float = 10.0
+    max_attempts: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("long_poll_s", "retry_interval_s", "retry_after_s", "demand_report_interval_s",
+                     "stale_after_s", "call_timeout_s", "broken_instance_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"RayBackendConfig.{name} must be a finite number > 0, got {value!r}")
+        for name in ("max_ongoing_requests_per_instance", "max_attempts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"RayBackendConfig.{name} must be an integer >= 1, got {value!r}")
+        if self.stale_after_s <= self.long_poll_s:
+            raise ValueError(f"RayBackendConfig.stale_after_s ({self.stale_after_s:g}) must be longer than "
+                             f"long_poll_s ({self.long_poll_s:g}), or an idle gateway would look stale")
+
+
+@dataclass(frozen=True)
+class _ModelInfo:
+    """What the backend keeps of a deployed model: its card and its queue's limits."""
+
+    card: ModelCard
+    max_queued_requests: int
+    queue_timeout_s: float
+
+
+def model_info_from_record(record: Mapping[str, Any]) -> _ModelInfo:
+    """A model record of the controller (its spec, flat or under ``"spec"``) as `_ModelInfo`."""
+    spec = record.get("spec", record)
+    model_id = record.get("model_id") or spec.get("model_id") or f"{spec['tenant']}/{spec['name']}"
+    tenant = model_id.partition("/")[0]
+    autoscaling = spec.get("autoscaling") or {}
+    created = record.get("created_s", record.get("deployed_s", spec.get("created_s", 0))) or 0
+    card = ModelCard(model_id=model_id, owned_by=tenant, created_s=int(created),
+                     max_model_len=record.get("max_model_len") or spec.get("max_model_len"))
+    return _ModelInfo(card=card, max_queued_requests=int(autoscaling.get("max_queued_requests", 100)),
+                      queue_timeout_s=float(autoscaling.get("queue_timeout_s", 60.0)))
+
+
+class _Request:
+    """One request's whereabouts, for `abort`: its queue ticket or the instance serving it."""
+
+    __slots__ = ("model_id", "waiter", "route", "aborted")
+
+    def __init__(self, model_id: str) -> None:
+        self.model_id = model_id
+        self.waiter: asyncio.Future[InstanceRoute | None] | None = None
+        self.route: InstanceRoute | None = None
+        self.aborted = False
+
+
+class RayGatewayBackend:
+    """The platform's `GatewayBackend` (see the module docstring). Use on one event loop;
+    `start` (or the first call) starts the background tasks, `close` stops them."""
+
+    def __init__(self, cluster: ServingCluster, config: RayBackendConfig | None = None,
+                 metrics: GatewayMetrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self._cluster = cluster
+        self._config = config or RayBackendConfig()
+        self._metrics = metrics
+        self._clock = clock
+        self._version = -1
+        self._routes: dict[str, list[InstanceRoute]] = {}
+        self._models: dict[str, _ModelInfo] = {}
+        self._models_loaded = False
+        self._inflight: dict[str, int] = {}  # instance id -> requests this gateway has on it
+        self._broken: dict[str, float] = {}  # instance id -> skipped until (clock)
+        self._queues: dict[str, deque[asyncio.Future[InstanceRoute | None]]] = {}
+        self._requests: dict[str, _Request] = {}
+        self._reported: dict[str, tuple[int, float]] = {}  # model id -> (queue length, when) last told
+        self._raw_table: Mapping[str, Any] | None = None
+        self._raw_records: list[Mapping[str, Any]] | None = None
+        self._last_refresh_ok: float | None = None
+        self._wake: asyncio.Event | None = None  # set: report demand now
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Starts the background tasks (idempotent) and tries a first refresh at once."""
+        self._ensure_started()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._refresh(0.0), self._config.call_timeout_s)
+
+    def _ensure_started(self) -> None:
+        if self._closed:
+            raise BackendUnavailable("the gateway backend is shut down")
+        if not self._tasks or any(task.done() for task in self._tasks):
+            for task in self._tasks:
+                task.cancel()
+            loop = asyncio.get_running_loop()
+            self._wake = asyncio.Event()
+            self._tasks = [loop.create_task(self._watch_loop(), name="thaw-routing-watch"),
+                           loop.create_task(self._demand_loop(), name="thaw-demand-report")]
+
+    async def close(self) -> None:
+        """Stops the background tasks and fails every waiting request with `BackendUnavailable`."""
+        self._closed = True
+        for queue in self._queues.values():
+            for waiter in queue:
+                if not waiter.done():
+                    waiter.set_exception(BackendUnavailable("the gateway is shutting down", self._config.retry_after_s))
+        self._queues.clear()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    # ---- GatewayBackend --------------------------------------------------------------------
+
+    async def list_models(self, tenant: str | None) -> list[ModelCard]:
+        self._ensure_started()
+        if not self._models_loaded:
+            await self._refresh_or_unavailable()
+        return [info.card for model_id, info in sorted(self._models.items())
+                if tenant is None or info.card.owned_by == tenant]
+
+    async def describe_model(self, model_id: str) -> ModelCard:
+        return (await self._info(model_id)).card
+
+    async def is_ready(self) -> bool:
+        self._ensure_started()
+        if self._last_refresh_ok is None or self._clock() - self._last_refresh_ok > self._config.stale_after_s:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._refresh(0.0), self._config.call_timeout_s)
+        return self._last_refresh_ok is not None and self._clock() - self._last_refresh_ok <= self._config.stale_after_s
+
+    async def generate(self, model_id: str, request_id: str, prompt: Prompt,
+                       params: SamplingParams) -> AsyncIterator[GenerationChunk]:
+        info = await self._info(model_id)
+        payload: Any = prompt if isinstance(prompt, str) else [dict(p) if isinstance(p, Mapping) else p for p in prompt]
+        if request_id in self._requests:
+            raise InvalidRequest(f"request id {request_id!r} is already in use", "request_id")
+        request = _Request(model_id)
+        self._requests[request_id] = request
+        arrival = self._clock()
+        try:
+            for attempt in range(1, self._config.max_attempts + 1):
+                route = await self._acquire(info, request)
+                if route is None:  # aborted while it waited
+                    yield GenerationChunk(request_id=request_id, text="", token_ids=(), finished=True,
+                                          finish_reason="abort", num_prompt_tokens=0, num_output_tokens=0,
+                                          queue_s=self._clock() - arrival)
+                    return
+                queue_s: float | None = self._clock() - arrival
+                request.route = route
+                try:
+                    stream = self._cluster.generate(route, request_id, payload, params)
+                    async with contextlib.aclosing(stream) as chunks:
+                        async for chunk in chunks:
+                            yield _gateway_chunk(chunk, queue_s)
+                            queue_s = None
+                    return
+                except InstanceGone as exc:
+                    self._mark_broken(route)
+                    if queue_s is None or attempt == self._config.max_attempts:  # streamed already, or out of tries
+                        raise BackendUnavailable(f"model {model_id!r}: {exc}", self._config.retry_after_s) from exc
+                    logger.warning("request %s: %s; trying another instance", request_id, exc)
+                except InvalidRequestError as exc:
+                    raise _invalid_request(exc) from None
+                finally:
+                    request.route = None
+                    self._release(model_id, route)
+        finally:
+            del self._requests[request_id]
+
+    async def abort(self, model_id: str, request_id: str) -> None:
+        request = self._requests.get(request_id)
+        if request is None or request.model_id != model_id:
+            return
+        request.aborted = True
+        if request.waiter is not None and not request.waiter.done():
+            request.waiter.set_result(None)
+        route = request.route
+        if route is not None:
+            try:
+                await self._cluster.abort(route, request_id)
+            except Exception as exc:  # noqa: BLE001 - the stream's own close cancels it too
+                logger.warning("abort of %s on %s failed: %s", request_id, route.instance_id, exc)
+
+    # ---- models ----------------------------------------------------------------------------
+
+    async def _info(self, model_id: str) -> _ModelInfo:
+        self._ensure_started()
+        info = self._models.get(model_id)
+        if info is not None:
+            return info
+        # Not in the cache: deployed since the last refresh, or not at all. Only this path asks
+        # the controller on the request path, and only for a model nobody has served yet.
+        try:
+            record = await self._cluster.get_model(model_id)
+        except Exception as exc:  # noqa: BLE001 - an unreachable controller is a 503, not a 500
+            raise BackendUnavailable(f"the controller is unreachable: {exc}", self._config.retry_after_s) from exc
+        if record is None:
+            raise ModelNotFound(model_id)
+        info = model_info_from_record(record)
+        self._models[model_id] = info
+        return info
+
+    # ---- admission -------------------------------------------------------------------------
+
+    async def _acquire(self, info: _ModelInfo, request: _Request) -> InstanceRoute | None:
+        """A reserved instance for the request, after waiting in the model's queue if need be;
+        None if the request was aborted meanwhile."""
+        model_id = info.card.model_id
+        queue = self._queues.get(model_id)
+        if queue is not None:
+            self._prune(queue)
+        if not queue:  # nobody waits: no line to jump
+            route = self._pick(model_id)
+            if route is not None:
+                self._reserve(route)
+                return route
+            queue = self._queues.setdefault(model_id, deque())
+        if len(queue) >= info.max_queued_requests:
+            raise ModelOverloaded(
+                f"model {model_id!r} has {len(queue)} requests waiting for an instance, its limit "
+                f"(max_queued_requests); retry later", self._config.retry_after_s)
+        waiter: asyncio.Future[InstanceRoute | None] = asyncio.get_running_loop().create_future()
+        queue.append(waiter)
+        request.waiter = waiter
+        assert self._wake is not None
+        self._wake.set()  # report the new demand now
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(waiter), info.queue_timeout_s)
+        except BaseException:  # cancelled (the client left): give back a slot handed over meanwhile
+            self._abandon(model_id, waiter)
+            raise
+        finally:
+            request.waiter = None
+            with contextlib.suppress(ValueError):
+                queue.remove(waiter)
+        if waiter.done():
+            return waiter.result()  # a route, None when aborted, or the shutdown's exception
+        waiter.cancel()
+        self._wake.set()  # the queue got shorter: tell the controller
+        raise QueueTimeout(
+            f"no instance of model {model_id!r} became ready within its queue timeout of "
+            f"{info.queue_timeout_s:g} s; retry later", self._config.retry_after_s)
+
+    def _abandon(self, model_id: str, waiter: asyncio.Future[InstanceRoute | None]) -> None:
+        if waiter.done() and not waiter.cancelled() and waiter.exception() is None and waiter.result() is not None:
+            self._release(model_id, waiter.result())
+        elif not waiter.done():
+            waiter.cancel()
+
+    @staticmethod
+    def _prune(queue: deque[asyncio.Future[InstanceRoute | None]]) -> None:
+        while queue and queue[0].done():
+            queue.popleft()
+
+    def _pick(self, model_id: str) -> InstanceRoute | None:
+        """The least-loaded usable instance under the concurrency cap, or None."""
+        now, cap = self._clock(), self._config.max_ongoing_requests_per_instance
+        best: tuple[int, int, str] | None = None
+        chosen = None
+        for route in self._routes.get(model_id, ()):
+            if self._broken.get(route.instance_id, 0.0) > now:
+                continue
+            load = self._inflight.get(route.instance_id, 0)
+            if load >= cap:
+                continue
+            key = (load, route.num_ongoing_requests, route.instance_id)
+            if best is None or key < best:
+                best, chosen = key, route
+        return chosen
+
+    def _reserve(self, route: InstanceRoute) -> None:
+        self._inflight[route.instance_id] = self._inflight.get(route.instance_id, 0) + 1
+
+    def _release(self, model_id: str, route: InstanceRoute) -> None:
+        left = self._inflight.get(route.instance_id, 0) - 1
+        if left > 0:
+            self._inflight[route.instance_id] = left
+        else:
+            self._inflight.pop(route.instance_id, None)
+        self._dispatch(model_id)
+
+    def _mark_broken(self, route: InstanceRoute) -> None:
+        self._broken[route.instance_id] = self._clock() + self._config.broken_instance_s
+
+    def _dispatch(self, model_id: str) -> None:
+        """Hands free instance slots to the model's queue, oldest request first."""
+        queue = self._queues.get(model_id)
+        while queue:
+            self._prune(queue)
+            if not queue:
+                break
+            route = self._pick(model_id)
+            if route is None:
+                break
+            self._reserve(route)
+            queue.popleft().set_result(route)
+        if queue is not None and not queue:
+            del self._queues[model_id]
+            if self._wake is not None:
+                self._wake.set()  # the queue drained: report it
+
+    # ---- the background tasks -------------------------------------------------------------
+
+    async def _refresh_or_unavailable(self) -> None:
+        try:
+            await asyncio.wait_for(self._refresh(0.0), self._config.call_timeout_s)
+        except Exception as exc:  # noqa: BLE001
+            raise BackendUnavailable(f"the controller is unreachable: {exc}", self._config.retry_after_s) from exc
+
+    async def _watch_loop(self) -> None:
+        """Long-polls the routing table: a change comes back at once, no change after `long_poll_s`."""
+        failures = 0
+        while not self._closed:
+            try:
+                await self._refresh(self._config.long_poll_s)
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - keep serving from the cached table
+                failures += 1
+                if failures == 1 or failures % 100 == 0:
+                    logger.warning("routing table refresh failed (%d in a row): %s", failures, exc)
+                await asyncio.sleep(self._config.retry_interval_s)  # a back-off, not a synchronisation
+
+    async def _demand_loop(self) -> None:
+        """Reports queue lengths when woken (a queue changed) and every interval while any waits."""
+        assert self._wake is not None
+        while not self._closed:
+            self._wake.clear()
+            try:
+                await self._report_demand()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the next report repeats it
+                logger.warning("reporting queued requests to the controller failed: %s", exc)
+            waiting = any(self._queues.values())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._config.demand_report_interval_s if waiting else None)
+
+    async def _refresh(self, timeout_s: float) -> None:
+        """One routing-table call (waiting up to `timeout_s` for a change) and the model records."""
+        version, table = await self._cluster.routing_table(self._version, timeout_s)
+        records = await self._cluster.list_models()
+        first = not self._models_loaded
+        appeared = self._apply(version, table or {}, records)
+        self._last_refresh_ok = self._clock()
+        for model_id in list(self._queues):  # an instance skipped as broken may be usable again by now
+            self._dispatch(model_id)
+        if appeared and not first and self._metrics is not None:
+            await self._record_cold_starts(appeared)
+
+    async def _record_cold_starts(self, appeared: dict[str, set[str]]) -> None:
+        """Counts the instances that became ready since the last refresh as cold starts, by the
+        tier their checkpoint was read from (the controller's record says), with their load time.
+        Each gateway replica counts the starts it saw: with several replicas, take the max."""
+        assert self._metrics is not None
+        for model_id, instance_ids in appeared.items():
+            try:
+                record = await self._cluster.get_model(model_id)
+            except Exception as exc:  # noqa: BLE001 - metrics must not break routing
+                logger.warning("reading %s's instances for the cold-start metrics failed: %s", model_id, exc)
+                continue
+            for instance in (record or {}).get("instances", ()):
+                if instance.get("instance_id") in instance_ids and instance.get("load_s") is not None:
+                    self._metrics.record_cold_start(model_id, instance.get("tier") or "unknown",
+                                                    float(instance["load_s"]))
+
+    def _apply(self, version: int, table: Mapping[str, list[Mapping[str, Any]]],
+               records: list[Mapping[str, Any]]) -> dict[str, set[str]]:
+        """Takes a new routing table and model list; hands new capacity to waiting requests.
+        Returns the instances that were not in the previous table, by model."""
+        # Compared by content, not only by version: a restarted controller counts from 0 again.
+        if self._models_loaded and version == self._version and table == self._raw_table \
+                and records == self._raw_records:
+            return {}
+        self._raw_table, self._raw_records = table, records
+        models = {}
+        for record in records:
+            try:
+                info = model_info_from_record(record)
+            except (KeyError, TypeError, ValueError) as exc:
+                logger.warning("skipping a model record the gateway cannot read: %s", exc)
+                continue
+            models[info.card.model_id] = info
+        routes = {model_id: [InstanceRoute.from_dict(entry) for entry in entries]
+                  for model_id, entries in table.items()}
+        live = {route.instance_id for entries in routes.values() for route in entries}
+        known = {route.instance_id for entries in self._routes.values() for route in entries}
+        appeared = {model_id: ids for model_id, entries in routes.items()
+                    if (ids := {r.instance_id for r in entries} - known)}
+        self._broken = {i: until for i, until in self._broken.items() if i in live}
+        forget = getattr(self._cluster, "forget", None)
+        if forget is not None:
+            forget(live)
+        if self._metrics is not None:
+            for model_id in set(self._routes) | set(self._models):
+                if model_id not in models:
+                    self._metrics.forget_model(model_id)
+            for model_id in models:
+                self._metrics.set_instances(model_id, len(routes.get(model_id, ())))
+        self._version, self._routes, self._models, self._models_loaded = version, routes, models, True
+        for model_id in list(self._queues):
+            if model_id not in models:  # deleted while requests waited for it
+                self._drop_model(model_id)
+            else:
+                self._dispatch(model_id)
+        return appeared
+
+    def _drop_model(self, model_id: str) -> None:
+        """Forgets a deleted model and fails the requests waiting for it with `ModelNotFound`."""
+        self._models.pop(model_id, None)
+        self._reported.pop(model_id, None)
+        for waiter in self._queues.pop(model_id, ()):
+            if not waiter.done():
+                waiter.set_exception(ModelNotFound(model_id))
+
+    async def _report_demand(self) -> None:
+        """Tells the controller each queue's length when it changed, and again every
+        ``demand_report_interval_s`` while it is not empty."""
+        now = self._clock()
+        for model_id in set(self._queues) | set(self._reported):
+            queue = self._queues.get(model_id)
+            num_queued = sum(1 for waiter in queue if not waiter.done()) if queue else 0
+            last = self._reported.get(model_id)
+            if last is None and num_queued == 0:
+                continue  # nothing waited, nothing to take back
+            if last is not None and last[0] == num_queued and now - last[1] < self._config.demand_report_interval_s:
+                continue
+            try:
+                await self._cluster.notify_demand(model_id, num_queued)
+            except LookupError:  # deleted: the controller knows it no longer
+                self._drop_model(model_id)
+                continue
+            if num_queued == 0:
+                self._reported.pop(model_id, None)
+            else:
+                self._reported[model_id] = (num_queued, now)
+
+
+def _gateway_chunk(chunk: Any, queue_s: float | None) -> GenerationChunk:
+    """A worker's chunk as the gateway's (`worker.GenerationChunk` names the counts differently)."""
+    return GenerationChunk(request_id=chunk.request_id, text=chunk.text, token_ids=tuple(chunk.token_ids),
+                           finished=chunk.finish_reason is not None, finish_reason=chunk.finish_reason,
+                           num_prompt_tokens=chunk.num_prompt_tokens, num_output_tokens=chunk.num_completion_tokens,
+                           queue_s=queue_s)
+
+
+def _invalid_request(exc: InvalidRequestError) -> InvalidRequest:
+    """The worker's refusal as a 400 naming the field; a prompt over the context gets its own code."""
+    message = getattr(exc, "message", None) or str(exc)
+    field = getattr(exc, "field", None)
+    if field in ("prompt", "messages") and "context" in message:
+        return ContextLengthExceeded(message, field)
+    return InvalidRequest(message, field)

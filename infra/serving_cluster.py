@@ -1,0 +1,151 @@
+"""The gateway's only door to Ray: `ServingCluster` (what the backend needs) and `RayServingCluster`.
+
+`RayGatewayBackend` never touches Ray itself: every controller call and every instance stream
+goes through this small interface, so the backend's routing, queueing and retry logic is unit
+tested against a fake in plain asyncio (house rule, after Ray Serve's wrapper classes), and the
+Ray-specific parts — awaiting object refs, resolving named actors, unwrapping errors — live in
+one place that the end-to-end tests exercise for real.
+
+What crosses it is plain data: the controller's routing table and model records as dicts (its
+wire format), `InstanceRoute`s, and `worker.GenerationChunk`s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from infra.controller_client import ControllerClient
+from worker import SamplingParams
+
+
+RoutingTableData = Mapping[str, list[Mapping[str, Any]]]  # model id -> route dicts (the controller's wire format)
+
+
+class InstanceGone(Exception):
+    """The instance cannot serve (its actor died, it is shutting down, its load failed): the
+    request may be tried on another instance if nothing was streamed yet."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceRoute:
+    """One ready instance of a model, as the controller's routing table lists it."""
+
+    instance_id: str
+    actor_name: str
+    namespace: str | None
+    node_id: str
+    num_ongoing_requests: int = 0  # as last reported to the controller (stale by design)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> InstanceRoute:
+        return cls(instance_id=str(data["instance_id"]), actor_name=str(data["actor_name"]),
+                   namespace=data.get("namespace"), node_id=str(data.get("node_id", "")),
+                   num_ongoing_requests=int(data.get("num_ongoing_requests") or 0))
+
+
+class ServingCluster(Protocol):
+    """Controller and instances, as the gateway backend uses them. All methods are coroutines
+    (or async iterators) on the caller's loop; none blocks it."""
+
+    async def routing_table(self, known_version: int, timeout_s: float) -> tuple[int, RoutingTableData]:
+        """``(version, {model_id: [route dict]})``: at once if `known_version` is not current,
+        else after the next change or `timeout_s` (a long poll)."""
+        ...
+
+    async def list_models(self) -> list[Mapping[str, Any]]:
+        """Every deployed model's record (as the controller's ``list_models`` returns it)."""
+        ...
+
+    async def get_model(self, model_id: str) -> Mapping[str, Any] | None:
+        """One model's record, or None when it is not deployed."""
+        ...
+
+    async def notify_demand(self, model_id: str, num_queued: int) -> None:
+        """Tells the controller how many requests wait for an instance of the model."""
+        ...
+
+    def generate(self, route: InstanceRoute, request_id: str, prompt: Any,
+                 params: SamplingParams) -> AsyncIterator[Any]:
+        """The instance's `worker.GenerationChunk`s; closing early cancels the request there.
+        Raises `InstanceGone` when the instance cannot serve, and the worker's
+        `InvalidRequestError`s as themselves."""
+        ...
+
+    async def abort(self, route: InstanceRoute, request_id: str) -> None:
+        """Aborts a running request on its instance (its stream then ends with "abort")."""
+        ...
+
+
+class RayServingCluster:
+    """`ServingCluster` over the controller (through `ControllerClient`) and the instances'
+    named actors.
+
+    Actor handles of instances are looked up by name once and cached by instance id; the
+    lookup (``ray.get_actor`` blocks) runs on a thread, and happens when a route is first
+    used — usually right after the routing table announced the instance.
+    """
+
+    def __init__(self, controller: ControllerClient, call_timeout_s: float = 10.0) -> None:
+        if not call_timeout_s > 0:
+            raise ValueError(f"call_timeout_s must be > 0, got {call_timeout_s!r}")
+        self._controller = controller
+        self._call_timeout_s = call_timeout_s
+        self._handles: dict[str, Any] = {}
+
+    async def routing_table(self, known_version: int, timeout_s: float) -> tuple[int, RoutingTableData]:
+        return await self._controller.routing_table(known_version, timeout_s)
+
+    async def list_models(self) -> list[Mapping[str, Any]]:
+        return await self._controller.list_models()
+
+    async def get_model(self, model_id: str) -> Mapping[str, Any] | None:
+        try:
+            return await self._controller.get_model(model_id)
+        except LookupError:  # the controller's UnknownModelError
+            return None
+
+    async def notify_demand(self, model_id: str, num_queued: int) -> None:
+        await self._controller.notify_demand(model_id, num_queued)
+
+    async def _handle(self, route: InstanceRoute) -> Any:
+        handle = self._handles.get(route.instance_id)
+        if handle is None:
+            import ray
+
+            try:
+                handle = await asyncio.to_thread(ray.get_actor, route.actor_name, namespace=route.namespace)
+            except ValueError as exc:  # no actor of that name: it is gone
+                raise InstanceGone(f"instance {route.instance_id} ({route.actor_name}) is gone") from exc
+            self._handles[route.instance_id] = handle
+        return handle
+
+    def forget(self, instance_ids: set[str]) -> None:
+        """Drops cached handles of instances no longer in the routing table."""
+        for instance_id in [i for i in self._handles if i not in instance_ids]:
+            del self._handles[instance_id]
+
+    async def generate(self, route: InstanceRoute, request_id: str, prompt: Any,
+                       params: SamplingParams) -> AsyncIterator[Any]:
+        import ray
+
+        from worker import EngineDeadError, InstanceLoadError, stream_generation
+
+        handle = await self._handle(route)
+        try:
+            # aclosing: when the caller closes this stream early, stream_generation's own close
+            # (ray.cancel of the worker's stream) runs now, not whenever it is garbage-collected.
+            async with contextlib.aclosing(stream_generation(handle, request_id, prompt, params)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        except (EngineDeadError, InstanceLoadError, ray.exceptions.RayActorError) as exc:
+            self._handles.pop(route.instance_id, None)
+            raise InstanceGone(f"instance {route.instance_id} cannot serve: {type(exc).__name__}: {exc}") from exc
+
+    async def abort(self, route: InstanceRoute, request_id: str) -> None:
+        handle = self._handles.get(route.instance_id)
+        if handle is not None:
+            await asyncio.wait_for(handle.abort.remote(request_id), self._call_timeout_s)

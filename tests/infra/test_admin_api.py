@@ -1,0 +1,394 @@
+"""The admin API, its client and the ``thaw`` admin commands, over real HTTP.
+
+uvicorn serves the gateway app with the admin router mounted, over a real SQLite state store
+(tenants, hashed keys, the admin key) and an in-memory controller that raises the real
+controller's errors; the client side is `AdminClient` (aiohttp) and the ``thaw`` console script
+as a subprocess. The same routes over the real controller on Ray are in test_platform_e2e.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import uvicorn
+
+from controller import (InvalidSpecError, ModelAlreadyDeployedError, ModelSpec, SpecError, UnknownModelError,
+                        open_state_store)
+from infra.admin_api import build_admin_router
+from infra.admin_client import AdminApiError, AdminClient, resolve_endpoint
+from infra.admin_key import ADMIN_TENANT, AdminKeyAuth, ensure_admin_key, read_key_file, reset_admin_key
+from infra.controller_client import ControllerUnavailable
+from infra.gateway_app import build_gateway_app
+from infra.gateway_backend import ModelCard, ModelNotFound
+
+THAW = str(Path(sys.executable).parent / "thaw")
+DEADLINE_S = 20.0
+STATUS = {
+    "namespace": "thaw", "platform_id": "thaw", "num_ticks": 7, "last_tick_errors": [], "routing_version": 3,
+    "models": [{"model_id": "acme/m", "num_desired_instances": 1, "num_ready_instances": 1,
+                "num_loading_instances": 0, "num_ongoing_requests": 2, "num_queued_requests": 0,
+                "scale_reason": "demand 2 / target 2", "placement_reason": "dram on node0"}],
+    "instances": [{"instance_id": "i-1", "model_id": "acme/m", "node_id": "node0", "ray_node_id": "r0",
+                   "actor_name": "thaw-worker-i-1", "state": "ready", "tier": "dram", "estimate_s": 0.12,
+                   "load_s": 0.2, "num_ongoing_requests": 2, "num_generated_tokens": 10, "last_error": None}],
+    "nodes": [{"node_id": "node0", "ray_node_id": "r0", "num_slots": 2, "num_free_slots": 1, "draining": False,
+               "store_connected": True, "report_error": None, "reported_at": 0.0, "num_fetches": 1,
+               "tiers": [{"tier": "dram", "capacity_bytes": 8_000_000_000, "used_bytes": 1_200_000,
+                          "entries": [{"model": "acme--m", "num_bytes": 1_200_000, "last_used_s": 0.0,
+                                       "pinned": True, "num_loading": 0, "filling": False}]},
+                         {"tier": "ssd", "capacity_bytes": 64_000_000_000, "used_bytes": 1_200_000,
+                          "entries": [{"model": "acme--m", "num_bytes": 1_200_000, "last_used_s": 0.0,
+                                       "pinned": False, "num_loading": 0, "filling": False}]}],
+               "measured_bandwidth": None, "effective_bandwidth": {},
+               "placement_bytes_per_s": {"dram_bytes_per_s": 8e9, "ssd_bytes_per_s": 1e9,
+                                         "repository_bytes_per_s": 2e8}}],
+    "recent_decisions": [{"kind": "placement", "model_id": "acme/m", "instance_id": "i-1", "node_id": "node0",
+                          "tier": "dram", "estimate_s": 0.12, "reason": "fastest", "at_s": 0.0,
+                          "estimates": [{"node_id": "node0", "tier": "dram", "load_s": 0.12, "wait_s": 0.0,
+                                         "ready_s": 0.12, "num_free_slots": 1, "has_room": True}]}],
+}
+
+
+class FakeController:
+    """The controller's API in memory, refusing with the controller's own errors."""
+
+    def __init__(self) -> None:
+        self.specs: dict[str, dict[str, Any]] = {}
+        self.drained: list[str] = []
+        self.unavailable = False
+
+    def _check(self) -> None:
+        if self.unavailable:
+            raise ControllerUnavailable("the controller did not answer: RayActorError")
+
+    def _model(self, model_id: str) -> dict[str, Any]:
+        if model_id not in self.specs:
+            raise UnknownModelError(model_id)
+        return self.specs[model_id]
+
+    async def deploy(self, spec: dict[str, Any]) -> dict[str, Any]:
+        self._check()
+        model_id = f"{spec['tenant']}/{spec['name']}"
+        if model_id in self.specs and self.specs[model_id] != spec:
+            raise ModelAlreadyDeployedError(model_id)
+        self.specs[model_id] = copy.deepcopy(spec)
+        return spec
+
+    async def update(self, spec: dict[str, Any]) -> dict[str, Any]:
+        self._check()
+        self._model(f"{spec['tenant']}/{spec['name']}")
+        self.specs[f"{spec['tenant']}/{spec['name']}"] = copy.deepcopy(spec)
+        return spec
+
+    async def delete(self, model_id: str) -> None:
+        self._check()
+        self._model(model_id)
+        del self.specs[model_id]
+
+    async def list_models(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        self._check()
+        return [s for m, s in sorted(self.specs.items()) if tenant is None or s["tenant"] == tenant]
+
+    async def get_model(self, model_id: str) -> dict[str, Any]:
+        self._check()
+        return {"model_id": model_id, "spec": self._model(model_id), "instances": []}
+
+    async def scale(self, model_id: str, min_instances: int | None = None,
+                    max_instances: int | None = None) -> dict[str, Any]:
+        self._check()
+        spec = copy.deepcopy(self._model(model_id))
+        for key, value in (("min_instances", min_instances), ("max_instances", max_instances)):
+            if value is not None:
+                spec["autoscaling"][key] = value
+        try:
+            ModelSpec.from_dict(spec)
+        except SpecError as exc:
+            raise InvalidSpecError(exc.field, exc.reason) from None
+        self.specs[model_id] = spec
+        return spec
+
+    async def status(self) -> dict[str, Any]:
+        self._check()
+        return STATUS
+
+    async def drain_node(self, node_id: str) -> dict[str, Any]:
+        self._check()
+        if node_id != "node0":
+            raise LookupError(f"no node {node_id!r}; nodes: ['node0']")
+        self.drained.append(node_id)
+        return {"node_id": node_id, "stopping": ["i-1"]}
+
+
+class CardsBackend:
+    """A gateway backend that only lists the fake controller's models (no generation here)."""
+
+    def __init__(self, controller: FakeController) -> None:
+        self._controller = controller
+
+    async def list_models(self, tenant: str | None) -> list[ModelCard]:
+        return [ModelCard(model_id=m, owned_by=m.split("/")[0], created_s=0) for m in sorted(self._controller.specs)
+                if tenant is None or m.split("/")[0] == tenant]
+
+    async def describe_model(self, model_id: str) -> ModelCard:
+        if model_id not in self._controller.specs:
+            raise ModelNotFound(model_id)
+        return ModelCard(model_id=model_id, owned_by=model_id.split("/")[0], created_s=0)
+
+    def generate(self, *args: Any):
+        raise NotImplementedError
+
+    async def abort(self, model_id: str, request_id: str) -> None:
+        pass
+
+    async def is_ready(self) -> bool:
+        return True
+
+
+class Server:
+    def __init__(self, url: str, admin_key: str, store, controller: FakeController, state_dir: Path) -> None:
+        self.url, self.admin_key, self.store, self.controller, self.state_dir = url, admin_key, store, controller, state_dir
+
+    def call(self, action, key: str | None = "admin"):
+        async def main():
+            async with AdminClient(self.url, self.admin_key if key == "admin" else key, timeout_s=DEADLINE_S) as c:
+                return await action(c)
+
+        return asyncio.run(main())
+
+    def thaw(self, *args: str, key: str | None = "admin") -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k not in ("THAW_URL", "THAW_ADMIN_KEY", "THAW_STATE_DIR")}
+        flags = ["--url", self.url, "--state", str(self.state_dir)]
+        if key is not None:
+            flags += ["--admin-key", self.admin_key if key == "admin" else key]
+        command, *rest = args
+        sub = [command] if command not in ("tenants", "keys") else [command, rest.pop(0)]
+        return subprocess.run([THAW, *sub, *rest, *flags], capture_output=True, text=True, timeout=60, env=env)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Server]:
+    state_dir = tmp_path_factory.mktemp("admin-state")
+    store = open_state_store(str(state_dir) + "/")
+    admin_key = ensure_admin_key(store, state_dir / "admin_key")
+    controller = FakeController()
+    auth = AdminKeyAuth(verify_api_key=store.verify_api_key)
+    app = build_gateway_app(CardsBackend(controller), auth)
+    app.include_router(build_admin_router(controller, store, auth))
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=1):
+                break
+        except OSError:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+    try:
+        yield Server(url, admin_key, store, controller, state_dir)
+    finally:
+        uv.should_exit = True
+        thread.join(DEADLINE_S)
+        sock.close()
+        store.close()
+
+
+def spec(model_id: str, **autoscaling: Any) -> dict[str, Any]:
+    tenant, name = model_id.split("/")
+    return ModelSpec.from_dict({"tenant": tenant, "name": name, "source": "/models/demo",
+                                "autoscaling": autoscaling}).to_dict()
+
+
+def test_the_admin_key_is_made_once_stored_hashed_and_can_be_reset(tmp_path):
+    with open_state_store(str(tmp_path) + "/") as store:
+        key = ensure_admin_key(store, tmp_path / "admin_key")
+        assert key.startswith("thaw_") and ensure_admin_key(store, tmp_path / "admin_key") is None
+        assert read_key_file(tmp_path / "admin_key") == key
+        assert stat.S_IMODE((tmp_path / "admin_key").stat().st_mode) == 0o600
+        records = store.list_api_keys(ADMIN_TENANT)
+        assert len(records) == 1 and key.split("_")[2] not in repr(records[0].to_dict())  # only a hash is kept
+        assert store.verify_api_key(key) == ADMIN_TENANT
+        new = reset_admin_key(store, tmp_path / "admin_key")
+        assert new != key and store.verify_api_key(key) is None and store.verify_api_key(new) == ADMIN_TENANT
+        assert read_key_file(tmp_path / "admin_key") == new
+
+
+def test_endpoint_resolution_order(tmp_path):
+    (tmp_path / "gateway_url").write_text("http://10.0.0.1:9000\n")
+    (tmp_path / "admin_key").write_text("from-file\n")
+    assert resolve_endpoint(None, None, tmp_path, {}) == ("http://10.0.0.1:9000", "from-file")
+    env = {"THAW_URL": "http://env:1/", "THAW_ADMIN_KEY": "from-env"}
+    assert resolve_endpoint(None, None, tmp_path, env) == ("http://env:1", "from-env")
+    assert resolve_endpoint("http://flag:2", "from-flag", tmp_path, env) == ("http://flag:2", "from-flag")
+    assert resolve_endpoint(None, None, tmp_path / "none", {}) == ("http://127.0.0.1:8000", None)
+
+
+def test_admin_routes_need_the_admin_key(server):
+    for key, status in ((None, 401), ("thaw_0123456789abcdef_" + "x" * 43, 401)):
+        with pytest.raises(AdminApiError) as info:
+            server.call(lambda c: c.list_models(), key=key)
+        assert info.value.status == status
+    server.store.add_tenant("outsider")
+    tenant_key = server.store.create_api_key("outsider")
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.status(), key=tenant_key)
+    assert info.value.status == 403 and "admin key" in info.value.message
+    assert server.call(lambda c: c.status())["routing_version"] == 3
+
+
+def test_models_deploy_get_update_scale_delete(server):
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.deploy({"tenant": "acme", "name": "bad", "source": "/m", "autoscaling": {"max_instances": 0}}))
+    assert info.value.status == 400 and info.value.param == "autoscaling.max_instances"
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.deploy(spec(f"{ADMIN_TENANT}/m")))
+    assert info.value.status == 400 and "reserved" in info.value.message
+    deployed = server.call(lambda c: c.deploy(spec("acme/m")))
+    assert deployed["name"] == "m" and "acme" in server.store.list_tenants()  # the tenant came with the model
+    assert server.call(lambda c: c.deploy(spec("acme/m"))) == deployed  # the same spec again: fine
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.deploy(spec("acme/m", max_instances=3)))
+    assert info.value.status == 409 and "update" in info.value.message
+    updated = server.call(lambda c: c.update(spec("acme/m", max_instances=3)))
+    assert updated["autoscaling"]["max_instances"] == 3
+    assert server.call(lambda c: c.get_model("acme/m"))["spec"]["autoscaling"]["max_instances"] == 3
+    scaled = server.call(lambda c: c.scale("acme/m", 0, 2))
+    assert (scaled["autoscaling"]["min_instances"], scaled["autoscaling"]["max_instances"]) == (0, 2)
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.scale("acme/m", 3, None))
+    assert info.value.status == 400 and info.value.param == "autoscaling.max_instances"
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.get_model("acme/missing"))
+    assert info.value.status == 404 and "acme/missing" in info.value.message
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.get_model("Acme/m"))
+    assert info.value.status == 400 and info.value.param == "tenant"
+    assert [s["name"] for s in server.call(lambda c: c.list_models("acme"))] == ["m"]
+    assert server.call(lambda c: c.delete("acme/m")) == {"deleted": "acme/m"}
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.delete("acme/m"))
+    assert info.value.status == 404
+
+
+def test_tenants_and_keys(server):
+    assert server.call(lambda c: c.create_tenant("beta")) == {"tenant": "beta", "created": True}
+    assert server.call(lambda c: c.create_tenant("beta"))["created"] is False
+    assert ADMIN_TENANT not in server.call(lambda c: c.list_tenants()) and "beta" in server.call(lambda c: c.list_tenants())
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.create_tenant(ADMIN_TENANT))
+    assert info.value.status == 400
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.create_tenant("Not Valid"))
+    assert info.value.status == 400 and info.value.param == "name" and "lowercase" in info.value.message
+    created = server.call(lambda c: c.create_key("beta"))
+    key = created["api_key"]
+    assert server.store.verify_api_key(key) == "beta" and created["key_id"] in key
+    listed = server.call(lambda c: c.list_keys("beta"))
+    assert [k["key_id"] for k in listed] == [created["key_id"]] and "api_key" not in listed[0]
+    assert all(k["tenant"] != ADMIN_TENANT for k in server.call(lambda c: c.list_keys()))
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.create_key("nobody"))
+    assert info.value.status == 404
+    # A tenant key sees and calls only its tenant's models; the admin key sees all.
+    server.call(lambda c: c.deploy(spec("beta/one")))
+    server.call(lambda c: c.deploy(spec("gamma/two")))
+    tenant_client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0)
+    assert [m.id for m in tenant_client.models.list()] == ["beta/one"]
+    with pytest.raises(openai.PermissionDeniedError):
+        tenant_client.models.retrieve("gamma/two")
+    admin_client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.admin_key, max_retries=0)
+    assert {m.id for m in admin_client.models.list()} >= {"beta/one", "gamma/two"}
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.delete_tenant("beta"))
+    assert info.value.status == 409 and "beta/one" in info.value.message
+    server.call(lambda c: c.delete("beta/one"))
+    server.call(lambda c: c.revoke_key(created["key_id"]))
+    assert server.store.verify_api_key(key) is None
+    with pytest.raises(openai.AuthenticationError):
+        tenant_client.models.list()
+    assert server.call(lambda c: c.delete_tenant("beta")) == {"deleted": "beta"}
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.delete_tenant("beta"))
+    assert info.value.status == 404
+    admin_id = server.store.list_api_keys(ADMIN_TENANT)[0].key_id
+    with pytest.raises(AdminApiError) as info:  # the admin key cannot be revoked through the API
+        server.call(lambda c: c.revoke_key(admin_id))
+    assert info.value.status == 404
+
+
+def test_an_unreachable_controller_is_503_with_retry_after(server):
+    server.controller.unavailable = True
+    try:
+        with pytest.raises(AdminApiError) as info:
+            server.call(lambda c: c.status())
+        assert info.value.status == 503
+        request = urllib.request.Request(f"{server.url}/admin/models",
+                                         headers={"Authorization": f"Bearer {server.admin_key}"})
+        with pytest.raises(urllib.error.HTTPError) as http:
+            urllib.request.urlopen(request, timeout=DEADLINE_S)
+        assert http.value.code == 503 and http.value.headers["Retry-After"] == "1"
+    finally:
+        server.controller.unavailable = False
+
+
+def test_cli_commands_print_tables_and_exit_with_meaningful_codes(server, tmp_path):
+    spec_file = tmp_path / "model.yaml"
+    spec_file.write_text("tenant: cli\nname: small\nsource: ./weights\nautoscaling:\n  max_instances: 2\n")
+    result = server.thaw("deploy", str(spec_file), "--min-instances", "1")
+    assert result.returncode == 0, result.stderr
+    stored = server.controller.specs["cli/small"]
+    assert stored["source"] == str(tmp_path / "weights") and stored["autoscaling"]["min_instances"] == 1
+    result = server.thaw("list")
+    assert result.returncode == 0 and "cli/small" in result.stdout and "1..2" in result.stdout
+    result = server.thaw("status")
+    assert result.returncode == 0, result.stderr
+    for text in ("MODELS", "acme/m", "INSTANCES", "i-1", "CHECKPOINTS", "acme--m", "dram", "ssd",
+                 "LOAD ESTIMATES", "0.12", "1/2"):
+        assert text in result.stdout, text
+    assert server.thaw("scale", "cli/small", "--max", "3").returncode == 0
+    assert server.controller.specs["cli/small"]["autoscaling"]["max_instances"] == 3
+    result = server.thaw("scale", "cli/small", "--max", "0")  # the server refuses the value: bad input
+    assert result.returncode == 2 and "max_instances" in result.stderr
+    result = server.thaw("drain", "node0")
+    assert result.returncode == 0 and "i-1" in result.stdout and server.controller.drained == ["node0"]
+    assert server.thaw("drain", "node9").returncode == 1
+    result = server.thaw("tenants", "create", "clitenant")
+    assert result.returncode == 0 and "created" in result.stdout
+    result = server.thaw("keys", "create", "clitenant")
+    assert result.returncode == 0 and server.store.verify_api_key(result.stdout.strip()) == "clitenant"
+    result = server.thaw("keys", "ls", "--tenant", "clitenant", "--json")
+    assert result.returncode == 0 and '"tenant": "clitenant"' in result.stdout
+    result = server.thaw("delete", "cli/small")
+    assert result.returncode == 0 and "cli/small" not in server.controller.specs
+    result = server.thaw("delete", "cli/small")
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and "not deployed" in result.stderr
+    result = server.thaw("deploy", "--name", "cli/x")  # no --source: refused before any call
+    assert result.returncode == 2 and "--source" in result.stderr
+    result = server.thaw("status", key=None)  # the key comes from the state directory's admin_key file
+    assert result.returncode == 0 and "MODELS" in result.stdout
+    result = subprocess.run([THAW, "status", "--url", server.url, "--state", str(tmp_path / "empty")],
+                            capture_output=True, text=True, timeout=60,
+                            env={k: v for k, v in os.environ.items() if k != "THAW_ADMIN_KEY"})
+    assert result.returncode == 1 and "no admin key found" in result.stderr
+    result = subprocess.run([THAW, "status", "--url", "http://127.0.0.1:9", "--admin-key", "k"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "no Thaw gateway answers" in result.stderr
