@@ -1,1 +1,43 @@
-"""Placeholder: filled in by its own issue."""
+"""Live migration of in-flight requests between model instances.
+
+Two methods behind one interface (`MigrationEndpoint`), both abort-safe — a migration that fails
+at any step leaves the request finishing on its source, whole, and frees what the destination
+reserved — and both invisible to a client that follows the request (`follow_generation`):
+
+- token-based (`migrate_by_tokens`, after ServerlessLLM): the destination recomputes the KV from
+  the tokens in rounds while the source decodes; the stop costs one short prefill;
+- KV blocks (`migrate_by_kv`, after Llumnix): the blocks are copied in stages while the source
+  decodes; the stop copies the last one or two, whatever the context length.
+
+Public API:
+- `migrate_request`, `migrate_requests` (many at once, concurrently), `migrate_by_tokens`,
+  `migrate_by_kv`, with `TokenMigrationConfig`, `KVMigrationConfig`; they return a
+  `MigrationOutcome` (`MigrationStatus`, `MigrationMethod`, costs) and never raise for a failed
+  migration.
+- `MigrationEndpoint`: what a protocol drives; `EngineEndpoint` (an in-process `AsyncEngine`),
+  `RayEndpoint` (a `MigratableInstanceActor`).
+- `MigratableInstanceActor`, `start_migratable_instance`: an instance actor that can migrate;
+  `follow_generation`: the client's stream across hand-offs.
+- `KVTransport`, `KVPayload`, `InProcessKVTransport`, `RayObjectKVTransport`: how blocks travel.
+- `RequestSnapshot`, `MigrationRefusedError`, `UnknownRequestError`: from `worker`, re-exported.
+"""
+
+from migration.engine_endpoint import EngineEndpoint
+from migration.following_stream import follow_generation
+from migration.kv_migration import KVMigrationConfig, migrate_by_kv
+from migration.kv_transport import InProcessKVTransport, KVPayload, KVTransport, RayObjectKVTransport
+from migration.migratable_instance_actor import MigratableInstanceActor, start_migratable_instance
+from migration.migrate import migrate_request, migrate_requests
+from migration.migration_endpoint import MigrationEndpoint
+from migration.migration_outcome import MigrationMethod, MigrationOutcome, MigrationStatus
+from migration.ray_endpoint import RayEndpoint
+from migration.token_migration import TokenMigrationConfig, migrate_by_tokens
+from worker import MigrationRefusedError, RequestSnapshot, UnknownRequestError
+
+__all__ = [
+    "EngineEndpoint", "InProcessKVTransport", "KVMigrationConfig", "KVPayload", "KVTransport",
+    "MigratableInstanceActor", "MigrationEndpoint", "MigrationMethod", "MigrationOutcome", "MigrationRefusedError",
+    "MigrationStatus", "RayEndpoint", "RayObjectKVTransport", "RequestSnapshot", "TokenMigrationConfig",
+    "UnknownRequestError", "follow_generation", "migrate_by_kv", "migrate_by_tokens", "migrate_request",
+    "migrate_requests", "start_migratable_instance",
+]

@@ -12,6 +12,9 @@ Public API (everything else in this folder is private to it):
   ``shutdown``); `InvalidFieldError` names the refused field, `InstanceLoadError` a failed load.
 - `InstanceWorkerActor`, `start_instance_worker`, `stop_instance_worker`, `stream_generation`:
   the instance as a Ray actor, and the caller's side of its stream.
+- Live migration hooks: `RequestSnapshot` (a request without its KV), the functions of
+  `worker.engine_migration` (export/freeze/release a request, read/write its KV blocks, import
+  one), `MigrationRefusedError`, `UnknownRequestError`; `AsyncEngine.call` runs them between steps.
 """
 
 from worker.async_engine import AsyncEngine, EngineDeadError
@@ -19,6 +22,7 @@ from worker.checkpoint import CheckpointError
 from worker.demo_model import DemoModelConfig, write_demo_model
 from worker.engine import Engine, InvalidRequestError
 from worker.engine_config import EngineConfig
+from worker.engine_migration import MigrationRefusedError, UnknownRequestError
 from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
 from worker.instance_worker import GenerationChunk, InstanceLoadError, InstanceWorker, InvalidFieldError
 from worker.instance_worker_actor import (
@@ -26,13 +30,15 @@ from worker.instance_worker_actor import (
 )
 from worker.model_config import ModelConfig, UnsupportedModelError
 from worker.request_output import Completion, RequestOutput
+from worker.request_snapshot import RequestSnapshot
 from worker.sampling_params import SamplingParams
 from worker.tokenizer import Tokenizer
 
 __all__ = [
     "AsyncEngine", "CheckpointError", "Completion", "DemoModelConfig", "Engine", "EngineConfig",
     "EngineDeadError", "GenerationChunk", "InstanceLoad", "InstanceLoadError", "InstanceState", "InstanceStats",
-    "InstanceWorker", "InstanceWorkerActor", "InvalidFieldError", "InvalidRequestError", "ModelConfig",
-    "RequestOutput", "SamplingParams", "Tokenizer", "UnsupportedModelError", "start_instance_worker",
+    "InstanceWorker", "InstanceWorkerActor", "InvalidFieldError", "InvalidRequestError", "MigrationRefusedError",
+    "ModelConfig", "RequestOutput", "RequestSnapshot", "SamplingParams", "Tokenizer", "UnknownRequestError",
+    "UnsupportedModelError", "start_instance_worker",
     "stop_instance_worker", "stream_generation", "write_demo_model",
 ]

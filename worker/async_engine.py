@@ -6,16 +6,23 @@ validates the request in the caller (so a bad request raises right there, alone)
 posts it to the engine thread's inbox; the engine thread posts each step's outputs back
 to the caller's event loop. Leaving the ``async for`` early — a client that disconnected —
 aborts the request on the engine, which frees its KV blocks at once.
+
+Work that must see the engine between two steps (live migration: export a request, copy its KV
+blocks, import one) is posted to the same inbox with `call`, so it runs on the engine thread in
+order with everything else and never races a step. A request that enters the engine that way
+(an imported one) gets its stream from `open_stream`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from worker.engine import Engine, InvalidRequestError, Prompt
 from worker.request_output import RequestOutput
@@ -23,6 +30,8 @@ from worker.sampling_params import SamplingParams
 from worker.sequence import Sequence
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -77,6 +86,57 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
 
+    async def call(self, fn: Callable[[Engine], T]) -> T:
+        """Runs ``fn(engine)`` on the engine thread between two steps; returns what it returns or
+        raises what it raises. Raises `EngineDeadError` if the engine thread has stopped."""
+        self._check_alive()
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(("call", (fn, done)))
+        if not self._thread.is_alive():  # stopped while we posted: nobody will ever run it
+            self._fail_calls(EngineDeadError("engine is shut down"))
+        return await asyncio.wrap_future(done)
+
+    def deliver(self, outputs: Iterable[RequestOutput]) -> None:
+        """Posts outputs made outside `Engine.step` (by a `call`) to their streams, in order after
+        every output already posted. Safe from any thread; the engine thread is the one to use."""
+        self._deliver(list(outputs))
+
+    def open_stream(self, request_id: str) -> AsyncIterator[RequestOutput]:
+        """Registers a stream for a request that enters the engine some other way than `generate`
+        (an imported one), at once: outputs posted from now on are kept until they are read.
+        Returns the stream; leaving it early aborts the request, as with `generate`."""
+        self._check_alive()
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        with self._lock:
+            if request_id in self._streams:
+                raise InvalidRequestError(f"request id {request_id!r} is already in use")
+            self._streams[request_id] = stream
+        return self._read_stream(request_id, stream)
+
+    async def _read_stream(self, request_id: str, stream: _Stream) -> AsyncIterator[RequestOutput]:
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                with self._lock:  # the request may never have reached the engine: free its id here
+                    if self._streams.get(request_id) is stream:
+                        del self._streams[request_id]
+                self._inbox.put(("abort", request_id))
+
+    def _check_alive(self) -> None:
+        if self._error is not None:
+            raise EngineDeadError(f"engine stopped: {self._error!r}")
+        if self._stopped.is_set():
+            raise EngineDeadError("engine is shut down")
+
     @property
     def is_alive(self) -> bool:
         """False once the engine thread has stopped, by `shutdown` or by an error (see `error`)."""
@@ -107,9 +167,11 @@ class AsyncEngine:
             logger.exception("engine thread died")
             self._error = exc
             self._fail_all(EngineDeadError(f"engine stopped: {exc!r}"))
+            self._fail_calls(EngineDeadError(f"engine stopped: {exc!r}"))
             return
         # Clean stop: nobody may wait forever on a request the engine will never step again.
         self._fail_all(EngineDeadError("engine is shut down"))
+        self._fail_calls(EngineDeadError("engine is shut down"))
 
     def _drain_inbox(self, block: bool) -> None:
         while True:
@@ -124,6 +186,14 @@ class AsyncEngine:
                 out = self.engine.abort(payload)
                 if out is not None:
                     self._deliver([out])
+            elif kind == "call":
+                fn, done = payload
+                if not done.set_running_or_notify_cancel():
+                    continue  # the caller gave up waiting before it ran: do not run it at all
+                try:
+                    done.set_result(fn(self.engine))
+                except Exception as exc:  # noqa: BLE001 - the caller's error, not the engine's
+                    done.set_exception(exc)
             elif kind == "stop":
                 return
 
@@ -142,6 +212,16 @@ class AsyncEngine:
             stream = self._streams.pop(request_id, None) if final else self._streams.get(request_id)
         if stream is not None:
             _post_to_loop(stream, item)
+
+    def _fail_calls(self, exc: BaseException) -> None:
+        """Answers every `call` still in the inbox (the engine thread is gone; other items are moot)."""
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "call" and payload[1].set_running_or_notify_cancel():
+                payload[1].set_exception(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._lock:

@@ -21,6 +21,9 @@ from worker.sampling_params import SamplingParams
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    # Held by a live migration: keeps its KV blocks but is not scheduled (a source request
+    # frozen for the hand-off, or a request being imported on the destination).
+    PAUSED = "paused"
     FINISHED = "finished"
 
 
@@ -28,6 +31,7 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # eos, a stop token or a stop string
     LENGTH = "length"  # max_tokens or the model's context
     ABORT = "abort"  # cancelled by the caller or the client went away
+    MIGRATED = "migrated"  # handed over to another instance; the stream continues there
 
 
 @dataclass(eq=False)

@@ -1,0 +1,84 @@
+"""KV-cache live migration (the idea of Llumnix, written afresh): the KV blocks are copied in stages
+while the source keeps decoding, so the stop only copies what the last stage could not.
+
+Step by step, for one request:
+
+1. Handshake. The source exports a snapshot; the destination takes the request in *paused* with
+   blocks reserved for all its tokens so far, or refuses (not enough free blocks, request id in
+   use, another model).
+2. Stages. The source ships the request's *full* KV blocks not shipped yet — a full block is
+   never written again — through the `KVTransport`, together with the snapshot taken at the same
+   instant; the destination writes them into its reserved blocks (growing the reservation as the
+   request grew, refusable) and takes the new tokens. The source decodes throughout, so each
+   stage ships what the previous stage's decoding filled: few blocks. The stages stop once one
+   ships at most ``max_final_blocks`` (or after ``max_stages``).
+3. Stop. In one step between two engine steps, the source freezes the request and ships the
+   remaining blocks including the partly written last one, with the final snapshot (the last
+   tokens and the sampler's generator state).
+4. Commit. The destination writes them, takes the generator, opens the request's stream and
+   starts it: its KV covers every token but the last, so its first step is an ordinary decode
+   step, from the exact position the source stopped at.
+5. Hand-off. The source releases the request (its stream ends with ``finish_reason="migrated"``).
+
+The stop costs about one stage of ``max_final_blocks`` blocks, whatever the context length. The
+destination counts which positions it holds KV for; if a stage came up short (the source was
+preempted and recomputed meanwhile), the gap is recomputed after the commit instead of being
+wrong. Any failure before 5 undoes the migration (`MigrationAttempt.undo`): the destination
+frees every block it reserved and the source unfreezes the request, which finishes there whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from migration.migration_attempt import MigrationAttempt, StepFailed
+from migration.migration_endpoint import MigrationEndpoint
+from migration.migration_outcome import MigrationMethod, MigrationOutcome
+
+__all__ = ["KVMigrationConfig", "migrate_by_kv"]
+
+
+@dataclass(frozen=True)
+class KVMigrationConfig:
+    # Stop once a stage ships this few blocks: the stop then ships about as many.
+    max_final_blocks: int = 1
+    # A source filling blocks faster than they ship never gets there; stop anyway.
+    max_stages: int = 8
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_final_blocks, int) or isinstance(self.max_final_blocks, bool) \
+                or self.max_final_blocks < 0:
+            raise ValueError(f"max_final_blocks must be an integer >= 0, got {self.max_final_blocks!r}")
+        if not isinstance(self.max_stages, int) or isinstance(self.max_stages, bool) or self.max_stages < 1:
+            raise ValueError(f"max_stages must be an integer >= 1, got {self.max_stages!r}")
+
+
+async def migrate_by_kv(source: MigrationEndpoint, dest: MigrationEndpoint, request_id: str,
+                        config: KVMigrationConfig = KVMigrationConfig()) -> MigrationOutcome:
+    """Moves one generating request from ``source`` to ``dest`` (see the module docstring).
+    Never raises for a failed migration: the outcome says what happened."""
+    attempt = MigrationAttempt(source, dest, request_id, MigrationMethod.KV)
+    try:
+        snapshot = await attempt.on_source(source.export_request(request_id))
+        await attempt.on_dest(dest.begin_import(snapshot, snapshot.num_tokens))
+        num_blocks_shipped = 0
+        for _ in range(config.max_stages):
+            attempt.num_rounds += 1
+            stage, payload = await attempt.on_source(source.send_kv(request_id, num_blocks_shipped, freeze=False))
+            await attempt.on_dest(dest.receive_kv(stage, num_blocks_shipped, payload))
+            attempt.copied(payload)
+            num_blocks_shipped += payload.num_blocks
+            if payload.num_blocks <= config.max_final_blocks:
+                break
+        final, payload = await attempt.stop_source(source.send_kv(request_id, num_blocks_shipped, freeze=True))
+        num_tokens_with_kv = await attempt.on_dest(dest.receive_kv(final, num_blocks_shipped, payload))
+        attempt.copied(payload)
+        await attempt.on_dest(dest.commit_import(final))
+        attempt.running_on_dest(final, num_tokens_with_kv)
+    except StepFailed as failure:
+        return await attempt.undo(failure)
+    except asyncio.CancelledError:
+        await attempt.undo_cancelled()
+        raise
+    return await attempt.hand_over()

@@ -1,0 +1,139 @@
+"""A model instance as a Ray actor that can hand its requests over and take others in.
+
+`MigratableInstanceActor` is `InstanceWorkerActor` plus the migration endpoint's methods (each
+forwards to an `EngineEndpoint` over the instance's engine; `RayEndpoint` is the caller's side)
+and the two methods a client needs to follow a request that moved:
+
+* ``handoff_target(request_id)`` on the old instance: where the request went, once its stream
+  ended with ``finish_reason="migrated"``;
+* ``resume(request_id)`` on the new instance: a streaming generator of `GenerationChunk`s from the
+  first token after the hand-off, read like ``generate``'s (cancel it and the request is aborted).
+
+KV blocks travel through Ray's object store by default (`RayObjectKVTransport`): the source puts
+them there once, the destination reads them, the driver only passes the reference.
+
+Being a subclass keeps `worker/` free of migration; started with `start_migratable_instance`
+(same arguments as `start_instance_worker`, which is hard-wired to its own class).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from migration.engine_endpoint import EngineEndpoint
+from migration.kv_transport import KVPayload, KVTransport, RayObjectKVTransport
+from worker import EngineConfig, GenerationChunk, InstanceWorkerActor, RequestSnapshot
+
+__all__ = ["MigratableInstanceActor", "start_migratable_instance"]
+
+
+class MigratableInstanceActor(InstanceWorkerActor):
+    def __init__(self, instance_id: str, model_id: str, model_dir: str, engine_config: EngineConfig,
+                 transport: KVTransport | None = None) -> None:
+        super().__init__(instance_id, model_id, model_dir, engine_config)
+        self._instance_id = instance_id
+        self._transport = transport if transport is not None else RayObjectKVTransport()
+        self._endpoint: EngineEndpoint | None = None
+        self._resumed: set[str] = set()  # imported requests whose client is attached
+
+    async def _migration(self) -> EngineEndpoint:
+        if self._endpoint is None:
+            # The instance's running engine (waits for the load; raises like ``generate``).
+            async_engine = await self._worker._serving_engine()
+            self._endpoint = EngineEndpoint(async_engine, self._transport, self._instance_id)
+        return self._endpoint
+
+    # ---- the endpoint (see MigrationEndpoint) --------------------------------------------------
+
+    async def export_request(self, request_id: str) -> RequestSnapshot:
+        return await (await self._migration()).export_request(request_id)
+
+    async def freeze_request(self, request_id: str) -> RequestSnapshot:
+        return await (await self._migration()).freeze_request(request_id)
+
+    async def unfreeze_request(self, request_id: str) -> None:
+        await (await self._migration()).unfreeze_request(request_id)
+
+    async def release_request(self, request_id: str, destination_id: str) -> None:
+        await (await self._migration()).release_request(request_id, destination_id)
+
+    async def send_kv(self, request_id: str, first_block: int, freeze: bool) -> tuple[RequestSnapshot, KVPayload]:
+        return await (await self._migration()).send_kv(request_id, first_block, freeze=freeze)
+
+    async def begin_import(self, snapshot: RequestSnapshot, num_reserved_tokens: int) -> None:
+        await (await self._migration()).begin_import(snapshot, num_reserved_tokens)
+
+    async def extend_import(self, snapshot: RequestSnapshot) -> None:
+        await (await self._migration()).extend_import(snapshot)
+
+    async def prefill_import(self, request_id: str) -> int:
+        return await (await self._migration()).prefill_import(request_id)
+
+    async def receive_kv(self, snapshot: RequestSnapshot, first_block: int, payload: KVPayload) -> int:
+        return await (await self._migration()).receive_kv(snapshot, first_block, payload)
+
+    async def commit_import(self, snapshot: RequestSnapshot) -> None:
+        await (await self._migration()).commit_import(snapshot)
+
+    async def cancel_import(self, request_id: str) -> None:
+        await (await self._migration()).cancel_import(request_id)
+
+    # ---- following a request -------------------------------------------------------------------
+
+    def handoff_target(self, request_id: str) -> str | None:
+        return None if self._endpoint is None else self._endpoint.handoff_target(request_id)
+
+    async def resume(self, request_id: str) -> AsyncIterator[GenerationChunk]:
+        outputs = (await self._migration()).adopted_stream(request_id)
+        self._resumed.add(request_id)
+        try:
+            async with contextlib.aclosing(outputs):
+                async for out in outputs:
+                    yield GenerationChunk(
+                        request_id=request_id,
+                        text=out.new_text,
+                        token_ids=out.new_token_ids,
+                        finish_reason=out.finish_reason,
+                        num_prompt_tokens=out.num_prompt_tokens,
+                        num_completion_tokens=out.num_output_tokens,
+                    )
+        finally:
+            self._resumed.discard(request_id)
+
+    def abort(self, request_id: str) -> bool:
+        if super().abort(request_id):
+            return True
+        if self._endpoint is None:
+            return False
+        if request_id in self._resumed or self._endpoint.holds_adopted(request_id):
+            self._endpoint.async_engine.abort(request_id)
+            return True
+        return False
+
+
+def start_migratable_instance(instance_id: str, model_id: str, model_dir: str,
+                              engine_config: EngineConfig | Mapping[str, Any] | None = None, *,
+                              transport: KVTransport | None = None, name: str | None = None,
+                              namespace: str | None = None, node_id: str | None = None, num_cpus: float = 1.0,
+                              num_gpus: float = 0.0, detached: bool = False, **options):
+    """Starts a `MigratableInstanceActor` and returns its handle at once; the arguments and their
+    meaning are `start_instance_worker`'s (``transport`` picks how its KV blocks travel)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # A bad config fails here, not in a dead actor.
+    config = engine_config if isinstance(engine_config, EngineConfig) else EngineConfig(**dict(engine_config or {}))
+    actor_options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": 0}
+    if name is not None:
+        actor_options["name"] = name
+    if namespace is not None:
+        actor_options["namespace"] = namespace
+    if node_id is not None:
+        actor_options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+    if detached:
+        actor_options["lifetime"] = "detached"
+    actor_options.update(options)
+    return ray.remote(MigratableInstanceActor).options(**actor_options).remote(
+        instance_id, model_id, str(model_dir), config, transport)

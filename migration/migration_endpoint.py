@@ -1,0 +1,78 @@
+"""What a migration protocol needs from each of the two instances: the interface it drives.
+
+Token-based (`token_migration.py`) and KV (`kv_migration.py`) migration are written once against
+this interface; `EngineEndpoint` implements it over an in-process `AsyncEngine`, `RayEndpoint`
+over a `MigratableInstanceActor`'s handle, so the same protocol code runs in a unit test, in a
+benchmark and between two actors on different nodes.
+
+Every method is one step of the protocol and either happens or raises; the errors a protocol
+acts on are `MigrationRefusedError` (the destination will not take the request: nothing to undo
+but the import), `UnknownRequestError` (the request is not on that instance any more: on the
+source it simply finished) and anything else (the instance failed). Source-side methods name the
+request; destination-side ones take the source's snapshot, so a destination needs no state from
+the driver beyond what each call carries.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from migration.kv_transport import KVPayload
+from worker import RequestSnapshot
+
+__all__ = ["MigrationEndpoint"]
+
+
+class MigrationEndpoint(Protocol):
+    @property
+    def instance_id(self) -> str: ...
+
+    # ---- source side -------------------------------------------------------------------------
+
+    async def export_request(self, request_id: str) -> RequestSnapshot:
+        """The request's state now; it keeps decoding."""
+        ...
+
+    async def freeze_request(self, request_id: str) -> RequestSnapshot:
+        """Stops decoding the request (its KV and stream stay); the final snapshot."""
+        ...
+
+    async def unfreeze_request(self, request_id: str) -> None:
+        """The migration failed: the request carries on here."""
+        ...
+
+    async def release_request(self, request_id: str, destination_id: str) -> None:
+        """Handed over: frees the request here; its stream ends with ``finish_reason="migrated"``."""
+        ...
+
+    async def send_kv(self, request_id: str, first_block: int, *, freeze: bool
+                      ) -> tuple[RequestSnapshot, KVPayload]:
+        """Ships the request's KV blocks from table index ``first_block``: the full ones while it
+        decodes, or (``freeze``) stops it first and ships the partial last block too."""
+        ...
+
+    # ---- destination side --------------------------------------------------------------------
+
+    async def begin_import(self, snapshot: RequestSnapshot, num_reserved_tokens: int) -> None:
+        """The handshake: takes the request in, paused, with blocks reserved (refusable)."""
+        ...
+
+    async def extend_import(self, snapshot: RequestSnapshot) -> None:
+        """Takes the tokens generated since the last snapshot."""
+        ...
+
+    async def prefill_import(self, request_id: str) -> int:
+        """Recomputes KV for every token it has but the last; returns how many tokens have KV."""
+        ...
+
+    async def receive_kv(self, snapshot: RequestSnapshot, first_block: int, payload: KVPayload) -> int:
+        """Writes shipped KV blocks at table index ``first_block``; returns how many tokens have KV."""
+        ...
+
+    async def commit_import(self, snapshot: RequestSnapshot) -> None:
+        """Takes the final snapshot and starts generating; the client's stream continues here."""
+        ...
+
+    async def cancel_import(self, request_id: str) -> None:
+        """Drops the import wherever it got to and frees its blocks. Idempotent."""
+        ...

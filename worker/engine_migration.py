@@ -1,0 +1,341 @@
+"""The engine's side of live migration: take a request out as a snapshot, bring one in, and
+move its KV blocks — all without disturbing the other requests in the batch.
+
+These are plain functions over an `Engine`, not methods on it, so the engine stays about serving
+and this file is the one place that knows migration. They touch the engine's state, so they run
+on the thread that steps it, between two steps (`AsyncEngine.call` does that); a function here
+either finishes its change or raises before making one, so a failed call leaves the engine as
+it was.
+
+Source side: `export_request` (read-only), `freeze_request` (stop scheduling it, keep its KV),
+`unfreeze_request` (the migration failed: carry on), `release_request` (handed over: retire it
+as ``"migrated"`` and free its blocks), `export_kv` (a snapshot and the KV blocks that match it,
+taken at the same instant).
+
+Destination side, in order: `begin_import` (the handshake: creates the request *paused*,
+holding reserved blocks, or raises `MigrationRefusedError`), then any of `extend_import` (newer
+tokens), `prefill_import` (recompute KV for tokens it has: token-based migration) and
+`import_kv` (write copied KV blocks: KV migration), then `commit_import` (last tokens, the
+sampler's generator) and `unfreeze_request` (schedule it). `cancel_import` undoes all of it and
+frees every block. `import_request` does the whole thing in one call.
+
+A paused request (`SequenceStatus.PAUSED`) is tracked by the engine and owns KV blocks, but sits
+in neither of the scheduler's queues: it is never scheduled and never chosen for preemption, so
+its blocks and its KV stay exactly as they are until the migration resumes or retires it.
+
+The destination never trusts the source's KV to be complete: it counts the positions it holds
+KV for in ``num_computed_tokens`` (contiguous from 0), and the scheduler recomputes whatever is
+missing once the request is resumed. So both methods end the same way, and a KV migration whose
+last copy came up short degrades to a short recompute instead of a wrong answer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from worker.engine import Engine
+from worker.request_output import RequestOutput
+from worker.request_snapshot import RequestSnapshot
+from worker.scheduler import ScheduledBatch
+from worker.sequence import FinishReason, Sequence, SequenceStatus
+
+__all__ = [
+    "MigrationRefusedError", "UnknownRequestError", "begin_import", "cancel_import", "commit_import",
+    "export_kv", "export_request", "extend_import", "freeze_request", "import_kv", "import_request",
+    "prefill_import", "read_kv_blocks", "release_request", "reserve_blocks", "unfreeze_request",
+    "write_kv_blocks",
+]
+
+
+class MigrationRefusedError(RuntimeError):
+    """The destination cannot take the request (KV blocks, id in use, incompatible cache).
+    The refusing call changed nothing; the message says why."""
+
+
+class UnknownRequestError(LookupError):
+    """The request is not in this engine (any more): it finished, was aborted, or never came."""
+
+
+# ---- source side ---------------------------------------------------------------------------
+
+
+def export_request(engine: Engine, request_id: str) -> RequestSnapshot:
+    """The request's state now; the request carries on untouched (the generator is copied)."""
+    return _snapshot(_seq(engine, request_id))
+
+
+def freeze_request(engine: Engine, request_id: str) -> RequestSnapshot:
+    """Stops scheduling the request, keeping its KV blocks; returns its final snapshot.
+    Idempotent. Its stream stays open: `unfreeze_request` or `release_request` decides."""
+    seq = _seq(engine, request_id)
+    _pause(engine, seq)
+    return _snapshot(seq)
+
+
+def unfreeze_request(engine: Engine, request_id: str) -> None:
+    """Schedules a paused request again, first in line (a frozen source request after a failed
+    migration, or an imported one after `commit_import`). The scheduler grows its existing block
+    table and computes whatever KV it lacks. A request that is not paused is left alone."""
+    seq = _seq(engine, request_id)
+    if seq.status is SequenceStatus.PAUSED:
+        seq.status = SequenceStatus.WAITING
+        engine.scheduler.waiting.appendleft(seq)
+
+
+def release_request(engine: Engine, request_id: str) -> RequestOutput:
+    """Retires a frozen request as handed over: its blocks are freed and the returned final
+    output (no new tokens, ``finish_reason="migrated"``) ends its stream here."""
+    seq = _seq(engine, request_id)
+    if seq.status is not SequenceStatus.PAUSED:
+        raise ValueError(f"request {request_id!r} is {seq.status.value}; freeze it before releasing it")
+    engine._retire(seq, FinishReason.MIGRATED)
+    return engine._output(seq, (), "")
+
+
+def export_kv(engine: Engine, request_id: str, first_block: int, *, include_partial: bool
+              ) -> tuple[RequestSnapshot, torch.Tensor]:
+    """The snapshot and the request's KV blocks from table index ``first_block`` on, taken at one
+    instant: the full blocks only (they never change again), or also the last, partly written one
+    (``include_partial``, for a frozen request). Returns kv: [L, 2, n, block_size, Hkv, D]."""
+    seq = _seq(engine, request_id)
+    block_size = engine.block_manager.block_size
+    computed = seq.num_computed_tokens
+    end_block = -(-computed // block_size) if include_partial else computed // block_size
+    block_ids = engine.block_manager.block_table(request_id)[first_block:end_block]
+    return _snapshot(seq), read_kv_blocks(engine, block_ids)
+
+
+def read_kv_blocks(engine: Engine, block_ids: list[int]) -> torch.Tensor:
+    """A copy of the given blocks of the KV pool: [L, 2, len(block_ids), block_size, Hkv, D]."""
+    pool = engine.runner.kv_pool  # [L, 2, num_blocks, block_size, Hkv, D]
+    index = torch.tensor(block_ids, dtype=torch.long, device=pool.device)  # [n]
+    return pool.index_select(2, index)
+
+
+def write_kv_blocks(engine: Engine, block_ids: list[int], kv: torch.Tensor) -> None:
+    """Writes kv [L, 2, len(block_ids), block_size, Hkv, D] into those blocks of the KV pool."""
+    pool = engine.runner.kv_pool  # [L, 2, num_blocks, block_size, Hkv, D]
+    expected = (pool.shape[0], pool.shape[1], len(block_ids), *pool.shape[3:])
+    if tuple(kv.shape) != expected:
+        raise MigrationRefusedError(
+            f"KV blocks of shape {tuple(kv.shape)} do not fit this cache, which takes {expected} "
+            "(a different model, block size or head layout)"
+        )
+    index = torch.tensor(block_ids, dtype=torch.long, device=pool.device)  # [n]
+    pool.index_copy_(2, index, kv.to(device=pool.device, dtype=pool.dtype))
+
+
+# ---- destination side ----------------------------------------------------------------------
+
+
+def begin_import(engine: Engine, snapshot: RequestSnapshot, num_reserved_tokens: int = 0) -> None:
+    """The handshake: admits the request paused, with blocks reserved for ``num_reserved_tokens``
+    tokens, and replays its output through a fresh detokenizer (no text is emitted: the source
+    delivered it). Raises `MigrationRefusedError`, changing nothing, if it cannot."""
+    request_id = snapshot.request_id
+    if request_id in engine._tracked:
+        raise MigrationRefusedError(f"request id {request_id!r} is already in use on this instance")
+    _check_fits(engine, snapshot)
+    manager = engine.block_manager
+    if not manager.can_allocate(request_id, num_reserved_tokens):
+        raise MigrationRefusedError(
+            f"needs {manager.num_missing_blocks(request_id, num_reserved_tokens)} KV blocks for "
+            f"{num_reserved_tokens} tokens but only {manager.num_free_blocks} are free"
+        )
+    seq = Sequence(
+        request_id=request_id,
+        prompt_token_ids=list(snapshot.prompt_token_ids),
+        params=snapshot.params,
+        max_model_len=engine.max_model_len,
+    )
+    engine.enqueue(seq)  # tracks it with a detokenizer built the way every request's is
+    _pause(engine, seq)
+    manager.allocate(request_id, num_reserved_tokens)
+    _append_outputs(engine, seq, snapshot)
+
+
+def extend_import(engine: Engine, snapshot: RequestSnapshot) -> None:
+    """Appends the tokens the source generated since the last snapshot (replayed, not emitted)."""
+    seq = _paused(engine, snapshot.request_id)
+    _append_outputs(engine, seq, snapshot)
+
+
+def reserve_blocks(engine: Engine, request_id: str, num_tokens: int) -> list[int]:
+    """Grows a paused import's block table to hold ``num_tokens`` tokens (check, then commit);
+    returns the new block ids. Raises `MigrationRefusedError`, changing nothing, if they are not free."""
+    _paused(engine, request_id)
+    manager = engine.block_manager
+    if not manager.can_allocate(request_id, num_tokens):
+        raise MigrationRefusedError(
+            f"needs {manager.num_missing_blocks(request_id, num_tokens)} more KV blocks for {num_tokens} tokens "
+            f"but only {manager.num_free_blocks} are free"
+        )
+    return manager.allocate(request_id, num_tokens)
+
+
+def prefill_import(engine: Engine, request_id: str, max_num_tokens: int) -> int:
+    """Recomputes KV for up to ``max_num_tokens`` more of a paused import's tokens, stopping one
+    short of the last (whose logits the first step after the hand-off needs); returns how many
+    tokens have KV now. One forward pass of this request alone: call it repeatedly, between steps,
+    so a long catch-up does not stall the other requests."""
+    seq = _paused(engine, request_id)
+    num_new = min(seq.num_tokens - 1 - seq.num_computed_tokens, max_num_tokens)
+    if num_new <= 0:
+        return seq.num_computed_tokens
+    reserve_blocks(engine, request_id, seq.num_computed_tokens + num_new)
+    batch = ScheduledBatch(seqs=[seq], num_new_tokens=[num_new])
+    # The batch ends before the last token, so the runner samples nothing (no logits are made).
+    engine.runner.execute(batch, [engine.block_manager.block_table(request_id)])
+    seq.num_computed_tokens += num_new
+    return seq.num_computed_tokens
+
+
+def import_kv(engine: Engine, snapshot: RequestSnapshot, first_block: int, kv: torch.Tensor) -> int:
+    """Writes KV blocks copied from the source (``export_kv``'s, taken with ``snapshot``) at table
+    index ``first_block`` on; returns how many tokens have KV now. kv: [L, 2, n, block_size, Hkv, D].
+    Blocks for all of the snapshot's tokens are reserved first (refusable)."""
+    seq = _paused(engine, snapshot.request_id)
+    block_size = engine.block_manager.block_size
+    if first_block * block_size > seq.num_computed_tokens:
+        raise ValueError(
+            f"KV blocks from index {first_block} would leave a gap: this instance holds KV for "
+            f"{seq.num_computed_tokens} tokens"
+        )
+    _check_extends(seq, snapshot)
+    pool_shape = engine.runner.kv_pool.shape  # [L, 2, num_blocks, block_size, Hkv, D]
+    if kv.dim() != 6 or kv.shape[:2] != pool_shape[:2] or kv.shape[3:] != pool_shape[3:]:
+        raise MigrationRefusedError(
+            f"KV blocks of shape {tuple(kv.shape)} do not fit this cache of {tuple(pool_shape)} "
+            "(a different model, block size or head layout)"
+        )
+    end_block = first_block + kv.shape[2]
+    reserve_blocks(engine, snapshot.request_id, max(snapshot.num_tokens, end_block * block_size))
+    _append_outputs(engine, seq, snapshot)
+    table = engine.block_manager.block_table(snapshot.request_id)
+    write_kv_blocks(engine, table[first_block:end_block], kv)
+    covered = min(snapshot.num_computed_tokens, end_block * block_size)
+    seq.num_computed_tokens = max(seq.num_computed_tokens, covered)
+    return seq.num_computed_tokens
+
+
+def commit_import(engine: Engine, snapshot: RequestSnapshot) -> None:
+    """Takes the source's final snapshot: the last tokens, the sampler's generator, and blocks for
+    every token (refusable). The request stays paused; `unfreeze_request` starts it."""
+    seq = _paused(engine, snapshot.request_id)
+    _check_extends(seq, snapshot)
+    generator = _generator(engine, snapshot)
+    reserve_blocks(engine, snapshot.request_id, snapshot.num_tokens)
+    _append_outputs(engine, seq, snapshot)
+    seq.generator = generator
+    # The last token's KV is computed by the first step here, which also yields the next logits.
+    seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens - 1)
+
+
+def cancel_import(engine: Engine, request_id: str) -> RequestOutput | None:
+    """Drops an import wherever it got to (paused, or already running after a commit whose answer
+    was lost) and frees all its blocks; returns its final "abort" output, None if unknown."""
+    return engine.abort(request_id)
+
+
+def import_request(engine: Engine, snapshot: RequestSnapshot, kv: torch.Tensor | None = None) -> None:
+    """The whole import in one call: with ``kv`` ([L, 2, n, block_size, Hkv, D], the request's
+    first n blocks) the KV is written into reserved blocks; without, the request is queued and the
+    scheduler recomputes prompt + output in a prefill. Either way it continues exactly where the
+    snapshot stands. Raises `MigrationRefusedError` and leaves nothing behind if it cannot."""
+    begin_import(engine, snapshot, snapshot.num_tokens)
+    try:
+        if kv is not None:
+            import_kv(engine, snapshot, 0, kv)
+        commit_import(engine, snapshot)
+    except BaseException:
+        cancel_import(engine, snapshot.request_id)
+        raise
+    unfreeze_request(engine, snapshot.request_id)
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+
+def _seq(engine: Engine, request_id: str) -> Sequence:
+    tracked = engine._tracked.get(request_id)
+    if tracked is None:
+        raise UnknownRequestError(f"request {request_id!r} is not on this instance (finished, aborted or never here)")
+    return tracked.seq
+
+
+def _paused(engine: Engine, request_id: str) -> Sequence:
+    seq = _seq(engine, request_id)
+    if seq.status is not SequenceStatus.PAUSED:
+        raise ValueError(f"request {request_id!r} is {seq.status.value}, not a paused import")
+    return seq
+
+
+def _pause(engine: Engine, seq: Sequence) -> None:
+    if seq.status is SequenceStatus.RUNNING:
+        engine.scheduler.running.remove(seq)
+    elif seq.status is SequenceStatus.WAITING:
+        engine.scheduler.waiting.remove(seq)
+    seq.status = SequenceStatus.PAUSED
+
+
+def _snapshot(seq: Sequence) -> RequestSnapshot:
+    generator = seq.generator
+    return RequestSnapshot(
+        request_id=seq.request_id,
+        prompt_token_ids=tuple(seq.prompt_token_ids),
+        output_token_ids=tuple(seq.output_token_ids),
+        params=seq.params,
+        num_computed_tokens=seq.num_computed_tokens,
+        generator_state=None if generator is None else generator.get_state().numpy().tobytes(),
+        generator_device_type="cpu" if generator is None else generator.device.type,
+    )
+
+
+def _append_outputs(engine: Engine, seq: Sequence, snapshot: RequestSnapshot) -> None:
+    """Brings a paused import up to the snapshot's tokens, replaying new ones through its
+    detokenizer (the text was streamed by the source)."""
+    _check_extends(seq, snapshot)
+    detokenizer = engine._tracked[seq.request_id].detokenizer
+    for token_id in snapshot.token_ids[seq.num_tokens:]:
+        seq.append_token(token_id)
+        detokenizer.append(token_id)
+
+
+def _check_extends(seq: Sequence, snapshot: RequestSnapshot) -> None:
+    token_ids = snapshot.token_ids
+    if len(token_ids) < seq.num_tokens or tuple(seq.token_ids) != token_ids[:seq.num_tokens]:
+        raise ValueError(f"snapshot of {snapshot.request_id!r} does not extend the tokens this instance holds")
+
+
+def _check_fits(engine: Engine, snapshot: RequestSnapshot) -> None:
+    vocab_size = engine.model_config.vocab_size
+    if any(not 0 <= t < vocab_size for t in snapshot.token_ids):
+        raise MigrationRefusedError(f"snapshot has token ids outside this model's vocabulary of {vocab_size}")
+    if snapshot.num_tokens >= engine.max_model_len or snapshot.num_output_tokens >= snapshot.params.max_tokens:
+        raise MigrationRefusedError(
+            f"request {snapshot.request_id!r} has no token left to generate here "
+            f"({snapshot.num_tokens} tokens, context {engine.max_model_len})"
+        )
+    needed = min(snapshot.num_prompt_tokens + snapshot.params.max_tokens, engine.max_model_len)
+    if needed > engine.block_manager.capacity_tokens:
+        raise MigrationRefusedError(
+            f"request needs up to {needed} KV-cache slots but this instance's cache holds "
+            f"{engine.block_manager.capacity_tokens}"
+        )
+    if snapshot.generator_state is not None and snapshot.generator_device_type != engine.device.type:
+        raise MigrationRefusedError(
+            f"the request's sampler state is for a {snapshot.generator_device_type} generator; this instance "
+            f"samples on {engine.device.type}"
+        )
+
+
+def _generator(engine: Engine, snapshot: RequestSnapshot) -> torch.Generator:
+    """The source's generator, continued; or, with no state to carry, one seeded as on admission."""
+    generator = torch.Generator(device=engine.device)
+    if snapshot.generator_state is not None:
+        generator.set_state(torch.frombuffer(bytearray(snapshot.generator_state), dtype=torch.uint8))
+    elif snapshot.params.seed is not None:
+        generator.manual_seed(snapshot.params.seed)
+    else:
+        generator.seed()
+    return generator
