@@ -214,6 +214,8 @@ def build_admin_router(controller: AdminController, store: StateStore, auth: Gat
 
     @router.get("/keys")
     async def list_keys(tenant: str | None = None) -> list[dict[str, Any]]:
+        if tenant is not None:
+            tenant = tenant_of(tenant)  # a malformed name is the caller's 400, not the store's error
         records = await in_thread(store.list_api_keys, tenant)
         return [{"key_id": r.key_id, "tenant": r.tenant, "created_s": r.created_s}
                 for r in records if r.tenant != ADMIN_TENANT]

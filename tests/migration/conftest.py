@@ -57,9 +57,10 @@ def idle_afterwards(request):
         assert (tracked, free) == ([], NUM_KV_BLOCKS), f"{endpoint.instance_id} was left busy"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def local_ray():
-    """One local Ray for the migration tests (reused if already up, and then left running)."""
+    """A local Ray per test module (reused if already up, and then left running): module scope,
+    so later folders' Ray fixtures (which size their own clusters) never find this one up."""
     import ray
 
     started_here = not ray.is_initialized()

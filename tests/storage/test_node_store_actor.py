@@ -19,9 +19,12 @@ WAIT_S = 60
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    started_here = not ray.is_initialized()  # another module's Ray may still be up: reuse it
+    if started_here:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield
-    ray.shutdown()
+    if started_here:
+        ray.shutdown()
 
 
 @pytest.fixture
