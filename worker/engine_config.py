@@ -27,8 +27,9 @@ class EngineConfig:
     device: str = "cpu"
     # Force an attention backend by name ("reference"); None picks by device.
     attention_backend: str | None = None
-    # float32 on CPU: hold linear weights pre-packed for oneDNN (kernels/cpu_linear.py), 1.2-2.3x
-    # faster GEMMs at decode batch sizes; same weight memory (+ one copy of a tied head).
+    # float32 on CPU: also hold linear weights pre-packed for oneDNN (kernels/cpu_linear.py),
+    # 1.2-2.3x faster GEMMs at decode batch sizes; the plain copy stays for 1-2-row steps, so
+    # linear weights take twice the host memory. False: plain weights only.
     cpu_weight_prepack: bool = True
 
     def __post_init__(self) -> None:

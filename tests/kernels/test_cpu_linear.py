@@ -49,3 +49,17 @@ def test_prepack_linear_layers_swaps_every_linear_and_keeps_the_function():
     assert prepack_linear_layers(model) == 2
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
     torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("keep_plain_weight", [False, True])
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_small_batches_use_the_plain_weight_only_when_it_is_kept(rows, keep_plain_weight, monkeypatch):
+    weight = torch.randn(40, 24)
+    layer = PrepackedLinear(weight, keep_plain_weight=keep_plain_weight)
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(1) or real(*a))
+    x = torch.randn(rows, 24)
+    torch.testing.assert_close(layer(x), F.linear(x, weight), rtol=1e-5, atol=1e-4)
+    assert bool(calls) == (not keep_plain_weight or rows > 2)
+    assert (layer.plain_weight is not None) == keep_plain_weight
