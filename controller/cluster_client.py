@@ -82,6 +82,20 @@ class ClusterClient(ABC):
         model loads in the actor; `worker_ready` waits for it). It outlives the controller."""
 
     @abstractmethod
+    def start_spare_worker(self, *, actor_name: str, ray_node_id: str) -> Any:
+        """Start a spare worker (a process with the engine imported and no model) on that Ray
+        node; returns its handle at once. It outlives the controller."""
+
+    @abstractmethod
+    async def spare_warm(self, handle: Any, timeout_s: float) -> float:
+        """Wait until the spare can take a model; returns its process's age in seconds."""
+
+    @abstractmethod
+    async def assign_worker(self, handle: Any, *, instance_id: str, model_id: str, model_dir: str,
+                            engine_config: Any, num_threads: int, timeout_s: float) -> None:
+        """Give a spare its model: it starts loading (`worker_ready` waits for it)."""
+
+    @abstractmethod
     async def find_worker(self, actor_name: str) -> Any | None:
         """The handle of a running worker actor by name, None if there is none."""
 

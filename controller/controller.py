@@ -51,6 +51,7 @@ from controller.model_spec import ModelSpec, SpecError, parse_model_id
 from controller.model_state import ModelState
 from controller.placement_policy import PlacementDecision, place
 from controller.routing_table import Route, RoutingTable
+from controller.spare_pool import SparePool
 from controller.state_store import StateStore, open_state_store
 from storage import ModelRepository, open_repository
 
@@ -96,9 +97,11 @@ class Controller:
         self._wake = asyncio.Event()
         self._tick_lock = asyncio.Lock()
         self._recent: deque[dict[str, Any]] = deque(maxlen=config.max_recent_decisions)
+        self._spares = SparePool(cluster, config.spare_workers_per_node, config.load_timeout_s)
         self._instances = InstanceManager(config, cluster, self._store, self._models,
                                           on_routes_changed=self._publish_routes, on_slot_freed=self._wake.set,
-                                          record=self._recent.append, clock=clock, wall_clock=wall_clock)
+                                          record=self._recent.append, clock=clock, wall_clock=wall_clock,
+                                          spares=self._spares if config.spare_workers_per_node else None)
         self._num_ticks = 0
         self._last_tick_errors: list[str] = []
         self._closed = False
@@ -144,6 +147,7 @@ class Controller:
         self._wake.set()
         async with self._tick_lock:
             await self._instances.close(stop_workers)
+            await self._spares.close()  # spares hold nothing a successor needs
             if stop_workers:
                 for node in self._nodes.values():
                     if node.store is not None:
@@ -323,7 +327,8 @@ class Controller:
         async with self._tick_lock:
             errors: list[str] = []
             for name, step in (("nodes", self._refresh_nodes), ("reports", self._gather_reports),
-                               ("autoscale", self._autoscale), ("pins", self._reconcile_pins)):
+                               ("autoscale", self._autoscale), ("pins", self._reconcile_pins),
+                               ("spares", self._replenish_spares)):
                 try:
                     errors += await step() or []
                 except Exception as exc:  # noqa: BLE001 - one failed step must not stop the others
@@ -335,6 +340,9 @@ class Controller:
             self._last_tick_errors = errors
             return {"tick": self._num_ticks, "errors": errors, "routing_version": self._routing.version,
                     "num_desired_instances": {m: s.num_desired_instances for m, s in sorted(self._models.items())}}
+
+    async def _replenish_spares(self) -> list[str]:
+        return self._spares.replenish(sorted({node.ray_node_id for node in self._nodes.values()}))
 
     async def _refresh_nodes(self) -> list[str]:
         planned = plan_nodes(await self._cluster.list_nodes(), self.config.nodes_per_ray_node,
@@ -530,6 +538,7 @@ class Controller:
             "instances": [i.to_dict() for i in instances],
             "nodes": [node_to_dict(node, num_used_slots(node.node_id, instances), self.config)
                       for _, node in sorted(self._nodes.items())],
+            "spare_workers": self._spares.counts(),
             "recent_decisions": list(self._recent),
         }
 

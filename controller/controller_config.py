@@ -68,6 +68,10 @@ class ControllerConfig:
         cpu_worker_slots_per_node: worker slots of a logical node without GPUs; a GPU node
             has one slot per GPU.
         nodes_per_ray_node: logical nodes per Ray node (see the module docstring).
+        spare_workers_per_node: worker processes kept started, with no model, on each Ray node,
+            so a cold CPU instance skips the process start and torch import (see
+            `controller.spare_pool`); each costs the memory of an idle Python process with torch
+            (~0.4 GB). 0 turns them off.
         engine_defaults: `worker.EngineConfig` fields every worker starts with.
         reconcile_interval_s: time between reconcile ticks (demand wakes one at once).
         report_timeout_s: how long a tick waits for one worker's or store's report.
@@ -95,6 +99,7 @@ class ControllerConfig:
     repository_calibration_bytes: int = 8 * MIB
     cpu_worker_slots_per_node: int = 1
     nodes_per_ray_node: int = 1
+    spare_workers_per_node: int = 1
     engine_defaults: Mapping[str, Any] = field(default_factory=dict)
     reconcile_interval_s: float = 1.0
     report_timeout_s: float = 5.0
@@ -131,6 +136,7 @@ class ControllerConfig:
         _count("dram_capacity_bytes", self.dram_capacity_bytes, 0)
         _count("cpu_worker_slots_per_node", self.cpu_worker_slots_per_node, 1)
         _count("nodes_per_ray_node", self.nodes_per_ray_node, 1)
+        _count("spare_workers_per_node", self.spare_workers_per_node, 0)
         _count("max_recent_decisions", self.max_recent_decisions, 1)
         if not isinstance(self.calibrate, bool):
             raise ValueError("ControllerConfig.calibrate must be True or False")

@@ -4,11 +4,12 @@ The controller decides *how many* instances a model has and *where* a new one go
 makes it so, one instance at a time, without ever blocking a reconcile tick:
 
 - `start`: the instance takes its slot at once (LOADING) and its worker record is written
-  before its actor exists -- a crash from there on leaves a record to clean up, never an
-  actor nobody knows. A task then asks the node's store to bring the checkpoint into DRAM (SSD
-  when DRAM cannot hold it) and pin it, starts the worker actor on that node with the store's
-  local path, and awaits ``ready()``: READY, recorded, routed. A failed start is stopped,
-  forgotten, and the model backs off before its next start.
+  before its actor exists (or, when a warm spare worker on the node serves it, before the spare
+  is given the model) -- a crash from there on leaves a record to clean up, never an actor
+  nobody knows. A task then asks the node's store to bring the checkpoint into DRAM (SSD when
+  DRAM cannot hold it) and pin it, assigns the model to the spare or starts a worker actor on
+  that node with the store's local path, and awaits ``ready()``: READY, recorded, routed. A
+  failed start is stopped, forgotten, and the model backs off before its next start.
 - `begin_stop`: out of the routing table at once; the instance finishes its open requests (up
   to a drain timeout), then shuts down, and its record goes.
 - `adopt`: after a restart, the records whose actors are alive become instances again (READY
@@ -36,6 +37,7 @@ from controller.managed_instance import RECORD_STATES, InstancePhase, ManagedIns
 from controller.model_source import repository_name
 from controller.model_spec import ModelSpec
 from controller.model_state import ModelState
+from controller.spare_pool import SparePool
 from controller.state_store import StateStore, WorkerRecord
 from storage import TierFullError
 
@@ -58,7 +60,7 @@ class InstanceManager:
                  models: Mapping[str, ModelState], *, on_routes_changed: Callable[[str], None],
                  on_slot_freed: Callable[[], None], record: Callable[[dict[str, Any]], None],
                  clock: Callable[[], float],
-                 wall_clock: Callable[[], float]) -> None:
+                 wall_clock: Callable[[], float], spares: SparePool | None = None) -> None:
         self.config = config
         self._cluster = cluster
         self._store = store
@@ -68,6 +70,7 @@ class InstanceManager:
         self._record = record
         self._clock = clock
         self._wall_clock = wall_clock
+        self._spares = spares
         self._instances: dict[str, ManagedInstance] = {}
         self._tasks: set[asyncio.Task] = set()
         self._stop_tasks: dict[str, asyncio.Task] = {}
@@ -108,10 +111,15 @@ class InstanceManager:
     def start(self, model: ModelState, node: ClusterNode, estimate_s: float | None, now: float) -> ManagedInstance:
         """Take a slot on `node` for a new instance of `model` and start it in the background."""
         instance_id = f"{model.repository_name}-{uuid.uuid4().hex[:8]}"
+        spare = None
+        if self._spares is not None and model.spec.resources.num_gpus == 0:
+            spare = self._spares.take(node.ray_node_id)
         instance = ManagedInstance(
             instance_id=instance_id, model_id=model.model_id, node_id=node.node_id, ray_node_id=node.ray_node_id,
-            actor_name=worker_actor_name(instance_id), num_worker_slots=model.spec.resources.num_worker_slots,
-            repository_name=model.repository_name, estimate_s=estimate_s, started_s=now)
+            actor_name=spare.actor_name if spare is not None else worker_actor_name(instance_id),
+            num_worker_slots=model.spec.resources.num_worker_slots, repository_name=model.repository_name,
+            estimate_s=estimate_s, started_s=now, handle=spare.handle if spare is not None else None,
+            from_spare=spare is not None)
         self._store.put_worker(self._worker_record(instance))  # before the actor: see the module docstring
         self._instances[instance_id] = instance
         self._spawn(self._start(instance, model, node))
@@ -134,10 +142,17 @@ class InstanceManager:
             if instance.phase is not InstancePhase.LOADING:
                 return  # stopped while the checkpoint arrived: no actor to start
             spec = model.spec
-            instance.handle = self._cluster.start_worker(
-                instance_id=instance.instance_id, model_id=instance.model_id, model_dir=path,
-                engine_config=self._engine_config(spec), actor_name=instance.actor_name,
-                ray_node_id=instance.ray_node_id, num_cpus=spec.resources.num_cpus, num_gpus=spec.resources.num_gpus)
+            if instance.from_spare:
+                await self._cluster.assign_worker(
+                    instance.handle, instance_id=instance.instance_id, model_id=instance.model_id, model_dir=path,
+                    engine_config=self._engine_config(spec), num_threads=max(1, int(spec.resources.num_cpus)),
+                    timeout_s=self.config.report_timeout_s)
+            else:
+                instance.handle = self._cluster.start_worker(
+                    instance_id=instance.instance_id, model_id=instance.model_id, model_dir=path,
+                    engine_config=self._engine_config(spec), actor_name=instance.actor_name,
+                    ray_node_id=instance.ray_node_id, num_cpus=spec.resources.num_cpus,
+                    num_gpus=spec.resources.num_gpus)
         except Exception as exc:  # noqa: BLE001 - whatever failed, the instance is discarded and retried
             if instance.phase is InstancePhase.LOADING:
                 await self._start_failed(instance, exc)
@@ -232,7 +247,10 @@ class InstanceManager:
     async def _stop(self, instance: ManagedInstance, drain_timeout_s: float) -> None:
         try:
             if instance.handle is not None:
-                await self._drain(instance, drain_timeout_s)
+                try:
+                    await self._drain(instance, drain_timeout_s)
+                except Exception:  # noqa: BLE001 - a worker that cannot report is stopped anyway
+                    logger.exception("draining %s failed; stopping it now", instance.instance_id)
                 await self._cluster.stop_worker(instance.handle, WORKER_SHUTDOWN_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - stop_worker ends the actor whatever happened before
             logger.exception("stopping %s failed", instance.instance_id)

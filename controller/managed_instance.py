@@ -40,6 +40,7 @@ class ManagedInstance:
         started_s / ready_s: on the controller's clock; ready_s None until ready.
         num_ongoing_requests / num_generated_tokens: from the last stats report.
         load_s: the worker's own load time once ready.
+        from_spare: the worker is a spare that was assigned this model (no process start).
     """
 
     instance_id: str
@@ -59,6 +60,7 @@ class ManagedInstance:
     num_ongoing_requests: int = 0
     num_generated_tokens: int = 0
     last_error: str | None = None
+    from_spare: bool = False
 
     @property
     def serving(self) -> bool:
@@ -77,5 +79,5 @@ class ManagedInstance:
             "ray_node_id": self.ray_node_id, "actor_name": self.actor_name, "state": self.phase.value,
             "tier": self.tier, "estimate_s": self.estimate_s, "load_s": self.load_s,
             "num_ongoing_requests": self.num_ongoing_requests, "num_generated_tokens": self.num_generated_tokens,
-            "last_error": self.last_error,
+            "last_error": self.last_error, "from_spare": self.from_spare,
         }

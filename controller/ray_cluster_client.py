@@ -123,6 +123,18 @@ class RayClusterClient(ClusterClient):
                                      namespace=self.namespace, node_id=ray_node_id, num_cpus=num_cpus,
                                      num_gpus=num_gpus, detached=True)
 
+    def start_spare_worker(self, *, actor_name: str, ray_node_id: str) -> Any:
+        from worker import start_spare_worker
+
+        return start_spare_worker(name=actor_name, namespace=self.namespace, node_id=ray_node_id, detached=True)
+
+    async def spare_warm(self, handle: Any, timeout_s: float) -> float:
+        return await _call(handle.warm.remote(), timeout_s)
+
+    async def assign_worker(self, handle: Any, *, instance_id: str, model_id: str, model_dir: str,
+                            engine_config: Any, num_threads: int, timeout_s: float) -> None:
+        await _call(handle.assign.remote(instance_id, model_id, model_dir, engine_config, num_threads), timeout_s)
+
     async def find_worker(self, actor_name: str) -> Any | None:
         return await self._find(actor_name)
 

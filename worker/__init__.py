@@ -11,7 +11,8 @@ Public API (everything else in this folder is private to it):
   ``stats`` -> `InstanceStats`, ``ready`` -> `InstanceLoad`, ``health`` -> `InstanceState`,
   ``shutdown``); `InvalidFieldError` names the refused field, `InstanceLoadError` a failed load.
 - `InstanceWorkerActor`, `start_instance_worker`, `stop_instance_worker`, `stream_generation`:
-  the instance as a Ray actor, and the caller's side of its stream.
+  the instance as a Ray actor, and the caller's side of its stream; `start_spare_worker`: a worker
+  process started ahead of demand that a model is later ``assign``-ed to (`SpareWorkerError`).
 - Live migration hooks: `RequestSnapshot` (a request without its KV), the functions of
   `worker.engine_migration` (export/freeze/release a request, read/write its KV blocks, import
   one), `MigrationRefusedError`, `UnknownRequestError`; `AsyncEngine.call` runs them between steps.
@@ -26,7 +27,8 @@ from worker.engine_migration import MigrationRefusedError, UnknownRequestError
 from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
 from worker.instance_worker import GenerationChunk, InstanceLoadError, InstanceWorker, InvalidFieldError
 from worker.instance_worker_actor import (
-    InstanceWorkerActor, start_instance_worker, stop_instance_worker, stream_generation,
+    InstanceWorkerActor, SpareWorkerError, start_instance_worker, start_spare_worker, stop_instance_worker,
+    stream_generation,
 )
 from worker.model_config import ModelConfig, UnsupportedModelError
 from worker.request_output import Completion, RequestOutput
@@ -39,6 +41,6 @@ __all__ = [
     "EngineDeadError", "GenerationChunk", "InstanceLoad", "InstanceLoadError", "InstanceState", "InstanceStats",
     "InstanceWorker", "InstanceWorkerActor", "InvalidFieldError", "InvalidRequestError", "MigrationRefusedError",
     "ModelConfig", "RequestOutput", "RequestSnapshot", "SamplingParams", "Tokenizer", "UnknownRequestError",
-    "UnsupportedModelError", "start_instance_worker",
+    "SpareWorkerError", "UnsupportedModelError", "start_instance_worker", "start_spare_worker",
     "stop_instance_worker", "stream_generation", "write_demo_model",
 ]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 class InstanceState(str, enum.Enum):
     """Where an instance is in its life; a str so it prints and serialises as its value."""
 
+    SPARE = "spare"  # a pre-started worker process with no model yet (see InstanceWorkerActor)
     LOADING = "loading"  # the actor exists, the model is still being read
     READY = "ready"  # serving
     FAILED = "failed"  # the load failed or the engine thread died; the actor should be replaced

@@ -24,6 +24,7 @@ this (and unwraps Ray's error wrapper), and is what the gateway should use.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -35,37 +36,96 @@ from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
 from worker.instance_worker import GenerationChunk, InstanceLoadError, InstanceWorker, as_engine_config
 from worker.sampling_params import SamplingParams
 
+_PROCESS_STARTED = time.time()  # when this module was imported: about when the worker process started
+
+
+class SpareWorkerError(RuntimeError):
+    """A model call reached a spare worker that has no model yet, or a spare was assigned twice."""
+
+
 # Errors the worker raises on purpose: passed to the caller as themselves, not as Ray's wrapper.
-_WORKER_ERRORS = (InvalidRequestError, InstanceLoadError, EngineDeadError)
+_WORKER_ERRORS = (InvalidRequestError, InstanceLoadError, EngineDeadError, SpareWorkerError)
 
 
 class InstanceWorkerActor:
-    """Ray actor body over `InstanceWorker` (see the module docstring)."""
+    """Ray actor body over `InstanceWorker` (see the module docstring).
 
-    def __init__(self, instance_id: str, model_id: str, model_dir: str, engine_config: EngineConfig) -> None:
-        tune_host_allocator()  # this process exists for this one engine (see host_allocator.py)
-        self._worker = InstanceWorker(instance_id, model_id, model_dir, engine_config)
+    Constructed with a model, it loads it at once. Constructed without one it is a *spare*: a
+    worker process started ahead of demand, with torch and the engine imported and the host
+    allocator tuned, waiting for ``assign``. A cold start then costs the model's load, not a
+    process start and a torch import (~2-3 s, the bulk of a naive cold start).
+    """
+
+    def __init__(self, instance_id: str | None = None, model_id: str | None = None, model_dir: str | None = None,
+                 engine_config: EngineConfig | None = None) -> None:
+        tune_host_allocator()  # this process exists for one engine (see host_allocator.py)
+        self._worker: InstanceWorker | None = None
+        if instance_id is not None:
+            self._worker = InstanceWorker(instance_id, model_id, model_dir, engine_config)
+
+    async def warm(self) -> float:
+        """Answers once the spare can take a model (its imports are done when the actor runs);
+        returns the process's age in seconds, for the record."""
+        return time.time() - _PROCESS_STARTED
+
+    async def assign(self, instance_id: str, model_id: str, model_dir: str, engine_config: EngineConfig,
+                     num_threads: int = 1) -> None:
+        """Make this spare the instance of a model: loading starts now (await ``ready()``).
+
+        ``num_threads`` stands in for what Ray sets from an actor's ``num_cpus`` at start
+        (``OMP_NUM_THREADS``), which a spare, started before anyone knew the model's resources,
+        could not get."""
+        if self._worker is not None:
+            raise SpareWorkerError(f"this worker already serves {self._worker.model_id!r} "
+                                   f"(instance {self._worker.instance_id}); a worker takes one model")
+        import torch
+
+        torch.set_num_threads(max(1, int(num_threads)))
+        self._worker = InstanceWorker(instance_id, model_id, model_dir, as_engine_config(engine_config))
+
+    def _model_worker(self) -> InstanceWorker:
+        if self._worker is None:
+            raise SpareWorkerError("this is a spare worker with no model assigned yet")
+        return self._worker
 
     async def ready(self) -> InstanceLoad:
-        return await self._worker.ready()
+        return await self._model_worker().ready()
 
     async def generate(self, request_id: str, prompt: Prompt,
                        sampling_params: Mapping[str, Any] | SamplingParams | None = None
                        ) -> AsyncIterator[GenerationChunk]:
-        async for chunk in self._worker.generate(request_id, prompt, sampling_params):
+        async for chunk in self._model_worker().generate(request_id, prompt, sampling_params):
             yield chunk
 
     def abort(self, request_id: str) -> bool:
-        return self._worker.abort(request_id)
+        return self._worker.abort(request_id) if self._worker is not None else False
 
     def stats(self) -> InstanceStats:
-        return self._worker.stats()
+        return self._model_worker().stats()
 
     def health(self) -> InstanceState:
-        return self._worker.health()
+        return self._worker.health() if self._worker is not None else InstanceState.SPARE
 
     async def shutdown(self, timeout_s: float = 10.0) -> None:
-        await self._worker.shutdown(timeout_s)
+        if self._worker is not None:
+            await self._worker.shutdown(timeout_s)
+
+
+def _actor_options(name: str | None, namespace: str | None, node_id: str | None, num_cpus: float,
+                   num_gpus: float, detached: bool, options: Mapping[str, Any]) -> dict[str, Any]:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    actor_options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": 0}
+    if name is not None:
+        actor_options["name"] = name
+    if namespace is not None:
+        actor_options["namespace"] = namespace
+    if node_id is not None:
+        actor_options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+    if detached:
+        actor_options["lifetime"] = "detached"
+    actor_options.update(options)
+    return actor_options
 
 
 def start_instance_worker(instance_id: str, model_id: str, model_dir: str,
@@ -82,21 +142,26 @@ def start_instance_worker(instance_id: str, model_id: str, model_dir: str,
     than in a dead actor. Other ``options`` go to ``.options()`` (e.g. ``resources``).
     """
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     config = as_engine_config(engine_config)
-    actor_options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": 0}
-    if name is not None:
-        actor_options["name"] = name
-    if namespace is not None:
-        actor_options["namespace"] = namespace
-    if node_id is not None:
-        actor_options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    if detached:
-        actor_options["lifetime"] = "detached"
-    actor_options.update(options)
+    actor_options = _actor_options(name, namespace, node_id, num_cpus, num_gpus, detached, options)
     return ray.remote(InstanceWorkerActor).options(**actor_options).remote(
         instance_id, model_id, str(model_dir), config)
+
+
+def start_spare_worker(*, name: str | None = None, namespace: str | None = None, node_id: str | None = None,
+                       detached: bool = False, **options):
+    """Starts a spare `InstanceWorkerActor` (no model; ``warm()`` answers once it can take one,
+    ``assign(...)`` gives it one) and returns its handle at once.
+
+    A spare reserves no Ray CPU (``num_cpus=0``): it idles until assigned, and the controller's
+    worker slots, not Ray's CPU count, bound how many instances a node runs. It has no GPU
+    either, so it serves CPU instances; a GPU instance starts a fresh actor.
+    """
+    import ray
+
+    actor_options = _actor_options(name, namespace, node_id, 0, 0, detached, options)
+    return ray.remote(InstanceWorkerActor).options(**actor_options).remote()
 
 
 def stop_instance_worker(handle, timeout_s: float = 30.0) -> None:

@@ -46,6 +46,7 @@ class FakeWorker:
     loaded: asyncio.Event = field(default_factory=asyncio.Event)
     load_error: Exception | None = None
     stats_delay_s: float = 0.0
+    num_threads: int | None = None
 
     def finish_loading(self, error: Exception | None = None) -> None:
         self.load_error = error
@@ -96,6 +97,10 @@ class FakeCluster(ClusterClient):
         self.num_started_workers = 0
         self.stopped_workers: list[str] = []
         self.killed_workers: list[str] = []
+        self.spares: dict[str, FakeWorker] = {}  # actor name -> unassigned spare
+        self.spares_warm = asyncio.Event()  # set: spares answer warm()
+        self.assigned_spares: list[str] = []
+        self.killed_spares: list[str] = []
         self.list_nodes_failures = 0
         self.model_bytes: dict[str, int] = {}
 
@@ -153,6 +158,35 @@ class FakeCluster(ClusterClient):
     def live_workers(self) -> list[FakeWorker]:
         return sorted((w for w in self.workers.values() if w.alive), key=lambda w: w.instance_id)
 
+    # --- spare workers (never warm unless a test sets `spares_warm`) ----------------------------
+
+    def start_spare_worker(self, *, actor_name: str, ray_node_id: str) -> Any:
+        spare = FakeWorker("", "", "", actor_name, ray_node_id, 0.0, None, state="spare")
+        self.spares[actor_name] = spare
+        return spare
+
+    async def spare_warm(self, handle: FakeWorker, timeout_s: float) -> float:
+        await asyncio.wait_for(self.spares_warm.wait(), timeout_s)
+        if not handle.alive:
+            raise ActorGoneError(f"{handle.actor_name} is dead")
+        return 3.0
+
+    async def assign_worker(self, handle: FakeWorker, *, instance_id: str, model_id: str, model_dir: str,
+                            engine_config: Any, num_threads: int, timeout_s: float) -> None:
+        if not handle.alive:
+            raise ActorGoneError(f"{handle.actor_name} is dead")
+        assert handle.state == "spare", f"{handle.actor_name} assigned twice"
+        handle.instance_id, handle.model_id, handle.model_dir = instance_id, model_id, model_dir
+        handle.engine_config, handle.num_threads, handle.state = engine_config, num_threads, "loading"
+        del self.spares[handle.actor_name]
+        self.workers[handle.actor_name] = handle
+        self.assigned_spares.append(handle.actor_name)
+        if self.auto_ready:
+            handle.finish_loading()
+
+    def live_spares(self) -> list[FakeWorker]:
+        return sorted((w for w in self.spares.values() if w.alive), key=lambda w: w.actor_name)
+
     async def find_worker(self, actor_name: str) -> Any | None:
         worker = self.workers.get(actor_name)
         return worker if worker is not None and worker.alive else None
@@ -175,15 +209,19 @@ class FakeCluster(ClusterClient):
         return FakeStats(handle.state, handle.num_ongoing_requests, handle.num_generated_tokens, 0.5)
 
     async def stop_worker(self, handle: FakeWorker, timeout_s: float) -> None:
-        if handle.alive:
+        if handle.alive and handle.state != "spare":
             self.stopped_workers.append(handle.instance_id)
         handle.alive, handle.state = False, "stopped"
         handle.loaded.set()
 
     async def list_worker_actor_names(self) -> list[str]:
-        return sorted(name for name, worker in self.workers.items() if worker.alive)
+        return sorted(name for name, worker in (self.workers | self.spares).items() if worker.alive)
 
     async def kill_worker(self, actor_name: str) -> None:
+        if actor_name in self.spares:
+            self.spares[actor_name].alive = False
+            self.killed_spares.append(actor_name)
+            return
         worker = self.workers[actor_name]
         worker.alive = False
         worker.loaded.set()

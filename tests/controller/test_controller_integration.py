@@ -116,6 +116,11 @@ def worker_actor_names(namespace: str) -> list[str]:
                   if entry["namespace"] == namespace and entry["name"].startswith("thaw-worker-"))
 
 
+def spare_names(namespace: str, *serving: str) -> set[str]:
+    """Spare workers' actor names (model-less processes kept for cold starts), less `serving`."""
+    return {name for name in worker_actor_names(namespace) if name.startswith("thaw-worker-spare-")} - set(serving)
+
+
 async def generate(route: dict, request_id: str, prompt: str = "The quick brown fox", params=GREEDY) -> list:
     handle = ray.get_actor(route["actor_name"], namespace=route["namespace"])
     return [chunk async for chunk in stream_generation(handle, request_id, prompt, params)]
@@ -235,20 +240,30 @@ def test_three_models_on_two_slots_scale_wait_restart(local_ray, demo_models, tm
 
         # Kill the controller mid-flight; a new one on the same state serves on.
         [m2_route] = routes(controller, "acme/m2")
-        workers_before = worker_actor_names(config.namespace)
-        assert workers_before == [m2_route["actor_name"]]
+        m2_worker = m2_route["actor_name"]
+        # One serving worker plus the node's spare (a worker process with no model yet, which may
+        # itself have been what m2 was assigned to, named thaw-worker-spare-...).
+        spares_before = wait_until(lambda: spare_names(config.namespace, m2_worker), "one spare worker")
+        assert len(spares_before) == 1 and m2_worker in worker_actor_names(config.namespace)
         ray.kill(controller, no_restart=True)
         wait_until(lambda: not _controller_exists(config.namespace), "the killed controller's name to be free")
         controller = start_and_wait(config)
         assert ray.get(controller.list_models.remote(), timeout=30) == specs  # specs intact
         assert [where(r) for r in routes(controller, "acme/m2")] == [where(m2_route)]  # adopted, routed at once
-        assert worker_actor_names(config.namespace) == workers_before  # no duplicate worker
+        # No duplicate worker: m2's worker was adopted; the old spare, which no record names, was
+        # ended as an orphan and exactly one new spare took its place.
+        wait_until(lambda: (lambda spares: len(spares) == 1 and not spares & spares_before)(
+            spare_names(config.namespace, m2_worker)), "the old spare replaced by exactly one new one")
+        assert m2_worker in worker_actor_names(config.namespace)
         chunks = asyncio.run(generate(m2_route, "m2-after-restart"))
         assert chunks[-1].finish_reason == "length"
         # ... and it still starts models: m3, at zero, waits and then serves.
         chunks, _ = request_through_gateway(controller, "acme/m3", "m3-cold")
         assert chunks[-1].finish_reason == "length"
-        assert len(worker_actor_names(config.namespace)) == 2
+        m3_workers = [r["actor_name"] for r in routes(controller, "acme/m3")]
+        assert len(m3_workers) == 1
+        assert set(worker_actor_names(config.namespace)) \
+            - spare_names(config.namespace, m2_worker, *m3_workers) == {m2_worker, *m3_workers}
     finally:
         stop_controller(controller, stop_workers=True)
     assert worker_actor_names(config.namespace) == []

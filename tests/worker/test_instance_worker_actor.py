@@ -1,5 +1,6 @@
 """The model instance through real Ray: streaming generators, cancellation freeing KV blocks,
-concurrent streams batched in one actor, errors reaching the caller with their field, load failure.
+concurrent streams batched in one actor, errors reaching the caller with their field, load failure,
+and a spare worker that is assigned its model later.
 
 One local Ray for the module (reused if another module already started one, and then left
 running). Each stream here is read the way the gateway reads it:
@@ -16,9 +17,10 @@ import pytest
 import ray
 
 from worker import (
-    DemoModelConfig, InstanceLoadError, InstanceState, InvalidFieldError, start_instance_worker,
-    stop_instance_worker, stream_generation, write_demo_model,
+    DemoModelConfig, InstanceLoadError, InstanceState, InvalidFieldError, SpareWorkerError, start_instance_worker,
+    start_spare_worker, stop_instance_worker, stream_generation, write_demo_model,
 )
+from worker.instance_worker import as_engine_config
 
 TINY_DEMO = DemoModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                             intermediate_size=128, max_position_embeddings=256, init_std=0.1)
@@ -197,3 +199,35 @@ def test_load_failure_is_an_error_from_ready_not_a_hung_actor(local_ray, tmp_pat
 def test_bad_engine_config_fails_in_the_caller(local_ray, model_dir):
     with pytest.raises(ValueError, match="unknown engine config field 'num_blocks'"):
         start_instance_worker("inst-x", "acme/demo", str(model_dir), {"num_blocks": 4})
+
+
+def test_a_spare_worker_takes_one_model_and_then_serves_it_like_a_fresh_one(local_ray, instance, model_dir):
+    spare = start_spare_worker(name="spare-1", namespace=NAMESPACE, node_id=ray.get_runtime_context().get_node_id())
+    try:
+        assert ray.get(spare.warm.remote(), timeout=60) > 0  # the process age: its imports are done
+        assert ray.get(spare.health.remote()) is InstanceState.SPARE
+
+        async def before_assignment():
+            with pytest.raises(SpareWorkerError, match="no model assigned"):
+                async for _ in stream_generation(spare, "r0", "hello"):
+                    pass
+
+        asyncio.run(before_assignment())
+        ray.get(spare.assign.remote("inst-spare", "acme/demo", str(model_dir), as_engine_config(ENGINE_CONFIG), 1),
+                timeout=60)
+        load = ray.get(spare.ready.remote(), timeout=60)
+        assert (load.instance_id, load.model_id, load.num_kv_blocks) == ("inst-spare", "acme/demo", NUM_KV_BLOCKS)
+        with pytest.raises(SpareWorkerError, match="already serves 'acme/demo'"):
+            try:
+                ray.get(spare.assign.remote("inst-2", "acme/other", str(model_dir), None, 1), timeout=60)
+            except ray.exceptions.RayTaskError as exc:
+                raise exc.cause from exc
+
+        async def compare():
+            return (await read_stream(spare, "s", PROMPTS[0]), await read_stream(instance, "f", PROMPTS[0]))
+
+        from_spare, fresh = asyncio.run(compare())
+        assert tokens(from_spare) == tokens(fresh) and len(tokens(fresh)) == 12
+        assert ray.get(spare.stats.remote()).instance_id == "inst-spare"
+    finally:
+        stop_instance_worker(spare)

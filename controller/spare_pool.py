@@ -1,0 +1,129 @@
+"""Spare workers: worker processes started ahead of demand, so a cold start skips the process.
+
+Starting a worker actor costs a new Python process and an import of torch and the engine --
+about 2-3 s, longer than reading a 1 GB checkpoint from a node's DRAM or SSD. A cold start that
+pays it cannot be fast, so each Ray node keeps `ControllerConfig.spare_workers_per_node` spare
+workers (`worker.start_spare_worker`): running, imports done, no model. Starting an instance
+takes a warm spare on its node when there is one and assigns the model to it; the pool starts a
+replacement on the next reconcile tick, off the request's path.
+
+A spare is offered only once it has answered ``warm()`` (a spare still importing torch would
+make the start slower, not faster), and only to CPU instances (a spare holds no GPU; see
+`start_spare_worker`). Spares are named ``thaw-worker-spare-...`` in the platform's namespace, so
+a restarted controller that finds one without a worker record ends it like any orphan worker
+and starts fresh ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.cluster_client import ActorGoneError, ClusterClient, worker_actor_name
+
+logger = logging.getLogger(__name__)
+SPARE_NAME_PREFIX = "spare-"
+
+
+def spare_actor_name() -> str:
+    """A fresh spare's actor name (a worker name, so adoption and orphan clean-up cover it)."""
+    return worker_actor_name(f"{SPARE_NAME_PREFIX}{uuid.uuid4().hex[:12]}")
+
+
+@dataclass
+class Spare:
+    """One spare worker; `warm` once it answered ``warm()``."""
+
+    actor_name: str
+    ray_node_id: str
+    handle: Any
+    warm: bool = False
+    task: asyncio.Task | None = field(default=None, repr=False)
+
+
+class SparePool:
+    """The spares of every Ray node (see the module docstring). Runs on the controller's loop."""
+
+    def __init__(self, cluster: ClusterClient, per_node: int, warm_timeout_s: float) -> None:
+        self._cluster = cluster
+        self.per_node = per_node
+        self._warm_timeout_s = warm_timeout_s
+        self._spares: dict[str, Spare] = {}  # actor name -> spare
+
+    def take(self, ray_node_id: str) -> Spare | None:
+        """A warm spare on that Ray node, now the caller's (the pool forgets it); None if none."""
+        for name, spare in sorted(self._spares.items()):
+            if spare.ray_node_id == ray_node_id and spare.warm:
+                del self._spares[name]
+                return spare
+        return None
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Ray node id -> {"warm": n, "starting": n}, for ``thaw status``."""
+        counts: dict[str, dict[str, int]] = {}
+        for spare in self._spares.values():
+            entry = counts.setdefault(spare.ray_node_id, {"warm": 0, "starting": 0})
+            entry["warm" if spare.warm else "starting"] += 1
+        return counts
+
+    def replenish(self, ray_node_ids: list[str]) -> list[str]:
+        """Start spares where a node has fewer than `per_node` (warm or starting); end those of
+        nodes that left. Returns errors, one per failed start (the next tick retries)."""
+        errors = []
+        live = set(ray_node_ids)
+        for name, spare in list(self._spares.items()):
+            if spare.ray_node_id not in live:
+                del self._spares[name]
+                self._end(spare)
+        for ray_node_id in sorted(live):
+            have = sum(1 for spare in self._spares.values() if spare.ray_node_id == ray_node_id)
+            for _ in range(self.per_node - have):
+                name = spare_actor_name()
+                try:
+                    handle = self._cluster.start_spare_worker(actor_name=name, ray_node_id=ray_node_id)
+                except Exception as exc:  # noqa: BLE001 - no spare is a slower start, not a failure
+                    errors.append(f"spare worker on Ray node {ray_node_id[:12]}: {type(exc).__name__}: {exc}")
+                    break
+                spare = Spare(name, ray_node_id, handle)
+                self._spares[name] = spare
+                spare.task = asyncio.get_running_loop().create_task(self._await_warm(spare))
+        return errors
+
+    async def _await_warm(self, spare: Spare) -> None:
+        try:
+            age_s = await self._cluster.spare_warm(spare.handle, self._warm_timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a spare that cannot start is dropped and replaced
+            logger.warning("spare worker %s did not start: %s: %s", spare.actor_name, type(exc).__name__, exc)
+            if self._spares.get(spare.actor_name) is spare:
+                del self._spares[spare.actor_name]
+            await self._stop(spare)
+            return
+        spare.warm = True
+        logger.info("spare worker %s warm on Ray node %s (%.1f s after its process started)", spare.actor_name,
+                    spare.ray_node_id[:12], age_s)
+
+    def _end(self, spare: Spare) -> None:
+        if spare.task is not None:
+            spare.task.cancel()
+        asyncio.get_running_loop().create_task(self._stop(spare))
+
+    async def _stop(self, spare: Spare) -> None:
+        try:
+            await self._cluster.stop_worker(spare.handle, 5.0)
+        except (ActorGoneError, TimeoutError):
+            pass
+        except Exception:  # noqa: BLE001
+            logger.exception("stopping spare worker %s failed", spare.actor_name)
+
+    async def close(self) -> None:
+        """End every spare (the controller is shutting down)."""
+        spares, self._spares = list(self._spares.values()), {}
+        for spare in spares:
+            if spare.task is not None:
+                spare.task.cancel()
+        await asyncio.gather(*(self._stop(spare) for spare in spares), return_exceptions=True)
