@@ -87,8 +87,9 @@ class ClusterClient(ABC):
         node; returns its handle at once. It outlives the controller."""
 
     @abstractmethod
-    async def spare_warm(self, handle: Any, timeout_s: float) -> float:
-        """Wait until the spare can take a model; returns its process's age in seconds."""
+    async def spare_warm(self, handle: Any, timeout_s: float, *, weight_bytes: int = 0, kv_bytes: int = 0) -> float:
+        """Warm the spare up (one-time costs paid, `weight_bytes` and `kv_bytes` of memory faulted
+        for its future model) and wait until it can take a model; returns its process's age in s."""
 
     @abstractmethod
     async def assign_worker(self, handle: Any, *, instance_id: str, model_id: str, model_dir: str,

@@ -97,7 +97,8 @@ class Controller:
         self._wake = asyncio.Event()
         self._tick_lock = asyncio.Lock()
         self._recent: deque[dict[str, Any]] = deque(maxlen=config.max_recent_decisions)
-        self._spares = SparePool(cluster, config.spare_workers_per_node, config.load_timeout_s)
+        self._spares = SparePool(cluster, config.spare_workers_per_node, config.load_timeout_s,
+                                 weight_bytes=config.spare_weight_bytes, kv_bytes=config.spare_kv_bytes)
         self._instances = InstanceManager(config, cluster, self._store, self._models,
                                           on_routes_changed=self._publish_routes, on_slot_freed=self._wake.set,
                                           record=self._recent.append, clock=clock, wall_clock=wall_clock,

@@ -72,6 +72,9 @@ class ControllerConfig:
             so a cold CPU instance skips the process start and torch import (see
             `controller.spare_pool`); each costs the memory of an idle Python process with torch
             (~0.4 GB). 0 turns them off.
+        spare_weight_bytes: memory each spare faults ahead for the weights of the model it will
+            be given (a model up to this size loads into it; ~0.33 s saved per GB on this machine
+            kind); it is resident while the spare idles. 0: none.
         engine_defaults: `worker.EngineConfig` fields every worker starts with.
         reconcile_interval_s: time between reconcile ticks (demand wakes one at once).
         report_timeout_s: how long a tick waits for one worker's or store's report.
@@ -100,6 +103,7 @@ class ControllerConfig:
     cpu_worker_slots_per_node: int = 1
     nodes_per_ray_node: int = 1
     spare_workers_per_node: int = 1
+    spare_weight_bytes: int = 0
     engine_defaults: Mapping[str, Any] = field(default_factory=dict)
     reconcile_interval_s: float = 1.0
     report_timeout_s: float = 5.0
@@ -137,6 +141,7 @@ class ControllerConfig:
         _count("cpu_worker_slots_per_node", self.cpu_worker_slots_per_node, 1)
         _count("nodes_per_ray_node", self.nodes_per_ray_node, 1)
         _count("spare_workers_per_node", self.spare_workers_per_node, 0)
+        _count("spare_weight_bytes", self.spare_weight_bytes, 0)
         _count("max_recent_decisions", self.max_recent_decisions, 1)
         if not isinstance(self.calibrate, bool):
             raise ValueError("ControllerConfig.calibrate must be True or False")
@@ -166,6 +171,15 @@ class ControllerConfig:
     def state_location(self) -> str:
         """Where the state store is: the configured URL/path, or the state directory (SQLite)."""
         return self.state_store if self.state_store is not None else str(self.state_dir) + "/"
+
+    @property
+    def spare_kv_bytes(self) -> int:
+        """Memory each spare faults ahead for its KV pool: the workers' KV cache size (0 when the
+        engine defaults fix a block count instead, whose size depends on the model)."""
+        if self.spare_workers_per_node == 0:
+            return 0
+        config = self.engine_config()
+        return 0 if config.num_kv_blocks is not None else config.kv_cache_bytes
 
     def engine_config(self, overrides: Mapping[str, Any] | None = None):
         """The `worker.EngineConfig` of a worker: the defaults with `overrides` on top.

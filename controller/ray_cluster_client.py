@@ -128,8 +128,8 @@ class RayClusterClient(ClusterClient):
 
         return start_spare_worker(name=actor_name, namespace=self.namespace, node_id=ray_node_id, detached=True)
 
-    async def spare_warm(self, handle: Any, timeout_s: float) -> float:
-        return await _call(handle.warm.remote(), timeout_s)
+    async def spare_warm(self, handle: Any, timeout_s: float, *, weight_bytes: int = 0, kv_bytes: int = 0) -> float:
+        return await _call(handle.warm.remote(weight_bytes, kv_bytes), timeout_s)
 
     async def assign_worker(self, handle: Any, *, instance_id: str, model_id: str, model_dir: str,
                             engine_config: Any, num_threads: int, timeout_s: float) -> None:

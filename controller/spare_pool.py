@@ -7,8 +7,11 @@ workers (`worker.start_spare_worker`): running, imports done, no model. Starting
 takes a warm spare on its node when there is one and assigns the model to it; the pool starts a
 replacement on the next reconcile tick, off the request's path.
 
-A spare is offered only once it has answered ``warm()`` (a spare still importing torch would
-make the start slower, not faster), and only to CPU instances (a spare holds no GPU; see
+``warm()`` makes a spare pay the rest of a first load's one-time costs (the engine's lazy imports,
+the attention kernel, oneDNN's first primitives) and fault the memory its model will be loaded
+into: `ControllerConfig.spare_weight_bytes` for the weights, the engine's KV cache size for the
+KV pool. A spare is offered only once it has answered ``warm()`` (a spare still importing torch
+would make the start slower, not faster), and only to CPU instances (a spare holds no GPU; see
 `start_spare_worker`). Spares are named ``thaw-worker-spare-...`` in the platform's namespace, so
 a restarted controller that finds one without a worker record ends it like any orphan worker
 and starts fresh ones.
@@ -47,10 +50,13 @@ class Spare:
 class SparePool:
     """The spares of every Ray node (see the module docstring). Runs on the controller's loop."""
 
-    def __init__(self, cluster: ClusterClient, per_node: int, warm_timeout_s: float) -> None:
+    def __init__(self, cluster: ClusterClient, per_node: int, warm_timeout_s: float, *, weight_bytes: int = 0,
+                 kv_bytes: int = 0) -> None:
         self._cluster = cluster
         self.per_node = per_node
         self._warm_timeout_s = warm_timeout_s
+        self._weight_bytes = weight_bytes  # what each spare faults ahead for its model's weights
+        self._kv_bytes = kv_bytes  # ... and for its KV pool
         self._spares: dict[str, Spare] = {}  # actor name -> spare
 
     def take(self, ray_node_id: str) -> Spare | None:
@@ -94,7 +100,8 @@ class SparePool:
 
     async def _await_warm(self, spare: Spare) -> None:
         try:
-            age_s = await self._cluster.spare_warm(spare.handle, self._warm_timeout_s)
+            age_s = await self._cluster.spare_warm(spare.handle, self._warm_timeout_s,
+                                                   weight_bytes=self._weight_bytes, kv_bytes=self._kv_bytes)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a spare that cannot start is dropped and replaced

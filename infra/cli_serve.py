@@ -28,7 +28,8 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
             host=args.host, port=args.port, namespace=args.namespace, auth=not args.no_auth, num_cpus=args.num_cpus,
             cpu_worker_slots_per_node=args.worker_slots, ssd_capacity_bytes=int(args.ssd_capacity_gb * GIB),
             dram_capacity_bytes=int(args.dram_capacity_gb * GIB), calibrate=not args.no_calibrate,
-            num_gateway_replicas=args.gateway_replicas,
+            num_gateway_replicas=args.gateway_replicas, spare_workers_per_node=args.spare_workers,
+            spare_weight_bytes=int(args.spare_memory_gb * GIB),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -102,4 +103,9 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--dram-capacity-gb", type=float, default=8.0, help="DRAM cache per node (0: none)")
     serve.add_argument("--no-calibrate", action="store_true", help="skip the node stores' bandwidth probes")
     serve.add_argument("--gateway-replicas", type=int, default=1)
+    serve.add_argument("--spare-workers", type=int, default=1,
+                       help="model-less worker processes kept started per node for fast cold starts (0: none)")
+    serve.add_argument("--spare-memory-gb", type=float, default=0.0,
+                       help="memory each spare faults ahead for its future model's weights (faster loads of "
+                            "models up to this size; resident while idle)")
     serve.set_defaults(func=cmd_serve)

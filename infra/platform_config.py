@@ -71,6 +71,9 @@ class PlatformConfig:
         ssd_capacity_bytes / dram_capacity_bytes: each node store's tiers.
         calibrate: let node stores measure their bandwidths at start (placement uses them).
         num_gateway_replicas: gateway replicas (each with its own routing-table cache).
+        spare_workers_per_node / spare_weight_bytes: model-less worker processes kept started on
+            each node, and the memory each faults ahead for a model's weights (see
+            `controller.spare_pool`).
         engine_defaults: `worker.EngineConfig` fields every instance starts with.
         reconcile_interval_s: the controller's tick.
     """
@@ -90,6 +93,8 @@ class PlatformConfig:
     dram_capacity_bytes: int = 8 * GIB
     calibrate: bool = True
     num_gateway_replicas: int = 1
+    spare_workers_per_node: int = 1
+    spare_weight_bytes: int = 0
     engine_defaults: Mapping[str, Any] = field(default_factory=dict)
     reconcile_interval_s: float = 1.0
 
@@ -124,6 +129,8 @@ class PlatformConfig:
         _int("ssd_capacity_bytes", self.ssd_capacity_bytes, 1)
         _int("dram_capacity_bytes", self.dram_capacity_bytes, 0)
         _int("num_gateway_replicas", self.num_gateway_replicas, 1)
+        _int("spare_workers_per_node", self.spare_workers_per_node, 0)
+        _int("spare_weight_bytes", self.spare_weight_bytes, 0)
         if not isinstance(self.engine_defaults, Mapping):
             raise ValueError("PlatformConfig.engine_defaults must be a mapping of worker.EngineConfig fields")
         object.__setattr__(self, "engine_defaults", dict(self.engine_defaults))
@@ -183,6 +190,7 @@ class PlatformConfig:
             ssd_capacity_bytes=self.ssd_capacity_bytes, dram_capacity_bytes=self.dram_capacity_bytes,
             calibrate=self.calibrate, cpu_worker_slots_per_node=self.cpu_worker_slots_per_node,
             engine_defaults=self.engine_defaults, reconcile_interval_s=self.reconcile_interval_s,
+            spare_workers_per_node=self.spare_workers_per_node, spare_weight_bytes=self.spare_weight_bytes,
         )
 
     def gateway_config(self) -> Any:

@@ -116,6 +116,24 @@ def _round_up(n: int) -> int:
     return -(-n // ALIGNMENT_BYTES) * ALIGNMENT_BYTES
 
 
+# Projections the engine runs as one matmul (Q/K/V, gate/up). Written back to back, in this order,
+# they form one contiguous [sum of rows, hidden] block once loaded, which the engine takes as a
+# view instead of concatenating copies (~0.45 s per GB of weights on this machine kind). Their
+# sizes are multiples of 4 KiB for every real model, so the alignment adds no gap between them.
+_FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def _fusion_rank(name: str) -> tuple:
+    """Sort key within a layer: fused projections first, grouped and in group order (weights
+    and biases apart); every other tensor after them, in source-file order."""
+    parts = name.rsplit(".", 2)  # [..., "q_proj", "weight"]
+    if len(parts) == 3:
+        for group_index, group in enumerate(_FUSED_GROUPS):
+            if parts[1] in group:
+                return (0, parts[2], group_index, group.index(parts[1]))
+    return (1,)
+
+
 def _plan(sources: list[_SourceTensor],
           partition_bytes: int) -> tuple[int, list[tuple[_SourceTensor, TensorEntry]], int]:
     """Layer order and placement: the layer count, [(source, entry)] in file order, total bytes."""
@@ -127,7 +145,7 @@ def _plan(sources: list[_SourceTensor],
 
     placed = []
     partition, offset, total_bytes = 0, 0, 0
-    for s in sorted(sources, key=lambda s: (layer(s), s.position)):
+    for s in sorted(sources, key=lambda s: (layer(s), _fusion_rank(s.name), s.position)):
         # A tensor never spans partitions; one larger than partition_bytes gets a partition of its own.
         if offset > 0 and offset + s.size > partition_bytes:
             partition, offset = partition + 1, 0

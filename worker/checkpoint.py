@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from loader import is_thaw_checkpoint, load_checkpoint
+from loader import HostMemoryPool, is_thaw_checkpoint, load_checkpoint
 from worker.llama import LlamaForCausalLM
 from worker.model_config import ModelConfig
 
@@ -82,6 +82,21 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def concat_rows(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)`` along dim 0 -- as a view, without copying, when the parts already lie
+    back to back in one buffer (the thaw converter writes fused projections that way, and the
+    loader hands out views of one host buffer); a copy otherwise."""
+    first = parts[0]
+    adjacent = all(
+        p.is_contiguous() and p.dtype == first.dtype and p.device == first.device and p.shape[1:] == first.shape[1:]
+        and p.untyped_storage().data_ptr() == first.untyped_storage().data_ptr() for p in parts
+    ) and all(a.data_ptr() + a.nbytes == b.data_ptr() for a, b in zip(parts, parts[1:]))
+    if not adjacent:
+        return torch.cat(parts)
+    num_rows = sum(p.shape[0] for p in parts)
+    return first.as_strided((num_rows, *first.shape[1:]), first.stride(), first.storage_offset())
+
+
 def to_engine_state_dict(hf_tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Renames and fuses Hugging Face tensors into `LlamaForCausalLM`'s parameter names."""
     expected = expected_shapes(config)
@@ -109,21 +124,24 @@ def to_engine_state_dict(hf_tensors: dict[str, torch.Tensor], config: ModelConfi
     for n in range(config.num_hidden_layers):
         src, dst = f"model.layers.{n}.", f"layers.{n}."
         attn = src + "self_attn."
-        state[dst + "self_attn.qkv_proj.weight"] = torch.cat([t[attn + x + "_proj.weight"] for x in "qkv"])
+        state[dst + "self_attn.qkv_proj.weight"] = concat_rows([t[attn + x + "_proj.weight"] for x in "qkv"])
         if config.attention_bias:
-            state[dst + "self_attn.qkv_proj.bias"] = torch.cat([t[attn + x + "_proj.bias"] for x in "qkv"])
+            state[dst + "self_attn.qkv_proj.bias"] = concat_rows([t[attn + x + "_proj.bias"] for x in "qkv"])
         state[dst + "self_attn.o_proj.weight"] = t[attn + "o_proj.weight"]
-        state[dst + "mlp.gate_up_proj.weight"] = torch.cat([t[src + "mlp.gate_proj.weight"], t[src + "mlp.up_proj.weight"]])
+        state[dst + "mlp.gate_up_proj.weight"] = concat_rows([t[src + "mlp.gate_proj.weight"],
+                                                                  t[src + "mlp.up_proj.weight"]])
         state[dst + "mlp.down_proj.weight"] = t[src + "mlp.down_proj.weight"]
         state[dst + "input_layernorm.weight"] = t[src + "input_layernorm.weight"]
         state[dst + "post_attention_layernorm.weight"] = t[src + "post_attention_layernorm.weight"]
     return state
 
 
-def read_checkpoint(model_dir: str | Path) -> tuple[dict[str, torch.Tensor], str]:
-    """All tensors of a checkpoint by Hugging Face name, and a one-line account of the read."""
+def read_checkpoint(model_dir: str | Path, pool: HostMemoryPool | None = None
+                    ) -> tuple[dict[str, torch.Tensor], str]:
+    """All tensors of a checkpoint by Hugging Face name, and a one-line account of the read.
+    A thaw checkpoint is read into a buffer from `pool` when given (a pre-faulted one is faster)."""
     if is_thaw_checkpoint(model_dir):
-        tensors, stats = load_checkpoint(model_dir)
+        tensors, stats = load_checkpoint(model_dir, pool=pool)
         how = (f"thaw format: {stats.total_bytes / 1e9:.2f} GB in {stats.elapsed_s:.2f} s "
                f"({stats.gb_per_s:.2f} GB/s, {'O_DIRECT' if stats.direct_io else 'buffered'}, "
                f"{stats.num_threads} threads, checksums {'verified' if stats.verified else 'not verified'})")
@@ -132,11 +150,11 @@ def read_checkpoint(model_dir: str | Path) -> tuple[dict[str, torch.Tensor], str
     return dict(iter_safetensors(files)), f"safetensors: {len(files)} file(s)"
 
 
-def load_model(model_dir: str | Path, config: ModelConfig, device: torch.device | str = "cpu"
-               ) -> tuple[LlamaForCausalLM, str]:
+def load_model(model_dir: str | Path, config: ModelConfig, device: torch.device | str = "cpu",
+               pool: HostMemoryPool | None = None) -> tuple[LlamaForCausalLM, str]:
     """Builds the model on the meta device and assigns the checkpoint's weights to it.
     Returns the model and how its weights were read (for the startup log)."""
-    hf_tensors, how = read_checkpoint(model_dir)
+    hf_tensors, how = read_checkpoint(model_dir, pool)
     state = to_engine_state_dict(hf_tensors, config)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)

@@ -32,6 +32,7 @@ from worker.engine_config import EngineConfig
 from worker.model_config import ModelConfig
 from worker.model_runner import ModelRunner, kv_bytes_per_block
 from worker.request_output import Completion, RequestOutput
+from worker.reserved_memory import ReservedMemory
 from worker.sampler import Sampler
 from worker.sampling_params import SamplingParams
 from worker.scheduler import Scheduler
@@ -54,7 +55,10 @@ class _Tracked:
 
 
 class Engine:
-    def __init__(self, model_dir: str | Path, config: EngineConfig | None = None) -> None:
+    def __init__(self, model_dir: str | Path, config: EngineConfig | None = None, *,
+                 reserved: ReservedMemory | None = None) -> None:
+        """`reserved`: host memory faulted ahead of the load (a spare worker's; see
+        `worker.reserved_memory`), used for the weights and the KV pool where they fit (CPU only)."""
         config = config or EngineConfig()
         self.config = config
         self.model_dir = Path(model_dir)
@@ -74,7 +78,9 @@ class Engine:
         self.eos_token_ids = frozenset(_read_eos_ids(self.model_dir, self.model_config, self.tokenizer))
 
         start = time.perf_counter()
-        model, self.load_report = load_model(self.model_dir, self.model_config, self.device)
+        on_cpu = self.device.type == "cpu"
+        pool = reserved.weights if reserved is not None and on_cpu else None
+        model, self.load_report = load_model(self.model_dir, self.model_config, self.device, pool)
         if config.cpu_weight_prepack:
             why_not = cpu_prepack_unavailable_reason(self.model_config.torch_dtype, self.device)
             if why_not is None:
@@ -96,8 +102,9 @@ class Engine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             enable_chunked_prefill=config.enable_chunked_prefill,
         )
+        kv_buffer = (reserved.take_kv_buffer(num_blocks * block_bytes) if reserved is not None and on_cpu else None)
         self.runner = ModelRunner(
-            model, self.model_config, num_blocks=num_blocks, block_size=config.block_size,
+            model, self.model_config, num_blocks=num_blocks, block_size=config.block_size, kv_buffer=kv_buffer,
             backend=get_attention_backend(self.device, config.attention_backend), device=self.device,
         )
         self.sampler = Sampler()

@@ -38,6 +38,7 @@ from worker.async_engine import AsyncEngine, EngineDeadError
 from worker.engine import Engine, InvalidRequestError, Prompt
 from worker.engine_config import EngineConfig
 from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
+from worker.reserved_memory import ReservedMemory
 from worker.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -141,8 +142,11 @@ class InstanceWorker:
     """A model instance: loads ``model_dir`` into an engine and streams generations from it."""
 
     def __init__(self, instance_id: str, model_id: str, model_dir: str | Path,
-                 engine_config: EngineConfig | Mapping[str, Any] | None = None) -> None:
+                 engine_config: EngineConfig | Mapping[str, Any] | None = None, *,
+                 reserved: ReservedMemory | None = None) -> None:
+        """`reserved`: memory faulted ahead of the load by a spare worker (see `worker.reserved_memory`)."""
         self.instance_id = instance_id
+        self._reserved = reserved
         self.model_id = model_id
         self.model_dir = Path(model_dir)
         self.engine_config = as_engine_config(engine_config)
@@ -163,7 +167,8 @@ class InstanceWorker:
     def _load_engine(self) -> None:
         start = time.perf_counter()
         try:
-            engine = Engine(self.model_dir, self.engine_config)
+            engine = Engine(self.model_dir, self.engine_config, reserved=self._reserved)
+            self._reserved = None  # what the engine did not take goes with this reference
             async_engine = AsyncEngine(engine)
         except BaseException as exc:  # noqa: BLE001 - whatever it was, ready() must report it, not hang
             logger.exception("instance %s: loading %s failed", self.instance_id, self.model_id)

@@ -24,6 +24,7 @@ this (and unwraps Ray's error wrapper), and is what the gateway should use.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -34,6 +35,8 @@ from worker.engine_config import EngineConfig
 from worker.host_allocator import tune_host_allocator
 from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
 from worker.instance_worker import GenerationChunk, InstanceLoadError, InstanceWorker, as_engine_config
+from worker.process_warmup import warm_up_process
+from worker.reserved_memory import ReservedMemory
 from worker.sampling_params import SamplingParams
 
 _PROCESS_STARTED = time.time()  # when this module was imported: about when the worker process started
@@ -53,19 +56,32 @@ class InstanceWorkerActor:
     Constructed with a model, it loads it at once. Constructed without one it is a *spare*: a
     worker process started ahead of demand, with torch and the engine imported and the host
     allocator tuned, waiting for ``assign``. A cold start then costs the model's load, not a
-    process start and a torch import (~2-3 s, the bulk of a naive cold start).
+    process start and a torch import (~2-3 s, the bulk of a naive cold start). ``warm`` also pays
+    the first load's other one-time costs (`worker.process_warmup`, ~2 s measured) and faults
+    the memory the model will be loaded into (`worker.reserved_memory`).
     """
 
     def __init__(self, instance_id: str | None = None, model_id: str | None = None, model_dir: str | None = None,
                  engine_config: EngineConfig | None = None) -> None:
         tune_host_allocator()  # this process exists for one engine (see host_allocator.py)
         self._worker: InstanceWorker | None = None
+        self._reserved: ReservedMemory | None = None
+        self._warm_lock = asyncio.Lock()
         if instance_id is not None:
             self._worker = InstanceWorker(instance_id, model_id, model_dir, engine_config)
 
-    async def warm(self) -> float:
-        """Answers once the spare can take a model (its imports are done when the actor runs);
-        returns the process's age in seconds, for the record."""
+    async def warm(self, weight_bytes: int = 0, kv_bytes: int = 0) -> float:
+        """Makes the spare ready to take a model fast: warms the process up and reserves
+        `weight_bytes` for the weights and `kv_bytes` for the KV pool (both faulted now; see
+        `ReservedMemory`). Answers once done (at once when called again); returns the process's
+        age in seconds, for the record."""
+        async with self._warm_lock:
+            if self._worker is None and self._reserved is None:
+                def prepare() -> ReservedMemory:
+                    warm_up_process()
+                    return ReservedMemory(weight_bytes, kv_bytes)
+
+                self._reserved = await asyncio.to_thread(prepare)
         return time.time() - _PROCESS_STARTED
 
     async def assign(self, instance_id: str, model_id: str, model_dir: str, engine_config: EngineConfig,
@@ -81,7 +97,9 @@ class InstanceWorkerActor:
         import torch
 
         torch.set_num_threads(max(1, int(num_threads)))
-        self._worker = InstanceWorker(instance_id, model_id, model_dir, as_engine_config(engine_config))
+        reserved, self._reserved = self._reserved, None
+        self._worker = InstanceWorker(instance_id, model_id, model_dir, as_engine_config(engine_config),
+                                      reserved=reserved)
 
     def _model_worker(self) -> InstanceWorker:
         if self._worker is None:

@@ -32,7 +32,10 @@ class ModelRunner:
         block_size: int,
         backend: AttentionBackend,
         device: torch.device,
+        kv_buffer: torch.Tensor | None = None,
     ) -> None:
+        """`kv_buffer`: a zeroed uint8 tensor of exactly the KV pool's bytes to build it in
+        (memory faulted ahead of time, see `worker.reserved_memory`); None allocates it here."""
         self.model = model
         self.config = config
         self.block_size = block_size
@@ -40,10 +43,15 @@ class ModelRunner:
         self.device = device
         dtype = config.torch_dtype
         # [L, 2, num_blocks, block_size, Hkv, D]: one allocation, per-layer views.
-        self.kv_pool = torch.zeros(
-            config.num_hidden_layers, 2, num_blocks, block_size, config.num_key_value_heads, config.head_dim,
-            dtype=dtype, device=device,
-        )
+        shape = (config.num_hidden_layers, 2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        if kv_buffer is not None:
+            if kv_buffer.dtype != torch.uint8 or kv_buffer.device != device or \
+                    kv_buffer.numel() != num_blocks * kv_bytes_per_block(config, block_size, dtype):
+                raise ValueError("kv_buffer must be a uint8 tensor on the runner's device with exactly the KV "
+                                 "pool's bytes")
+            self.kv_pool = kv_buffer.view(dtype).view(shape)
+        else:
+            self.kv_pool = torch.zeros(shape, dtype=dtype, device=device)
         self.kv_caches = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(config.num_hidden_layers)]
 
     @torch.inference_mode()

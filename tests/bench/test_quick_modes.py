@@ -64,3 +64,23 @@ def test_loader_benchmark_quick():
     assert by_name[("thaw", "cold")]["ratio_to_limit"] > 0
     for peer in ("runai-model-streamer", "tensorizer", "fastsafetensors"):
         assert any(line["loader"] == peer for line in lines)  # measured, or a line saying why not
+
+
+@pytest.mark.slow
+def test_coldstart_benchmark_quick():
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "coldstart.py"), "--quick"],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = {line["case"]: line for line in map(json.loads, result.stdout.splitlines()) if line}
+    assert sorted(lines) == sorted(["thaw-repository", "thaw-ssd", "thaw-dram", "thaw-warm", "serve-default",
+                                    "serve-tuned", "serve-warm"])
+    tuned_s = lines["serve-tuned"]["ttft_s"]
+    for case, line in lines.items():
+        assert line["bench"] == "coldstart" and line["mode"] == "quick" and line["ttft_s"] > 0, case
+        assert line["baseline_ttft_s"] == tuned_s
+        assert line["ratio_to_tuned"] == pytest.approx(tuned_s / line["ttft_s"], rel=0.02), case
+    for case in ("thaw-repository", "thaw-ssd", "thaw-dram"):
+        # Every cold start was served by a warm spare worker, from the tier the store put it in.
+        assert lines[case]["from_spare"] == [True] and lines[case]["loaded_from"][0] in ("dram", "ssd"), case
+        assert lines[case]["load_s"][0] > 0
+    assert lines["thaw-dram"]["target_ratio"] == 15.0 and lines["thaw-ssd"]["target_ratio"] == 5.0

@@ -47,6 +47,7 @@ class FakeWorker:
     load_error: Exception | None = None
     stats_delay_s: float = 0.0
     num_threads: int | None = None
+    reserved_bytes: tuple[int, int] | None = None  # a spare's (weight, KV) reservation once warmed
 
     def finish_loading(self, error: Exception | None = None) -> None:
         self.load_error = error
@@ -165,7 +166,9 @@ class FakeCluster(ClusterClient):
         self.spares[actor_name] = spare
         return spare
 
-    async def spare_warm(self, handle: FakeWorker, timeout_s: float) -> float:
+    async def spare_warm(self, handle: FakeWorker, timeout_s: float, *, weight_bytes: int = 0, kv_bytes: int = 0
+                         ) -> float:
+        handle.reserved_bytes = (weight_bytes, kv_bytes)
         await asyncio.wait_for(self.spares_warm.wait(), timeout_s)
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")

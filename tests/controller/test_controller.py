@@ -618,7 +618,8 @@ def test_shutdown_stops_workers_and_stores_or_leaves_them(tmp_path):
 
 def test_a_cold_start_takes_a_warm_spare_and_the_pool_refills(tmp_path):
     async def scenario():
-        async with Harness(tmp_path, spare_workers_per_node=1) as h:
+        async with Harness(tmp_path, spare_workers_per_node=1, spare_weight_bytes=3 << 20,
+                           engine_defaults={"kv_cache_bytes": 2 << 20}) as h:
             await h.controller.deploy(spec("acme/m1", h.source("m1")))
             await h.tick()
             [spare] = h.cluster.live_spares()  # started on the first tick, not yet warm
@@ -633,6 +634,7 @@ def test_a_cold_start_takes_a_warm_spare_and_the_pool_refills(tmp_path):
             h.cluster.spares_warm.set()
             await eventually(lambda: h.controller.status()["spare_workers"] == {RAY_NODE: {"warm": 1, "starting": 0}},
                              "the spare to be warm")
+            assert spare.reserved_bytes == (3 << 20, 2 << 20)  # warmed with the weight and KV reservations
             h.controller.notify_demand("acme/m1", 4)
             await h.tick()  # a second instance: the warm spare serves it, no process is started
             await eventually(lambda: len(h.routes("acme/m1")) == 2, "both instances routed")

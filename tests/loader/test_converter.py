@@ -11,12 +11,13 @@ import loader.converter
 from loader import ThawIndex, convert_checkpoint
 from tests.loader.hf_checkpoint_builder import CONFIG_TEXT, TOKENIZER_TEXT, llama_tensors, write_hf_checkpoint
 
-EXPECTED_ORDER = [  # layer order; inside a group, the source files' (sorted) order
+EXPECTED_ORDER = [  # layer order; inside a layer the projections the engine fuses come first, back to
+    # back (q, k, v then gate, up), then the rest in the source files' (sorted) order
     "model.embed_tokens.weight",
     *[f"model.layers.{i}.{s}" for i in range(2) for s in (
-        "input_layernorm.weight", "mlp.down_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-        "post_attention_layernorm.weight", "self_attn.k_proj.weight", "self_attn.o_proj.weight",
-        "self_attn.q_proj.weight", "self_attn.v_proj.weight")],
+        "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "mlp.gate_proj.weight",
+        "mlp.up_proj.weight", "input_layernorm.weight", "mlp.down_proj.weight", "post_attention_layernorm.weight",
+        "self_attn.o_proj.weight")],
     "lm_head.weight",
     "model.norm.weight",
 ]
@@ -65,18 +66,20 @@ def test_chunks_cover_every_byte_with_matching_hashes(hf_dirs, tmp_path):
 def test_small_partition_bytes_splits_without_spanning(hf_dirs, tmp_path):
     index = convert_checkpoint(hf_dirs[1], tmp_path / "thaw", partition_bytes=16384, chunk_bytes=4096, progress=False)
     assert [(t.partition, t.offset) for t in index.tensors] == [
-        (0, 0), (0, 12288),                       # embed 9600 B, layers.0 input_layernorm
-        (1, 0), (1, 8192),                        # down, gate (7680 B each)
-        (2, 0), (2, 8192), (2, 12288),            # up, post_attention_layernorm, k
-        (3, 0), (3, 8192),                        # o, q
-        (4, 0), (4, 4096), (4, 8192),             # v, layers.1 input_layernorm, down
-        (5, 0), (5, 8192),                        # gate, up
-        (6, 0), (6, 4096), (6, 8192),             # post_attention_layernorm, k, o
-        (7, 0), (7, 8192),                        # q, v
-        (8, 0), (8, 12288),                       # lm_head, norm
+        (0, 0),                                   # embed 9600 B
+        (1, 0), (1, 8192), (1, 12288),            # layers.0 q (7680 B), k, v
+        (2, 0), (2, 8192),                        # gate, up (7680 B each)
+        (3, 0), (3, 4096), (3, 12288),            # input_layernorm, down, post_attention_layernorm
+        (4, 0), (4, 8192),                        # o, layers.1 q
+        (5, 0), (5, 4096), (5, 8192),             # k, v, gate
+        (6, 0), (6, 8192),                        # up, input_layernorm
+        (7, 0), (7, 8192),                        # down, post_attention_layernorm
+        (8, 0),                                   # o
+        (9, 0), (9, 12288),                       # lm_head, norm
     ]
-    assert [p.file for p in index.partitions] == [f"partition_{i:03d}.bin" for i in range(9)]
-    assert [p.size for p in index.partitions] == [16384] * 7 + [12288, 16384]
+    assert [p.file for p in index.partitions] == [f"partition_{i:03d}.bin" for i in range(10)]
+    assert [p.size for p in index.partitions] == [12288, 16384, 16384, 16384, 16384, 16384, 12288, 12288, 8192,
+                                                  16384]
     for p in index.partitions:
         assert os.path.getsize(tmp_path / "thaw" / p.file) == p.size
         assert sum(c.size for c in p.chunks) == p.size

@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from worker.checkpoint import CheckpointError, checkpoint_files, load_model
+from loader import convert_checkpoint
+from worker.checkpoint import CheckpointError, checkpoint_files, concat_rows, load_model
 from worker.model_config import ModelConfig
 
 
@@ -29,6 +30,34 @@ def test_loads_all_weights_fused(model_copy):
     expected = torch.cat([hf[f"model.layers.1.self_attn.{x}_proj.weight"] for x in "qkv"])
     assert torch.equal(qkv, expected)
     assert not any(p.is_meta for p in model.parameters())
+
+
+def test_concat_rows_is_a_view_of_adjacent_parts_and_a_copy_otherwise():
+    buffer = torch.arange(24, dtype=torch.float32)
+    q, k, v = buffer[0:8].view(4, 2), buffer[8:12].view(2, 2), buffer[12:16].view(2, 2)
+    fused = concat_rows([q, k, v])
+    assert torch.equal(fused, torch.cat([q, k, v])) and fused.shape == (8, 2)
+    assert fused.data_ptr() == q.data_ptr()  # no copy
+    apart = concat_rows([q, buffer[16:20].view(2, 2), k])  # not back to back
+    assert torch.equal(apart, torch.cat([q, buffer[16:20].view(2, 2), k]))
+    assert apart.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr()
+    other = concat_rows([q, torch.arange(4, dtype=torch.float32).view(2, 2)])  # another buffer
+    assert other.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr()
+
+
+def test_a_thaw_checkpoint_loads_fused_projections_without_copying_them(model_copy, tmp_path):
+    config = ModelConfig.from_model_dir(model_copy)
+    convert_checkpoint(model_copy, tmp_path / "thaw", progress=False)
+    model, how = load_model(tmp_path / "thaw", config)
+    assert how.startswith("thaw format")
+    hf = load_file(str(model_copy / "model.safetensors"))
+    embed = model.embed_tokens.weight  # a view of the loader's one host buffer
+    for n in range(config.num_hidden_layers):
+        qkv, gate_up = model.layers[n].self_attn.qkv_proj.weight, model.layers[n].mlp.gate_up_proj.weight
+        assert torch.equal(qkv, torch.cat([hf[f"model.layers.{n}.self_attn.{x}_proj.weight"] for x in "qkv"]))
+        assert torch.equal(gate_up, torch.cat([hf[f"model.layers.{n}.mlp.{x}_proj.weight"] for x in ("gate", "up")]))
+        for fused in (qkv, gate_up):
+            assert fused.untyped_storage().data_ptr() == embed.untyped_storage().data_ptr()  # views, not copies
 
 
 def test_missing_tensor_is_named(model_copy):
