@@ -4,6 +4,9 @@ Worker and node-store actors are detached, so they outlive the controller that s
 killed or upgraded controller leaves the platform serving, and its successor finds them again
 by name (`ray.get_actor(name, namespace)`) instead of starting duplicates. Workers are pinned to
 their node with hard node affinity (placement chose the node for its checkpoint's locality).
+Every worker, spares included, is a `migration.MigratableInstanceActor`: an instance worker that
+can also hand its requests to another and take theirs in, so drain, rebalancing and the
+gateway's recovery can move any request the platform serves.
 
 Ray's errors are translated here and nowhere else: a dead actor (`RayActorError`) becomes
 `ActorGoneError`, an actor that is only unreachable for now (`ActorUnavailableError`) or slow
@@ -117,16 +120,16 @@ class RayClusterClient(ClusterClient):
 
     def start_worker(self, *, instance_id: str, model_id: str, model_dir: str, engine_config: Any,
                      actor_name: str, ray_node_id: str, num_cpus: float, num_gpus: float) -> Any:
-        from worker import start_instance_worker
+        from migration import start_migratable_instance
 
-        return start_instance_worker(instance_id, model_id, model_dir, engine_config, name=actor_name,
+        return start_migratable_instance(instance_id, model_id, model_dir, engine_config, name=actor_name,
                                      namespace=self.namespace, node_id=ray_node_id, num_cpus=num_cpus,
                                      num_gpus=num_gpus, detached=True)
 
     def start_spare_worker(self, *, actor_name: str, ray_node_id: str) -> Any:
-        from worker import start_spare_worker
+        from migration import start_migratable_spare
 
-        return start_spare_worker(name=actor_name, namespace=self.namespace, node_id=ray_node_id, detached=True)
+        return start_migratable_spare(name=actor_name, namespace=self.namespace, node_id=ray_node_id, detached=True)
 
     async def spare_warm(self, handle: Any, timeout_s: float, *, weight_bytes: int = 0, kv_bytes: int = 0) -> float:
         return await _call(handle.warm.remote(weight_bytes, kv_bytes), timeout_s)

@@ -16,7 +16,8 @@ Public API:
   migration.
 - `MigrationEndpoint`: what a protocol drives; `EngineEndpoint` (an in-process `AsyncEngine`),
   `RayEndpoint` (a `MigratableInstanceActor`).
-- `MigratableInstanceActor`, `start_migratable_instance`: an instance actor that can migrate;
+- `MigratableInstanceActor`, `start_migratable_instance`, `start_migratable_spare`: an instance
+  actor that can migrate (with a model, or a spare assigned one later);
   `follow_generation`: the client's stream across hand-offs.
 - `KVTransport`, `KVPayload`, `InProcessKVTransport`, `RayObjectKVTransport`: how blocks travel.
 - `RequestSnapshot`, `MigrationRefusedError`, `UnknownRequestError`: from `worker`, re-exported.
@@ -26,7 +27,9 @@ from migration.engine_endpoint import EngineEndpoint
 from migration.following_stream import follow_generation
 from migration.kv_migration import KVMigrationConfig, migrate_by_kv
 from migration.kv_transport import InProcessKVTransport, KVPayload, KVTransport, RayObjectKVTransport
-from migration.migratable_instance_actor import MigratableInstanceActor, start_migratable_instance
+from migration.migratable_instance_actor import (
+    MigratableInstanceActor, start_migratable_instance, start_migratable_spare,
+)
 from migration.migrate import migrate_request, migrate_requests
 from migration.migration_endpoint import MigrationEndpoint
 from migration.migration_outcome import MigrationMethod, MigrationOutcome, MigrationStatus
@@ -39,5 +42,5 @@ __all__ = [
     "MigratableInstanceActor", "MigrationEndpoint", "MigrationMethod", "MigrationOutcome", "MigrationRefusedError",
     "MigrationStatus", "RayEndpoint", "RayObjectKVTransport", "RequestSnapshot", "TokenMigrationConfig",
     "UnknownRequestError", "follow_generation", "migrate_by_kv", "migrate_by_tokens", "migrate_request",
-    "migrate_requests", "start_migratable_instance",
+    "migrate_requests", "start_migratable_instance", "start_migratable_spare",
 ]

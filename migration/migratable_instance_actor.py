@@ -13,7 +13,9 @@ KV blocks travel through Ray's object store by default (`RayObjectKVTransport`):
 them there once, the destination reads them, the driver only passes the reference.
 
 Being a subclass keeps `worker/` free of migration; started with `start_migratable_instance`
-(same arguments as `start_instance_worker`, which is hard-wired to its own class).
+(same arguments as `start_instance_worker`, which is hard-wired to its own class), or as a spare
+with `start_migratable_spare` (no model until ``assign``, as `start_spare_worker`'s): the
+platform starts every worker through these, so any request it serves can be moved.
 """
 
 from __future__ import annotations
@@ -26,23 +28,28 @@ from migration.engine_endpoint import EngineEndpoint
 from migration.kv_transport import KVPayload, KVTransport, RayObjectKVTransport
 from worker import EngineConfig, GenerationChunk, InstanceWorkerActor, RequestSnapshot
 
-__all__ = ["MigratableInstanceActor", "start_migratable_instance"]
+__all__ = ["MigratableInstanceActor", "start_migratable_instance", "start_migratable_spare"]
 
 
 class MigratableInstanceActor(InstanceWorkerActor):
-    def __init__(self, instance_id: str, model_id: str, model_dir: str, engine_config: EngineConfig,
-                 transport: KVTransport | None = None) -> None:
+    """`InstanceWorkerActor` plus migration (module docstring). Like its base, constructed without
+    a model it is a spare; its instance id is then the one ``assign`` gives it, and every
+    migration method raises `SpareWorkerError` until then."""
+
+    def __init__(self, instance_id: str | None = None, model_id: str | None = None, model_dir: str | None = None,
+                 engine_config: EngineConfig | None = None, transport: KVTransport | None = None) -> None:
         super().__init__(instance_id, model_id, model_dir, engine_config)
-        self._instance_id = instance_id
         self._transport = transport if transport is not None else RayObjectKVTransport()
         self._endpoint: EngineEndpoint | None = None
         self._resumed: set[str] = set()  # imported requests whose client is attached
 
     async def _migration(self) -> EngineEndpoint:
         if self._endpoint is None:
+            worker = self._model_worker()  # a spare has nothing to migrate: SpareWorkerError
             # The instance's running engine (waits for the load; raises like ``generate``).
-            async_engine = await self._worker._serving_engine()
-            self._endpoint = EngineEndpoint(async_engine, self._transport, self._instance_id)
+            async_engine = await worker._serving_engine()
+            if self._endpoint is None:  # another call may have built it while this one waited
+                self._endpoint = EngineEndpoint(async_engine, self._transport, worker.instance_id)
         return self._endpoint
 
     # ---- the endpoint (see MigrationEndpoint) --------------------------------------------------
@@ -86,6 +93,11 @@ class MigratableInstanceActor(InstanceWorkerActor):
         return None if self._endpoint is None else self._endpoint.handoff_target(request_id)
 
     async def resume(self, request_id: str) -> AsyncIterator[GenerationChunk]:
+        async for chunk in self._adopted_chunks(request_id):
+            yield chunk
+
+    async def _adopted_chunks(self, request_id: str) -> AsyncIterator[GenerationChunk]:
+        """An imported request's outputs as `GenerationChunk`s; closing early aborts it."""
         outputs = (await self._migration()).adopted_stream(request_id)
         self._resumed.add(request_id)
         try:
@@ -121,10 +133,31 @@ def start_migratable_instance(instance_id: str, model_id: str, model_dir: str,
     """Starts a `MigratableInstanceActor` and returns its handle at once; the arguments and their
     meaning are `start_instance_worker`'s (``transport`` picks how its KV blocks travel)."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     # A bad config fails here, not in a dead actor.
     config = engine_config if isinstance(engine_config, EngineConfig) else EngineConfig(**dict(engine_config or {}))
+    actor_options = _actor_options(name, namespace, node_id, num_cpus, num_gpus, detached, options)
+    return ray.remote(MigratableInstanceActor).options(**actor_options).remote(
+        instance_id, model_id, str(model_dir), config, transport)
+
+
+def start_migratable_spare(*, transport: KVTransport | None = None, name: str | None = None,
+                           namespace: str | None = None, node_id: str | None = None, detached: bool = False,
+                           **options):
+    """Starts a spare `MigratableInstanceActor` (no model until ``assign``) and returns its handle
+    at once; the arguments and their meaning are `start_spare_worker`'s: no Ray CPU or GPU."""
+    import ray
+
+    actor_options = _actor_options(name, namespace, node_id, 0, 0, detached, options)
+    return ray.remote(MigratableInstanceActor).options(**actor_options).remote(transport=transport)
+
+
+def _actor_options(name: str | None, namespace: str | None, node_id: str | None, num_cpus: float,
+                   num_gpus: float, detached: bool, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Ray options for a worker actor, as `worker`'s starters set them (hard node affinity, no
+    restarts: a restarted worker would have lost its requests and its model anyway)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     actor_options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": 0}
     if name is not None:
         actor_options["name"] = name
@@ -135,5 +168,4 @@ def start_migratable_instance(instance_id: str, model_id: str, model_dir: str,
     if detached:
         actor_options["lifetime"] = "detached"
     actor_options.update(options)
-    return ray.remote(MigratableInstanceActor).options(**actor_options).remote(
-        instance_id, model_id, str(model_dir), config, transport)
+    return actor_options

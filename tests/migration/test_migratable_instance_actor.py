@@ -117,3 +117,34 @@ def test_a_destination_killed_mid_migration_leaves_the_request_whole_on_the_sour
     assert outcome.status is MigrationStatus.FAILED and "Actor" in outcome.error
     assert whole(moved) == whole(expected) and moved[-1].finish_reason == "length"
     assert idle(instances["inst-a"])
+
+
+def test_a_spare_takes_a_model_with_assign_and_then_takes_migrated_requests_under_that_id(instances, model_dir):
+    # The platform starts its workers as spares and assigns them a model later: such a worker must
+    # be a migration endpoint too, known by the instance id ``assign`` gave it.
+    from migration import start_migratable_spare
+    from worker import SpareWorkerError
+
+    spare = start_migratable_spare(name="inst-spare", namespace=NAMESPACE)
+    with pytest.raises(SpareWorkerError):  # no model, nothing to migrate (and said so, not a hang)
+        asyncio.run(RayEndpoint(spare, "inst-spare").begin_import(None, 0))
+    ray.get(spare.assign.remote("inst-assigned", "acme/demo", str(model_dir), ENGINE_CONFIG, 1), timeout=60)
+    ray.get(spare.ready.remote(), timeout=120)
+    handles = {**instances, "inst-assigned": spare}
+    source = RayEndpoint(instances["inst-a"], "inst-a")
+    dest = RayEndpoint(spare, "inst-assigned")
+
+    async def main():
+        expected, _ = await read_following(handles, "alone-spare")
+        moved, outcome = await read_following(
+            handles, "moving-spare", migrate_after=5, migrate=lambda: migrate_request(source, dest, "moving-spare"))
+        return expected, moved, outcome
+
+    try:
+        expected, moved, outcome = asyncio.run(main())
+        assert outcome.status is MigrationStatus.MIGRATED, outcome.error
+        assert ray.get(instances["inst-a"].handoff_target.remote("moving-spare")) == "inst-assigned"
+        assert whole(moved) == whole(expected)
+        assert idle(instances["inst-a"]) and idle(spare)
+    finally:
+        stop_instance_worker(spare)
