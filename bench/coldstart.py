@@ -3,8 +3,8 @@
 One run, one local Ray, one Ray Serve HTTP proxy. It builds a random-weight Llama in Hugging Face
 format (`worker.write_demo_model`, bf16, ~1 GB: hidden 2048, 8 layers, vocab 32000; a few MB with
 ``--quick``), then measures the time from sending ``POST /v1/completions`` (``stream: true``, a
-128-token prompt given as token ids, greedy) to the first server-sent event that carries a token,
-for:
+128-token prompt given as token ids, greedy, ``max_tokens: 1``) to the first server-sent event
+that carries the token, for:
 
 * **Thaw**, the platform `thaw serve` starts (`infra.Platform`, in this process, no auth), the
   model deployed with ``min_instances: 0``. Before each request the model has scaled to zero (its
@@ -75,18 +75,19 @@ class BenchMode:
     name: str
     model: DemoModelConfig
     prompt_tokens: int
-    max_tokens: int
+    max_tokens: int  # 1: the first token is the whole answer, so no side can hold it back (Thaw's
+    # gateway sends no event for a token that completes no character, which a random model's often are)
     repeats: int
     spare_weight_bytes: int  # what the node's spare worker faults ahead for the weights (>= the model)
 
 
 FULL = BenchMode("full", DemoModelConfig(
     hidden_size=2048, num_hidden_layers=8, num_attention_heads=32, num_key_value_heads=8, intermediate_size=5632,
-    vocab_size=32000, max_position_embeddings=2048, dtype="bfloat16", seed=0), prompt_tokens=128, max_tokens=8,
+    vocab_size=32000, max_position_embeddings=2048, dtype="bfloat16", seed=0), prompt_tokens=128, max_tokens=1,
     repeats=3, spare_weight_bytes=3 << 29)
 QUICK = BenchMode("quick", DemoModelConfig(
     hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-    max_position_embeddings=512, dtype="bfloat16", init_std=0.1, seed=0), prompt_tokens=16, max_tokens=4, repeats=1,
+    max_position_embeddings=512, dtype="bfloat16", init_std=0.1, seed=0), prompt_tokens=16, max_tokens=1, repeats=1,
     spare_weight_bytes=16 << 20)
 
 
