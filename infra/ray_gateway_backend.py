@@ -21,12 +21,19 @@ finished request hands free slots to the head of the queue. So a cold model's re
 then succeeds, rather than failing.
 
 An instance that turns out to be gone (its actor died, it was scaled down between two table
-refreshes, it is shutting down) is skipped for a while and the request tried elsewhere — as
-long as nothing has been streamed yet; after that the failure is reported in-band.
+refreshes, it is shutting down) is skipped for a while and the request tried elsewhere. If
+tokens were streamed already, the request is *recovered*, not restarted: the next instance
+(a ready one, or the first to become ready while the request waits in the model's queue as a
+new one would) continues it from the output tokens the client has received, so the client's
+stream goes on with no token lost or repeated (greedy output is exactly an unbroken run's).
+Up to ``max_attempts`` instances in all; past that the failure is reported in-band.
 
-Generation goes through `worker.stream_generation` (via `serving_cluster`), whose early close
-``ray.cancel``s the stream and so aborts the request on the worker, freeing its KV blocks;
-`abort` also asks the instance directly, and releases a request still waiting in a queue.
+Generation goes through `serving_cluster`, which follows a request live-migrated to another
+instance (`migration.follow_generation`) and whose early close ``ray.cancel``s the stream and so
+aborts the request on the worker, freeing its KV blocks; `abort` also asks the instance directly,
+and releases a request still waiting in a queue. After a live migration the request counts
+against its first instance's concurrency cap until it finishes (the gateway is not told where it
+went; the controller's load reports are).
 """
 
 from __future__ import annotations
@@ -79,8 +86,8 @@ class RayBackendConfig:
         call_timeout_s: how long ``/readyz`` and an uncached model's lookup wait on the controller.
         broken_instance_s: how long an instance that failed a request is skipped (unless the
             routing table drops it sooner).
-        max_attempts: instances one request is tried on before it fails (only before its first
-            token; afterwards nothing is retried).
+        max_attempts: instances one request is tried on before it fails, counting those it is
+            recovered on after an instance died mid-stream.
     """
 
     long_poll_s: float = 5.0
@@ -228,28 +235,39 @@ class RayGatewayBackend:
         request = _Request(model_id)
         self._requests[request_id] = request
         arrival = self._clock()
+        sent_token_ids: list[int] = []  # what the client has received: a recovery continues from it
+        queue_s: float | None = None
+        first = True
         try:
             for attempt in range(1, self._config.max_attempts + 1):
                 route = await self._acquire(info, request)
                 if route is None:  # aborted while it waited
                     yield GenerationChunk(request_id=request_id, text="", token_ids=(), finished=True,
-                                          finish_reason="abort", num_prompt_tokens=0, num_output_tokens=0,
-                                          queue_s=self._clock() - arrival)
+                                          finish_reason="abort", num_prompt_tokens=0,
+                                          num_output_tokens=len(sent_token_ids),
+                                          queue_s=self._clock() - arrival if first else None)
                     return
-                queue_s: float | None = self._clock() - arrival
+                if first:
+                    queue_s = self._clock() - arrival
                 request.route = route
                 try:
-                    stream = self._cluster.generate(route, request_id, payload, params)
+                    stream = self._cluster.generate(route, request_id, payload, params,
+                                                    sent_token_ids=tuple(sent_token_ids))
                     async with contextlib.aclosing(stream) as chunks:
                         async for chunk in chunks:
+                            sent_token_ids.extend(chunk.token_ids)
                             yield _gateway_chunk(chunk, queue_s)
-                            queue_s = None
+                            first, queue_s = False, None
                     return
                 except InstanceGone as exc:
                     self._mark_broken(route)
-                    if queue_s is None or attempt == self._config.max_attempts:  # streamed already, or out of tries
+                    if attempt == self._config.max_attempts:
                         raise BackendUnavailable(f"model {model_id!r}: {exc}", self._config.retry_after_s) from exc
-                    logger.warning("request %s: %s; trying another instance", request_id, exc)
+                    if sent_token_ids:
+                        logger.warning("request %s: %s; resuming it on another instance after %d tokens",
+                                       request_id, exc, len(sent_token_ids))
+                    else:
+                        logger.warning("request %s: %s; trying another instance", request_id, exc)
                 except InvalidRequestError as exc:
                     raise _invalid_request(exc) from None
                 finally:

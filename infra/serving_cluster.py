@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -68,11 +68,14 @@ class ServingCluster(Protocol):
         """Tells the controller how many requests wait for an instance of the model."""
         ...
 
-    def generate(self, route: InstanceRoute, request_id: str, prompt: Any,
-                 params: SamplingParams) -> AsyncIterator[Any]:
-        """The instance's `worker.GenerationChunk`s; closing early cancels the request there.
-        Raises `InstanceGone` when the instance cannot serve, and the worker's
-        `InvalidRequestError`s as themselves."""
+    def generate(self, route: InstanceRoute, request_id: str, prompt: Any, params: SamplingParams, *,
+                 sent_token_ids: Sequence[int] = ()) -> AsyncIterator[Any]:
+        """The request's `worker.GenerationChunk`s, started on the instance, and followed to
+        wherever it is live-migrated (no chunk lost or repeated); closing early cancels it where
+        it is. With ``sent_token_ids`` (a recovery: the tokens the client already has from an
+        instance that died) the instance continues the request from there and yields only what
+        follows. Raises `InstanceGone` when the instance cannot serve (or take the recovery), and
+        the worker's `InvalidRequestError`s as themselves."""
         ...
 
     async def abort(self, route: InstanceRoute, request_id: str) -> None:
@@ -87,6 +90,10 @@ class RayServingCluster:
     Actor handles of instances are looked up by name once and cached by instance id; the
     lookup (``ray.get_actor`` blocks) runs on a thread, and happens when a route is first
     used — usually right after the routing table announced the instance.
+
+    Streams go through `migration.follow_generation`, so a request live-migrated mid-stream is
+    followed to its new instance, which is found by id in the routing table this class saw
+    last (re-read once if the instance is newer than that copy).
     """
 
     def __init__(self, controller: ControllerClient, call_timeout_s: float = 10.0) -> None:
@@ -95,9 +102,16 @@ class RayServingCluster:
         self._controller = controller
         self._call_timeout_s = call_timeout_s
         self._handles: dict[str, Any] = {}
+        self._routes: dict[str, InstanceRoute] = {}  # instance id -> route, from the last routing table
 
     async def routing_table(self, known_version: int, timeout_s: float) -> tuple[int, RoutingTableData]:
-        return await self._controller.routing_table(known_version, timeout_s)
+        version, table = await self._controller.routing_table(known_version, timeout_s)
+        self._remember_routes(table or {})
+        return version, table
+
+    def _remember_routes(self, table: RoutingTableData) -> None:
+        self._routes = {route.instance_id: route for entries in table.values()
+                        for route in map(InstanceRoute.from_dict, entries)}
 
     async def list_models(self) -> list[Mapping[str, Any]]:
         return await self._controller.list_models()
@@ -128,22 +142,39 @@ class RayServingCluster:
         for instance_id in [i for i in self._handles if i not in instance_ids]:
             del self._handles[instance_id]
 
-    async def generate(self, route: InstanceRoute, request_id: str, prompt: Any,
-                       params: SamplingParams) -> AsyncIterator[Any]:
+    async def _resolve(self, instance_id: str) -> Any:
+        """The handle of the instance a request was migrated to. A migration targets a ready
+        instance, so it is in the routing table; if this copy predates it, one fresh read."""
+        route = self._routes.get(instance_id)
+        if route is None:
+            _, table = await asyncio.wait_for(self._controller.routing_table(-1, 0.0), self._call_timeout_s)
+            self._remember_routes(table or {})
+            route = self._routes.get(instance_id)
+        if route is None:
+            raise InstanceGone(f"instance {instance_id}, where a request was migrated, is not in the routing table")
+        return await self._handle(route)
+
+    async def generate(self, route: InstanceRoute, request_id: str, prompt: Any, params: SamplingParams, *,
+                       sent_token_ids: Sequence[int] = ()) -> AsyncIterator[Any]:
         import ray
 
-        from worker import EngineDeadError, InstanceLoadError, stream_generation
+        from migration import MigrationRefusedError, UnknownRequestError, follow_generation
+        from worker import EngineDeadError, InstanceLoadError, SpareWorkerError
 
         handle = await self._handle(route)
+        stream = follow_generation(handle, request_id, prompt, params, resolve=self._resolve,
+                                   sent_token_ids=sent_token_ids)
         try:
-            # aclosing: when the caller closes this stream early, stream_generation's own close
-            # (ray.cancel of the worker's stream) runs now, not whenever it is garbage-collected.
-            async with contextlib.aclosing(stream_generation(handle, request_id, prompt, params)) as chunks:
+            # aclosing: when the caller closes this stream early, the open instance stream's own
+            # close (ray.cancel of the worker's stream) runs now, not whenever it is collected.
+            async with contextlib.aclosing(stream) as chunks:
                 async for chunk in chunks:
                     yield chunk
-        except (EngineDeadError, InstanceLoadError, ray.exceptions.RayActorError) as exc:
+        except (EngineDeadError, InstanceLoadError, SpareWorkerError, ray.exceptions.RayActorError) as exc:
             self._handles.pop(route.instance_id, None)
             raise InstanceGone(f"instance {route.instance_id} cannot serve: {type(exc).__name__}: {exc}") from exc
+        except (MigrationRefusedError, UnknownRequestError) as exc:  # cannot take the recovery, or lost track
+            raise InstanceGone(f"instance {route.instance_id} cannot continue request {request_id}: {exc}") from exc
 
     async def abort(self, route: InstanceRoute, request_id: str) -> None:
         handle = self._handles.get(route.instance_id)

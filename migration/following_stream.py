@@ -10,27 +10,47 @@ destination every one after, and the text deltas continue mid-character and mid-
 because the destination replayed the detokenizer.
 
 Leaving early cancels whichever stream is open, which aborts the request where it is.
+
+The same stream also carries a request on after its instance *died* (``sent_token_ids``): the
+new instance's ``recover`` continues it from the tokens the client already has, and any later
+migration is followed as usual.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from worker import GenerationChunk, SamplingParams, UnknownRequestError, stream_generation
+from worker import (
+    EngineDeadError, GenerationChunk, InstanceLoadError, InvalidRequestError, MigrationRefusedError, SamplingParams,
+    SpareWorkerError, UnknownRequestError, stream_generation,
+)
 
 __all__ = ["follow_generation"]
 
 MIGRATED = "migrated"
 
+# Errors an instance raises on purpose: passed on as themselves, not in Ray's wrapper.
+_INSTANCE_ERRORS = (UnknownRequestError, MigrationRefusedError, InvalidRequestError, EngineDeadError,
+                    InstanceLoadError, SpareWorkerError)
+
 
 async def follow_generation(handle: Any, request_id: str, prompt: str | list,
                             sampling_params: Mapping[str, Any] | SamplingParams | None = None, *,
-                            resolve: Callable[[str], Awaitable[Any]]) -> AsyncIterator[GenerationChunk]:
+                            resolve: Callable[[str], Awaitable[Any]],
+                            sent_token_ids: Sequence[int] = ()) -> AsyncIterator[GenerationChunk]:
     """`stream_generation` that follows the request across live migrations (module docstring).
-    Raises `UnknownRequestError` if a stream ended "migrated" but its instance cannot say where to."""
-    chunks = stream_generation(handle, request_id, prompt, sampling_params)
+
+    With ``sent_token_ids`` (output tokens a client already received from an instance that died)
+    the request is not started but continued on ``handle`` from there (its ``recover``), and
+    only what comes after them is yielded. Raises `UnknownRequestError` if a stream ended
+    "migrated" but its instance cannot say where to; the instance's refusals
+    (`MigrationRefusedError`, `InvalidRequestError`, `EngineDeadError`, ...) as themselves."""
+    if sent_token_ids:
+        chunks = _actor_stream(handle, "recover", request_id, prompt, sampling_params, list(sent_token_ids))
+    else:
+        chunks = stream_generation(handle, request_id, prompt, sampling_params)
     while True:
         migrated = False
         async with contextlib.aclosing(chunks):
@@ -45,21 +65,23 @@ async def follow_generation(handle: Any, request_id: str, prompt: str | list,
         if target is None:
             raise UnknownRequestError(f"request {request_id!r} left its instance for an unknown one")
         handle = await resolve(target)
-        chunks = _resume_stream(handle, request_id)
+        chunks = _actor_stream(handle, "resume", request_id)
 
 
-async def _resume_stream(handle: Any, request_id: str) -> AsyncIterator[GenerationChunk]:
-    """``handle.resume`` read the way `stream_generation` reads ``generate``."""
+async def _actor_stream(handle: Any, method: str, *args: Any) -> AsyncIterator[GenerationChunk]:
+    """``handle.<method>(*args)`` (``resume`` or ``recover``) read the way `stream_generation`
+    reads ``generate``: the instance's own errors raised as themselves, Ray's passed through,
+    and leaving early cancels the stream (which aborts the request there)."""
     import ray
 
-    stream = handle.resume.options(num_returns="streaming").remote(request_id)
+    stream = getattr(handle, method).options(num_returns="streaming").remote(*args)
     finished = False
     try:
         async for ref in stream:
             try:
                 chunk = await ref
             except ray.exceptions.RayTaskError as exc:
-                if isinstance(exc.cause, UnknownRequestError):
+                if isinstance(exc.cause, _INSTANCE_ERRORS):
                     raise exc.cause from exc
                 raise
             finished = chunk.finished

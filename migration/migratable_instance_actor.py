@@ -9,6 +9,9 @@ and the two methods a client needs to follow a request that moved:
 * ``resume(request_id)`` on the new instance: a streaming generator of `GenerationChunk`s from the
   first token after the hand-off, read like ``generate``'s (cancel it and the request is aborted).
 
+and one for a request whose instance died: ``recover(request_id, prompt, params, sent_token_ids)``
+continues it here from the tokens its client already received (the gateway's failure recovery).
+
 KV blocks travel through Ray's object store by default (`RayObjectKVTransport`): the source puts
 them there once, the destination reads them, the driver only passes the reference.
 
@@ -20,13 +23,18 @@ platform starts every worker through these, so any request it serves can be move
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from migration.engine_endpoint import EngineEndpoint
 from migration.kv_transport import KVPayload, KVTransport, RayObjectKVTransport
-from worker import EngineConfig, GenerationChunk, InstanceWorkerActor, RequestSnapshot
+from worker import (
+    EngineConfig, GenerationChunk, InstanceWorkerActor, InvalidRequestError, RequestSnapshot, SamplingParams,
+)
+
+Prompt = str | list  # text, token ids, or chat messages: what ``generate`` takes
 
 __all__ = ["MigratableInstanceActor", "start_migratable_instance", "start_migratable_spare"]
 
@@ -93,6 +101,46 @@ class MigratableInstanceActor(InstanceWorkerActor):
         return None if self._endpoint is None else self._endpoint.handoff_target(request_id)
 
     async def resume(self, request_id: str) -> AsyncIterator[GenerationChunk]:
+        async for chunk in self._adopted_chunks(request_id):
+            yield chunk
+
+    async def recover(self, request_id: str, prompt: Prompt,
+                      sampling_params: Mapping[str, Any] | SamplingParams | None,
+                      sent_token_ids: Sequence[int]) -> AsyncIterator[GenerationChunk]:
+        """Continues a request whose instance died, from what its client already received: the
+        prompt (as ``generate`` took it) and ``sent_token_ids``, the output tokens delivered.
+
+        The request is imported from that transcript the way a token-based migration imports
+        one (a `RequestSnapshot` with no KV and no sampler state): the prompt and the sent tokens
+        are recomputed in one prefill, the detokenizer replays the sent tokens without emitting
+        them, so the text deltas continue mid-character and mid-stop-string, and the usage
+        counts go on from the prompt's length and the tokens sent. Greedy decoding continues
+        exactly as the dead instance would have; seeded sampling continues from a generator
+        seeded afresh (the dead one's state died with it). Streams like ``resume``; raises
+        `InvalidRequestError` for a bad request and `MigrationRefusedError` if this instance
+        cannot take it (KV blocks, no token left to generate).
+        """
+        endpoint = await self._migration()
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidRequestError(f"request_id must be a non-empty string, got {request_id!r}")
+        if not sent_token_ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in sent_token_ids):
+            raise InvalidRequestError("sent_token_ids must be a non-empty list of token ids (nothing sent: "
+                                      "call generate instead)")
+        try:
+            params = sampling_params if isinstance(sampling_params, SamplingParams) \
+                else SamplingParams(**dict(sampling_params or {}))
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(f"invalid sampling parameters: {exc}") from exc
+        engine = endpoint.async_engine.engine
+        prompt_ids = await asyncio.to_thread(lambda: engine.prepare_request(prompt, params).prompt_token_ids)
+        snapshot = RequestSnapshot(request_id=request_id, prompt_token_ids=tuple(prompt_ids),
+                                   output_token_ids=tuple(sent_token_ids), params=params, num_computed_tokens=0)
+        await endpoint.begin_import(snapshot, snapshot.num_tokens)
+        try:
+            await endpoint.commit_import(snapshot)  # opens the stream, then starts the request
+        except BaseException:
+            await endpoint.cancel_import(request_id)
+            raise
         async for chunk in self._adopted_chunks(request_id):
             yield chunk
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -124,21 +125,24 @@ class FakeCluster:
             self.scale_on_demand = None
             self.set_routes(model_id, [route("cold-1")])
 
-    async def generate(self, r: InstanceRoute, request_id: str, prompt: Any,
-                       params: SamplingParams) -> AsyncIterator[GenerationChunk]:
+    async def generate(self, r: InstanceRoute, request_id: str, prompt: Any, params: SamplingParams, *,
+                       sent_token_ids: tuple[int, ...] = ()) -> AsyncIterator[GenerationChunk]:
         if r.instance_id in self.fail_before_first:
             raise InstanceGone(f"instance {r.instance_id} is gone")
         if self.refuse is not None:
             raise self.refuse
-        self.served.append((request_id, r.instance_id))
+        # Token i is 100 + i, so a recovery from the sent tokens continues at their count.
+        assert list(sent_token_ids) == [100 + i for i in range(len(sent_token_ids))]
+        self.served.append((request_id, r.instance_id) if not sent_token_ids
+                           else (request_id, r.instance_id, len(sent_token_ids)))
         finished = False
         try:
-            for i in range(params.max_tokens):
+            for i in range(len(sent_token_ids), params.max_tokens):
                 last = i == params.max_tokens - 1
                 yield GenerationChunk(request_id=request_id, text=f"t{i} ", token_ids=(100 + i,),
                                       finish_reason="length" if last else None, num_prompt_tokens=4,
                                       num_completion_tokens=i + 1)
-                if i == 0:
+                if i == len(sent_token_ids):
                     self.started_event(request_id).set()
                     if r.instance_id in self.fail_after_first:
                         raise InstanceGone(f"instance {r.instance_id} died")
@@ -346,9 +350,9 @@ def test_a_client_leaving_closes_the_instance_stream_and_frees_the_slot():
     run(test)(cluster)
 
 
-def test_a_gone_instance_is_skipped_before_the_first_token_but_not_after():
+def test_a_gone_instance_is_skipped_and_a_request_it_dropped_midway_resumes_elsewhere_from_the_sent_tokens():
     cluster = FakeCluster()
-    cluster.records[MODEL] = record(MODEL)
+    cluster.records[MODEL] = record(MODEL, queue_timeout_s=0.3)
     cluster.set_routes(MODEL, [route("dead"), route("live", ongoing=3)])
     cluster.fail_before_first = {"dead"}
 
@@ -358,14 +362,30 @@ def test_a_gone_instance_is_skipped_before_the_first_token_but_not_after():
         assert chunks[0].queue_s is not None
         await collect(backend, "again")  # "dead" is now skipped up front
         assert cluster.served[-1] == ("again", "live")
+
+        # "live" dies after its first token; "spare" (added now) continues from that token on.
         cluster.fail_after_first = {"live"}
-        stream = backend.generate(MODEL, "midway", "hello", PARAMS)
+        cluster.set_routes(MODEL, [route("dead"), route("live"), route("spare", ongoing=9)])
+        await until(lambda: len(backend._routes.get(MODEL, ())) == 3, "the gateway to see the new instance")
+        chunks = await collect(backend, "midway")
+        assert cluster.served[-2:] == [("midway", "live"), ("midway", "spare", 1)]
+        assert [c.token_ids for c in chunks] == [(100 + i,) for i in range(PARAMS.max_tokens)]
+        assert "".join(c.text for c in chunks) == "".join(f"t{i} " for i in range(PARAMS.max_tokens))
+        assert [c.num_output_tokens for c in chunks] == list(range(1, PARAMS.max_tokens + 1))
+        assert chunks[0].queue_s is not None and all(c.queue_s is None for c in chunks[1:])
+        assert chunks[-1].finish_reason == "length" and backend._inflight == {}
+
+        # With no instance left to take it, the failure is reported in-band, after what was sent.
+        cluster.fail_after_first = {"spare"}
+        cluster.set_routes(MODEL, [route("spare")])
+        await until(lambda: [r.instance_id for r in backend._routes.get(MODEL, ())] == ["spare"], "the new table")
+        stream = backend.generate(MODEL, "stranded", "hello", PARAMS)
         assert (await stream.__anext__()).text == "t0 "
-        with pytest.raises(BackendUnavailable, match="died"):
+        with pytest.raises(QueueTimeout):  # waited in the model's queue for an instance that never came
             await stream.__anext__()
         assert backend._inflight == {}
 
-    run(test)(cluster)
+    run(test)(cluster, dataclasses.replace(FAST, max_attempts=2))
 
 
 def test_worker_refusals_name_the_field_and_a_long_prompt_is_context_length_exceeded():

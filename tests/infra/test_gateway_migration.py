@@ -1,0 +1,189 @@
+"""The gateway's side of live migration, on a real platform: a real controller on a local Ray
+starting real (migratable) workers, and the real `RayGatewayBackend` over `RayServingCluster`,
+read the way the HTTP app reads it.
+
+- a request live-migrated between two instances while the gateway streams it (each method):
+  the client's chunks are exactly those of an unmoved run, no token lost or repeated;
+- a worker killed mid-stream (a real ``ray.kill``): the gateway resumes the request on the other
+  ready instance from the tokens already sent, and the client receives the full greedy output,
+  text included, exactly as unbroken;
+- the only instance of a model killed mid-stream: the request waits in the model's queue until
+  the controller has replaced the instance, then carries on just as well.
+
+Every wait is a poll with a deadline; the module ends by checking that no actor is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import ray
+
+from controller import ControllerConfig, start_controller, stop_controller
+from infra.controller_client import ControllerClient
+from infra.gateway_metrics import GatewayMetrics
+from infra.ray_gateway_backend import RayBackendConfig, RayGatewayBackend
+from infra.serving_cluster import RayServingCluster
+from migration import MigrationMethod, MigrationStatus, RayEndpoint, migrate_request
+from storage import RepositoryConfig
+from worker import DemoModelConfig, SamplingParams, write_demo_model
+
+pytestmark = pytest.mark.slow
+
+TINY_DEMO = DemoModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=128, max_position_embeddings=256, init_std=0.1, seed=7)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=160, ignore_eos=True)
+PROMPT = "The quick brown fox"
+PAIR, SOLO = "acme/pair", "acme/solo"
+DEADLINE_S = 120.0
+BACKEND = RayBackendConfig(long_poll_s=1.0, stale_after_s=5.0, retry_interval_s=0.1, demand_report_interval_s=0.5)
+
+
+async def poll(predicate, what: str, timeout_s: float = DEADLINE_S):
+    """Awaits until `predicate()` is truthy (returned); a deadline turns a hang into a failure."""
+    deadline = time.monotonic() + timeout_s
+    while not (result := predicate()):
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
+        await asyncio.sleep(0.05)
+    return result
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory):
+    """A controller serving two models: PAIR on two instances, SOLO on one (both pinned at that)."""
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    root = tmp_path_factory.mktemp("gateway-migration")
+    model_dir = write_demo_model(root / "demo", TINY_DEMO)
+    config = ControllerConfig(
+        state_dir=root / "state", repository=RepositoryConfig(str(root / "repo")),
+        namespace=f"thaw-gm-{uuid.uuid4().hex[:8]}", calibrate=False, cpu_worker_slots_per_node=4,
+        ssd_capacity_bytes=1 << 30, dram_capacity_bytes=256 << 20, reconcile_interval_s=0.2,
+        engine_defaults={"block_size": 4, "num_kv_blocks": 256}, report_timeout_s=10.0, drain_timeout_s=5.0)
+    controller = start_controller(config, name="thaw-controller-gm")
+    ray.get(controller.ping.remote(), timeout=DEADLINE_S)
+    for model_id, count in ((PAIR, 2), (SOLO, 1)):
+        policy = dict(min_instances=count, max_instances=count, upscale_delay_s=0.0, keep_alive_s=600.0)
+        ray.get(controller.deploy.remote({"name": model_id, "source": str(model_dir),
+                                          "resources": {"num_cpus": 0.5}, "autoscaling": policy}), timeout=60)
+    try:
+        yield controller, config.namespace
+    finally:
+        stop_controller(controller, stop_workers=True)
+        leftovers = [e["name"] for e in ray.util.list_named_actors(True) if e["namespace"] == config.namespace]
+        for name in leftovers:
+            ray.kill(ray.get_actor(name, namespace=config.namespace), no_restart=True)
+        if started_here:
+            ray.shutdown()
+        assert leftovers == [], f"actors left behind: {leftovers}"
+
+
+class RecordingCluster(RayServingCluster):
+    """`RayServingCluster` noting each recovery: (request id, instance id, number of tokens sent)."""
+
+    def __init__(self, controller) -> None:
+        super().__init__(ControllerClient(controller))
+        self.recoveries: list[tuple[str, str, int]] = []
+
+    def generate(self, route, request_id, prompt, params, *, sent_token_ids=()):
+        if sent_token_ids:
+            self.recoveries.append((request_id, route.instance_id, len(sent_token_ids)))
+        return super().generate(route, request_id, prompt, params, sent_token_ids=sent_token_ids)
+
+
+def run_with_backend(controller, test):
+    """Runs ``test(backend, cluster)`` on a fresh loop with a started gateway backend, once both
+    models have all their instances ready in the gateway's table."""
+
+    async def main():
+        cluster = RecordingCluster(controller)
+        backend = RayGatewayBackend(cluster, BACKEND, GatewayMetrics())
+        await backend.start()
+        try:
+            await poll(lambda: len(backend._routes.get(PAIR, ())) == 2 and len(backend._routes.get(SOLO, ())) == 1,
+                       "every instance ready")
+            return await asyncio.wait_for(test(backend, cluster), DEADLINE_S * 2)
+        finally:
+            await backend.close()
+
+    return asyncio.run(main())
+
+
+async def stream(backend, model_id: str, request_id: str, *, after: int | None = None, action=None) -> list:
+    """The request's chunks as the client gets them; ``action(route)`` runs (awaited) once
+    ``after`` chunks have arrived, given the route of the instance serving the request then."""
+    chunks = []
+    async for chunk in backend.generate(model_id, request_id, PROMPT, GREEDY):
+        chunks.append(chunk)
+        if after is not None and len(chunks) == after:
+            await action(backend._requests[request_id].route)
+    return chunks
+
+
+def whole(chunks) -> tuple[list[int], str, str, int, int]:
+    return ([t for c in chunks for t in c.token_ids], "".join(c.text for c in chunks), chunks[-1].finish_reason,
+            chunks[-1].num_prompt_tokens, chunks[-1].num_output_tokens)
+
+
+def actor(route):
+    return ray.get_actor(route.actor_name, namespace=route.namespace)
+
+
+@pytest.mark.parametrize("method", [MigrationMethod.KV, MigrationMethod.TOKENS])
+def test_the_gateway_follows_a_request_migrated_mid_stream(platform, method):
+    controller, _ = platform
+
+    async def test(backend, cluster):
+        expected = await stream(backend, PAIR, f"unmoved-{method.value}")
+        outcomes = []
+
+        async def migrate(route):
+            [other] = [r for r in backend._routes[PAIR] if r.instance_id != route.instance_id]
+            outcomes.append(await migrate_request(RayEndpoint(actor(route), route.instance_id),
+                                                  RayEndpoint(actor(other), other.instance_id),
+                                                  f"moved-{method.value}", method))
+
+        moved = await stream(backend, PAIR, f"moved-{method.value}", after=10, action=migrate)
+        assert cluster.recoveries == []  # followed, not recovered
+        return expected, moved, outcomes
+
+    expected, moved, [outcome] = run_with_backend(controller, test)
+    assert outcome.status is MigrationStatus.MIGRATED, outcome.error
+    assert whole(moved) == whole(expected) and len(whole(moved)[0]) == GREEDY.max_tokens
+    assert [c.num_output_tokens for c in moved] == list(range(1, GREEDY.max_tokens + 1))
+    assert all(c.finish_reason is None for c in moved[:-1]) and moved[-1].finish_reason == "length"
+
+
+@pytest.mark.parametrize("model_id", [PAIR, SOLO])
+def test_a_worker_killed_mid_stream_and_the_client_still_gets_the_full_output(platform, model_id):
+    # PAIR: resumed at once on the other ready instance. SOLO: no other instance, so the request
+    # waits in the model's queue while the controller replaces the dead one, then resumes there.
+    controller, _ = platform
+    killed = []
+
+    async def test(backend, cluster):
+        expected = await stream(backend, model_id, f"unbroken-{model_id}")
+
+        async def kill(route):
+            # Frozen first (no more decoding, nothing sent lost), so that the kill lands mid-stream
+            # however fast the tiny model decodes the rest.
+            await RayEndpoint(actor(route), route.instance_id).freeze_request(f"broken-{model_id}")
+            killed.append(route.instance_id)
+            ray.kill(actor(route), no_restart=True)
+
+        broken = await stream(backend, model_id, f"broken-{model_id}", after=15, action=kill)
+        instance_ids = {r.instance_id for r in backend._routes.get(model_id, ())}
+        return expected, broken, instance_ids, cluster.recoveries
+
+    expected, broken, instance_ids, [recovery] = run_with_backend(controller, test)
+    assert recovery[0] == f"broken-{model_id}" and recovery[1] != killed[0]
+    assert 15 <= recovery[2] < GREEDY.max_tokens  # resumed from the tokens sent, mid-stream
+    assert whole(broken) == whole(expected) and len(whole(broken)[0]) == GREEDY.max_tokens
+    assert [c.num_output_tokens for c in broken] == list(range(1, GREEDY.max_tokens + 1))
+    assert all(c.finish_reason is None for c in broken[:-1]) and broken[-1].finish_reason == "length"
+    assert killed and killed[0] not in instance_ids  # it really was killed, and dropped from routing
