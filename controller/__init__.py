@@ -14,8 +14,10 @@ Public API (everything else in this folder is private to it):
   `ClusterClient`; `RayClusterClient` is the real one); `ControllerActor`, `start_controller`,
   `get_controller`, `stop_controller`: the same as a detached, named Ray actor.
 - `RoutingTable`, `Route`: the versioned model -> ready instances table the gateway routes from.
-- `ControllerError`, `InvalidSpecError`, `UnknownModelError`, `ModelAlreadyDeployedError`: what
-  the controller's API refuses with (they pickle across Ray with their fields).
+- `ControllerError`, `InvalidSpecError`, `UnknownModelError`, `ModelAlreadyDeployedError`,
+  `InvalidMigrationError`, `UnknownInstanceError`, `MigrationConflictError`: what the controller's
+  API refuses with (they pickle across Ray with their fields).
+- `choose_destination`: where ``migrate`` and a drain send an instance's requests (pure policy).
 - `repository_name`, `worker_actor_name`, `node_store_actor_name`: how models and actors are named.
 
 The controller itself, its config and its Ray side are imported on first use (PEP 562
@@ -26,7 +28,8 @@ validates specs or reads the routing table (the gateway, the CLI) does not need.
 import importlib
 
 from controller.autoscale_policy import AutoscaleState, LoadSnapshot, ScaleDecision, decide
-from controller.controller_errors import (ControllerError, InvalidSpecError, ModelAlreadyDeployedError,
+from controller.controller_errors import (ControllerError, InvalidMigrationError, InvalidSpecError,
+                                         MigrationConflictError, ModelAlreadyDeployedError, UnknownInstanceError,
                                          UnknownModelError)
 from controller.model_spec import (
     AutoscalingPolicy,
@@ -54,6 +57,7 @@ _LAZY = {
     "ActorGoneError": "controller.cluster_client",
     "ClusterClient": "controller.cluster_client",
     "Controller": "controller.controller",
+    "choose_destination": "controller.migration_policy",
     "ControllerActor": "controller.controller_actor",
     "ControllerConfig": "controller.controller_config",
     "DEFAULT_CONTROLLER_NAME": "controller.controller_actor",
@@ -76,11 +80,11 @@ def __getattr__(name: str):
 
 __all__ = [
     "ActorGoneError", "ApiKeyRecord", "AutoscaleState", "AutoscalingPolicy", "ClusterClient", "Controller",
-    "ControllerActor", "ControllerConfig", "ControllerError", "DEFAULT_CONTROLLER_NAME", "InvalidSpecError",
-    "LoadSnapshot", "ModelAlreadyDeployedError", "ModelSpec", "NodeEstimate", "NodeView", "PlacementDecision",
+    "ControllerActor", "ControllerConfig", "ControllerError", "DEFAULT_CONTROLLER_NAME", "InvalidMigrationError",
+    "InvalidSpecError", "LoadSnapshot", "MigrationConflictError", "ModelAlreadyDeployedError", "ModelSpec", "NodeEstimate", "NodeView", "PlacementDecision",
     "RayClusterClient", "RayNodeInfo", "ResourceSpec", "Route", "RoutingTable", "ScaleDecision", "SpecError",
-    "StateStore", "StateStoreError", "TierBandwidths", "UnknownModelError", "WorkerRecord",
-    "add_model_spec_arguments", "decide", "get_controller", "load_model_spec", "load_model_specs",
+    "StateStore", "StateStoreError", "TierBandwidths", "UnknownInstanceError", "UnknownModelError",
+    "WorkerRecord", "add_model_spec_arguments", "choose_destination", "decide", "get_controller", "load_model_spec", "load_model_specs",
     "model_spec_from_arguments", "node_store_actor_name", "open_state_store", "parse_model_id", "place",
     "place_locality_blind", "repository_name", "start_controller", "stop_controller", "worker_actor_name",
 ]

@@ -114,6 +114,17 @@ class ClusterClient(ABC):
         that is already gone counts as stopped."""
 
     @abstractmethod
+    async def worker_request_ids(self, handle: Any, timeout_s: float) -> list[str]:
+        """Ids of the requests open on the worker (started there or migrated in)."""
+
+    @abstractmethod
+    async def migrate_requests(self, source: Any, source_instance_id: str, dest: Any, dest_instance_id: str,
+                               request_ids: list[str], method: str, timeout_s: float) -> list[Any]:
+        """Live-migrates the requests from one worker to another, concurrently; one
+        `migration.MigrationOutcome` per request, in order. A request that could not move keeps
+        running on the source (the outcome says why); this never raises for one."""
+
+    @abstractmethod
     async def list_worker_actor_names(self) -> list[str]:
         """Names of the live worker actors of this platform's namespace."""
 

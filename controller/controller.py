@@ -42,10 +42,14 @@ from controller.autoscale_policy import LoadSnapshot, decide
 from controller.cluster_client import ActorGoneError, ClusterClient
 from controller.cluster_node import ClusterNode, node_view, num_used_slots, plan_nodes
 from controller.controller_config import ControllerConfig
-from controller.controller_errors import InvalidSpecError, ModelAlreadyDeployedError, UnknownModelError
+from controller.controller_errors import (
+    InvalidMigrationError, InvalidSpecError, MigrationConflictError, ModelAlreadyDeployedError, UnknownInstanceError,
+    UnknownModelError,
+)
 from controller.controller_status import event_to_dict, node_to_dict, placement_to_dict, scale_to_dict
 from controller.instance_manager import InstanceManager, stop_order
-from controller.managed_instance import InstancePhase
+from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.migration_policy import choose_destination
 from controller.model_source import PublishedModel, publish_source, repository_name, repository_name_for
 from controller.model_spec import ModelSpec, SpecError, parse_model_id
 from controller.model_state import ModelState
@@ -56,6 +60,17 @@ from controller.state_store import StateStore, open_state_store
 from storage import ModelRepository, open_repository
 
 logger = logging.getLogger(__name__)
+
+MIGRATION_METHODS = ("kv", "tokens")  # migration.MigrationMethod's values
+DRAIN_MIGRATION_RETRY_S = 0.2  # a draining instance with requests left tries to move them this often
+
+
+def outcome_to_dict(outcome: Any) -> dict[str, Any]:
+    """A `migration.MigrationOutcome` as plain data (for the admin API and ``thaw status``)."""
+    return {"request_id": outcome.request_id, "status": getattr(outcome.status, "value", outcome.status),
+            "method": getattr(outcome.method, "value", outcome.method), "stop_s": outcome.stop_s,
+            "total_s": outcome.total_s, "num_blocks_copied": outcome.num_blocks_copied,
+            "num_tokens_at_stop": outcome.num_tokens_at_stop, "error": outcome.error}
 
 
 def _spec_from(data: Mapping[str, Any] | ModelSpec) -> ModelSpec:
@@ -105,6 +120,7 @@ class Controller:
                                           spares=self._spares if config.spare_workers_per_node else None)
         self._num_ticks = 0
         self._last_tick_errors: list[str] = []
+        self._background: set[asyncio.Task[None]] = set()  # drains moving requests off
         self._closed = False
 
     # --- life --------------------------------------------------------------------------------
@@ -146,6 +162,9 @@ class Controller:
             return
         self._closed = True
         self._wake.set()
+        for task in list(self._background):
+            task.cancel()  # a migration cancelled midway is undone: the request stays on its source
+        await asyncio.gather(*self._background, return_exceptions=True)
         async with self._tick_lock:
             await self._instances.close(stop_workers)
             await self._spares.close()  # spares hold nothing a successor needs
@@ -492,11 +511,70 @@ class Controller:
 
     # --- operations --------------------------------------------------------------------------
 
-    async def drain_node(self, node_id: str) -> dict[str, Any]:
-        """Place nothing more on the node and stop its instances once they finish their open
-        requests (up to `drain_timeout_s`); the autoscaler starts their replacements elsewhere.
-        Requests are not moved (that needs live migration, issue 8). Held in memory only: a
-        restarted controller places on the node again."""
+    async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
+                      to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
+        """Live-migrates one request (``request_id``) or every request of an instance to another
+        ready instance of the same model: the one named, the least loaded on ``to_node``, or the
+        least loaded anywhere (`choose_destination`). Clients following the requests through the
+        gateway see nothing. Returns the source, the destination and one outcome per request (a
+        request that could not move keeps running on its source, whole).
+
+        Raises `InvalidMigrationError` for a malformed call, `UnknownInstanceError` /
+        `LookupError` for an unknown instance / node, `MigrationConflictError` when no
+        destination can take the requests now."""
+        self._check_open()
+        if not isinstance(instance_id, str) or not instance_id:
+            raise InvalidMigrationError("instance_id", f"must be a non-empty string, got {instance_id!r}")
+        if request_id is not None and (not isinstance(request_id, str) or not request_id):
+            raise InvalidMigrationError("request_id", f"must be a non-empty string or omitted, got {request_id!r}")
+        if method not in MIGRATION_METHODS:
+            raise InvalidMigrationError("method", f"must be one of {', '.join(MIGRATION_METHODS)}, got {method!r}")
+        if to_node is not None and to_instance is not None:
+            raise InvalidMigrationError("to_node", "name a destination node or a destination instance, not both")
+        source = self._instances.get(instance_id)
+        if source is None:
+            raise UnknownInstanceError(instance_id)
+        if to_node is not None and to_node not in self._nodes:
+            raise LookupError(f"no node {to_node!r}; nodes: {sorted(self._nodes)}")
+        if source.phase is InstancePhase.LOADING or source.handle is None:
+            raise MigrationConflictError(f"instance {instance_id} is still loading: it has no request to migrate")
+        return await self._migrate_off(source, [request_id] if request_id is not None else None,
+                                       to_node=to_node, to_instance=to_instance, method=method)
+
+    async def _migrate_off(self, source: ManagedInstance, request_ids: list[str] | None, *, to_node: str | None = None,
+                           to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
+        """Moves the requests (None: all of them) off `source`; see `migrate`."""
+        draining = {node_id for node_id, node in self._nodes.items() if node.draining}
+        dest, why = choose_destination(source, self._instances.all(), draining, to_node=to_node,
+                                       to_instance=to_instance)
+        if dest is None:
+            raise MigrationConflictError(f"cannot migrate off instance {source.instance_id}: {why}")
+        if request_ids is None:
+            request_ids = await self._cluster.worker_request_ids(source.handle, self.config.report_timeout_s)
+        outcomes = []
+        if request_ids:
+            outcomes = await self._cluster.migrate_requests(
+                source.handle, source.instance_id, dest.handle, dest.instance_id, request_ids, method,
+                self.config.migration_timeout_s)
+        result = {"source": source.instance_id, "destination": dest.instance_id, "node_id": dest.node_id,
+                  "method": method, "outcomes": [outcome_to_dict(o) for o in outcomes]}
+        decision = {"kind": "migration", "at_s": self._wall_clock(), "model_id": source.model_id,
+                    "source": source.instance_id, "destination": dest.instance_id, "method": method,
+                    "num_requests": len(outcomes),
+                    "num_migrated": sum(o["status"] == "migrated" for o in result["outcomes"]),
+                    "stop_s_max": max((o["stop_s"] for o in result["outcomes"]), default=0.0)}
+        self._record(decision)
+        logger.info("%s: migrated %d/%d requests from %s to %s (%s)", source.model_id, decision["num_migrated"],
+                    len(outcomes), source.instance_id, dest.instance_id, method)
+        return result
+
+    async def drain_node(self, node_id: str, migrate: bool = True) -> dict[str, Any]:
+        """Place nothing more on the node and stop its instances, moving their requests off first:
+        each instance leaves routing at once and, with `migrate`, its running requests are
+        live-migrated (in the background) to a ready instance of the same model elsewhere, the
+        autoscaler starting one if there is none; an instance stops once it has no open request
+        (or after `drain_timeout_s`). Held in memory only: a restarted controller places on the
+        node again."""
         self._check_open()
         node = self._nodes.get(node_id)
         if node is None:
@@ -504,9 +582,35 @@ class Controller:
         node.draining = True
         stopping = [i for i in self._instances.all() if i.node_id == node_id and i.serving]
         for instance in stopping:
+            had_requests = instance.phase is InstancePhase.READY
             self._instances.begin_stop(instance, f"node {node_id} draining", self.config.drain_timeout_s)
+            if migrate and had_requests:
+                task = asyncio.get_running_loop().create_task(self._move_requests_off(instance))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
         self._wake.set()
-        return {"node_id": node_id, "stopping": sorted(i.instance_id for i in stopping)}
+        return {"node_id": node_id, "stopping": sorted(i.instance_id for i in stopping),
+                "migrating": migrate and any(i.handle is not None for i in stopping)}
+
+    async def _move_requests_off(self, instance: ManagedInstance) -> None:
+        """A draining instance's requests, moved as soon as a destination is ready, until none is
+        left or the drain's deadline: a request that could not move this round (or that arrived
+        from a gateway's stale table) is tried again."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.drain_timeout_s
+        while loop.time() < deadline and not self._closed:
+            try:
+                request_ids = await self._cluster.worker_request_ids(instance.handle, self.config.report_timeout_s)
+                if not request_ids:
+                    return
+                await self._migrate_off(instance, request_ids)
+            except ActorGoneError:
+                return
+            except MigrationConflictError as exc:  # no destination yet: the autoscaler is starting one
+                logger.info("drain: %s", exc)
+            except Exception:  # noqa: BLE001 - keep trying until the deadline; the stop follows anyway
+                logger.exception("drain: migrating off %s failed", instance.instance_id)
+            await asyncio.sleep(DRAIN_MIGRATION_RETRY_S)  # a retry pace, not a synchronisation
 
     def undrain_node(self, node_id: str) -> None:
         """Let placement use a drained node again."""

@@ -77,8 +77,13 @@ class ControllerActor:
     async def status(self) -> dict[str, Any]:
         return self._controller.status()
 
-    async def drain_node(self, node_id: str) -> dict[str, Any]:
-        return await self._controller.drain_node(node_id)
+    async def drain_node(self, node_id: str, migrate: bool = True) -> dict[str, Any]:
+        return await self._controller.drain_node(node_id, migrate)
+
+    async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
+                      to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
+        return await self._controller.migrate(instance_id, request_id, to_node=to_node, to_instance=to_instance,
+                                              method=method)
 
     async def undrain_node(self, node_id: str) -> None:
         self._controller.undrain_node(node_id)

@@ -79,7 +79,10 @@ class ControllerConfig:
         reconcile_interval_s: time between reconcile ticks (demand wakes one at once).
         report_timeout_s: how long a tick waits for one worker's or store's report.
         load_timeout_s: how long a worker may take from start to ready before it is replaced.
-        drain_timeout_s: how long a worker being stopped may finish its open requests.
+        drain_timeout_s: how long a worker being stopped may finish its open requests (or, in a
+            node drain, have them migrated off).
+        migration_timeout_s: how long one live migration of an instance's requests may take
+            before it is abandoned (and undone: the requests stay on their source).
         queue_report_ttl_s: a gateway's queue report counts for this long; the gateway
             repeats it while requests wait.
         start_retry_delay_s: wait after a failed start before the model's next start (doubles
@@ -109,6 +112,7 @@ class ControllerConfig:
     report_timeout_s: float = 5.0
     load_timeout_s: float = 600.0
     drain_timeout_s: float = 30.0
+    migration_timeout_s: float = 60.0
     queue_report_ttl_s: float = 10.0
     start_retry_delay_s: float = 1.0
     fallback_dram_bytes_per_s: float = 8e9
@@ -146,6 +150,7 @@ class ControllerConfig:
         if not isinstance(self.calibrate, bool):
             raise ValueError("ControllerConfig.calibrate must be True or False")
         for name in ("reconcile_interval_s", "report_timeout_s", "load_timeout_s", "queue_report_ttl_s",
+                     "migration_timeout_s",
                      "fallback_dram_bytes_per_s", "fallback_ssd_bytes_per_s", "fallback_repository_bytes_per_s"):
             object.__setattr__(self, name, _positive(name, getattr(self, name)))
         for name in ("drain_timeout_s", "start_retry_delay_s"):

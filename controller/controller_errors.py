@@ -45,3 +45,31 @@ class ModelAlreadyDeployedError(ControllerError, ValueError):
 
     def __reduce__(self):
         return type(self), (self.model_id,)
+
+
+class InvalidMigrationError(ControllerError, ValueError):
+    """A migration request refused as malformed: `field` names the culprit, `reason` says why."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+    def __reduce__(self):
+        return type(self), (self.field, self.reason)
+
+
+class UnknownInstanceError(ControllerError, LookupError):
+    """No model instance of that id is running."""
+
+    def __init__(self, instance_id: str) -> None:
+        super().__init__(f"no instance {instance_id!r} is running (thaw status lists them)")
+        self.instance_id = instance_id
+
+    def __reduce__(self):
+        return type(self), (self.instance_id,)
+
+
+class MigrationConflictError(ControllerError, RuntimeError):
+    """A well-formed migration that cannot happen now (no ready destination, a loading source);
+    the message says what would make it possible."""

@@ -157,6 +157,19 @@ class RayClusterClient(ClusterClient):
         finally:
             ray.kill(handle, no_restart=True)
 
+    async def worker_request_ids(self, handle: Any, timeout_s: float) -> list[str]:
+        return await _call(handle.request_ids.remote(), timeout_s)
+
+    async def migrate_requests(self, source: Any, source_instance_id: str, dest: Any, dest_instance_id: str,
+                               request_ids: list[str], method: str, timeout_s: float) -> list[Any]:
+        from migration import RayEndpoint, migrate_requests
+
+        # The protocols never raise for a failed migration and undo it themselves; the deadline
+        # only bounds a hung instance (cancelling a protocol also undoes it).
+        return await asyncio.wait_for(
+            migrate_requests(RayEndpoint(source, source_instance_id), RayEndpoint(dest, dest_instance_id),
+                             request_ids, method), timeout_s)
+
     async def list_worker_actor_names(self) -> list[str]:
         return [name for name in await self._list_names() if name.startswith(WORKER_ACTOR_PREFIX)]
 

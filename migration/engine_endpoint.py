@@ -140,3 +140,7 @@ class EngineEndpoint:
 
     def holds_adopted(self, request_id: str) -> bool:
         return request_id in self._adopted
+
+    def adopted_request_ids(self) -> list[str]:
+        """Requests imported here whose client has not attached yet."""
+        return list(self._adopted)

@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from migration.engine_endpoint import EngineEndpoint
 from migration.kv_transport import KVPayload, KVTransport, RayObjectKVTransport
 from worker import (
-    EngineConfig, GenerationChunk, InstanceWorkerActor, InvalidRequestError, RequestSnapshot, SamplingParams,
+    EngineConfig, GenerationChunk, InstanceStats, InstanceWorkerActor, InvalidRequestError, RequestSnapshot,
+    SamplingParams,
 )
 
 Prompt = str | list  # text, token ids, or chat messages: what ``generate`` takes
@@ -161,6 +163,36 @@ class MigratableInstanceActor(InstanceWorkerActor):
                     )
         finally:
             self._resumed.discard(request_id)
+
+    # ---- what the controller sees ---------------------------------------------------------------
+
+    def _imported_request_ids(self) -> set[str]:
+        """Requests taken in by migration or recovery that are still here (streamed through
+        ``resume``/``recover``, or committed and waiting for their client to attach)."""
+        if self._endpoint is None:
+            return set(self._resumed)
+        return self._resumed | set(self._endpoint.adopted_request_ids())
+
+    def request_ids(self) -> list[str]:
+        """Every request open here, started here or taken in: what a drain must move."""
+        # The base's open streams (InstanceWorker keeps them privately; read, never changed here).
+        started = set(self._worker._open_streams) if self._worker is not None else set()
+        return sorted(started | self._imported_request_ids())
+
+    def stats(self) -> InstanceStats:
+        """The base's stats, with imported requests counted as ongoing (the base knows only the
+        ones it started): a drain that waits for zero must wait for them too."""
+        stats = super().stats()
+        return dataclasses.replace(stats, num_ongoing_requests=stats.num_ongoing_requests
+                                   + len(self._imported_request_ids()))
+
+    async def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Aborts the imported requests too (the base aborts the ones it started), so their
+        streams end with "abort" instead of waiting on a stopped engine, then shuts down."""
+        if self._endpoint is not None:
+            for request_id in self._imported_request_ids():
+                self._endpoint.async_engine.abort(request_id)
+        await super().shutdown(timeout_s)
 
     def abort(self, request_id: str) -> bool:
         if super().abort(request_id):

@@ -48,6 +48,7 @@ class FakeWorker:
     stats_delay_s: float = 0.0
     num_threads: int | None = None
     reserved_bytes: tuple[int, int] | None = None  # a spare's (weight, KV) reservation once warmed
+    request_ids: list[str] = field(default_factory=list)  # open requests, for migration
 
     def finish_loading(self, error: Exception | None = None) -> None:
         self.load_error = error
@@ -98,6 +99,7 @@ class FakeCluster(ClusterClient):
         self.num_started_workers = 0
         self.stopped_workers: list[str] = []
         self.killed_workers: list[str] = []
+        self.migrations: list[tuple[str, str, list[str], str]] = []  # (source, destination, request ids, method)
         self.spares: dict[str, FakeWorker] = {}  # actor name -> unassigned spare
         self.spares_warm = asyncio.Event()  # set: spares answer warm()
         self.assigned_spares: list[str] = []
@@ -216,6 +218,30 @@ class FakeCluster(ClusterClient):
             self.stopped_workers.append(handle.instance_id)
         handle.alive, handle.state = False, "stopped"
         handle.loaded.set()
+
+    async def worker_request_ids(self, handle: FakeWorker, timeout_s: float) -> list[str]:
+        if not handle.alive:
+            raise ActorGoneError(f"{handle.actor_name} is dead")
+        return list(handle.request_ids)
+
+    async def migrate_requests(self, source: FakeWorker, source_instance_id: str, dest: FakeWorker,
+                               dest_instance_id: str, request_ids: list[str], method: str,
+                               timeout_s: float) -> list[Any]:
+        """Moves each request still open on the source (the others "finished"), as the real one."""
+        from migration import MigrationMethod, MigrationOutcome, MigrationStatus
+
+        self.migrations.append((source_instance_id, dest_instance_id, list(request_ids), method))
+        outcomes = []
+        for request_id in request_ids:
+            moved = request_id in source.request_ids and dest.alive
+            if moved:
+                source.request_ids.remove(request_id)
+                dest.request_ids.append(request_id)
+            source.num_ongoing_requests, dest.num_ongoing_requests = len(source.request_ids), len(dest.request_ids)
+            status = MigrationStatus.MIGRATED if moved else MigrationStatus.FINISHED
+            outcomes.append(MigrationOutcome(request_id, MigrationMethod(method), status, source_instance_id,
+                                             dest_instance_id, 1, 0, 0, 0, 0, 0.0, 0.0))
+        return outcomes
 
     async def list_worker_actor_names(self) -> list[str]:
         return sorted(name for name, worker in (self.workers | self.spares).items() if worker.alive)

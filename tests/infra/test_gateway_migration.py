@@ -8,7 +8,9 @@ read the way the HTTP app reads it.
   ready instance from the tokens already sent, and the client receives the full greedy output,
   text included, exactly as unbroken;
 - the only instance of a model killed mid-stream: the request waits in the model's queue until
-  the controller has replaced the instance, then carries on just as well.
+  the controller has replaced the instance, then carries on just as well;
+- a node drained (what ``thaw drain`` asks) while requests run on it: they are live-migrated off
+  before its workers stop, and every client gets its full output (last: it moves instances).
 
 Every wait is a poll with a deadline; the module ends by checking that no actor is left.
 """
@@ -62,9 +64,9 @@ def platform(tmp_path_factory):
     model_dir = write_demo_model(root / "demo", TINY_DEMO)
     config = ControllerConfig(
         state_dir=root / "state", repository=RepositoryConfig(str(root / "repo")),
-        namespace=f"thaw-gm-{uuid.uuid4().hex[:8]}", calibrate=False, cpu_worker_slots_per_node=4,
+        namespace=f"thaw-gm-{uuid.uuid4().hex[:8]}", calibrate=False, cpu_worker_slots_per_node=2, nodes_per_ray_node=3,
         ssd_capacity_bytes=1 << 30, dram_capacity_bytes=256 << 20, reconcile_interval_s=0.2,
-        engine_defaults={"block_size": 4, "num_kv_blocks": 256}, report_timeout_s=10.0, drain_timeout_s=5.0)
+        engine_defaults={"block_size": 4, "num_kv_blocks": 256}, report_timeout_s=10.0, drain_timeout_s=60.0)
     controller = start_controller(config, name="thaw-controller-gm")
     ray.get(controller.ping.remote(), timeout=DEADLINE_S)
     for model_id, count in ((PAIR, 2), (SOLO, 1)):
@@ -187,3 +189,43 @@ def test_a_worker_killed_mid_stream_and_the_client_still_gets_the_full_output(pl
     assert [c.num_output_tokens for c in broken] == list(range(1, GREEDY.max_tokens + 1))
     assert all(c.finish_reason is None for c in broken[:-1]) and broken[-1].finish_reason == "length"
     assert killed and killed[0] not in instance_ids  # it really was killed, and dropped from routing
+
+
+def test_draining_a_node_with_running_requests_loses_none(platform):
+    controller, _ = platform
+    num_streams = 4
+
+    async def test(backend, cluster):
+        expected = await stream(backend, PAIR, "undrained")
+        started = [asyncio.Event() for _ in range(num_streams)]
+        routes = {}
+
+        def note(index):
+            async def action(route):
+                routes[index] = route
+                started[index].set()
+            return action
+
+        streams = [asyncio.create_task(stream(backend, PAIR, f"drained-{i}", after=5, action=note(i)))
+                   for i in range(num_streams)]
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), DEADLINE_S)
+        node_id = routes[0].node_id
+        result = await controller.drain_node.remote(node_id)
+        on_node = {r.instance_id for r in routes.values() if r.node_id == node_id}
+        assert on_node <= set(result["stopping"]) and result["migrating"] is True
+        outputs = await asyncio.gather(*streams)
+
+        def gone():
+            status = ray.get(controller.status.remote(), timeout=30)
+            return not any(i["node_id"] == node_id for i in status["instances"]) and status
+        status = await poll(gone, "the drained node's instances to stop")
+        return expected, outputs, on_node, status, cluster.recoveries
+
+    expected, outputs, on_node, status, recoveries = run_with_backend(controller, test)
+    assert on_node  # at least the first request ran on the drained node
+    for chunks in outputs:
+        assert whole(chunks) == whole(expected)
+        assert [c.num_output_tokens for c in chunks] == list(range(1, GREEDY.max_tokens + 1))
+    assert recoveries == []  # moved live, not recovered after a death
+    moved = [d for d in status["recent_decisions"] if d["kind"] == "migration" and d["source"] in on_node]
+    assert sum(d["num_migrated"] for d in moved) >= 1
