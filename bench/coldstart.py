@@ -59,6 +59,7 @@ if __package__ in (None, ""):
     # Run as a script (`python bench/coldstart.py`): make the repo root importable.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.tiers import drop_from_page_cache  # noqa: E402
 from worker import DemoModelConfig, write_demo_model  # noqa: E402
 
 MODEL_ID = "bench/cold"
@@ -111,19 +112,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def drop_from_page_cache(root: Path) -> None:
-    """Evicts every file under `root` from the page cache (after writing back dirty pages), so the
-    next read comes from the disk."""
-    os.sync()
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 # ---- the client ---------------------------------------------------------------------------------
