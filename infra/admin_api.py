@@ -5,7 +5,7 @@ What the ``thaw`` CLI (and any script) operates the platform through:
 - models: ``GET/POST /admin/models``, ``GET/PUT/DELETE /admin/models/{tenant}/{name}``,
   ``POST /admin/models/{tenant}/{name}/scale``;
 - the cluster: ``GET /admin/status`` (nodes, tiers, instances, recent decisions),
-  ``POST /admin/nodes/{node_id}/drain``;
+  ``POST /admin/nodes/{node_id}/drain`` (its requests migrated off), ``POST /admin/migrate``;
 - tenants and keys: ``GET/POST /admin/tenants``, ``DELETE /admin/tenants/{tenant}``,
   ``GET /admin/keys``, ``POST /admin/tenants/{tenant}/keys``, ``DELETE /admin/keys/{key_id}``.
 
@@ -13,8 +13,9 @@ Model operations go to the controller (through `ControllerClient`), tenants and 
 to the state store (the controller has no say in them). Specs are validated here with
 `ModelSpec.from_dict` before they travel, so a bad field is a 400 naming it. Errors have the
 same OpenAI-style body as the rest of the gateway: 400 bad input (``param`` names the field),
-401 no/unknown key, 403 a key that is not the admin's, 404 unknown model/tenant/key, 409 a
-conflicting deploy or a tenant that still has models, 503 the controller not answering.
+401 no/unknown key, 403 a key that is not the admin's, 404 unknown model/tenant/key/instance/node, 409 a
+conflicting deploy, a tenant that still has models or a migration with no destination, 503 the
+controller not answering.
 
 State-store calls block (SQLite, Redis) and run on a worker thread, never on the loop that
 streams everyone's tokens.
@@ -22,14 +23,16 @@ streams everyone's tokens.
 
 # No `from __future__ import annotations`: FastAPI reads the route functions' annotations.
 from collections.abc import Callable
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 import anyio.to_thread
 from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from controller import ModelAlreadyDeployedError, ModelSpec, SpecError, StateStore, parse_model_id
+from controller import (
+    MigrationConflictError, ModelAlreadyDeployedError, ModelSpec, SpecError, StateStore, parse_model_id,
+)
 from infra.admin_key import ADMIN_TENANT
 from infra.controller_client import ControllerUnavailable
 from infra.gateway_auth import GatewayAuth, Principal
@@ -58,11 +61,26 @@ class AdminController(Protocol):
 
     async def drain_node(self, node_id: str) -> Any: ...
 
+    async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
+                      to_instance: str | None = None, method: str = "kv") -> dict[str, Any]: ...
+
 
 class ScaleRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     min_instances: int | None = None
     max_instances: int | None = None
+
+
+class MigrateRequest(BaseModel):
+    """``POST /admin/migrate``: move one request (``request_id``) or all of an instance's to
+    ``to_instance``, to the least-loaded ready instance on ``to_node``, or anywhere (neither)."""
+
+    model_config = ConfigDict(extra="forbid")
+    instance_id: str
+    request_id: str | None = None
+    to_node: str | None = None
+    to_instance: str | None = None
+    method: Literal["kv", "tokens"] = "kv"
 
 
 class TenantRequest(BaseModel):
@@ -107,11 +125,11 @@ def build_admin_router(controller: AdminController, store: StateStore, auth: Gat
                               {"Retry-After": "1"}) from None
         except SpecError as exc:
             raise bad_request(str(exc), exc.field) from None
-        except LookupError as exc:  # UnknownModelError, an unknown node
+        except LookupError as exc:  # UnknownModelError, UnknownInstanceError, an unknown node
             raise _not_found(str(exc).strip("'\"")) from None
-        except ModelAlreadyDeployedError as exc:
+        except (ModelAlreadyDeployedError, MigrationConflictError) as exc:
             raise _conflict(str(exc)) from None
-        except ValueError as exc:  # InvalidSpecError names the field
+        except ValueError as exc:  # InvalidSpecError and InvalidMigrationError name the field
             raise bad_request(str(exc), getattr(exc, "field", None)) from None
 
     def checked_spec(body: dict[str, Any]) -> ModelSpec:
@@ -188,6 +206,17 @@ def build_admin_router(controller: AdminController, store: StateStore, auth: Gat
     async def drain(node_id: str) -> dict[str, Any]:
         result = await call(controller.drain_node(node_id))
         return result if isinstance(result, dict) else {"draining": node_id}
+
+    @router.post("/migrate")
+    async def migrate(body: MigrateRequest) -> dict[str, Any]:
+        for field in ("instance_id", "request_id", "to_node", "to_instance"):
+            value = getattr(body, field)
+            if value is not None and not value.strip():
+                raise bad_request(f"{field}: must not be empty", field)
+        if body.to_node is not None and body.to_instance is not None:
+            raise bad_request("to_node: name a destination node or a destination instance, not both", "to_node")
+        return await call(controller.migrate(body.instance_id, body.request_id, to_node=body.to_node,
+                                             to_instance=body.to_instance, method=body.method))
 
     # ---- tenants and keys ------------------------------------------------------------------
 

@@ -117,6 +117,12 @@ class AdminClient:
     async def drain(self, node_id: str) -> dict[str, Any]:
         return await self._request("POST", f"/admin/nodes/{node_id}/drain")
 
+    async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
+                      to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
+        body = {"instance_id": instance_id, "request_id": request_id, "to_node": to_node,
+                "to_instance": to_instance, "method": method}
+        return await self._request("POST", "/admin/migrate", {k: v for k, v in body.items() if v is not None})
+
     # ---- tenants and keys --------------------------------------------------------------------
 
     async def list_tenants(self) -> list[str]:

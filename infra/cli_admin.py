@@ -1,6 +1,6 @@
 """The ``thaw`` subcommands that operate a running platform through its admin API.
 
-``deploy``, ``delete``, ``list``, ``status``, ``scale``, ``drain``, ``tenants ...`` and
+``deploy``, ``delete``, ``list``, ``status``, ``scale``, ``drain``, ``migrate``, ``tenants ...`` and
 ``keys ...`` each make one or two calls with `AdminClient` and print a table (``--json``: the
 API's own JSON, for scripts). Where the platform is and which key to use come from ``--url`` /
 ``--admin-key``, else ``$THAW_URL`` / ``$THAW_ADMIN_KEY``, else the files a running ``thaw
@@ -248,6 +248,22 @@ def cmd_drain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_migrate(args: argparse.Namespace) -> int:
+    result = _run(args, lambda client: client.migrate(args.instance, args.request, to_node=args.to_node,
+                                                      to_instance=args.to_instance, method=args.method))
+    if args.json:
+        _print_json(result)
+        return 0
+    outcomes = result.get("outcomes") or []
+    moved = sum(o.get("status") == "migrated" for o in outcomes)
+    print(f"{moved}/{len(outcomes)} request(s) migrated from {result['source']} to {result['destination']} "
+          f"(node {result['node_id']}, {result['method']})")
+    print_table(("REQUEST", "STATUS", "STOP S", "TOTAL S", "ERROR"),
+                [(o["request_id"], o["status"], f"{o['stop_s']:.4f}", f"{o['total_s']:.3f}", o.get("error") or "")
+                 for o in outcomes])
+    return 0
+
+
 # ---- tenants and keys -----------------------------------------------------------------------
 
 
@@ -338,6 +354,17 @@ def add_admin_commands(sub: argparse._SubParsersAction) -> None:
     drain = sub.add_parser("drain", parents=[common], help="stop placing on a node and move its instances away")
     drain.add_argument("node", help="node id (see thaw status)")
     drain.set_defaults(func=cmd_drain)
+
+    migrate = sub.add_parser("migrate", parents=[common],
+                             help="live-migrate a request, or all of an instance's, to another instance")
+    migrate.add_argument("instance", help="the instance the requests run on (see thaw status)")
+    migrate.add_argument("--request", default=None, help="one request id (default: every request of the instance)")
+    where = migrate.add_mutually_exclusive_group()
+    where.add_argument("--to-node", default=None, help="to the least-loaded ready instance on this node")
+    where.add_argument("--to-instance", default=None, help="to this instance (same model, ready)")
+    migrate.add_argument("--method", choices=("kv", "tokens"), default="kv",
+                         help="copy the KV blocks (default) or recompute them from the tokens")
+    migrate.set_defaults(func=cmd_migrate)
 
     tenants = sub.add_parser("tenants", help="tenants: ls, create NAME, delete NAME")
     tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True, metavar="SUBCOMMAND")

@@ -84,3 +84,10 @@ class ControllerClient:
 
     async def drain_node(self, node_id: str) -> Any:
         return await self._call("drain_node", node_id)
+
+    async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
+                      to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
+        # Longer than a plain call: the controller waits for the migrations (each bounded by its
+        # migration_timeout_s).
+        return await self._call("migrate", instance_id, request_id, to_node=to_node, to_instance=to_instance,
+                                method=method, timeout_s=max(self._call_timeout_s, 120.0))

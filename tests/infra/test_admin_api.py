@@ -26,8 +26,8 @@ import openai
 import pytest
 import uvicorn
 
-from controller import (InvalidSpecError, ModelAlreadyDeployedError, ModelSpec, SpecError, UnknownModelError,
-                        open_state_store)
+from controller import (InvalidMigrationError, InvalidSpecError, MigrationConflictError, ModelAlreadyDeployedError,
+                        ModelSpec, SpecError, UnknownInstanceError, UnknownModelError, open_state_store)
 from infra.admin_api import build_admin_router
 from infra.admin_client import AdminApiError, AdminClient, resolve_endpoint
 from infra.admin_key import ADMIN_TENANT, AdminKeyAuth, ensure_admin_key, read_key_file, reset_admin_key
@@ -69,6 +69,7 @@ class FakeController:
     def __init__(self) -> None:
         self.specs: dict[str, dict[str, Any]] = {}
         self.drained: list[str] = []
+        self.migrations: list[tuple] = []
         self.unavailable = False
 
     def _check(self) -> None:
@@ -131,6 +132,22 @@ class FakeController:
             raise LookupError(f"no node {node_id!r}; nodes: ['node0']")
         self.drained.append(node_id)
         return {"node_id": node_id, "stopping": ["i-1"]}
+
+    async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
+                      to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
+        """As the controller answers: i-1 has requests r1 and r2 and one peer, i-2, on node1."""
+        self._check()
+        self.migrations.append((instance_id, request_id, to_node, to_instance, method))
+        if method not in ("kv", "tokens"):
+            raise InvalidMigrationError("method", f"must be one of kv, tokens, got {method!r}")
+        if instance_id != "i-1":
+            raise UnknownInstanceError(instance_id)
+        if to_node not in (None, "node1") or to_instance not in (None, "i-2"):
+            raise MigrationConflictError("cannot migrate off instance i-1: no ready instance there")
+        outcome = {"status": "migrated", "method": method, "stop_s": 0.002, "total_s": 0.05, "error": None,
+                   "num_blocks_copied": 3, "num_tokens_at_stop": 40}
+        return {"source": "i-1", "destination": "i-2", "node_id": "node1", "method": method,
+                "outcomes": [{"request_id": r, **outcome} for r in ([request_id] if request_id else ["r1", "r2"])]}
 
 
 class CardsBackend:
@@ -289,6 +306,25 @@ def test_models_deploy_get_update_scale_delete(server):
     assert info.value.status == 404
 
 
+def test_migrate_route_validates_and_maps_refusals_to_statuses(server):
+    result = server.call(lambda c: c.migrate("i-1", "r1", method="tokens"))
+    assert (result["destination"], [o["request_id"] for o in result["outcomes"]]) == ("i-2", ["r1"])
+    assert server.controller.migrations[-1] == ("i-1", "r1", None, None, "tokens")
+    for kwargs, status, param in ((dict(method="teleport"), 400, "method"),
+                                  (dict(to_node="node1", to_instance="i-2"), 400, "to_node"),
+                                  (dict(to_node=" "), 400, "to_node"),
+                                  (dict(to_node="node7"), 409, None)):
+        with pytest.raises(AdminApiError) as info:
+            server.call(lambda c: c.migrate("i-1", **kwargs))
+        assert (info.value.status, info.value.param) == (status, param), kwargs
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.migrate("i-9"))
+    assert info.value.status == 404 and "i-9" in info.value.message
+    with pytest.raises(AdminApiError) as info:  # a field the API does not know: refused, not ignored
+        server.call(lambda c: c._request("POST", "/admin/migrate", {"instance_id": "i-1", "to": "node1"}))
+    assert info.value.status == 400
+
+
 def test_tenants_and_keys(server):
     assert server.call(lambda c: c.create_tenant("beta")) == {"tenant": "beta", "created": True}
     assert server.call(lambda c: c.create_tenant("beta"))["created"] is False
@@ -371,6 +407,17 @@ def test_cli_commands_print_tables_and_exit_with_meaningful_codes(server, tmp_pa
     result = server.thaw("drain", "node0")
     assert result.returncode == 0 and "i-1" in result.stdout and server.controller.drained == ["node0"]
     assert server.thaw("drain", "node9").returncode == 1
+    result = server.thaw("migrate", "i-1", "--to-node", "node1")
+    assert result.returncode == 0, result.stderr
+    assert "2/2 request(s) migrated from i-1 to i-2" in result.stdout and "r2" in result.stdout
+    result = server.thaw("migrate", "i-1", "--method", "teleport")  # refused by the CLI itself
+    assert result.returncode == 2 and "invalid choice" in result.stderr
+    result = server.thaw("migrate", "i-1", "--to-node", "node1", "--to-instance", "i-2")
+    assert result.returncode == 2 and "not allowed with" in result.stderr
+    result = server.thaw("migrate", "i-1", "--to-node", "")  # refused by the server as invalid: bad input
+    assert result.returncode == 2 and "to_node" in result.stderr
+    result = server.thaw("migrate", "i-9")  # unknown instance: not bad input, a refusal
+    assert result.returncode == 1 and "i-9" in result.stderr
     result = server.thaw("tenants", "create", "clitenant")
     assert result.returncode == 0 and "created" in result.stdout
     result = server.thaw("keys", "create", "clitenant")

@@ -210,6 +210,13 @@ def test_draining_a_node_with_running_requests_loses_none(platform):
                    for i in range(num_streams)]
         await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), DEADLINE_S)
         node_id = routes[0].node_id
+        # The requests on the node are frozen (no more decoding) so that they are still running
+        # when the drain comes, however fast the tiny model would finish them: only a migration
+        # can complete them now.
+        frozen = [f"drained-{i}" for i, r in routes.items() if r.node_id == node_id]
+        for i in range(num_streams):
+            if routes[i].node_id == node_id:
+                await RayEndpoint(actor(routes[i]), routes[i].instance_id).freeze_request(f"drained-{i}")
         result = await controller.drain_node.remote(node_id)
         on_node = {r.instance_id for r in routes.values() if r.node_id == node_id}
         assert on_node <= set(result["stopping"]) and result["migrating"] is True
@@ -219,13 +226,13 @@ def test_draining_a_node_with_running_requests_loses_none(platform):
             status = ray.get(controller.status.remote(), timeout=30)
             return not any(i["node_id"] == node_id for i in status["instances"]) and status
         status = await poll(gone, "the drained node's instances to stop")
-        return expected, outputs, on_node, status, cluster.recoveries
+        return expected, outputs, on_node, status, cluster.recoveries, frozen
 
-    expected, outputs, on_node, status, recoveries = run_with_backend(controller, test)
+    expected, outputs, on_node, status, recoveries, frozen = run_with_backend(controller, test)
     assert on_node  # at least the first request ran on the drained node
     for chunks in outputs:
         assert whole(chunks) == whole(expected)
         assert [c.num_output_tokens for c in chunks] == list(range(1, GREEDY.max_tokens + 1))
     assert recoveries == []  # moved live, not recovered after a death
     moved = [d for d in status["recent_decisions"] if d["kind"] == "migration" and d["source"] in on_node]
-    assert sum(d["num_migrated"] for d in moved) >= 1
+    assert sum(d["num_migrated"] for d in moved) == len(frozen) >= 1
