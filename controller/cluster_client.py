@@ -63,6 +63,11 @@ class ClusterClient(ABC):
         local path. Raises `storage.TierFullError` if the tier cannot make room."""
 
     @abstractmethod
+    async def prefetch_checkpoint(self, store: Any, model: str, tier: str, timeout_s: float) -> str:
+        """Have the store bring the model into that tier, unpinned (a copy for later starts);
+        returns its local path there. Raises `storage.TierFullError` when it cannot fit."""
+
+    @abstractmethod
     async def unpin_checkpoint(self, store: Any, model: str, tier: str, timeout_s: float) -> bool: ...
 
     @abstractmethod

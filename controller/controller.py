@@ -40,7 +40,7 @@ from typing import Any
 
 from controller.autoscale_policy import LoadSnapshot, decide
 from controller.cluster_client import ActorGoneError, ClusterClient
-from controller.cluster_node import ClusterNode, node_view, num_used_slots, plan_nodes
+from controller.cluster_node import ClusterNode, dram_can_take, node_view, num_used_slots, plan_nodes
 from controller.controller_config import ControllerConfig
 from controller.controller_errors import (
     InvalidMigrationError, InvalidSpecError, MigrationConflictError, ModelAlreadyDeployedError, UnknownInstanceError,
@@ -120,7 +120,8 @@ class Controller:
                                           spares=self._spares if config.spare_workers_per_node else None)
         self._num_ticks = 0
         self._last_tick_errors: list[str] = []
-        self._background: set[asyncio.Task[None]] = set()  # drains moving requests off
+        self._background: set[asyncio.Task[None]] = set()  # drains moving requests off, DRAM promotions
+        self._promoting: set[tuple[str, str]] = set()  # (node id, repository name) being copied into DRAM
         self._closed = False
 
     # --- life --------------------------------------------------------------------------------
@@ -348,7 +349,7 @@ class Controller:
             errors: list[str] = []
             for name, step in (("nodes", self._refresh_nodes), ("reports", self._gather_reports),
                                ("autoscale", self._autoscale), ("pins", self._reconcile_pins),
-                               ("spares", self._replenish_spares)):
+                               ("promote", self._promote_to_dram), ("spares", self._replenish_spares)):
                 try:
                     errors += await step() or []
                 except Exception as exc:  # noqa: BLE001 - one failed step must not stop the others
@@ -361,8 +362,49 @@ class Controller:
             return {"tick": self._num_ticks, "errors": errors, "routing_version": self._routing.version,
                     "num_desired_instances": {m: s.num_desired_instances for m, s in sorted(self._models.items())}}
 
+    def _settling_instances(self) -> list[ManagedInstance]:
+        """Instances still loading or ready for less than `spare_refill_delay_s`: their nodes
+        get no background work (a spare's start, a DRAM promotion) that would compete with a
+        cold start or its first requests for the node's CPUs."""
+        now, settle_s = self._clock(), self.config.spare_refill_delay_s
+        return [i for i in self._instances.all()
+                if i.phase is InstancePhase.LOADING or (i.ready_s is not None and now - i.ready_s < settle_s)]
+
     async def _replenish_spares(self) -> list[str]:
-        return self._spares.replenish(sorted({node.ray_node_id for node in self._nodes.values()}))
+        busy = {i.ray_node_id for i in self._settling_instances()}
+        return self._spares.replenish(sorted({node.ray_node_id for node in self._nodes.values()}),
+                                      busy_ray_node_ids=busy)
+
+    async def _promote_to_dram(self) -> list[str]:
+        """Copy into a node's DRAM tier the models its instances loaded from SSD, where DRAM can
+        take them, once the node has settled (see `store_tier`): the next start there is fast."""
+        busy = {i.node_id for i in self._settling_instances()}
+        for instance in self._instances.all():
+            node = self._nodes.get(instance.node_id)
+            key = (instance.node_id, instance.repository_name)
+            model = self._models.get(instance.model_id)
+            if (instance.phase is not InstancePhase.READY or instance.tier != "ssd" or node is None
+                    or node.store is None or instance.node_id in busy or key in self._promoting or model is None
+                    or not dram_can_take(node.report, instance.repository_name, model.num_bytes or 0, self.config)):
+                continue
+            self._promoting.add(key)
+            task = asyncio.get_running_loop().create_task(self._promote(node, instance.model_id, key))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        return []
+
+    async def _promote(self, node: ClusterNode, model_id: str, key: tuple[str, str]) -> None:
+        node_id, name = key
+        try:
+            await self._cluster.prefetch_checkpoint(node.store, name, "dram", self.config.load_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a missed promotion only makes a later start slower
+            logger.warning("%s: copying into DRAM on %s failed: %s: %s", model_id, node_id, type(exc).__name__, exc)
+        else:
+            self._record(event_to_dict("promote", model_id, f"copied into DRAM on {node_id} for fast restarts",
+                                       self._wall_clock()))
+            logger.info("%s: copied into DRAM on %s", model_id, node_id)
+        finally:
+            self._promoting.discard(key)
 
     async def _refresh_nodes(self) -> list[str]:
         planned = plan_nodes(await self._cluster.list_nodes(), self.config.nodes_per_ray_node,

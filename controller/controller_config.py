@@ -75,6 +75,8 @@ class ControllerConfig:
         spare_weight_bytes: memory each spare faults ahead for the weights of the model it will
             be given (a model up to this size loads into it; ~0.33 s saved per GB on this machine
             kind); it is resident while the spare idles. 0: none.
+        spare_refill_delay_s: a node's spare is replaced only once its newest instance has been
+            ready this long (a spare's start competes for the node's CPUs; see `controller.spare_pool`).
         engine_defaults: `worker.EngineConfig` fields every worker starts with.
         reconcile_interval_s: time between reconcile ticks (demand wakes one at once).
         report_timeout_s: how long a tick waits for one worker's or store's report.
@@ -107,6 +109,7 @@ class ControllerConfig:
     nodes_per_ray_node: int = 1
     spare_workers_per_node: int = 1
     spare_weight_bytes: int = 0
+    spare_refill_delay_s: float = 5.0
     engine_defaults: Mapping[str, Any] = field(default_factory=dict)
     reconcile_interval_s: float = 1.0
     report_timeout_s: float = 5.0
@@ -153,7 +156,7 @@ class ControllerConfig:
                      "migration_timeout_s",
                      "fallback_dram_bytes_per_s", "fallback_ssd_bytes_per_s", "fallback_repository_bytes_per_s"):
             object.__setattr__(self, name, _positive(name, getattr(self, name)))
-        for name in ("drain_timeout_s", "start_retry_delay_s"):
+        for name in ("drain_timeout_s", "start_retry_delay_s", "spare_refill_delay_s"):
             object.__setattr__(self, name, _positive(name, getattr(self, name), allow_zero=True))
         if not isinstance(self.engine_defaults, Mapping):
             raise ValueError(f"ControllerConfig.engine_defaults must be a mapping of EngineConfig fields, "

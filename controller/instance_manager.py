@@ -137,7 +137,7 @@ class InstanceManager:
 
     async def _start(self, instance: ManagedInstance, model: ModelState, node: ClusterNode) -> None:
         try:
-            tier = store_tier(node.report, model.repository_name, model.num_bytes or 0, self.config)
+            tier = store_tier(node.report, model.repository_name, self.config)
             path, instance.tier = await self._pin_checkpoint(node, model.repository_name, tier)
             if instance.phase is not InstancePhase.LOADING:
                 return  # stopped while the checkpoint arrived: no actor to start

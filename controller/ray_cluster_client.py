@@ -100,6 +100,9 @@ class RayClusterClient(ClusterClient):
     async def pin_checkpoint(self, store: Any, model: str, tier: str, timeout_s: float) -> str:
         return await _call(store.pin.remote(model, tier), timeout_s)
 
+    async def prefetch_checkpoint(self, store: Any, model: str, tier: str, timeout_s: float) -> str:
+        return await _call(store.ensure.remote(model, tier), timeout_s)
+
     async def unpin_checkpoint(self, store: Any, model: str, tier: str, timeout_s: float) -> bool:
         return await _call(store.unpin.remote(model, tier), timeout_s)
 

@@ -5,7 +5,8 @@ about 2-3 s, longer than reading a 1 GB checkpoint from a node's DRAM or SSD. A 
 pays it cannot be fast, so each Ray node keeps `ControllerConfig.spare_workers_per_node` spare
 workers (`worker.start_spare_worker`): running, imports done, no model. Starting an instance
 takes a warm spare on its node when there is one and assigns the model to it; the pool starts a
-replacement on the next reconcile tick, off the request's path.
+replacement once that instance has been ready for `ControllerConfig.spare_refill_delay_s`, off
+the request's path (see `SparePool.replenish`).
 
 ``warm()`` makes a spare pay the rest of a first load's one-time costs (the engine's lazy imports,
 the attention kernel, oneDNN's first primitives) and fault the memory its model will be loaded
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,16 +77,22 @@ class SparePool:
             entry["warm" if spare.warm else "starting"] += 1
         return counts
 
-    def replenish(self, ray_node_ids: list[str]) -> list[str]:
-        """Start spares where a node has fewer than `per_node` (warm or starting); end those of
-        nodes that left. Returns errors, one per failed start (the next tick retries)."""
+    def replenish(self, ray_node_ids: list[str], busy_ray_node_ids: Collection[str] = ()) -> list[str]:
+        """Start spares where a node has fewer than `per_node` (warm or starting), except on
+        `busy_ray_node_ids`; end those of nodes that left. Returns errors, one per failed start
+        (the next tick retries).
+
+        A busy node is one whose newest instance is still loading or only just ready: starting a
+        spare costs seconds of CPU (a process, the torch import, the warm-up, faulting its
+        memory), which on a small node would slow the very cold start it replaces and that
+        instance's first requests (measured on 2 cores: a warm first token 2.5x slower)."""
         errors = []
         live = set(ray_node_ids)
         for name, spare in list(self._spares.items()):
             if spare.ray_node_id not in live:
                 del self._spares[name]
                 self._end(spare)
-        for ray_node_id in sorted(live):
+        for ray_node_id in sorted(live - set(busy_ray_node_ids)):
             have = sum(1 for spare in self._spares.values() if spare.ray_node_id == ray_node_id)
             for _ in range(self.per_node - have):
                 name = spare_actor_name()

@@ -65,6 +65,7 @@ class FakeStore:
     dram_full: bool = False
     alive: bool = True
     unpins: list[tuple[str, str]] = field(default_factory=list)
+    prefetches: list[tuple[str, str]] = field(default_factory=list)
     invalidations: list[tuple[str, str]] = field(default_factory=list)
     closed: bool = False
 
@@ -130,6 +131,13 @@ class FakeCluster(ClusterClient):
         if tier == "dram" and store.dram_full and model not in store.tiers["dram"]:
             raise TierFullError(f"dram of {store.node_id} is full (injected)")
         store.hold(model, tier, pinned=True)
+        return f"/fake/{store.node_id}/{tier}/{model}"
+
+    async def prefetch_checkpoint(self, store: FakeStore, model: str, tier: str, timeout_s: float) -> str:
+        if tier == "dram" and store.dram_full and model not in store.tiers["dram"]:
+            raise TierFullError(f"dram of {store.node_id} is full (injected)")
+        store.prefetches.append((model, tier))
+        store.tiers[tier].setdefault(model, False)
         return f"/fake/{store.node_id}/{tier}/{model}"
 
     async def unpin_checkpoint(self, store: FakeStore, model: str, tier: str, timeout_s: float) -> bool:

@@ -18,7 +18,7 @@ import pytest
 from controller import (Controller, ControllerConfig, InvalidMigrationError, InvalidSpecError, MigrationConflictError,
                         ModelAlreadyDeployedError, RoutingTable, UnknownInstanceError, UnknownModelError,
                         open_state_store)
-from controller.cluster_node import RayNodeInfo, plan_nodes, store_tier
+from controller.cluster_node import RayNodeInfo, dram_can_take, plan_nodes, store_tier
 from controller.routing_table import Route
 from storage import LocalModelRepository, RepositoryConfig
 from tests.controller.fake_cluster import FakeCluster
@@ -138,20 +138,24 @@ def test_plan_nodes_gives_slots_per_gpu_or_per_config():
     assert plan_nodes(nodes[1:], 3, 1) == [(SPLIT[0], "a" * 56, 1), (SPLIT[1], "a" * 56, 1), (SPLIT[2], "a" * 56, 1)]
 
 
-def test_store_tier_prefers_dram_unless_it_cannot_hold_the_model(tmp_path):
+def test_store_tier_reads_dram_only_when_the_model_is_there_and_dram_takes_what_fits(tmp_path):
     config = make_config(tmp_path, dram_capacity_bytes=3 * MODEL_BYTES)
     cluster = FakeCluster()
-    cluster.model_bytes.update({"x": MODEL_BYTES, "y": MODEL_BYTES})
+    cluster.model_bytes.update({"x": MODEL_BYTES, "y": MODEL_BYTES, "m": MODEL_BYTES})
     store = asyncio.run(cluster.connect_node_store("n", RAY_NODE, config.node_store_config("n")))
-    assert store_tier(None, "m", MODEL_BYTES, config) == "dram"
-    assert store_tier(store.report(), "m", MODEL_BYTES, config) == "dram"
+    assert store_tier(None, "m", config) == "ssd" and not dram_can_take(None, "m", MODEL_BYTES, config)
+    assert store_tier(store.report(), "m", config) == "ssd"  # not in DRAM: read from SSD, no copy first
+    assert dram_can_take(store.report(), "m", MODEL_BYTES, config)
     store.hold("x", "dram", pinned=True)
     store.hold("y", "dram", pinned=True)
-    assert store_tier(store.report(), "m", MODEL_BYTES, config) == "dram"  # exactly fits beside the pinned two
-    assert store_tier(store.report(), "m", MODEL_BYTES + 1, config) == "ssd"
+    assert dram_can_take(store.report(), "m", MODEL_BYTES, config)  # exactly fits beside the pinned two
+    assert not dram_can_take(store.report(), "m", MODEL_BYTES + 1, config)
     store.tiers["dram"]["y"] = False  # unpinned entries can be evicted for it
-    assert store_tier(store.report(), "m", 2 * MODEL_BYTES, config) == "dram"
-    assert store_tier(None, "m", MODEL_BYTES, make_config(tmp_path, dram_capacity_bytes=0)) == "ssd"
+    assert dram_can_take(store.report(), "m", 2 * MODEL_BYTES, config)
+    store.hold("m", "dram")
+    assert store_tier(store.report(), "m", config) == "dram" and not dram_can_take(store.report(), "m", 1, config)
+    no_dram = make_config(tmp_path, dram_capacity_bytes=0)
+    assert store_tier(None, "m", no_dram) == "ssd" and not dram_can_take(None, "m", 1, no_dram)
 
 
 def test_config_validation_names_the_field(tmp_path):
@@ -262,14 +266,15 @@ def test_cold_start_on_demand_then_ready_enters_the_routing_table(tmp_path):
             assert model["num_desired_instances"] == 1
             assert model["last_scale"]["reason"] == "cold start 0 -> 1: 1 requests and no instance (ceil(1/2))"
             [instance] = model["instances"]
-            assert (instance["state"], instance["node_id"], instance["tier"]) == ("loading", NODE, "dram")
+            assert (instance["state"], instance["node_id"], instance["tier"]) == ("loading", NODE, "ssd")
             assert model["last_placement"]["node_id"] == NODE
             assert model["last_placement"]["estimates"][0]["tier"] == "repository"
             assert h.records() == {instance["instance_id"]: "starting"}
             assert h.routes("acme/m1") == []  # loading instances are not routed
             [worker] = h.cluster.live_workers()
-            assert worker.model_dir == f"/fake/{NODE}/dram/acme--m1" and worker.ray_node_id == RAY_NODE
-            assert h.cluster.stores[NODE].tiers["dram"] == {"acme--m1": True}  # pinned while in use
+            assert worker.model_dir == f"/fake/{NODE}/ssd/acme--m1" and worker.ray_node_id == RAY_NODE
+            assert h.cluster.stores[NODE].tiers["ssd"] == {"acme--m1": True}  # pinned while in use
+            assert h.cluster.stores[NODE].tiers["dram"] == {}  # no copy into DRAM on the cold start's path
 
             waiter = asyncio.ensure_future(h.controller.routing_table(version, timeout_s=5.0))
             await settle()
@@ -325,9 +330,12 @@ def test_load_scales_up_after_the_upscale_delay_and_idle_scales_to_zero(tmp_path
             assert h.controller.get_model("acme/m1")["last_scale"]["reason"] == (
                 "scale to zero 1 -> 0: idle 10s >= keep_alive_s 10")
             assert h.cluster.live_workers() == [] and h.routes("acme/m1") == [] and h.records() == {}
-            assert h.cluster.stores[NODE].tiers["dram"] == {"acme--m1": True}
+            assert h.cluster.stores[NODE].tiers["ssd"] == {"acme--m1": True}
             await h.tick()
-            assert h.cluster.stores[NODE].tiers["dram"] == {"acme--m1": False}  # unpinned once unused
+            assert h.cluster.stores[NODE].tiers["ssd"] == {"acme--m1": False}  # unpinned once unused
+            # Once the instances had settled, the model was copied into DRAM (unpinned) for fast restarts.
+            assert h.cluster.stores[NODE].prefetches == [("acme--m1", "dram")]
+            assert h.cluster.stores[NODE].tiers["dram"] == {"acme--m1": False}
             with open_state_store(h.config.state_location) as store:
                 assert store.get_desired_instances("acme/m1") == 0
 
@@ -370,7 +378,8 @@ def test_placement_prefers_dram_over_ssd_over_the_repository(tmp_path):
             assert placements[1]["estimates"][-1]["node_id"] == SPLIT[1]  # full by then: listed last
             assert not placements[1]["estimates"][-1]["has_room"]
             assert sorted(w.model_dir for w in h.cluster.live_workers()) == sorted(
-                f"/fake/{node}/dram/acme--m1" for node in SPLIT)  # each store brought it into DRAM
+                [f"/fake/{SPLIT[1]}/dram/acme--m1", f"/fake/{SPLIT[2]}/ssd/acme--m1",
+                 f"/fake/{SPLIT[0]}/ssd/acme--m1"])  # DRAM where it was; SSD elsewhere (fetched there first)
 
     asyncio.run(scenario())
 
@@ -697,10 +706,13 @@ def test_a_cold_start_takes_a_warm_spare_and_the_pool_refills(tmp_path):
             assert h.cluster.num_started_workers == 1 and h.cluster.assigned_spares == [spare.actor_name]
             from_spare = [i for i in h.controller.status()["instances"] if i["from_spare"]]
             assert [i["actor_name"] for i in from_spare] == [spare.actor_name]
-            assert spare.model_id == "acme/m1" and spare.model_dir == f"/fake/{NODE}/dram/acme--m1"
+            assert spare.model_id == "acme/m1" and spare.model_dir == f"/fake/{NODE}/ssd/acme--m1"
             assert spare.num_threads == 1 and spare.engine_config is not None
             assert h.records()[from_spare[0]["instance_id"]] == "ready"  # recorded under the spare's name
-            [replacement] = h.cluster.live_spares()  # the same tick started its replacement
+            await h.tick(advance_s=4.9)  # its replacement waits until the new instance has been ready 5 s
+            assert h.cluster.live_spares() == []  # (a spare's start would compete with its first requests)
+            await h.tick(advance_s=0.1)
+            [replacement] = h.cluster.live_spares()
             assert replacement.actor_name != spare.actor_name
 
     asyncio.run(scenario())
