@@ -17,7 +17,11 @@ One tick (`reconcile_once`):
    requests the gateways report queued, against the model's desired count; the new count is
    saved, then the instances are converged to it: missing ones placed (`place` over a
    `NodeView` per node) and started, extra ones stopped, idle and loading ones first;
-4. pins: a node store keeps pinned exactly the checkpoints its running instances came from.
+4. pins and promotion (`CheckpointCopies`): a node store keeps pinned exactly the checkpoints its
+   running instances came from, and a settled node copies into DRAM what was loaded from SSD;
+5. spares: each node's pool of model-less workers is refilled once the node has settled.
+
+Live migration (`migrate`, a drain moving requests off) is driven by `RequestMover`.
 
 Starting and stopping are asynchronous (`InstanceManager`), so a tick never waits on a load:
 an instance takes its slot at once (LOADING) and enters the routing table when ``ready()``
@@ -40,38 +44,24 @@ from typing import Any
 
 from controller.autoscale_policy import LoadSnapshot, decide
 from controller.cluster_client import ActorGoneError, ClusterClient
-from controller.cluster_node import ClusterNode, dram_can_take, node_view, num_used_slots, plan_nodes
+from controller.checkpoint_copies import CheckpointCopies
+from controller.cluster_node import ClusterNode, node_view, num_used_slots, plan_nodes
 from controller.controller_config import ControllerConfig
-from controller.controller_errors import (
-    InvalidMigrationError, InvalidSpecError, MigrationConflictError, ModelAlreadyDeployedError, UnknownInstanceError,
-    UnknownModelError,
-)
+from controller.controller_errors import InvalidSpecError, ModelAlreadyDeployedError, UnknownModelError
 from controller.controller_status import event_to_dict, node_to_dict, placement_to_dict, scale_to_dict
 from controller.instance_manager import InstanceManager, stop_order
 from controller.managed_instance import InstancePhase, ManagedInstance
-from controller.migration_policy import choose_destination
 from controller.model_source import PublishedModel, publish_source, repository_name, repository_name_for
 from controller.model_spec import ModelSpec, SpecError, parse_model_id
 from controller.model_state import ModelState
 from controller.placement_policy import PlacementDecision, place
+from controller.request_mover import RequestMover
 from controller.routing_table import Route, RoutingTable
 from controller.spare_pool import SparePool
 from controller.state_store import StateStore, open_state_store
 from storage import ModelRepository, open_repository
 
 logger = logging.getLogger(__name__)
-
-MIGRATION_METHODS = ("kv", "tokens")  # migration.MigrationMethod's values
-DRAIN_MIGRATION_RETRY_S = 0.2  # a draining instance with requests left tries to move them this often
-
-
-def outcome_to_dict(outcome: Any) -> dict[str, Any]:
-    """A `migration.MigrationOutcome` as plain data (for the admin API and ``thaw status``)."""
-    return {"request_id": outcome.request_id, "status": getattr(outcome.status, "value", outcome.status),
-            "method": getattr(outcome.method, "value", outcome.method), "stop_s": outcome.stop_s,
-            "total_s": outcome.total_s, "num_blocks_copied": outcome.num_blocks_copied,
-            "num_tokens_at_stop": outcome.num_tokens_at_stop, "error": outcome.error}
-
 
 def _spec_from(data: Mapping[str, Any] | ModelSpec) -> ModelSpec:
     """A validated spec; `SpecError` becomes `InvalidSpecError`, which survives pickling."""
@@ -118,10 +108,13 @@ class Controller:
                                           on_routes_changed=self._publish_routes, on_slot_freed=self._wake.set,
                                           record=self._recent.append, clock=clock, wall_clock=wall_clock,
                                           spares=self._spares if config.spare_workers_per_node else None)
+        self._mover = RequestMover(config, cluster, self._instances, self._nodes, record=self._record,
+                                   wall_clock=wall_clock, is_closed=lambda: self._closed)
         self._num_ticks = 0
         self._last_tick_errors: list[str] = []
         self._background: set[asyncio.Task[None]] = set()  # drains moving requests off, DRAM promotions
-        self._promoting: set[tuple[str, str]] = set()  # (node id, repository name) being copied into DRAM
+        self._copies = CheckpointCopies(config, cluster, self._instances, self._nodes, self._models,
+                                        record=self._record, wall_clock=wall_clock, background=self._background)
         self._closed = False
 
     # --- life --------------------------------------------------------------------------------
@@ -348,7 +341,7 @@ class Controller:
         async with self._tick_lock:
             errors: list[str] = []
             for name, step in (("nodes", self._refresh_nodes), ("reports", self._gather_reports),
-                               ("autoscale", self._autoscale), ("pins", self._reconcile_pins),
+                               ("autoscale", self._autoscale), ("pins", self._copies.reconcile_pins),
                                ("promote", self._promote_to_dram), ("spares", self._replenish_spares)):
                 try:
                     errors += await step() or []
@@ -370,41 +363,14 @@ class Controller:
         return [i for i in self._instances.all()
                 if i.phase is InstancePhase.LOADING or (i.ready_s is not None and now - i.ready_s < settle_s)]
 
+    async def _promote_to_dram(self) -> list[str]:
+        self._copies.promote_to_dram({i.node_id for i in self._settling_instances()})
+        return []
+
     async def _replenish_spares(self) -> list[str]:
         busy = {i.ray_node_id for i in self._settling_instances()}
         return self._spares.replenish(sorted({node.ray_node_id for node in self._nodes.values()}),
                                       busy_ray_node_ids=busy)
-
-    async def _promote_to_dram(self) -> list[str]:
-        """Copy into a node's DRAM tier the models its instances loaded from SSD, where DRAM can
-        take them, once the node has settled (see `store_tier`): the next start there is fast."""
-        busy = {i.node_id for i in self._settling_instances()}
-        for instance in self._instances.all():
-            node = self._nodes.get(instance.node_id)
-            key = (instance.node_id, instance.repository_name)
-            model = self._models.get(instance.model_id)
-            if (instance.phase is not InstancePhase.READY or instance.tier != "ssd" or node is None
-                    or node.store is None or instance.node_id in busy or key in self._promoting or model is None
-                    or not dram_can_take(node.report, instance.repository_name, model.num_bytes or 0, self.config)):
-                continue
-            self._promoting.add(key)
-            task = asyncio.get_running_loop().create_task(self._promote(node, instance.model_id, key))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-        return []
-
-    async def _promote(self, node: ClusterNode, model_id: str, key: tuple[str, str]) -> None:
-        node_id, name = key
-        try:
-            await self._cluster.prefetch_checkpoint(node.store, name, "dram", self.config.load_timeout_s)
-        except Exception as exc:  # noqa: BLE001 - a missed promotion only makes a later start slower
-            logger.warning("%s: copying into DRAM on %s failed: %s: %s", model_id, node_id, type(exc).__name__, exc)
-        else:
-            self._record(event_to_dict("promote", model_id, f"copied into DRAM on {node_id} for fast restarts",
-                                       self._wall_clock()))
-            logger.info("%s: copied into DRAM on %s", model_id, node_id)
-        finally:
-            self._promoting.discard(key)
 
     async def _refresh_nodes(self) -> list[str]:
         planned = plan_nodes(await self._cluster.list_nodes(), self.config.nodes_per_ray_node,
@@ -533,24 +499,6 @@ class Controller:
         logger.info("%s: starting %s: %s", model.model_id, instance.instance_id, decision.reason)
         return True
 
-    async def _reconcile_pins(self) -> list[str]:
-        """Unpin what no instance on the node came from. An instance whose tier is not known
-        (adopted, or its pin still in flight) keeps every pin of its model on its node."""
-        calls = []
-        for node in self._nodes.values():
-            if node.store is None or node.report is None:
-                continue
-            mine = [i for i in self._instances.all() if i.node_id == node.node_id]
-            keep_any = {i.repository_name for i in mine if i.tier is None}
-            keep = {(i.repository_name, i.tier) for i in mine if i.tier is not None}
-            for tier in node.report.tiers:
-                for entry in tier.entries:
-                    if entry.pinned and entry.model not in keep_any and (entry.model, tier.tier) not in keep:
-                        calls.append(self._cluster.unpin_checkpoint(node.store, entry.model, tier.tier,
-                                                                    self.config.report_timeout_s))
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        return [f"unpin: {result}" for result in results if isinstance(result, BaseException)]
-
     # --- operations --------------------------------------------------------------------------
 
     async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
@@ -565,50 +513,8 @@ class Controller:
         `LookupError` for an unknown instance / node, `MigrationConflictError` when no
         destination can take the requests now."""
         self._check_open()
-        if not isinstance(instance_id, str) or not instance_id:
-            raise InvalidMigrationError("instance_id", f"must be a non-empty string, got {instance_id!r}")
-        if request_id is not None and (not isinstance(request_id, str) or not request_id):
-            raise InvalidMigrationError("request_id", f"must be a non-empty string or omitted, got {request_id!r}")
-        if method not in MIGRATION_METHODS:
-            raise InvalidMigrationError("method", f"must be one of {', '.join(MIGRATION_METHODS)}, got {method!r}")
-        if to_node is not None and to_instance is not None:
-            raise InvalidMigrationError("to_node", "name a destination node or a destination instance, not both")
-        source = self._instances.get(instance_id)
-        if source is None:
-            raise UnknownInstanceError(instance_id)
-        if to_node is not None and to_node not in self._nodes:
-            raise LookupError(f"no node {to_node!r}; nodes: {sorted(self._nodes)}")
-        if source.phase is InstancePhase.LOADING or source.handle is None:
-            raise MigrationConflictError(f"instance {instance_id} is still loading: it has no request to migrate")
-        return await self._migrate_off(source, [request_id] if request_id is not None else None,
-                                       to_node=to_node, to_instance=to_instance, method=method)
-
-    async def _migrate_off(self, source: ManagedInstance, request_ids: list[str] | None, *, to_node: str | None = None,
-                           to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
-        """Moves the requests (None: all of them) off `source`; see `migrate`."""
-        draining = {node_id for node_id, node in self._nodes.items() if node.draining}
-        dest, why = choose_destination(source, self._instances.all(), draining, to_node=to_node,
-                                       to_instance=to_instance)
-        if dest is None:
-            raise MigrationConflictError(f"cannot migrate off instance {source.instance_id}: {why}")
-        if request_ids is None:
-            request_ids = await self._cluster.worker_request_ids(source.handle, self.config.report_timeout_s)
-        outcomes = []
-        if request_ids:
-            outcomes = await self._cluster.migrate_requests(
-                source.handle, source.instance_id, dest.handle, dest.instance_id, request_ids, method,
-                self.config.migration_timeout_s)
-        result = {"source": source.instance_id, "destination": dest.instance_id, "node_id": dest.node_id,
-                  "method": method, "outcomes": [outcome_to_dict(o) for o in outcomes]}
-        decision = {"kind": "migration", "at_s": self._wall_clock(), "model_id": source.model_id,
-                    "source": source.instance_id, "destination": dest.instance_id, "method": method,
-                    "num_requests": len(outcomes),
-                    "num_migrated": sum(o["status"] == "migrated" for o in result["outcomes"]),
-                    "stop_s_max": max((o["stop_s"] for o in result["outcomes"]), default=0.0)}
-        self._record(decision)
-        logger.info("%s: migrated %d/%d requests from %s to %s (%s)", source.model_id, decision["num_migrated"],
-                    len(outcomes), source.instance_id, dest.instance_id, method)
-        return result
+        return await self._mover.migrate(instance_id, request_id, to_node=to_node, to_instance=to_instance,
+                                         method=method)
 
     async def drain_node(self, node_id: str, migrate: bool = True) -> dict[str, Any]:
         """Place nothing more on the node and stop its instances, moving their requests off first:
@@ -627,32 +533,12 @@ class Controller:
             had_requests = instance.phase is InstancePhase.READY
             self._instances.begin_stop(instance, f"node {node_id} draining", self.config.drain_timeout_s)
             if migrate and had_requests:
-                task = asyncio.get_running_loop().create_task(self._move_requests_off(instance))
+                task = asyncio.get_running_loop().create_task(self._mover.move_off(instance))
                 self._background.add(task)
                 task.add_done_callback(self._background.discard)
         self._wake.set()
         return {"node_id": node_id, "stopping": sorted(i.instance_id for i in stopping),
                 "migrating": migrate and any(i.handle is not None for i in stopping)}
-
-    async def _move_requests_off(self, instance: ManagedInstance) -> None:
-        """A draining instance's requests, moved as soon as a destination is ready, until none is
-        left or the drain's deadline: a request that could not move this round (or that arrived
-        from a gateway's stale table) is tried again."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.drain_timeout_s
-        while loop.time() < deadline and not self._closed:
-            try:
-                request_ids = await self._cluster.worker_request_ids(instance.handle, self.config.report_timeout_s)
-                if not request_ids:
-                    return
-                await self._migrate_off(instance, request_ids)
-            except ActorGoneError:
-                return
-            except MigrationConflictError as exc:  # no destination yet: the autoscaler is starting one
-                logger.info("drain: %s", exc)
-            except Exception:  # noqa: BLE001 - keep trying until the deadline; the stop follows anyway
-                logger.exception("drain: migrating off %s failed", instance.instance_id)
-            await asyncio.sleep(DRAIN_MIGRATION_RETRY_S)  # a retry pace, not a synchronisation
 
     def undrain_node(self, node_id: str) -> None:
         """Let placement use a drained node again."""

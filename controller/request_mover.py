@@ -1,0 +1,126 @@
+"""Moving running requests between instances on the controller's behalf: `RequestMover`.
+
+What ``thaw migrate`` and a node drain ask of the controller. `migrate` checks the call (each
+bad field named), picks a destination with the pure `choose_destination` policy (a named
+instance, the least loaded on a node, or the least loaded anywhere, never on a draining node)
+and has the cluster live-migrate the requests; each migration is recorded as a decision, so it
+shows in ``thaw status`` and the log. `move_off` is a drain's loop for one instance: it moves
+whatever requests are left as soon as a destination is ready, until none is left or the drain's
+deadline passes. A request that cannot move keeps running on its source, whole (the migration
+protocols are abort-safe), so nothing here can lose one.
+
+Split out of `controller.Controller`, which owns the state this reads (instances, nodes) and
+forwards its ``migrate`` and ``drain_node`` here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from controller.cluster_client import ActorGoneError, ClusterClient
+from controller.cluster_node import ClusterNode
+from controller.controller_config import ControllerConfig
+from controller.controller_errors import InvalidMigrationError, MigrationConflictError, UnknownInstanceError
+from controller.instance_manager import InstanceManager
+from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.migration_policy import choose_destination
+
+logger = logging.getLogger(__name__)
+
+MIGRATION_METHODS = ("kv", "tokens")  # migration.MigrationMethod's values
+DRAIN_MIGRATION_RETRY_S = 0.2  # a draining instance with requests left tries to move them this often
+
+
+def outcome_to_dict(outcome: Any) -> dict[str, Any]:
+    """A `migration.MigrationOutcome` as plain data (for the admin API and ``thaw status``)."""
+    return {"request_id": outcome.request_id, "status": getattr(outcome.status, "value", outcome.status),
+            "method": getattr(outcome.method, "value", outcome.method), "stop_s": outcome.stop_s,
+            "total_s": outcome.total_s, "num_blocks_copied": outcome.num_blocks_copied,
+            "num_tokens_at_stop": outcome.num_tokens_at_stop, "error": outcome.error}
+
+
+class RequestMover:
+    """Live migration as the controller drives it (see the module docstring). Runs on the
+    controller's event loop and reads its live `instances` and `nodes`."""
+
+    def __init__(self, config: ControllerConfig, cluster: ClusterClient, instances: InstanceManager,
+                 nodes: Mapping[str, ClusterNode], *, record: Callable[[dict[str, Any]], None],
+                 wall_clock: Callable[[], float], is_closed: Callable[[], bool]) -> None:
+        self.config = config
+        self._cluster = cluster
+        self._instances = instances
+        self._nodes = nodes
+        self._record = record
+        self._wall_clock = wall_clock
+        self._is_closed = is_closed
+
+    async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
+                      to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
+        """`Controller.migrate` (its docstring says what is raised when)."""
+        if not isinstance(instance_id, str) or not instance_id:
+            raise InvalidMigrationError("instance_id", f"must be a non-empty string, got {instance_id!r}")
+        if request_id is not None and (not isinstance(request_id, str) or not request_id):
+            raise InvalidMigrationError("request_id", f"must be a non-empty string or omitted, got {request_id!r}")
+        if method not in MIGRATION_METHODS:
+            raise InvalidMigrationError("method", f"must be one of {', '.join(MIGRATION_METHODS)}, got {method!r}")
+        if to_node is not None and to_instance is not None:
+            raise InvalidMigrationError("to_node", "name a destination node or a destination instance, not both")
+        source = self._instances.get(instance_id)
+        if source is None:
+            raise UnknownInstanceError(instance_id)
+        if to_node is not None and to_node not in self._nodes:
+            raise LookupError(f"no node {to_node!r}; nodes: {sorted(self._nodes)}")
+        if source.phase is InstancePhase.LOADING or source.handle is None:
+            raise MigrationConflictError(f"instance {instance_id} is still loading: it has no request to migrate")
+        return await self._migrate_off(source, [request_id] if request_id is not None else None,
+                                       to_node=to_node, to_instance=to_instance, method=method)
+
+    async def _migrate_off(self, source: ManagedInstance, request_ids: list[str] | None, *, to_node: str | None = None,
+                           to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
+        """Moves the requests (None: all of them) off `source`; see `migrate`."""
+        draining = {node_id for node_id, node in self._nodes.items() if node.draining}
+        dest, why = choose_destination(source, self._instances.all(), draining, to_node=to_node,
+                                       to_instance=to_instance)
+        if dest is None:
+            raise MigrationConflictError(f"cannot migrate off instance {source.instance_id}: {why}")
+        if request_ids is None:
+            request_ids = await self._cluster.worker_request_ids(source.handle, self.config.report_timeout_s)
+        outcomes = []
+        if request_ids:
+            outcomes = await self._cluster.migrate_requests(
+                source.handle, source.instance_id, dest.handle, dest.instance_id, request_ids, method,
+                self.config.migration_timeout_s)
+        result = {"source": source.instance_id, "destination": dest.instance_id, "node_id": dest.node_id,
+                  "method": method, "outcomes": [outcome_to_dict(o) for o in outcomes]}
+        decision = {"kind": "migration", "at_s": self._wall_clock(), "model_id": source.model_id,
+                    "source": source.instance_id, "destination": dest.instance_id, "method": method,
+                    "num_requests": len(outcomes),
+                    "num_migrated": sum(o["status"] == "migrated" for o in result["outcomes"]),
+                    "stop_s_max": max((o["stop_s"] for o in result["outcomes"]), default=0.0)}
+        self._record(decision)
+        logger.info("%s: migrated %d/%d requests from %s to %s (%s)", source.model_id, decision["num_migrated"],
+                    len(outcomes), source.instance_id, dest.instance_id, method)
+        return result
+
+    async def move_off(self, instance: ManagedInstance) -> None:
+        """A draining instance's requests, moved as soon as a destination is ready, until none is
+        left or the drain's deadline: a request that could not move this round (or that arrived
+        from a gateway's stale table) is tried again."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.drain_timeout_s
+        while loop.time() < deadline and not self._is_closed():
+            try:
+                request_ids = await self._cluster.worker_request_ids(instance.handle, self.config.report_timeout_s)
+                if not request_ids:
+                    return
+                await self._migrate_off(instance, request_ids)
+            except ActorGoneError:
+                return
+            except MigrationConflictError as exc:  # no destination yet: the autoscaler is starting one
+                logger.info("drain: %s", exc)
+            except Exception:  # noqa: BLE001 - keep trying until the deadline; the stop follows anyway
+                logger.exception("drain: migrating off %s failed", instance.instance_id)
+            await asyncio.sleep(DRAIN_MIGRATION_RETRY_S)  # a retry pace, not a synchronisation

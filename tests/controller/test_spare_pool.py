@@ -1,0 +1,105 @@
+"""Spare workers through the controller (fake cluster, fake clock): a cold start takes a warm
+spare on its node, the pool refills once the node has settled, GPU models never take one, a spare
+that dies is replaced, and shutdown or a restart leaves none behind."""
+
+from __future__ import annotations
+
+import asyncio
+
+from controller.cluster_node import RayNodeInfo
+from tests.controller.fake_cluster import FakeCluster
+from tests.controller.test_controller import NODE, RAY_NODE, Harness, eventually, spec
+
+
+def test_a_cold_start_takes_a_warm_spare_and_the_pool_refills(tmp_path):
+    async def scenario():
+        async with Harness(tmp_path, spare_workers_per_node=1, spare_weight_bytes=3 << 20,
+                           engine_defaults={"kv_cache_bytes": 2 << 20}) as h:
+            await h.controller.deploy(spec("acme/m1", h.source("m1")))
+            await h.tick()
+            [spare] = h.cluster.live_spares()  # started on the first tick, not yet warm
+            assert spare.actor_name.startswith("thaw-worker-spare-")
+            assert h.controller.status()["spare_workers"] == {RAY_NODE: {"warm": 0, "starting": 1}}
+
+            h.controller.notify_demand("acme/m1", 1)
+            await h.tick()  # the spare is not warm: a fresh worker starts instead of waiting for it
+            assert h.cluster.num_started_workers == 1 and h.cluster.assigned_spares == []
+            await h.controller.scale("acme/m1", min_instances=0, max_instances=2)
+
+            h.cluster.spares_warm.set()
+            await eventually(lambda: h.controller.status()["spare_workers"] == {RAY_NODE: {"warm": 1, "starting": 0}},
+                             "the spare to be warm")
+            assert spare.reserved_bytes == (3 << 20, 2 << 20)  # warmed with the weight and KV reservations
+            h.controller.notify_demand("acme/m1", 4)
+            await h.tick()  # a second instance: the warm spare serves it, no process is started
+            await eventually(lambda: len(h.routes("acme/m1")) == 2, "both instances routed")
+            assert h.cluster.num_started_workers == 1 and h.cluster.assigned_spares == [spare.actor_name]
+            from_spare = [i for i in h.controller.status()["instances"] if i["from_spare"]]
+            assert [i["actor_name"] for i in from_spare] == [spare.actor_name]
+            assert spare.model_id == "acme/m1" and spare.model_dir == f"/fake/{NODE}/ssd/acme--m1"
+            assert spare.num_threads == 1 and spare.engine_config is not None
+            assert h.records()[from_spare[0]["instance_id"]] == "ready"  # recorded under the spare's name
+            await h.tick(advance_s=4.9)  # its replacement waits until the new instance has been ready 5 s
+            assert h.cluster.live_spares() == []  # (a spare's start would compete with its first requests)
+            await h.tick(advance_s=0.1)
+            [replacement] = h.cluster.live_spares()
+            assert replacement.actor_name != spare.actor_name
+
+    asyncio.run(scenario())
+
+
+def test_a_gpu_model_never_takes_a_spare_and_zero_spares_starts_none(tmp_path):
+    async def scenario():
+        async with Harness(tmp_path, spare_workers_per_node=0) as h:
+            await h.tick()
+            assert h.cluster.live_spares() == [] and h.controller.status()["spare_workers"] == {}
+        cluster = FakeCluster((RAY_NODE,))
+        cluster.spares_warm.set()
+        cluster.ray_nodes = [RayNodeInfo(RAY_NODE, num_gpus=1)]
+        async with Harness(tmp_path / "gpu", cluster=cluster) as h:
+            data = spec("acme/m1", h.source("m1"))
+            data["resources"] = {"num_gpus": 1}
+            await h.controller.deploy(data)
+            await h.tick()
+            await eventually(lambda: h.controller.status()["spare_workers"][RAY_NODE]["warm"] == 1, "a warm spare")
+            h.controller.notify_demand("acme/m1", 1)
+            await h.tick()
+            assert h.cluster.num_started_workers == 1 and h.cluster.assigned_spares == []
+
+    asyncio.run(scenario())
+
+
+def test_a_spare_that_dies_before_its_model_arrives_fails_the_start_and_is_replaced(tmp_path):
+    async def scenario():
+        cluster = FakeCluster((RAY_NODE,))
+        cluster.spares_warm.set()
+        async with Harness(tmp_path, cluster=cluster) as h:
+            await h.controller.deploy(spec("acme/m1", h.source("m1")))
+            await h.tick()
+            await eventually(lambda: h.controller.status()["spare_workers"].get(RAY_NODE, {}).get("warm") == 1,
+                             "a warm spare")
+            [spare] = h.cluster.live_spares()
+            spare.alive = False  # dies between warm() and assign()
+            h.controller.notify_demand("acme/m1", 1)
+            await h.tick()
+            await eventually(lambda: any(d["kind"] == "start_failed" for d in h.controller.status()["recent_decisions"]
+                                         if "kind" in d), "the failed start to be recorded")
+            assert h.routes("acme/m1") == [] and h.records() == {}
+            await h.tick(advance_s=5.0)  # after the back-off: a fresh start (its replacement spare is warm too)
+            await eventually(lambda: len(h.routes("acme/m1")) == 1, "the model to be served again")
+
+    asyncio.run(scenario())
+
+
+def test_shutdown_ends_the_spares_and_a_restart_ends_leftover_ones(tmp_path):
+    async def scenario():
+        cluster = FakeCluster((RAY_NODE,))
+        async with Harness(tmp_path, cluster=cluster) as h:
+            await h.tick()
+            [spare] = cluster.live_spares()
+        assert not spare.alive  # shutdown (even leaving workers running) ends the spares
+        leftover = cluster.start_spare_worker(actor_name="thaw-worker-spare-leftover", ray_node_id=RAY_NODE)
+        async with Harness(tmp_path, cluster=cluster):
+            assert not leftover.alive and cluster.killed_spares == ["thaw-worker-spare-leftover"]
+
+    asyncio.run(scenario())
