@@ -33,7 +33,7 @@ from migration.engine_endpoint import EngineEndpoint
 from migration.kv_transport import KVPayload, KVTransport, RayObjectKVTransport
 from worker import (
     EngineConfig, GenerationChunk, InstanceStats, InstanceWorkerActor, InvalidRequestError, RequestSnapshot,
-    SamplingParams,
+    SamplingParams, worker_actor_options,
 )
 
 Prompt = str | list  # text, token ids, or chat messages: what ``generate`` takes
@@ -216,7 +216,7 @@ def start_migratable_instance(instance_id: str, model_id: str, model_dir: str,
 
     # A bad config fails here, not in a dead actor.
     config = engine_config if isinstance(engine_config, EngineConfig) else EngineConfig(**dict(engine_config or {}))
-    actor_options = _actor_options(name, namespace, node_id, num_cpus, num_gpus, detached, options)
+    actor_options = worker_actor_options(name, namespace, node_id, num_cpus, num_gpus, detached, options)
     return ray.remote(MigratableInstanceActor).options(**actor_options).remote(
         instance_id, model_id, str(model_dir), config, transport)
 
@@ -228,24 +228,6 @@ def start_migratable_spare(*, transport: KVTransport | None = None, name: str | 
     at once; the arguments and their meaning are `start_spare_worker`'s: no Ray CPU or GPU."""
     import ray
 
-    actor_options = _actor_options(name, namespace, node_id, 0, 0, detached, options)
+    actor_options = worker_actor_options(name, namespace, node_id, 0, 0, detached, options)
     return ray.remote(MigratableInstanceActor).options(**actor_options).remote(transport=transport)
 
-
-def _actor_options(name: str | None, namespace: str | None, node_id: str | None, num_cpus: float,
-                   num_gpus: float, detached: bool, options: Mapping[str, Any]) -> dict[str, Any]:
-    """Ray options for a worker actor, as `worker`'s starters set them (hard node affinity, no
-    restarts: a restarted worker would have lost its requests and its model anyway)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    actor_options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": 0}
-    if name is not None:
-        actor_options["name"] = name
-    if namespace is not None:
-        actor_options["namespace"] = namespace
-    if node_id is not None:
-        actor_options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    if detached:
-        actor_options["lifetime"] = "detached"
-    actor_options.update(options)
-    return actor_options

@@ -12,7 +12,8 @@ Public API (everything else in this folder is private to it):
   ``shutdown``); `InvalidFieldError` names the refused field, `InstanceLoadError` a failed load.
 - `InstanceWorkerActor`, `start_instance_worker`, `stop_instance_worker`, `stream_generation`:
   the instance as a Ray actor, and the caller's side of its stream; `start_spare_worker`: a worker
-  process started ahead of demand that a model is later ``assign``-ed to (`SpareWorkerError`).
+  process started ahead of demand that a model is later ``assign``-ed to (`SpareWorkerError`);
+  `worker_actor_options`: the Ray options every worker actor starts with (for subclasses' starters).
 - Live migration hooks: `RequestSnapshot` (a request without its KV), the functions of
   `worker.engine_migration` (export/freeze/release a request, read/write its KV blocks, import
   one), `MigrationRefusedError`, `UnknownRequestError`; `AsyncEngine.call` runs them between steps.
@@ -28,7 +29,7 @@ from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
 from worker.instance_worker import GenerationChunk, InstanceLoadError, InstanceWorker, InvalidFieldError
 from worker.instance_worker_actor import (
     InstanceWorkerActor, SpareWorkerError, start_instance_worker, start_spare_worker, stop_instance_worker,
-    stream_generation,
+    stream_generation, worker_actor_options,
 )
 from worker.model_config import ModelConfig, UnsupportedModelError
 from worker.request_output import Completion, RequestOutput
@@ -42,5 +43,5 @@ __all__ = [
     "InstanceWorker", "InstanceWorkerActor", "InvalidFieldError", "InvalidRequestError", "MigrationRefusedError",
     "ModelConfig", "RequestOutput", "RequestSnapshot", "SamplingParams", "Tokenizer", "UnknownRequestError",
     "SpareWorkerError", "UnsupportedModelError", "start_instance_worker", "start_spare_worker",
-    "stop_instance_worker", "stream_generation", "write_demo_model",
+    "stop_instance_worker", "stream_generation", "worker_actor_options", "write_demo_model",
 ]

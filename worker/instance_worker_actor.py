@@ -129,8 +129,10 @@ class InstanceWorkerActor:
             await self._worker.shutdown(timeout_s)
 
 
-def _actor_options(name: str | None, namespace: str | None, node_id: str | None, num_cpus: float,
-                   num_gpus: float, detached: bool, options: Mapping[str, Any]) -> dict[str, Any]:
+def worker_actor_options(name: str | None, namespace: str | None, node_id: str | None, num_cpus: float,
+                         num_gpus: float, detached: bool, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Ray options for a worker actor (hard node affinity, no restarts: a restarted worker would
+    have lost its requests and its model anyway); subclasses' starters use it too."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     actor_options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_restarts": 0}
@@ -162,7 +164,7 @@ def start_instance_worker(instance_id: str, model_id: str, model_dir: str,
     import ray
 
     config = as_engine_config(engine_config)
-    actor_options = _actor_options(name, namespace, node_id, num_cpus, num_gpus, detached, options)
+    actor_options = worker_actor_options(name, namespace, node_id, num_cpus, num_gpus, detached, options)
     return ray.remote(InstanceWorkerActor).options(**actor_options).remote(
         instance_id, model_id, str(model_dir), config)
 
@@ -178,7 +180,7 @@ def start_spare_worker(*, name: str | None = None, namespace: str | None = None,
     """
     import ray
 
-    actor_options = _actor_options(name, namespace, node_id, 0, 0, detached, options)
+    actor_options = worker_actor_options(name, namespace, node_id, 0, 0, detached, options)
     return ray.remote(InstanceWorkerActor).options(**actor_options).remote()
 
 

@@ -65,7 +65,8 @@ class FakeStore:
     dram_full: bool = False
     alive: bool = True
     unpins: list[tuple[str, str]] = field(default_factory=list)
-    prefetches: list[tuple[str, str]] = field(default_factory=list)
+    prefetches: list[tuple[str, str]] = field(default_factory=list)  # the copies made
+    num_prefetch_calls: int = 0  # ... and the calls, refused ones included
     invalidations: list[tuple[str, str]] = field(default_factory=list)
     closed: bool = False
 
@@ -134,6 +135,7 @@ class FakeCluster(ClusterClient):
         return f"/fake/{store.node_id}/{tier}/{model}"
 
     async def prefetch_checkpoint(self, store: FakeStore, model: str, tier: str, timeout_s: float) -> str:
+        store.num_prefetch_calls += 1
         if tier == "dram" and store.dram_full and model not in store.tiers["dram"]:
             raise TierFullError(f"dram of {store.node_id} is full (injected)")
         store.prefetches.append((model, tier))

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from controller import (Controller, ControllerConfig, InvalidMigrationError, InvalidSpecError, MigrationConflictError,
-                        ModelAlreadyDeployedError, RoutingTable, UnknownInstanceError, UnknownModelError,
-                        open_state_store)
-from controller.cluster_node import RayNodeInfo, dram_can_take, plan_nodes, store_tier
+from controller import (Controller, ControllerConfig, InvalidSpecError, ModelAlreadyDeployedError, RoutingTable,
+                        UnknownModelError, open_state_store)
+from controller.cluster_node import RayNodeInfo, plan_nodes
 from controller.routing_table import Route
 from storage import LocalModelRepository, RepositoryConfig
 from tests.controller.fake_cluster import FakeCluster
@@ -136,26 +135,6 @@ def test_plan_nodes_gives_slots_per_gpu_or_per_config():
     nodes = [RayNodeInfo("b" * 56, num_gpus=4), RayNodeInfo("a" * 56)]
     assert plan_nodes(nodes, 1, 2) == [("a" * 16, "a" * 56, 2), ("b" * 16, "b" * 56, 4)]
     assert plan_nodes(nodes[1:], 3, 1) == [(SPLIT[0], "a" * 56, 1), (SPLIT[1], "a" * 56, 1), (SPLIT[2], "a" * 56, 1)]
-
-
-def test_store_tier_reads_dram_only_when_the_model_is_there_and_dram_takes_what_fits(tmp_path):
-    config = make_config(tmp_path, dram_capacity_bytes=3 * MODEL_BYTES)
-    cluster = FakeCluster()
-    cluster.model_bytes.update({"x": MODEL_BYTES, "y": MODEL_BYTES, "m": MODEL_BYTES})
-    store = asyncio.run(cluster.connect_node_store("n", RAY_NODE, config.node_store_config("n")))
-    assert store_tier(None, "m", config) == "ssd" and not dram_can_take(None, "m", MODEL_BYTES, config)
-    assert store_tier(store.report(), "m", config) == "ssd"  # not in DRAM: read from SSD, no copy first
-    assert dram_can_take(store.report(), "m", MODEL_BYTES, config)
-    store.hold("x", "dram", pinned=True)
-    store.hold("y", "dram", pinned=True)
-    assert dram_can_take(store.report(), "m", MODEL_BYTES, config)  # exactly fits beside the pinned two
-    assert not dram_can_take(store.report(), "m", MODEL_BYTES + 1, config)
-    store.tiers["dram"]["y"] = False  # unpinned entries can be evicted for it
-    assert dram_can_take(store.report(), "m", 2 * MODEL_BYTES, config)
-    store.hold("m", "dram")
-    assert store_tier(store.report(), "m", config) == "dram" and not dram_can_take(store.report(), "m", 1, config)
-    no_dram = make_config(tmp_path, dram_capacity_bytes=0)
-    assert store_tier(None, "m", no_dram) == "ssd" and not dram_can_take(None, "m", 1, no_dram)
 
 
 def test_config_validation_names_the_field(tmp_path):
@@ -477,19 +456,6 @@ def test_failed_start_is_discarded_and_retried_after_a_backoff(tmp_path):
     asyncio.run(scenario())
 
 
-def test_full_dram_falls_back_to_ssd(tmp_path):
-    async def scenario():
-        async with Harness(tmp_path) as h:
-            await h.controller.deploy(spec("acme/m1", h.source("m1"), min_instances=1))
-            h.cluster.stores[NODE].dram_full = True
-            await h.tick()
-            [instance] = h.controller.get_model("acme/m1")["instances"]
-            assert (instance["state"], instance["tier"]) == ("ready", "ssd")
-            assert h.cluster.live_workers()[0].model_dir == f"/fake/{NODE}/ssd/acme--m1"
-
-    asyncio.run(scenario())
-
-
 def test_drain_node_moves_instances_to_another_node(tmp_path):
     async def scenario():
         async with Harness(tmp_path, nodes_per_ray_node=2, cpu_worker_slots_per_node=1) as h:
@@ -504,61 +470,6 @@ def test_drain_node_moves_instances_to_another_node(tmp_path):
             assert h.cluster.stopped_workers == [first["instance_id"]]
             with pytest.raises(LookupError):
                 await h.controller.drain_node("no-such-node")
-
-    asyncio.run(scenario())
-
-
-def test_migrate_moves_an_instances_requests_and_refuses_bad_calls_by_name(tmp_path):
-    async def scenario():
-        async with Harness(tmp_path, nodes_per_ray_node=3, cpu_worker_slots_per_node=1) as h:
-            await h.controller.deploy(spec("acme/m1", h.source("m1"), min_instances=2, max_instances=2))
-            await h.tick()
-            source, other = sorted(h.cluster.live_workers(), key=lambda w: w.instance_id)
-            source.request_ids[:] = ["r1", "r2"]
-            nodes = {i["instance_id"]: i["node_id"] for i in h.controller.get_model("acme/m1")["instances"]}
-            with pytest.raises(InvalidMigrationError, match="method"):
-                await h.controller.migrate(source.instance_id, method="teleport")
-            with pytest.raises(InvalidMigrationError, match="not both"):
-                await h.controller.migrate(source.instance_id, to_node="x", to_instance="y")
-            with pytest.raises(UnknownInstanceError):
-                await h.controller.migrate("no-such-instance")
-            with pytest.raises(LookupError, match="no node"):
-                await h.controller.migrate(source.instance_id, to_node="no-such-node")
-            [empty_node] = {n["node_id"] for n in h.controller.status()["nodes"]} - set(nodes.values())
-            with pytest.raises(MigrationConflictError, match=f"no ready instance .* on node {empty_node}"):
-                await h.controller.migrate(source.instance_id, to_node=empty_node)
-            assert h.cluster.migrations == []
-
-            one = await h.controller.migrate(source.instance_id, "r1", method="tokens")
-            assert (one["destination"], [o["status"] for o in one["outcomes"]]) == (other.instance_id, ["migrated"])
-            rest = await h.controller.migrate(source.instance_id, to_node=nodes[other.instance_id])
-            assert [(o["request_id"], o["status"]) for o in rest["outcomes"]] == [("r2", "migrated")]
-            assert h.cluster.migrations == [(source.instance_id, other.instance_id, ["r1"], "tokens"),
-                                            (source.instance_id, other.instance_id, ["r2"], "kv")]
-            assert (source.request_ids, other.request_ids) == ([], ["r1", "r2"])
-            recorded = [d for d in h.controller.status()["recent_decisions"] if d["kind"] == "migration"]
-            assert [(d["source"], d["destination"], d["num_migrated"]) for d in recorded] == [
-                (source.instance_id, other.instance_id, 1)] * 2
-
-    asyncio.run(scenario())
-
-
-def test_drain_migrates_running_requests_off_before_stopping_the_instance(tmp_path):
-    async def scenario():
-        async with Harness(tmp_path, nodes_per_ray_node=3, cpu_worker_slots_per_node=1, drain_timeout_s=5.0) as h:
-            await h.controller.deploy(spec("acme/m1", h.source("m1"), min_instances=2, max_instances=2))
-            await h.tick()
-            source, other = sorted(h.cluster.live_workers(), key=lambda w: w.instance_id)
-            source.request_ids[:] = ["r1", "r2", "r3"]
-            source.num_ongoing_requests = 3
-            node_id = h.controller.get_model("acme/m1")["instances"][0]["node_id"]
-            assert h.controller.get_model("acme/m1")["instances"][0]["instance_id"] == source.instance_id
-            result = await h.controller.drain_node(node_id)
-            assert result["stopping"] == [source.instance_id] and result["migrating"] is True
-            await eventually(lambda: h.cluster.stopped_workers == [source.instance_id], "the drained worker stopped",
-                             timeout_s=10.0)
-            assert h.cluster.migrations == [(source.instance_id, other.instance_id, ["r1", "r2", "r3"], "kv")]
-            assert other.request_ids == ["r1", "r2", "r3"]  # none lost: all moved before the stop
 
     asyncio.run(scenario())
 
