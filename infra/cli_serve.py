@@ -21,6 +21,12 @@ from infra.platform_config import DEFAULT_PORT, GIB, PlatformConfig, default_sta
 def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
     from infra.cli import UsageError
 
+    # Checked here so the message names the flag the user typed, not the derived byte count.
+    if args.spare_workers < 0:
+        raise UsageError(f"--spare-workers must be 0 or more (spare worker processes per node), got {args.spare_workers}")
+    if not args.spare_memory_gb >= 0:  # also refuses nan
+        raise UsageError(f"--spare-memory-gb must be 0 or more (GB each spare faults ahead for a model's weights), "
+                         f"got {args.spare_memory_gb:g}")
     try:
         return PlatformConfig(
             state_dir=Path(args.state).expanduser().absolute(), state_store=args.state_store,

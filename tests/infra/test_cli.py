@@ -91,3 +91,11 @@ def test_convert_then_generate_from_the_thaw_format(demo_dir, tmp_path):
     assert again.returncode == 2 and "--overwrite" in again.stderr
     missing = thaw("convert", str(tmp_path / "nope"), str(tmp_path / "x"))
     assert missing.returncode == 2 and "not found" in missing.stderr
+
+
+@pytest.mark.parametrize("flag, value", [("--spare-workers", "-1"), ("--spare-memory-gb", "-0.5"),
+                                         ("--spare-memory-gb", "nan")])
+def test_serve_refuses_bad_spare_settings_by_flag_before_starting_anything(tmp_path, flag, value):
+    result = thaw("serve", "--state", str(tmp_path / "state"), flag, value, timeout=60)
+    assert result.returncode == 2 and f"{flag} must be 0 or more" in result.stderr
+    assert not (tmp_path / "state").exists()  # nothing was set up
