@@ -179,7 +179,14 @@ def test_a_worker_killed_mid_stream_and_the_client_still_gets_the_full_output(pl
             ray.kill(actor(route), no_restart=True)
 
         broken = await stream(backend, model_id, f"broken-{model_id}", after=15, action=kill)
+        # The controller notices the death on its next tick and the gateway's long poll brings the
+        # new table; the stream may well have finished first, so poll (with a deadline) for that.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60.0
         instance_ids = {r.instance_id for r in backend._routes.get(model_id, ())}
+        while killed and killed[0] in (instance_ids := {r.instance_id for r in backend._routes.get(model_id, ())}):
+            assert loop.time() < deadline, "the killed instance never left the gateway's routing table"
+            await asyncio.sleep(0.05)  # a poll interval, bounded by the deadline
         return expected, broken, instance_ids, cluster.recoveries
 
     expected, broken, instance_ids, [recovery] = run_with_backend(controller, test)
