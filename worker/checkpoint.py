@@ -142,8 +142,9 @@ def read_checkpoint(model_dir: str | Path, pool: HostMemoryPool | None = None
     A thaw checkpoint is read into a buffer from `pool` when given (a pre-faulted one is faster)."""
     if is_thaw_checkpoint(model_dir):
         tensors, stats = load_checkpoint(model_dir, pool=pool)
+        how_read = ("mapped from memory, no copy" if stats.mapped else "O_DIRECT" if stats.direct_io else "buffered")
         how = (f"thaw format: {stats.total_bytes / 1e9:.2f} GB in {stats.elapsed_s:.2f} s "
-               f"({stats.gb_per_s:.2f} GB/s, {'O_DIRECT' if stats.direct_io else 'buffered'}, "
+               f"({stats.gb_per_s:.2f} GB/s, {how_read}, "
                f"{stats.num_threads} threads, checksums {'verified' if stats.verified else 'not verified'})")
         return tensors, how
     files = checkpoint_files(model_dir)

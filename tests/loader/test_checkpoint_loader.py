@@ -248,8 +248,9 @@ def test_loads_from_tmpfs(tmp_path):
     with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
         write_hf_checkpoint(tmp_path / "hf", source)
         convert_checkpoint(tmp_path / "hf", os.path.join(shm, "thaw"), progress=False)
-        tensors, stats = load_checkpoint(os.path.join(shm, "thaw"))
+        tensors, stats = load_checkpoint(os.path.join(shm, "thaw"), LoaderConfig(map_memory_backed=False))
         _assert_identical(tensors, source)
+        assert not stats.mapped  # the read path, asked for (mapping is tested in test_memory_backed)
         # tmpfs takes O_DIRECT since Linux 6.6; older kernels refuse it and the loader reads buffered.
         assert stats.direct_io is _o_direct_works(shm)
         assert stats.num_bytes == stats.total_bytes
@@ -277,3 +278,25 @@ def test_loader_config_validation():
         LoaderConfig(num_threads=0)
     with pytest.raises(ValueError, match="num_threads is True"):
         LoaderConfig(num_threads=True)
+
+
+def test_chunks_hashed_piece_by_piece_verify_and_catch_a_flip_in_any_piece(tmp_path):
+    source = llama_tensors(2, torch.float32, seed=4)
+    ckpt = _convert(tmp_path, source, chunk_bytes=32768)
+    tensors, stats = load_checkpoint(ckpt, LoaderConfig(piece_bytes=4096))  # 8 pieces per chunk
+    _assert_identical(tensors, source)
+    assert stats.verified
+    partition = sorted(ckpt.glob("partition_*.bin"))[0]
+    with open(partition, "r+b") as f:  # a byte in the 7th piece of the second chunk
+        f.seek(32768 + 6 * 4096 + 123)
+        byte = f.read(1)
+        f.seek(32768 + 6 * 4096 + 123)
+        f.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(ChecksumMismatchError, match=r"chunk 1 \(bytes \[32768, 65536\)\)"):
+        load_checkpoint(ckpt, LoaderConfig(piece_bytes=4096))
+
+
+@pytest.mark.parametrize("piece", [0, 4095, 6000, True, "4096"])
+def test_piece_bytes_must_be_a_multiple_of_the_alignment(piece):
+    with pytest.raises(ValueError, match="LoaderConfig.piece_bytes"):
+        LoaderConfig(piece_bytes=piece)
