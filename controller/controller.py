@@ -21,7 +21,9 @@ One tick (`reconcile_once`):
    running instances came from, and a settled node copies into DRAM what was loaded from SSD;
 5. spares: each node's pool of model-less workers is refilled once the node has settled.
 
-Live migration (`migrate`, a drain moving requests off) is driven by `RequestMover`.
+Live migration (`migrate`, a drain moving requests off) is driven by `RequestMover`; when a cold
+model would be ready soonest on a full node, `SlotReclaimer` empties an instance there by
+migration and holds the slot for it (placement step 3).
 
 Starting and stopping are asynchronous (`InstanceManager`), so a tick never waits on a load:
 an instance takes its slot at once (LOADING) and enters the routing table when ``ready()``
@@ -56,6 +58,7 @@ from controller.model_spec import ModelSpec, SpecError, parse_model_id
 from controller.model_state import ModelState
 from controller.placement_policy import PlacementDecision, place
 from controller.request_mover import RequestMover
+from controller.slot_reclaimer import SlotReclaimer
 from controller.routing_table import Route, RoutingTable
 from controller.spare_pool import SparePool
 from controller.state_store import StateStore, open_state_store
@@ -114,6 +117,8 @@ class Controller:
         self._last_tick_errors: list[str] = []
         self._background: set[asyncio.Task[None]] = set()  # drains moving requests off, DRAM promotions
         self._copies = CheckpointCopies(config, cluster, self._instances, self._nodes, self._models,
+                                        record=self._record, wall_clock=wall_clock, background=self._background)
+        self._reclaimer = SlotReclaimer(config, self._instances, self._mover, draining_nodes=self._draining_nodes,
                                         record=self._record, wall_clock=wall_clock, background=self._background)
         self._closed = False
 
@@ -256,6 +261,7 @@ class Controller:
             if self._models.pop(model_id, None) is None:
                 raise UnknownModelError(model_id)
             self._store.delete_model_spec(model_id)
+            self._reclaimer.forget(model_id, "model deleted")
             stops = [self._instances.begin_stop(instance, "model deleted", 0.0)
                      for instance in self._instances.of_model(model_id)]
         self._record(event_to_dict("deleted", model_id, f"{len(stops)} instances stopped", self._wall_clock()))
@@ -464,6 +470,8 @@ class Controller:
     async def _converge(self, model: ModelState, now: float) -> None:
         live = self._instances.live(model.model_id)
         missing = model.num_desired_instances - len(live)
+        if missing <= 0:
+            self._reclaimer.forget(model.model_id, "no longer needed: the model scaled back down")
         if missing < 0:
             for instance in sorted(live, key=stop_order)[:-missing]:
                 self._instances.begin_stop(instance, f"scaling down to {model.num_desired_instances}",
@@ -483,9 +491,13 @@ class Controller:
         spec = model.spec
         instances = self._instances.all()
         nodes = sorted((n for n in self._nodes.values() if n.store is not None), key=lambda n: n.node_id)
-        views = [node_view(node, model.repository_name, instances, self.config, now) for node in nodes]
+        views = self._reclaimer.hold_reserved(
+            [node_view(node, model.repository_name, instances, self.config, now) for node in nodes], model.model_id)
         decision = (place(model.num_bytes, views, spec.resources.num_worker_slots) if views else
                     PlacementDecision(None, None, None, (), "no node with a connected store yet"))
+        decision = self._reclaimer.steer(model, decision, views, spec.resources.num_worker_slots, now)
+        if decision is None:  # a slot is being freed for it (see `SlotReclaimer`)
+            return False
         if not decision.placed:
             unplaced = placement_to_dict(model.model_id, decision, self._wall_clock())
             if model.last_placement is None or model.last_placement["reason"] != decision.reason:
@@ -548,6 +560,9 @@ class Controller:
         node.draining = False
         self._wake.set()
 
+    def _draining_nodes(self) -> set[str]:
+        return {node_id for node_id, node in self._nodes.items() if node.draining}
+
     def status(self) -> dict[str, Any]:
         """Everything ``thaw status`` shows: models, instances, nodes, recent decisions."""
         now = self._clock()
@@ -572,6 +587,7 @@ class Controller:
             "nodes": [node_to_dict(node, num_used_slots(node.node_id, instances), self.config)
                       for _, node in sorted(self._nodes.items())],
             "spare_workers": self._spares.counts(),
+            "slot_reclaims": self._reclaimer.pending(),
             "recent_decisions": list(self._recent),
         }
 

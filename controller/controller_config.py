@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controller.slot_reclaim_policy import SlotReclaimCosts
 from storage import NodeStoreConfig, RepositoryConfig
 
 MIB = 1 << 20
@@ -83,6 +84,9 @@ class ControllerConfig:
         load_timeout_s: how long a worker may take from start to ready before it is replaced.
         drain_timeout_s: how long a worker being stopped may finish its open requests (or, in a
             node drain, have them migrated off).
+        slot_reclaim: when a cold model would be ready soonest on a full node, free a slot there by
+            migrating an instance's requests to another instance of its model and stopping it
+            (see `controller.slot_reclaim_policy`), with these cost estimates; None: never.
         migration_timeout_s: how long one live migration of an instance's requests may take
             before it is abandoned (and undone: the requests stay on their source).
         queue_report_ttl_s: a gateway's queue report counts for this long; the gateway
@@ -116,6 +120,7 @@ class ControllerConfig:
     load_timeout_s: float = 600.0
     drain_timeout_s: float = 30.0
     migration_timeout_s: float = 60.0
+    slot_reclaim: SlotReclaimCosts | None = SlotReclaimCosts()
     queue_report_ttl_s: float = 10.0
     start_retry_delay_s: float = 1.0
     fallback_dram_bytes_per_s: float = 8e9
@@ -158,6 +163,9 @@ class ControllerConfig:
             object.__setattr__(self, name, _positive(name, getattr(self, name)))
         for name in ("drain_timeout_s", "start_retry_delay_s", "spare_refill_delay_s"):
             object.__setattr__(self, name, _positive(name, getattr(self, name), allow_zero=True))
+        if self.slot_reclaim is not None and not isinstance(self.slot_reclaim, SlotReclaimCosts):
+            raise ValueError(f"ControllerConfig.slot_reclaim must be a SlotReclaimCosts or None, "
+                             f"got {type(self.slot_reclaim).__name__}")
         if not isinstance(self.engine_defaults, Mapping):
             raise ValueError(f"ControllerConfig.engine_defaults must be a mapping of EngineConfig fields, "
                              f"got {type(self.engine_defaults).__name__}")

@@ -223,6 +223,12 @@ def print_status(status: dict[str, Any]) -> None:
                   "*" if e["node_id"] == d.get("node_id") else "")
                  for model_id, d in sorted(latest.items()) for e in d.get("estimates", [])],
                 "  no placement decided yet")
+    print("\nSLOT RECLAIMS (a full node emptied by live migration for a cold model that loads fastest there)")
+    print_table(("MODEL", "NODE", "FROM TIER", "EMPTYING", "REQUESTS TO", "MOVES", "COST S", "READY S", "ELSE S"),
+                [(r["model_id"], r["node_id"], r["tier"], f"{r['victim_instance_id']} ({r['victim_model_id']})",
+                  r["destination_instance_id"], r["num_requests"], r["cost_s"], r["ready_s"],
+                  "no room" if r.get("alternative_s") is None else r["alternative_s"])
+                 for r in status.get("slot_reclaims", [])], "  none under way")
 
 
 def _tier_usage(node: dict[str, Any], name: str) -> str:

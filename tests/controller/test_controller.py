@@ -397,7 +397,7 @@ def test_no_free_slot_waits_until_another_model_scales_to_zero(tmp_path):
             assert [h.routes(f"acme/{name}") != [] for name in ("m1", "m2", "m3")] == [True, True, False]
             m3 = h.controller.get_model("acme/m3")
             assert m3["num_desired_instances"] == 1 and m3["instances"] == []
-            assert m3["last_placement"]["reason"] == "no free slot: none of 1 nodes has 1 free worker slot"
+            assert m3["last_placement"]["reason"].startswith("no free slot: none of 1 nodes has 1 free worker slot")
             for name in ("m1", "m2"):
                 h.controller.notify_demand(f"acme/{name}", 0)
             for _ in range(4):  # m3's request keeps waiting; its gateway repeats the report

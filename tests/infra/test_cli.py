@@ -99,3 +99,18 @@ def test_serve_refuses_bad_spare_settings_by_flag_before_starting_anything(tmp_p
     result = thaw("serve", "--state", str(tmp_path / "state"), flag, value, timeout=60)
     assert result.returncode == 2 and f"{flag} must be 0 or more" in result.stderr
     assert not (tmp_path / "state").exists()  # nothing was set up
+
+
+def test_status_table_shows_a_slot_reclaim_under_way(capsys):
+    from infra.cli_admin import print_status
+    reclaim = {"model_id": "acme/cold", "node_id": "n0", "tier": "dram", "victim_instance_id": "acme--hot-1",
+               "victim_model_id": "acme/hot", "destination_instance_id": "acme--hot-2", "num_requests": 3,
+               "cost_s": 1.4, "ready_s": 1.65, "alternative_s": None}
+    print_status({"platform_id": "p", "namespace": "n", "models": [], "instances": [], "nodes": [],
+                  "slot_reclaims": [reclaim, {**reclaim, "model_id": "acme/other", "alternative_s": 9.5}]})
+    out = capsys.readouterr().out
+    section = out[out.index("SLOT RECLAIMS"):]
+    assert "acme/cold" in section and "acme--hot-1 (acme/hot)" in section and "no room" in section
+    assert "9.5" in section
+    print_status({"platform_id": "p", "namespace": "n", "models": [], "instances": [], "nodes": []})
+    assert "none under way" in capsys.readouterr().out

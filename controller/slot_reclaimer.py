@@ -1,0 +1,127 @@
+"""Carrying out slot reclaims: `SlotReclaimer` between placement's decision and the start.
+
+`controller.slot_reclaim_policy.plan_slot_reclaim` says when a cold model is better served by
+emptying an instance on a full node than by the nodes with room. This runs the plan and holds the
+slot for the model until it is free:
+
+1. `steer` is asked with placement's decision for every instance the controller is about to
+   place. A plan it adopts takes the victim out of routing at once (`InstanceManager.begin_stop`,
+   which drains it) and live-migrates its running requests to another instance of its model
+   (`RequestMover.move_off`, the same loop a node drain runs), records the plan as a decision
+   (``thaw status``, the log) and answers "wait": nothing is started this tick.
+2. While a reclaim is pending, the model waits for that node: as soon as the node has room, the
+   instance is placed there (and only there); `reserved_slots` keeps every other model's
+   placement from taking the slot meanwhile (the emptied model's own replacement included).
+3. If the slot is not free by the deadline (drain timeout + the plan's cost), the reclaim is
+   given up (recorded) and the model is placed as if it had never been planned; so it is when
+   the model no longer wants the instance (scaled back down, deleted).
+
+Requests never get lost here: a migration that fails leaves its request on the victim, which the
+drain lets finish (up to the drain timeout) before it stops -- the same guarantee as a node drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from controller.controller_config import ControllerConfig
+from controller.instance_manager import InstanceManager
+from controller.managed_instance import InstancePhase
+from controller.model_state import ModelState
+from controller.placement_policy import NodeView, PlacementDecision, place
+from controller.request_mover import RequestMover
+from controller.slot_reclaim_policy import SlotReclaimPlan, plan_slot_reclaim
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pending:
+    plan: SlotReclaimPlan
+    num_slots: int
+    started_s: float  # controller clock
+    deadline_s: float
+
+
+class SlotReclaimer:
+    """See the module docstring. Runs on the controller's event loop."""
+
+    def __init__(self, config: ControllerConfig, instances: InstanceManager, mover: RequestMover, *,
+                 draining_nodes: Callable[[], set[str]], record: Callable[[dict[str, Any]], None],
+                 wall_clock: Callable[[], float], background: set[asyncio.Task[None]]) -> None:
+        self.config = config
+        self._instances = instances
+        self._mover = mover
+        self._draining_nodes = draining_nodes
+        self._record = record
+        self._wall_clock = wall_clock
+        self._background = background
+        self._pending: dict[str, _Pending] = {}  # model id -> the reclaim holding a slot for it
+
+    def reserved_slots(self, node_id: str, for_model: str) -> int:
+        """Slots on `node_id` held for other models' pending reclaims."""
+        return sum(p.num_slots for model_id, p in self._pending.items()
+                   if p.plan.node_id == node_id and model_id != for_model)
+
+    def hold_reserved(self, views: Sequence[NodeView], model_id: str) -> list[NodeView]:
+        """`views` as `model_id`'s placement must see them: slots held for other models taken out."""
+        return [dataclasses.replace(v, num_free_slots=max(0, v.num_free_slots - self.reserved_slots(v.node_id, model_id)))
+                for v in views]
+
+    def pending(self) -> list[dict[str, Any]]:
+        """The reclaims under way, for ``thaw status``."""
+        return [p.plan.to_dict() | {"num_slots": p.num_slots} for p in self._pending.values()]
+
+    def forget(self, model_id: str, why: str) -> None:
+        """The model no longer needs the slot (deleted, scaled down): it is free for others."""
+        pending = self._pending.pop(model_id, None)
+        if pending is not None:
+            self._abandoned(model_id, pending, why)
+
+    def _abandoned(self, model_id: str, pending: _Pending, why: str) -> None:
+        self._record({"kind": "slot_reclaim_abandoned", "model_id": model_id, "node_id": pending.plan.node_id,
+                      "reason": why, "at_s": self._wall_clock()})
+        logger.warning("%s: giving up the slot reclaim on %s: %s", model_id, pending.plan.node_id, why)
+
+    def steer(self, model: ModelState, decision: PlacementDecision, views: Sequence[NodeView], num_slots: int,
+              now: float) -> PlacementDecision | None:
+        """The decision to act on for one more instance of `model` (placement's, or one restricted
+        to the node a reclaim freed), or None: wait, a slot is being freed for it."""
+        model_id = model.model_id
+        pending = self._pending.get(model_id)
+        if pending is not None:
+            view = next((v for v in views if v.node_id == pending.plan.node_id), None)
+            if view is not None and view.num_free_slots >= num_slots:
+                del self._pending[model_id]
+                return place(model.num_bytes, [view], num_slots)
+            if now < pending.deadline_s and view is not None:
+                return None
+            del self._pending[model_id]
+            why = ("the node is gone" if view is None else
+                   f"the slot was not free {now - pending.started_s:.3g}s after the victim was stopped")
+            self._abandoned(model_id, pending, f"{why}; placing as usual")
+            return decision
+        if self.config.slot_reclaim is None:
+            return decision
+        plan, why = plan_slot_reclaim(model_id, decision, self._instances.all(), self._draining_nodes(),
+                                      self.config.slot_reclaim, num_slots)
+        if plan is None:
+            if not decision.placed and why:
+                return dataclasses.replace(decision, reason=f"{decision.reason}; no slot to reclaim: {why}")
+            return decision
+        victim = self._instances.get(plan.victim_instance_id)
+        if victim is None or victim.phase is not InstancePhase.READY:
+            return decision  # raced with a stop: the next tick plans again
+        self._instances.begin_stop(victim, f"slot reclaimed for {model_id}", self.config.drain_timeout_s)
+        if plan.num_requests and victim.handle is not None:
+            task = asyncio.get_running_loop().create_task(self._mover.move_off(victim))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        self._pending[model_id] = _Pending(plan, num_slots, now, now + self.config.drain_timeout_s + plan.cost_s)
+        self._record({"kind": "slot_reclaim", **plan.to_dict(), "at_s": self._wall_clock()})
+        logger.info("%s: %s", model_id, plan.describe())
+        return None
