@@ -11,15 +11,29 @@ from loader.checkpoint_loader import LoaderConfig, LoadStats, ThawCheckpointLoad
 from loader.converter import convert_checkpoint
 from loader.format import (FORMAT_VERSION, CheckpointFormatError, ChecksumMismatchError, ThawIndex,
                            TruncatedCheckpointError, is_thaw_checkpoint)
+from loader.layer_readiness import LayerReadiness
+from loader.layer_stream import StreamConfig, StreamRendezvous, StreamStats
+from loader.layer_stream_receiver import LayerStreamReceiver
+from loader.layer_stream_source import LayerStreamSource
 from loader.memory_pool import HostMemoryPool
+from loader.peer_link import PeerStreamError
+from loader.stream_plan import StreamPlan
 
 __all__ = [
     "FORMAT_VERSION",
     "CheckpointFormatError",
     "ChecksumMismatchError",
     "HostMemoryPool",
+    "LayerReadiness",
+    "LayerStreamReceiver",
+    "LayerStreamSource",
     "LoadStats",
     "LoaderConfig",
+    "PeerStreamError",
+    "StreamConfig",
+    "StreamPlan",
+    "StreamRendezvous",
+    "StreamStats",
     "ThawCheckpointLoader",
     "ThawIndex",
     "TruncatedCheckpointError",
