@@ -280,11 +280,8 @@ class ThawCheckpointLoader:
             reader.read_into(destination, chunk.file_offset)
             return None
         digest = xxhash.xxh3_64()  # streaming: the same digest as hashing the chunk at once
-        piece = self.config.piece_bytes
-        for start in range(0, chunk.size, piece):
-            part = destination[start: start + piece]
-            reader.read_into(part, chunk.file_offset + start)
-            digest.update(part)
+        for piece in reader.read_pieces(destination, chunk.file_offset, self.config.piece_bytes):
+            digest.update(piece)
         return digest.hexdigest()
 
     def _checksum_error(self, chunk: _Chunk, actual: str) -> ChecksumMismatchError:

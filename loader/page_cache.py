@@ -17,6 +17,7 @@ import os
 _PAGE = mmap.PAGESIZE
 _PROT_READ, _MAP_SHARED = mmap.PROT_READ, mmap.MAP_SHARED
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_RESIDENT_BIT = bytes(i & 1 for i in range(256))  # a mincore byte -> its "resident" bit
 
 
 def _load_libc():
@@ -63,8 +64,7 @@ def resident_prefix_bytes(fd: int, offset: int, length: int) -> int:
         resident = bytes(vec)
     finally:
         _LIBC.munmap(addr, length)
-    # Bit 0 of each byte: page resident. The first page that is not ends the prefix.
-    for page, flag in enumerate(resident):
-        if not flag & 1:
-            return min(page * _PAGE, length)
-    return length
+    # Bit 0 of each byte: page resident (the others are undefined). The first page that is not
+    # ends the prefix; found in C (a Python loop over the pages cost ~0.1 s per GB).
+    first_missing = resident.translate(_RESIDENT_BIT).find(0)
+    return length if first_missing < 0 else min(first_missing * _PAGE, length)

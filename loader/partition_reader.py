@@ -32,7 +32,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from loader.format import ALIGNMENT_BYTES, TruncatedCheckpointError
@@ -83,15 +83,51 @@ class PartitionReader:
         with self._lock:
             return self._use_direct
 
+    def _resident_prefix(self, offset: int, length: int) -> int | None:
+        """Bytes of the range the page cache holds, counted from `offset`, by asking (no I/O);
+        None when it cannot be asked (then `_read_cached` probes with RWF_NOWAIT)."""
+        if not self._ask_residency:
+            return None
+        try:
+            return self._residency_fn(self._fd, offset, length)
+        except (OSError, ValueError):  # unmappable file or odd offset
+            with self._lock:
+                self._ask_residency = False
+            return None
+
+    def read_pieces(self, destination: memoryview, offset: int, piece_bytes: int) -> Iterator[memoryview]:
+        """Fill `destination` (the file's bytes from `offset` on) piece by piece, yielding each piece
+        once it is in, so the caller can hash it while it is still in the CPU's cache. The page
+        cache is asked once for the whole range, not per piece."""
+        total = len(destination)
+        cached_end = (self._resident_prefix(offset, total) or 0) if self._probe_cache else 0
+        for start in range(0, total, piece_bytes):
+            piece = destination[start: start + piece_bytes]
+            if start + len(piece) <= cached_end:
+                self._read_buffered(piece, offset + start)
+                with self._lock:
+                    self.num_cached_bytes += len(piece)
+            else:
+                self.read_into(piece, offset + start)
+            yield piece
+
+    def _read_buffered(self, destination: memoryview, offset: int) -> None:
+        """A buffered read of a range known to be cached (waits for the disk if a page was dropped
+        meanwhile: still correct)."""
+        done = 0
+        while done < len(destination):
+            n = self._read_fn(self._fd, destination[done:], offset + done, 0)
+            if n == 0:
+                raise TruncatedCheckpointError(f"{self.path} ended at byte {offset + done} while reading "
+                                               f"[{offset}, {offset + len(destination)}): the file shrank after "
+                                               f"the load started")
+            done += n
+
     def _read_cached(self, destination: memoryview, offset: int) -> int:
         """Copy what the page cache already holds of `destination`'s range; returns bytes copied."""
         if self._ask_residency:
-            try:
-                cached = self._residency_fn(self._fd, offset, len(destination))
-            except (OSError, ValueError):  # unmappable file or odd offset: probe with RWF_NOWAIT
-                with self._lock:
-                    self._ask_residency = False
-            else:
+            cached = self._resident_prefix(offset, len(destination))
+            if cached is not None:
                 # Page-aligned and resident: a buffered read copies it without waiting for the disk
                 # (if the kernel dropped a page meanwhile, this read waits for it: still correct).
                 done = 0

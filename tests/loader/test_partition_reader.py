@@ -118,3 +118,28 @@ def test_io_errors_name_the_file_and_range(partition, buffer):
     reader.close()
     assert err.value.errno == errno.EIO
     assert str(err.value) == f"[Errno 5] Input/output error while reading bytes [8192, 12288) of {partition}"
+
+
+def test_read_pieces_asks_the_cache_once_and_yields_each_piece_as_it_lands(partition, buffer):
+    if not _o_direct_opens(partition):
+        pytest.skip("this filesystem refuses O_DIRECT")
+    read = CacheHolds(cached_bytes=3 * 4096)
+    asked = []
+
+    def residency(fd, offset, length):
+        asked.append((offset, length))
+        return read.residency(fd, offset, length)
+
+    reader = PartitionReader(partition, direct_io=True, read_fn=read, residency_fn=residency)
+    destination = memoryview(buffer.numpy())
+    seen = []
+    for piece in reader.read_pieces(destination, 0, 2 * 4096):
+        seen.append((len(piece), bytes(piece)))
+    reader.close()
+    assert bytes(buffer.numpy()) == partition.read_bytes()
+    assert [n for n, _ in seen] == [8192, 8192, 4096]
+    assert b"".join(data for _, data in seen) == partition.read_bytes()  # each piece was in when yielded
+    # One question for the whole range; the first piece is wholly cached (buffered copy), the
+    # second half cached: read_into takes its cached page then O_DIRECT for the rest.
+    assert asked[0] == (0, SIZE)
+    assert (reader.num_cached_bytes, reader.num_direct_bytes) == (3 * 4096, 2 * 4096)
