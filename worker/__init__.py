@@ -2,6 +2,8 @@
 
 Public API (everything else in this folder is private to it):
 - `Engine`, `EngineConfig`: load a Hugging Face model dir; ``add_request`` / ``step`` / ``abort``.
+  ``Engine(model_dir, config, weights=source)`` starts before its weights (a `loader.LayerReadiness`)
+  and computes layers as they land; `LayerLoadError` is how it fails when they cannot arrive.
 - `AsyncEngine`: ``async for out in AsyncEngine(engine).generate(prompt, params)``.
 - `SamplingParams`, `RequestOutput`, `Completion`, `InvalidRequestError`.
 - `ModelConfig`, `UnsupportedModelError`, `CheckpointError`: what a checkpoint is, and why it was refused.
@@ -31,6 +33,7 @@ from worker.instance_worker_actor import (
     InstanceWorkerActor, SpareWorkerError, start_instance_worker, start_spare_worker, stop_instance_worker,
     stream_generation, worker_actor_options,
 )
+from worker.layer_gate import LayerLoadError
 from worker.model_config import ModelConfig, UnsupportedModelError
 from worker.request_output import Completion, RequestOutput
 from worker.request_snapshot import RequestSnapshot
@@ -40,8 +43,8 @@ from worker.tokenizer import Tokenizer
 __all__ = [
     "AsyncEngine", "CheckpointError", "Completion", "DemoModelConfig", "Engine", "EngineConfig",
     "EngineDeadError", "GenerationChunk", "InstanceLoad", "InstanceLoadError", "InstanceState", "InstanceStats",
-    "InstanceWorker", "InstanceWorkerActor", "InvalidFieldError", "InvalidRequestError", "MigrationRefusedError",
-    "ModelConfig", "RequestOutput", "RequestSnapshot", "SamplingParams", "Tokenizer", "UnknownRequestError",
+    "InstanceWorker", "InstanceWorkerActor", "InvalidFieldError", "InvalidRequestError", "LayerLoadError",
+    "MigrationRefusedError", "ModelConfig", "RequestOutput", "RequestSnapshot", "SamplingParams", "Tokenizer", "UnknownRequestError",
     "SpareWorkerError", "UnsupportedModelError", "start_instance_worker", "start_spare_worker",
     "stop_instance_worker", "stream_generation", "worker_actor_options", "write_demo_model",
 ]

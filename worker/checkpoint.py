@@ -7,6 +7,10 @@ Tensor names are mapped onto our fused layout (q/k/v -> ``qkv_proj``, gate/up ->
 tensor in the files must be used, so a truncated or foreign checkpoint is refused with the
 name of what is wrong instead of producing a silently wrong model. Both formats carry the
 same Hugging Face tensor names, so the mapping below serves both.
+
+`layer_state_dict` does the same for one layer at a time, for weights that arrive layer by layer
+(`worker.layer_gate`); `to_engine_state_dict` is built from the same per-layer function, so the
+two paths cannot disagree about a name.
 """
 
 from __future__ import annotations
@@ -62,23 +66,38 @@ def iter_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
             raise CheckpointError(f"cannot read {path}: {exc}") from exc
 
 
-def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Hugging Face tensor name -> shape for a checkpoint of this config."""
-    h, i, d = config.hidden_size, config.intermediate_size, config.head_dim
+def expected_layer_shapes(layer: int, config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Hugging Face tensor name -> shape for one layer of a checkpoint of this config, layers numbered
+    as in `loader.LayerReadiness`: -1 the embedding, 0..N-1 the decoder layers, N the final norm and
+    (unless tied to the embedding) the head."""
+    h, i, d, n = config.hidden_size, config.intermediate_size, config.head_dim, config.num_hidden_layers
     q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, h), "model.norm.weight": (h,)}
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, h)
-    for n in range(config.num_hidden_layers):
-        p = f"model.layers.{n}."
-        shapes |= {
-            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i),
-            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-        }
-        if config.attention_bias:
-            shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.bias": (kv,)}
+    if layer == -1:
+        return {"model.embed_tokens.weight": (config.vocab_size, h)}
+    if layer == n:
+        shapes: dict[str, tuple[int, ...]] = {"model.norm.weight": (h,)}
+        if not config.tie_word_embeddings:
+            shapes["lm_head.weight"] = (config.vocab_size, h)
+        return shapes
+    if not 0 <= layer < n:
+        raise ValueError(f"layer {layer} does not exist: layers run from -1 (embedding) to {n} (final norm and head)")
+    p = f"model.layers.{layer}."
+    shapes = {
+        p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+        p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+        p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i),
+        p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+    }
+    if config.attention_bias:
+        shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.bias": (kv,)}
+    return shapes
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Hugging Face tensor name -> shape for a whole checkpoint of this config."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for layer in range(-1, config.num_hidden_layers + 1):
+        shapes |= expected_layer_shapes(layer, config)
     return shapes
 
 
@@ -99,40 +118,70 @@ def concat_rows(parts: list[torch.Tensor]) -> torch.Tensor:
 
 def to_engine_state_dict(hf_tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     """Renames and fuses Hugging Face tensors into `LlamaForCausalLM`'s parameter names."""
-    expected = expected_shapes(config)
+    tensors = _usable_tensors(hf_tensors, config)
+    _check_tensors(tensors, expected_shapes(config), "checkpoint")
+    state: dict[str, torch.Tensor] = {}
+    for layer in range(-1, config.num_hidden_layers + 1):
+        state |= _fuse_layer(layer, tensors, config)
+    return state
+
+
+def layer_state_dict(layer: int, hf_tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """`to_engine_state_dict` for one layer (-1 embedding, 0..N-1 decoder layers, N final norm and
+    head): `hf_tensors` are that layer's tensors as `loader.LayerReadiness.wait_layer` hands them out,
+    exactly those and no others; the result uses the model's full parameter names
+    (``layers.3.self_attn.qkv_proj.weight``). A tied head is no parameter of layer N: the head is
+    the embedding (layer -1)."""
+    tensors = _usable_tensors(hf_tensors, config)
+    _check_tensors(tensors, expected_layer_shapes(layer, config), f"layer {layer} of the checkpoint")
+    return _fuse_layer(layer, tensors, config)
+
+
+def _usable_tensors(hf_tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
     tensors = {k: v for k, v in hf_tensors.items() if not k.endswith(_IGNORED_SUFFIXES)}
     if config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)  # some exporters write the tied copy too
+    return tensors
+
+
+def _check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], what: str) -> None:
     missing = sorted(set(expected) - set(tensors))
     if missing:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
-        raise CheckpointError(f"checkpoint lacks tensor(s) {', '.join(missing[:5])}{more}")
+        raise CheckpointError(f"{what} lacks tensor(s) {', '.join(missing[:5])}{more}")
     unexpected = sorted(set(tensors) - set(expected))
     if unexpected:
-        raise CheckpointError(f"checkpoint has tensor(s) this architecture does not use: {', '.join(unexpected[:5])}")
+        raise CheckpointError(f"{what} has tensor(s) this architecture does not use: {', '.join(unexpected[:5])}")
     for name, shape in expected.items():
         if tuple(tensors[name].shape) != shape:
             raise CheckpointError(f"tensor {name} has shape {tuple(tensors[name].shape)}, config implies {shape}")
+
+
+def _fuse_layer(layer: int, tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """One layer's engine parameters from checked Hugging Face tensors (the only renaming code)."""
     dtype = config.torch_dtype
-    t = {k: v.to(dtype) for k, v in tensors.items()}
-    state = {
-        "embed_tokens.weight": t["model.embed_tokens.weight"],
-        "norm.weight": t["model.norm.weight"],
-    }
-    if not config.tie_word_embeddings:
-        state["lm_head.weight"] = t["lm_head.weight"]
-    for n in range(config.num_hidden_layers):
-        src, dst = f"model.layers.{n}.", f"layers.{n}."
-        attn = src + "self_attn."
-        state[dst + "self_attn.qkv_proj.weight"] = concat_rows([t[attn + x + "_proj.weight"] for x in "qkv"])
-        if config.attention_bias:
-            state[dst + "self_attn.qkv_proj.bias"] = concat_rows([t[attn + x + "_proj.bias"] for x in "qkv"])
-        state[dst + "self_attn.o_proj.weight"] = t[attn + "o_proj.weight"]
-        state[dst + "mlp.gate_up_proj.weight"] = concat_rows([t[src + "mlp.gate_proj.weight"],
-                                                                  t[src + "mlp.up_proj.weight"]])
-        state[dst + "mlp.down_proj.weight"] = t[src + "mlp.down_proj.weight"]
-        state[dst + "input_layernorm.weight"] = t[src + "input_layernorm.weight"]
-        state[dst + "post_attention_layernorm.weight"] = t[src + "post_attention_layernorm.weight"]
+
+    def t(name: str) -> torch.Tensor:
+        return tensors[name].to(dtype)  # no copy when the dtype already matches: fused views stay views
+
+    if layer == -1:
+        return {"embed_tokens.weight": t("model.embed_tokens.weight")}
+    if layer == config.num_hidden_layers:
+        state = {"norm.weight": t("model.norm.weight")}
+        if not config.tie_word_embeddings:
+            state["lm_head.weight"] = t("lm_head.weight")
+        return state
+    src, dst = f"model.layers.{layer}.", f"layers.{layer}."
+    attn = src + "self_attn."
+    state = {dst + "self_attn.qkv_proj.weight": concat_rows([t(attn + x + "_proj.weight") for x in "qkv"])}
+    if config.attention_bias:
+        state[dst + "self_attn.qkv_proj.bias"] = concat_rows([t(attn + x + "_proj.bias") for x in "qkv"])
+    state[dst + "self_attn.o_proj.weight"] = t(attn + "o_proj.weight")
+    state[dst + "mlp.gate_up_proj.weight"] = concat_rows([t(src + "mlp.gate_proj.weight"),
+                                                          t(src + "mlp.up_proj.weight")])
+    state[dst + "mlp.down_proj.weight"] = t(src + "mlp.down_proj.weight")
+    state[dst + "input_layernorm.weight"] = t(src + "input_layernorm.weight")
+    state[dst + "post_attention_layernorm.weight"] = t(src + "post_attention_layernorm.weight")
     return state
 
 

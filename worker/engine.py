@@ -9,6 +9,13 @@ threaded on purpose; `AsyncEngine` drives it from a thread for asyncio callers.
 Validation happens in `prepare_request`, before a request touches shared state, so a bad
 request fails alone with a message naming the problem and the other requests in the batch
 never notice.
+
+An engine can also start before its weights (``Engine(model_dir, config, weights=source)`` with a
+`loader.LayerReadiness` source: the SSD/DRAM loader or a peer stream; `model_dir` then needs only
+config.json and the tokenizer). It returns at once; requests are admitted and stepped right away,
+and their prefills compute each layer as soon as it lands (`worker.layer_gate`), swept zigzag
+across requests (`worker.zigzag_prefill`). When the last layer is in, the engine steps as usual.
+fp32 CPU weights are pre-packed for oneDNN layer by layer as they land, off the compute thread.
 """
 
 from __future__ import annotations
@@ -25,10 +32,13 @@ import torch
 
 from kernels import get_attention_backend
 from kernels.cpu_linear import cpu_prepack_unavailable_reason
+from loader import LayerReadiness
 from worker.block_manager import BlockManager
 from worker.checkpoint import load_model
 from worker.detokenizer import IncrementalDetokenizer
 from worker.engine_config import EngineConfig
+from worker.layer_gate import LayerGate, LayerLoadError
+from worker.llama import LlamaForCausalLM
 from worker.model_config import ModelConfig
 from worker.model_runner import ModelRunner, kv_bytes_per_block
 from worker.request_output import Completion, RequestOutput
@@ -38,6 +48,7 @@ from worker.sampling_params import SamplingParams
 from worker.scheduler import Scheduler
 from worker.sequence import FinishReason, Sequence
 from worker.tokenizer import Tokenizer
+from worker.zigzag_prefill import ZigzagPrefill
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +67,11 @@ class _Tracked:
 
 class Engine:
     def __init__(self, model_dir: str | Path, config: EngineConfig | None = None, *,
-                 reserved: ReservedMemory | None = None) -> None:
+                 reserved: ReservedMemory | None = None, weights: LayerReadiness | None = None) -> None:
         """`reserved`: host memory faulted ahead of the load (a spare worker's; see
-        `worker.reserved_memory`), used for the weights and the KV pool where they fit (CPU only)."""
+        `worker.reserved_memory`), used for the weights and the KV pool where they fit (CPU only).
+        `weights`: a source whose layers are still arriving; the engine returns without waiting for
+        them (see the module docstring) and reads no weights from `model_dir`."""
         config = config or EngineConfig()
         self.config = config
         self.model_dir = Path(model_dir)
@@ -77,17 +90,30 @@ class Engine:
         self.max_model_len = config.max_model_len or max_positions
         self.eos_token_ids = frozenset(_read_eos_ids(self.model_dir, self.model_config, self.tokenizer))
 
-        start = time.perf_counter()
+        start = self._start_s = time.perf_counter()
         on_cpu = self.device.type == "cpu"
-        pool = reserved.weights if reserved is not None and on_cpu else None
-        model, self.load_report = load_model(self.model_dir, self.model_config, self.device, pool)
-        if config.cpu_weight_prepack:
-            why_not = cpu_prepack_unavailable_reason(self.model_config.torch_dtype, self.device)
-            if why_not is None:
-                self.load_report += f"; {model.prepack_for_cpu()} linear layers pre-packed for oneDNN"
-            elif self.device.type == "cpu":
-                logger.info("linear weights not pre-packed: %s", why_not)
-        self.load_s = time.perf_counter() - start
+        why_not_prepack = (cpu_prepack_unavailable_reason(self.model_config.torch_dtype, self.device)
+                           if config.cpu_weight_prepack else "cpu_weight_prepack is off")
+        if why_not_prepack is not None and config.cpu_weight_prepack and on_cpu:
+            logger.info("linear weights not pre-packed: %s", why_not_prepack)
+        self._gate: LayerGate | None = None
+        self._weights_source = ""
+        if weights is None:
+            pool = reserved.weights if reserved is not None and on_cpu else None
+            model, self._load_report = load_model(self.model_dir, self.model_config, self.device, pool)
+            if why_not_prepack is None:
+                self._load_report += f"; {model.prepack_for_cpu()} linear layers pre-packed for oneDNN"
+            self._load_s: float | None = time.perf_counter() - start
+        else:
+            with torch.device("meta"):
+                model = LlamaForCausalLM(self.model_config)
+            model.inv_freq = model.inv_freq.to(self.device)  # built real on the CPU, not on meta
+            model.eval().requires_grad_(False)
+            self._gate = LayerGate(weights, model, device=self.device, timeout_s=config.layer_timeout_s,
+                                   prepack_for_cpu=why_not_prepack is None)
+            model.layer_gate = self._gate
+            self._weights_source = type(weights).__name__
+            self._load_report, self._load_s = "", None
 
         block_bytes = kv_bytes_per_block(self.model_config, config.block_size, self.model_config.torch_dtype)
         num_blocks = config.num_kv_blocks or config.kv_cache_bytes // block_bytes
@@ -110,17 +136,61 @@ class Engine:
         self.sampler = Sampler()
         self._tracked: dict[str, _Tracked] = {}
         self._next_id = itertools.count()
+        self._zigzag: ZigzagPrefill | None = None
+        if self._gate is not None:
+            if config.zigzag_prefill:
+                self._zigzag = ZigzagPrefill(self.runner, self._gate, self.scheduler,
+                                             max_num_tokens=config.max_num_batched_tokens)
+            self._gate.start_background()
         logger.info(
-            "engine ready: %s (%s, %.1fM params) loaded in %.2f s [%s]; %d KV blocks x %d tokens; attention=%s",
+            "engine ready: %s (%s, %.1fM params) %s [%s]; %d KV blocks x %d tokens; attention=%s",
             self.model_dir.name, self.model_config.architecture, self.model_config.num_params / 1e6,
-            self.load_s, self.load_report, num_blocks, config.block_size, self.runner.backend.name,
+            "weights arriving" if self._load_s is None else f"loaded in {self._load_s:.2f} s",
+            self.load_report, num_blocks, config.block_size, self.runner.backend.name,
         )
+
+    # ---- weights -----------------------------------------------------------------------------
+
+    @property
+    def weights_resident(self) -> bool:
+        """Whether every layer's weights are in (always, for an engine that loaded them up front)."""
+        return self._gate is None or self._gate.complete
+
+    @property
+    def weights_error(self) -> LayerLoadError | None:
+        """Why the weights can never be complete (their source failed); the engine then refuses work."""
+        return None if self._gate is None else self._gate.error
+
+    @property
+    def load_s(self) -> float | None:
+        """Seconds from the start of the engine until every weight was resident; None while they arrive."""
+        if self._load_s is None and self._gate is not None and self._gate.completed_at is not None:
+            self._load_s = self._gate.completed_at - self._start_s
+        return self._load_s
+
+    @property
+    def load_report(self) -> str:
+        """How the weights were read, in one line (for the startup log and the instance's stats)."""
+        gate = self._gate
+        if gate is None:
+            return self._load_report
+        how = f"layer by layer from {self._weights_source}"
+        prepacked = (f"; {gate.num_prepacked} linear layers pre-packed for oneDNN as they landed"
+                     if gate.prepack_for_cpu else "")
+        if self.load_s is not None:
+            return (f"{how}: {gate.num_layers + 2} layers, the last landed {self.load_s:.2f} s after the start"
+                    f"{prepacked}")
+        if gate.error is not None:
+            return f"{how}: failed after {gate.frontier} of {gate.num_layers + 2} layers: {gate.error}"
+        return f"{how}: {gate.frontier} of {gate.num_layers + 2} layers resident so far"
 
     # ---- admission -------------------------------------------------------------------------
 
     def prepare_request(self, prompt: Prompt, params: SamplingParams | None = None,
                         request_id: str | None = None) -> Sequence:
         """Validates and tokenizes a request without touching engine state (thread-safe)."""
+        if self.weights_error is not None:
+            raise LayerLoadError(f"this engine cannot serve: its weights failed to load: {self.weights_error}")
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"params must be SamplingParams, got {type(params).__name__}")
@@ -196,7 +266,15 @@ class Engine:
         return len(self._tracked)
 
     def step(self) -> list[RequestOutput]:
-        """Schedules, runs one forward pass, samples; returns news for requests that got a token."""
+        """Schedules, runs one forward pass, samples; returns news for requests that got a token.
+        While weights are arriving, a step may instead advance prefills through the layers that are
+        in and then wait for the next layer (at most ``layer_timeout_s``); it raises
+        `LayerLoadError`, after failing every request, if the weights cannot arrive."""
+        if self.runner.model.layer_gate is not None:
+            return self._step_while_loading()
+        return self._step_batch()
+
+    def _step_batch(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
@@ -204,11 +282,29 @@ class Engine:
         logits, sample_indices = self.runner.execute(batch, block_tables)
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += num_new
-        if not sample_indices:
+        return self._sample(logits, [batch.seqs[i] for i in sample_indices])
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[RequestOutput]:  # logits: [S, V]
+        if not seqs:
             return []
-        sampled = [batch.seqs[i] for i in sample_indices]
-        token_ids = self.sampler.sample(logits, [s.params for s in sampled], [s.generator for s in sampled])
-        return [self._append(seq, token_id) for seq, token_id in zip(sampled, token_ids)]
+        token_ids = self.sampler.sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        return [self._append(seq, token_id) for seq, token_id in zip(seqs, token_ids)]
+
+    def _step_while_loading(self) -> list[RequestOutput]:
+        gate, zigzag = self._gate, self._zigzag
+        if gate.complete and (zigzag is None or zigzag.num_in_flight == 0):
+            self.runner.model.layer_gate = None  # from now on the forward pass checks nothing
+            self._zigzag = None
+            logger.info("weights resident: %s", self.load_report)
+            return self._step_batch()
+        try:
+            if zigzag is not None:
+                return self._sample(*zigzag.step())
+            return self._step_batch()  # one batch, blocking at each missing layer inside the forward pass
+        except LayerLoadError:
+            for tracked in list(self._tracked.values()):
+                self._retire(tracked.seq, FinishReason.ABORT)
+            raise
 
     def _append(self, seq: Sequence, token_id: int) -> RequestOutput:
         tracked = self._tracked[seq.request_id]
@@ -237,6 +333,8 @@ class Engine:
         return self._output(tracked.seq, (), "")
 
     def _retire(self, seq: Sequence, reason: FinishReason) -> None:
+        if self._zigzag is not None:
+            self._zigzag.drop(seq)
         self.scheduler.finish(seq, reason)
         del self._tracked[seq.request_id]
 

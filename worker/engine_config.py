@@ -31,6 +31,13 @@ class EngineConfig:
     # 1.2-2.3x faster GEMMs at decode batch sizes; the plain copy stays for 1-2-row steps, so
     # linear weights take twice the host memory. False: plain weights only.
     cpu_weight_prepack: bool = True
+    # Weights that arrive while the engine runs (`Engine(..., weights=source)`): how long one layer
+    # may take to arrive before the engine gives up on its source and fails the requests waiting.
+    layer_timeout_s: float = 600.0
+    # While weights arrive: run each queued prefill as its own sub-batch, layer by layer as layers
+    # land, oldest first, a prefill at the last resident layer yielding to the next (BlitzScale's
+    # zigzag, `worker.zigzag_prefill`). False: each step's one batch blocks at every missing layer.
+    zigzag_prefill: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens"):
@@ -41,6 +48,9 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        if isinstance(self.layer_timeout_s, bool) or not isinstance(self.layer_timeout_s, (int, float)) \
+                or not self.layer_timeout_s > 0:
+            raise ValueError(f"layer_timeout_s must be a positive number of seconds, got {self.layer_timeout_s!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)} or None, got {self.dtype!r}")
         if not self.device.startswith(("cpu", "cuda")):

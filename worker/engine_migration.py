@@ -61,12 +61,14 @@ class UnknownRequestError(LookupError):
 
 def export_request(engine: Engine, request_id: str) -> RequestSnapshot:
     """The request's state now; the request carries on untouched (the generator is copied)."""
+    _check_resident(engine)
     return _snapshot(_seq(engine, request_id))
 
 
 def freeze_request(engine: Engine, request_id: str) -> RequestSnapshot:
     """Stops scheduling the request, keeping its KV blocks; returns its final snapshot.
     Idempotent. Its stream stays open: `unfreeze_request` or `release_request` decides."""
+    _check_resident(engine)
     seq = _seq(engine, request_id)
     _pause(engine, seq)
     return _snapshot(seq)
@@ -132,6 +134,7 @@ def begin_import(engine: Engine, snapshot: RequestSnapshot, num_reserved_tokens:
     """The handshake: admits the request paused, with blocks reserved for ``num_reserved_tokens``
     tokens, and replays its output through a fresh detokenizer (no text is emitted: the source
     delivered it). Raises `MigrationRefusedError`, changing nothing, if it cannot."""
+    _check_resident(engine)
     request_id = snapshot.request_id
     if request_id in engine._tracked:
         raise MigrationRefusedError(f"request id {request_id!r} is already in use on this instance")
@@ -254,6 +257,14 @@ def import_request(engine: Engine, snapshot: RequestSnapshot, kv: torch.Tensor |
 
 
 # ---- helpers -------------------------------------------------------------------------------
+
+
+def _check_resident(engine: Engine) -> None:
+    """A request on an instance whose weights are still arriving may be mid-way through a
+    layer-by-layer prefill pass (`worker.zigzag_prefill`), which migration cannot capture."""
+    if engine.runner.model.layer_gate is not None:  # cleared once every layer is in and no pass is left
+        raise MigrationRefusedError("this instance's weights are still arriving layer by layer; "
+                                    "migrate its requests once it is fully loaded")
 
 
 def _seq(engine: Engine, request_id: str) -> Sequence:

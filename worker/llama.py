@@ -7,18 +7,29 @@ are fused into one matmul each (weights concatenated at load time, see `checkpoi
 the same arithmetic per output as separate projections, with fewer, larger GEMMs.
 Modules are created on the ``meta`` device and their weights assigned (gpt-fast's habit),
 so a model is never initialised only to be overwritten.
+
+Weights may also arrive while the model already runs (BlitzScale's layer-wise start): with a
+`LayerGate` in ``layer_gate``, each piece of the forward pass first asks the gate for its layer
+(-1 the embedding, k decoder layer k, N the final norm and head), which blocks until that layer
+is resident. Without a gate that is one None check per layer. The pieces (`embed`,
+`decoder_layer`, `final_norm`) are public so a runner can also advance a batch one layer at a time.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kernels import AttentionBackend, AttentionMetadata
-from kernels.cpu_linear import prepack_linear_layers
+from kernels.cpu_linear import PrepackedLinear, prepack_linear_layers
 from worker.model_config import ModelConfig
 from worker.rotary_embedding import apply_rope, inverse_frequencies, rope_cos_sin
+
+if TYPE_CHECKING:
+    from worker.layer_gate import LayerGate
 
 
 class RMSNorm(nn.Module):
@@ -106,6 +117,8 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # Set while weights are still arriving (see the module docstring); None once all are in.
+        self.layer_gate: LayerGate | None = None
         self.register_buffer(
             "inv_freq",
             inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling),
@@ -120,22 +133,54 @@ class LlamaForCausalLM(nn.Module):
         metadata: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:  # [T, H]
+        x, cos, sin = self.embed(input_ids, positions)
+        for k, kv_cache in enumerate(kv_caches):
+            x = self.decoder_layer(k, x, cos, sin, kv_cache, metadata, backend)
+        return self.final_norm(x)
+
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor  # [T], [T] int64
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # x: [T, H]; cos, sin: [T, 1, D]
+        if self.layer_gate is not None:
+            self.layer_gate.ensure(-1)
         x = self.embed_tokens(input_ids)  # [T, H]
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)  # [T, 1, D] each
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, cos, sin, kv_cache, metadata, backend)
+        return x, cos, sin
+
+    def decoder_layer(self, k: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      kv_cache: tuple[torch.Tensor, torch.Tensor], metadata: AttentionMetadata,
+                      backend: AttentionBackend) -> torch.Tensor:  # [T, H] -> [T, H]
+        if self.layer_gate is not None:
+            self.layer_gate.ensure(k)
+        return self.layers[k](x, cos, sin, kv_cache, metadata, backend)
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        if self.layer_gate is not None:
+            self.layer_gate.ensure(len(self.layers))
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] float32
+        if self.layer_gate is not None:
+            self.layer_gate.ensure(len(self.layers))
         if self.lm_head is None:  # tied: the embedding matrix is the head
             return F.linear(hidden, self.embed_tokens.weight).float()
         return self.lm_head(hidden).float()
 
     def prepack_for_cpu(self) -> int:
         """Swaps every linear layer (and the head, tied or not) for a `PrepackedLinear`; returns
-        how many. A tied head gets its own packed copy: the embedding lookup needs the plain
-        matrix, the head GEMM the blocked one."""
-        if self.lm_head is None:
-            self.lm_head = nn.Linear(self.config.hidden_size, self.config.vocab_size, bias=False, device="meta")
-            self.lm_head.weight = self.embed_tokens.weight
-        return prepack_linear_layers(self)
+        how many."""
+        return sum(self.prepack_layer_for_cpu(layer) for layer in range(-1, len(self.layers) + 1))
+
+    def prepack_layer_for_cpu(self, layer: int) -> int:
+        """`prepack_for_cpu` for one layer (its weights must be resident): the linears of decoder
+        layer k, the head for layer N, nothing for the embedding; returns how many. A tied head
+        gets its own packed copy (so the embedding, layer -1, must be resident too): the embedding
+        lookup needs the plain matrix, the head GEMM the blocked one."""
+        if layer == -1:
+            return 0
+        if layer < len(self.layers):
+            return prepack_linear_layers(self.layers[layer])
+        if isinstance(self.lm_head, PrepackedLinear):
+            return 0
+        head_weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        self.lm_head = PrepackedLinear(head_weight)
+        return 1

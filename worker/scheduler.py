@@ -95,14 +95,32 @@ class Scheduler:
                 break  # an unchunked prefill waits for a step of its own
             if not self.block_manager.can_allocate(seq.request_id, seq.num_computed_tokens + num_new):
                 break
-            self.block_manager.allocate(seq.request_id, seq.num_computed_tokens + num_new)
-            self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            self._admit(seq, num_new)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new
         return batch
+
+    def admit_next(self, max_num_tokens: int) -> tuple[Sequence, int] | None:
+        """Admits the oldest waiting sequence for its next chunk (at most `max_num_tokens` tokens)
+        outside `schedule`, when a sequence slot and the chunk's KV blocks are free: returns
+        (seq, num_new), else None. The caller computes that chunk itself and adds num_new to
+        ``num_computed_tokens`` when it is done; it must not call `schedule` meanwhile, which would
+        schedule the chunk again. (Used while weights are still arriving: `worker.zigzag_prefill`.)"""
+        if not self.waiting or len(self.running) >= self.max_num_seqs:
+            return None
+        seq = self.waiting[0]
+        num_new = min(seq.num_tokens - seq.num_computed_tokens, max_num_tokens)
+        if not self.block_manager.can_allocate(seq.request_id, seq.num_computed_tokens + num_new):
+            return None
+        self._admit(seq, num_new)
+        return seq, num_new
+
+    def _admit(self, seq: Sequence, num_new: int) -> None:
+        self.block_manager.allocate(seq.request_id, seq.num_computed_tokens + num_new)
+        self.waiting.popleft()
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
 
     def _grow_or_preempt(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> bool:
         """Makes room for ``seq``'s next ``num_new`` tokens, preempting the youngest running

@@ -101,3 +101,20 @@ def test_migration_benchmark_quick():
         assert line["ratio_to_normal_gap"] == pytest.approx(line["pause_ms"] / line["normal_gap_ms"], rel=0.02)
     kv = [line for line in lines if line["method"] == "kv"]
     assert all(line["blocks_copied"][0] > 0 and line["tokens_recomputed_after_stop"] == [0] for line in kv)
+
+
+@pytest.mark.slow
+def test_scaleout_benchmark_quick():
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "scaleout.py"), "--quick"],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = {line["case"]: line for line in map(json.loads, result.stdout.splitlines()) if line}
+    assert set(lines) == {"ssd", "stream", "zigzag", "multicast-1", "multicast-3"}
+    for case in ("ssd", "stream", "zigzag"):
+        line = lines[case]
+        assert line["mean_ttft_s"] > 0 and len(line["ttft_s"][0]) == line["requests"]
+        assert line["ratio_to_ssd"] == pytest.approx(line["mean_ttft_s"] / lines["ssd"]["mean_ttft_s"], rel=0.01)
+    assert isinstance(lines["zigzag"]["target_met"], bool)
+    assert lines["multicast-1"]["link_gbps"] > 0
+    assert lines["multicast-3"]["ratio_to_single"] == pytest.approx(
+        lines["multicast-3"]["total_s"] / lines["multicast-1"]["total_s"], rel=0.01)
