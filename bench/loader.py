@@ -13,7 +13,8 @@ loader maps instead of copying (verified); its source is RAM, not the file, so i
 beside the disk figures, not as one of them.
 
 The physical limit is measured in the same run: a plain multi-threaded sequential read of the
-same bytes into a pre-faulted buffer (O_DIRECT where allowed), and `dd` (cold). Peers that are
+same bytes into a pre-faulted buffer (O_DIRECT where allowed; the best of --threads and 4
+threads), and `dd` (cold). Peers that are
 not installed or do not run on this machine get a line saying why.
 
     python bench/loader.py [--quick] [--work-dir DIR] [--repeats 3] [--threads N]
@@ -269,6 +270,7 @@ def measure_repeated(loader: str, state: str, paths: dict[str, Path], files: lis
     return runs if keep_errors else [r for r in runs if "seconds" in r]
 
 
+LIMIT_THREADS = 4  # besides --threads: the thread count of our loader's default configuration
 PEERS = ("safetensors", "torch.load-mmap", "runai-model-streamer", "tensorizer", "fastsafetensors")
 PEER_MODULES = {"runai-model-streamer": "runai_model_streamer", "tensorizer": "tensorizer",
                 "fastsafetensors": "fastsafetensors"}
@@ -319,11 +321,19 @@ def main(argv: list[str] | None = None) -> int:
         files = data_files(paths)
         limits = {}
         for state in ("cold", "warm"):
-            good = measure_repeated("limit-read", state, paths, files, args.threads, repeats)
-            limits[state] = statistics.median(r["bytes"] / r["seconds"] / 1e9 for r in good) if good else None
+            # The best of several thread counts (ours reads with 4): a disk may need a deeper queue
+            # than the core count to reach its rate, and the limit must not be the weaker reader.
+            best, best_threads, direct = None, None, None
+            for threads in sorted({args.threads, LIMIT_THREADS}):
+                good = measure_repeated("limit-read", state, paths, files, threads, repeats)
+                if good:
+                    gbps = statistics.median(r["bytes"] / r["seconds"] / 1e9 for r in good)
+                    if best is None or gbps > best:
+                        best, best_threads, direct = gbps, threads, good[0].get("direct_io")
+            limits[state] = best
             print(json.dumps({"bench": "loader", "loader": "limit-read", "state": state,
-                              "gbps": round(limits[state], 3) if limits[state] else None,
-                              "direct_io": good[0].get("direct_io") if good else None}), flush=True)
+                              "gbps": round(best, 3) if best else None, "threads": best_threads,
+                              "direct_io": direct}), flush=True)
         dd = dd_cold(paths)
         print(json.dumps({"bench": "loader", "loader": "dd", "state": "cold",
                           "gbps": round(dd["bytes"] / dd["seconds"] / 1e9, 3)}), flush=True)

@@ -11,6 +11,7 @@ from loader.checkpoint_loader import LoaderConfig, LoadStats, ThawCheckpointLoad
 from loader.converter import convert_checkpoint
 from loader.format import (FORMAT_VERSION, CheckpointFormatError, ChecksumMismatchError, ThawIndex,
                            TruncatedCheckpointError, is_thaw_checkpoint)
+from loader.fallback_layers import FallbackLayers
 from loader.layer_readiness import LayerReadiness
 from loader.layer_stream import StreamConfig, StreamRendezvous, StreamStats
 from loader.layer_stream_receiver import LayerStreamReceiver
@@ -23,6 +24,7 @@ __all__ = [
     "FORMAT_VERSION",
     "CheckpointFormatError",
     "ChecksumMismatchError",
+    "FallbackLayers",
     "HostMemoryPool",
     "LayerReadiness",
     "LayerStreamReceiver",

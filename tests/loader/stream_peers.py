@@ -87,3 +87,23 @@ def run_receiver(events, release, rendezvous: StreamRendezvous, rank: int, confi
         events.send(("receiver_error", rank, f"{type(exc).__name__}: {exc}"))
     finally:
         receiver.close()
+
+
+def run_checkpoint_source(events, release, ckpt_dir: str, config: StreamConfig, hold_after_layer: int) -> None:
+    """Stream a thaw checkpoint's tensors (a running instance's weights) to one receiver, holding
+    after layer `hold_after_layer` until released (or killed: what the fallback tests do)."""
+    from loader import load_checkpoint
+
+    tensors, _ = load_checkpoint(ckpt_dir)
+
+    def on_layer_sent(layer: int) -> None:
+        events.send(("sent", layer))
+        if layer == hold_after_layer:
+            release.poll(RELEASE_WAIT_S)
+
+    source = LayerStreamSource(tensors, 1, config, on_layer_sent=on_layer_sent)
+    events.send(("rendezvous", source.rendezvous))
+    try:
+        source.wait()
+    finally:
+        source.close()
