@@ -20,6 +20,9 @@ Guards against churn:
 - the victim belongs to another model that keeps a ready instance elsewhere (the destination),
   so nothing becomes unserved; that model's autoscaler may later start a replacement, and since
   it has a ready instance, that replacement never reclaims a slot in turn;
+- a model under load may lose an instance this way: its requests move to its other instance and
+  are still served, and its autoscaler starts a replacement when a slot frees; the alternative is
+  the cold model's requests timing out (429/503) until some model idles;
 - never a loading or stopping instance, nor one on a draining node, nor a victim bigger than the
   slots needed (one instance is emptied per plan).
 

@@ -176,7 +176,9 @@ async def keep_busy(controller, model_id: str, num_streams: int, stop: asyncio.E
 
 
 def test_three_models_on_two_slots_scale_wait_restart(local_ray, demo_models, tmp_path):
-    config = platform_config(tmp_path)
+    # Slot reclaims off: this is the waiting path (with them, m2 would empty one of m1's two
+    # instances at once; that path is tested in tests/controller/test_slot_reclaimer.py).
+    config = platform_config(tmp_path, slot_reclaim=None)
     controller = start_and_wait(config)
     try:
         for name, keep_alive_s in (("m1", 2.0), ("m2", 60.0), ("m3", 2.0)):

@@ -9,6 +9,8 @@ read the way the HTTP app reads it.
   text included, exactly as unbroken;
 - the only instance of a model killed mid-stream: the request waits in the model's queue until
   the controller has replaced the instance, then carries on just as well;
+- a cold model with no free slot anywhere: the controller empties one instance of a busy model by
+  live migration and starts the cold model in its slot; every client gets its full output;
 - a node drained (what ``thaw drain`` asks) while requests run on it: they are live-migrated off
   before its workers stop, and every client gets its full output (last: it moves instances).
 
@@ -196,6 +198,78 @@ def test_a_worker_killed_mid_stream_and_the_client_still_gets_the_full_output(pl
     assert [c.num_output_tokens for c in broken] == list(range(1, GREEDY.max_tokens + 1))
     assert all(c.finish_reason is None for c in broken[:-1]) and broken[-1].finish_reason == "length"
     assert killed and killed[0] not in instance_ids  # it really was killed, and dropped from routing
+
+
+def test_a_cold_model_takes_a_busy_slot_by_migration_and_no_request_is_lost(platform, tmp_path):
+    """One node, two slots, both held by HOT's instances with requests running; a request for COLD
+    (at zero) makes the controller empty one HOT instance by live migration and start COLD there."""
+    hot, cold = "acme/hot", "acme/cold"
+    model_dir = write_demo_model(tmp_path / "demo", TINY_DEMO)
+    config = ControllerConfig(
+        state_dir=tmp_path / "state", repository=RepositoryConfig(str(tmp_path / "repo")),
+        namespace=f"thaw-sr-{uuid.uuid4().hex[:8]}", calibrate=False, cpu_worker_slots_per_node=2,
+        spare_workers_per_node=0, ssd_capacity_bytes=1 << 30, dram_capacity_bytes=256 << 20,
+        reconcile_interval_s=0.2, engine_defaults={"block_size": 4, "num_kv_blocks": 256}, report_timeout_s=10.0,
+        drain_timeout_s=60.0)
+    controller = start_controller(config, name="thaw-controller-sr")
+    ray.get(controller.ping.remote(), timeout=DEADLINE_S)
+    for model_id, (low, high) in ((hot, (2, 2)), (cold, (0, 1))):
+        policy = dict(min_instances=low, max_instances=high, upscale_delay_s=0.0, keep_alive_s=600.0)
+        ray.get(controller.deploy.remote({"name": model_id, "source": str(model_dir),
+                                          "resources": {"num_cpus": 0.25}, "autoscaling": policy}), timeout=60)
+    num_streams = 4
+
+    async def main():
+        cluster = RecordingCluster(controller)
+        backend = RayGatewayBackend(cluster, BACKEND, GatewayMetrics())
+        await backend.start()
+        try:
+            await poll(lambda: len(backend._routes.get(hot, ())) == 2, "both hot instances ready")
+            expected = await stream(backend, hot, "unmoved")
+            started = [asyncio.Event() for _ in range(num_streams)]
+            routes = {}
+
+            def freeze(index):
+                async def action(route):  # frozen: still running when the reclaim comes, however fast
+                    routes[index] = route
+                    await RayEndpoint(actor(route), route.instance_id).freeze_request(f"hot-{index}")
+                    started[index].set()
+                return action
+
+            streams = [asyncio.create_task(stream(backend, hot, f"hot-{i}", after=5, action=freeze(i)))
+                       for i in range(num_streams)]
+            await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), DEADLINE_S)
+            cold_stream = asyncio.create_task(stream(backend, cold, "cold-1"))
+
+            def planned():
+                decisions = ray.get(controller.status.remote(), timeout=30)["recent_decisions"]
+                return next((d for d in decisions if d["kind"] == "slot_reclaim"), None)
+            plan = await poll(planned, "the slot reclaim to be planned")
+            for i, route in routes.items():  # the requests that stay: let them run again
+                if route.instance_id != plan["victim_instance_id"]:
+                    await RayEndpoint(actor(route), route.instance_id).unfreeze_request(f"hot-{i}")
+            outputs = await asyncio.gather(*streams)
+            cold_chunks = await cold_stream
+            status = ray.get(controller.status.remote(), timeout=30)
+            return expected, outputs, cold_chunks, plan, routes, status, cluster.recoveries
+        finally:
+            await backend.close()
+
+    try:
+        expected, outputs, cold_chunks, plan, routes, status, recoveries = asyncio.run(main())
+    finally:
+        stop_controller(controller, stop_workers=True)
+    assert plan["model_id"] == cold and plan["victim_model_id"] == hot and plan["alternative_s"] is None
+    for chunks in outputs:  # every hot request, moved or not, exactly as unmoved
+        assert whole(chunks) == whole(expected)
+    assert recoveries == []  # moved live, not recovered after a death
+    on_victim = [i for i, r in routes.items() if r.instance_id == plan["victim_instance_id"]]
+    moved = [d for d in status["recent_decisions"] if d["kind"] == "migration"
+             and d["source"] == plan["victim_instance_id"]]
+    assert on_victim and sum(d["num_migrated"] for d in moved) == len(on_victim)  # (the gateway spreads them)
+    assert cold_chunks[-1].finish_reason == "length" and cold_chunks[-1].num_output_tokens == GREEDY.max_tokens
+    assert [i["model_id"] for i in status["instances"] if i["state"] == "ready"].count(cold) == 1
+    assert plan["victim_instance_id"] not in {i["instance_id"] for i in status["instances"]}
 
 
 def test_draining_a_node_with_running_requests_loses_none(platform):
