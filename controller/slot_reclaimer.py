@@ -69,6 +69,8 @@ class SlotReclaimer:
 
     def hold_reserved(self, views: Sequence[NodeView], model_id: str) -> list[NodeView]:
         """`views` as `model_id`'s placement must see them: slots held for other models taken out."""
+        if not self._pending:  # the common case: nothing held, nothing to rebuild
+            return list(views)
         return [dataclasses.replace(v, num_free_slots=max(0, v.num_free_slots - self.reserved_slots(v.node_id, model_id)))
                 for v in views]
 

@@ -100,7 +100,8 @@ class PartitionReader:
         once it is in, so the caller can hash it while it is still in the CPU's cache. The page
         cache is asked once for the whole range, not per piece."""
         total = len(destination)
-        cached_end = (self._resident_prefix(offset, total) or 0) if self._probe_cache else 0
+        known = self._resident_prefix(offset, total) if self._probe_cache else None
+        cached_end = known or 0
         for start in range(0, total, piece_bytes):
             piece = destination[start: start + piece_bytes]
             if start + len(piece) <= cached_end:
@@ -108,7 +109,9 @@ class PartitionReader:
                 with self._lock:
                     self.num_cached_bytes += len(piece)
             else:
-                self.read_into(piece, offset + start)
+                # Past the cached prefix the answer is known: read on without asking again (only
+                # the piece the prefix ends in, or no answer at all, still probes).
+                self.read_into(piece, offset + start, probe=known is None or start < cached_end)
             yield piece
 
     def _read_buffered(self, destination: memoryview, offset: int) -> None:
@@ -155,10 +158,11 @@ class PartitionReader:
             done += n
         return done
 
-    def read_into(self, destination: memoryview, offset: int) -> None:
-        """Fill `destination` with the file's bytes from `offset` on (looping over short reads)."""
+    def read_into(self, destination: memoryview, offset: int, *, probe: bool = True) -> None:
+        """Fill `destination` with the file's bytes from `offset` on (looping over short reads).
+        `probe=False`: the range is known not to be cached; skip taking a cached prefix first."""
         total = len(destination)
-        done = self._read_cached(destination, offset) if self._probe_cache else 0
+        done = self._read_cached(destination, offset) if probe and self._probe_cache else 0
         cached = done
         direct = 0
         while done < total:

@@ -143,3 +143,21 @@ def test_read_pieces_asks_the_cache_once_and_yields_each_piece_as_it_lands(parti
     # second half cached: read_into takes its cached page then O_DIRECT for the rest.
     assert asked[0] == (0, SIZE)
     assert (reader.num_cached_bytes, reader.num_direct_bytes) == (3 * 4096, 2 * 4096)
+
+
+def test_read_pieces_past_the_cached_prefix_do_not_ask_again(partition, buffer):
+    if not _o_direct_opens(partition):
+        pytest.skip("this filesystem refuses O_DIRECT")
+    read = CacheHolds(cached_bytes=0)
+    asked = []
+
+    def residency(fd, offset, length):
+        asked.append((offset, length))
+        return read.residency(fd, offset, length)
+
+    reader = PartitionReader(partition, direct_io=True, read_fn=read, residency_fn=residency)
+    list(reader.read_pieces(memoryview(buffer.numpy()), 0, 4096))
+    reader.close()
+    assert bytes(buffer.numpy()) == partition.read_bytes()
+    assert asked == [(0, SIZE)]  # once for the range, not once per piece
+    assert (reader.num_cached_bytes, reader.num_direct_bytes) == (0, SIZE)
