@@ -81,10 +81,12 @@ class ClusterClient(ABC):
     # --- workers ----------------------------------------------------------------------------
 
     @abstractmethod
-    def start_worker(self, *, instance_id: str, model_id: str, model_dir: str, engine_config: Any,
-                     actor_name: str, ray_node_id: str, num_cpus: float, num_gpus: float) -> Any:
+    def start_worker(self, *, instance_id: str, model_id: str, model_dir: str | None, engine_config: Any,
+                     actor_name: str, ray_node_id: str, num_cpus: float, num_gpus: float, peer: Any = None) -> Any:
         """Start a model-instance actor on that Ray node and return its handle at once (the
-        model loads in the actor; `worker_ready` waits for it). It outlives the controller."""
+        model loads in the actor; `worker_ready` waits for it). It outlives the controller.
+        `peer`: a `worker.PeerWeights` ticket: the weights come from that stream, and `model_dir`
+        (None until `supply_fallback`) is only the stream's fallback."""
 
     @abstractmethod
     def start_spare_worker(self, *, actor_name: str, ray_node_id: str) -> Any:
@@ -97,9 +99,19 @@ class ClusterClient(ABC):
         for its future model) and wait until it can take a model; returns its process's age in s."""
 
     @abstractmethod
-    async def assign_worker(self, handle: Any, *, instance_id: str, model_id: str, model_dir: str,
-                            engine_config: Any, num_threads: int, timeout_s: float) -> None:
-        """Give a spare its model: it starts loading (`worker_ready` waits for it)."""
+    async def assign_worker(self, handle: Any, *, instance_id: str, model_id: str, model_dir: str | None,
+                            engine_config: Any, num_threads: int, timeout_s: float, peer: Any = None) -> None:
+        """Give a spare its model: it starts loading (`worker_ready` waits for it); `peer` as in
+        `start_worker`."""
+
+    @abstractmethod
+    async def stream_weights(self, handle: Any, num_receivers: int, config: Any, timeout_s: float) -> Any:
+        """Ask a running worker to stream its model to `num_receivers` new workers; returns the
+        `worker.PeerWeights` ticket of rank 1. Raises `worker.SourceUnavailableError` when it cannot."""
+
+    @abstractmethod
+    async def supply_fallback(self, handle: Any, model_dir: str, timeout_s: float) -> None:
+        """Tell a worker fed by a stream where its node's copy of the checkpoint is."""
 
     @abstractmethod
     async def find_worker(self, actor_name: str) -> Any | None:

@@ -505,7 +505,9 @@ class Controller:
                 self._record(unplaced)
             model.last_placement = unplaced
             return False
-        instance = self._instances.start(model, self._nodes[decision.node_id], decision.estimate_s, now)
+        draining = {n.node_id for n in nodes if n.draining}
+        instance = self._instances.start(model, self._nodes[decision.node_id], decision.estimate_s, now,
+                                         tier=decision.tier, draining_node_ids=draining)
         model.last_placement = placement_to_dict(model.model_id, decision, self._wall_clock(), instance.instance_id)
         self._record(model.last_placement)
         logger.info("%s: starting %s: %s", model.model_id, instance.instance_id, decision.reason)

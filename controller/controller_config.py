@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.slot_reclaim_policy import SlotReclaimCosts
+from controller.stream_source_policy import PeerStreamSettings
 from storage import NodeStoreConfig, RepositoryConfig
 
 MIB = 1 << 20
@@ -87,6 +88,9 @@ class ControllerConfig:
         slot_reclaim: when a cold model would be ready soonest on a full node, free a slot there by
             migrating an instance's requests to another instance of its model and stopping it
             (see `controller.slot_reclaim_policy`), with these cost estimates; None: never.
+        peer_stream: when a model already runs, a new instance may take its weights from a
+            running instance's stream instead of its node's tier, when that is estimated faster
+            (see `controller.stream_source_policy`); None: always the tier.
         migration_timeout_s: how long one live migration of an instance's requests may take
             before it is abandoned (and undone: the requests stay on their source).
         queue_report_ttl_s: a gateway's queue report counts for this long; the gateway
@@ -121,6 +125,7 @@ class ControllerConfig:
     drain_timeout_s: float = 30.0
     migration_timeout_s: float = 60.0
     slot_reclaim: SlotReclaimCosts | None = SlotReclaimCosts()
+    peer_stream: PeerStreamSettings | None = PeerStreamSettings()
     queue_report_ttl_s: float = 10.0
     start_retry_delay_s: float = 1.0
     fallback_dram_bytes_per_s: float = 8e9
@@ -166,6 +171,9 @@ class ControllerConfig:
         if self.slot_reclaim is not None and not isinstance(self.slot_reclaim, SlotReclaimCosts):
             raise ValueError(f"ControllerConfig.slot_reclaim must be a SlotReclaimCosts or None, "
                              f"got {type(self.slot_reclaim).__name__}")
+        if self.peer_stream is not None and not isinstance(self.peer_stream, PeerStreamSettings):
+            raise ValueError(f"ControllerConfig.peer_stream must be a PeerStreamSettings or None, "
+                             f"got {type(self.peer_stream).__name__}")
         if not isinstance(self.engine_defaults, Mapping):
             raise ValueError(f"ControllerConfig.engine_defaults must be a mapping of EngineConfig fields, "
                              f"got {type(self.engine_defaults).__name__}")

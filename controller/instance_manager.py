@@ -9,7 +9,14 @@ makes it so, one instance at a time, without ever blocking a reconcile tick:
   nobody knows. A task then asks the node's store to bring the checkpoint into DRAM (SSD when
   DRAM cannot hold it) and pin it, assigns the model to the spare or starts a worker actor on
   that node with the store's local path, and awaits ``ready()``: READY, recorded, routed. A
-  failed start is stopped, forgotten, and the model backs off before its next start.
+  failed start is stopped, forgotten, and the model backs off before its next start. When a
+  running instance of the model would deliver the weights sooner than the node's tier
+  (`controller.stream_source_policy`), the new worker takes them from that instance's stream
+  instead and is READY as soon as its engine exists (it computes with the layers it has); the
+  checkpoint is pinned on its node meanwhile and handed over as the stream's fallback. Instances
+  started together from one peer share one chain stream (`controller.stream_chains`). A stream
+  (or a peer's refusal) is an event ("load_path"); every instance's path and its reason are part
+  of it in ``thaw status``.
 - `begin_stop`: out of the routing table at once; the instance finishes its open requests (up
   to a drain timeout), then shuts down, and its record goes.
 - `adopt`: after a restart, the records whose actors are alive become instances again (READY
@@ -24,9 +31,10 @@ lifecycle event goes to `record` (the controller's recent decisions) and the log
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import Any
 
 from controller.cluster_client import ActorGoneError, ClusterClient, worker_actor_name
@@ -38,6 +46,8 @@ from controller.model_source import repository_name
 from controller.model_spec import ModelSpec
 from controller.model_state import ModelState
 from controller.spare_pool import SparePool
+from controller.stream_chains import StreamChains
+from controller.stream_source_policy import LoadPath, choose_load_path
 from controller.state_store import StateStore, WorkerRecord
 from storage import TierFullError
 
@@ -74,6 +84,7 @@ class InstanceManager:
         self._instances: dict[str, ManagedInstance] = {}
         self._tasks: set[asyncio.Task] = set()
         self._stop_tasks: dict[str, asyncio.Task] = {}
+        self._chains = StreamChains(self._stream_from)
 
     # --- queries -----------------------------------------------------------------------------
 
@@ -108,8 +119,11 @@ class InstanceManager:
 
     # --- starting ----------------------------------------------------------------------------
 
-    def start(self, model: ModelState, node: ClusterNode, estimate_s: float | None, now: float) -> ManagedInstance:
-        """Take a slot on `node` for a new instance of `model` and start it in the background."""
+    def start(self, model: ModelState, node: ClusterNode, estimate_s: float | None, now: float, *,
+              tier: str | None = None, draining_node_ids: Collection[str] = ()) -> ManagedInstance:
+        """Take a slot on `node` for a new instance of `model` and start it in the background.
+        `tier`: where placement estimated it loads from in `estimate_s`; with `config.peer_stream`,
+        a running instance's stream is taken instead when it is estimated faster (`choose_load_path`)."""
         instance_id = f"{model.repository_name}-{uuid.uuid4().hex[:8]}"
         spare = None
         if self._spares is not None and model.spec.resources.num_gpus == 0:
@@ -120,6 +134,13 @@ class InstanceManager:
             num_worker_slots=model.spec.resources.num_worker_slots, repository_name=model.repository_name,
             estimate_s=estimate_s, started_s=now, handle=spare.handle if spare is not None else None,
             from_spare=spare is not None)
+        settings = self.config.peer_stream
+        if settings is not None and tier is not None and estimate_s is not None:
+            instance.load_path = choose_load_path(
+                model.model_id, node.node_id, model.num_bytes, tier, estimate_s, self.all(), draining_node_ids,
+                link_bytes_per_s=settings.link_bytes_per_s, saturated_requests=settings.saturated_requests)
+            if instance.load_path.kind == "stream":  # a tier load is the placement decision's own story
+                self._chains.join(instance.load_path.source_instance_id, instance_id)
         self._store.put_worker(self._worker_record(instance))  # before the actor: see the module docstring
         self._instances[instance_id] = instance
         self._spawn(self._start(instance, model, node))
@@ -137,27 +158,82 @@ class InstanceManager:
 
     async def _start(self, instance: ManagedInstance, model: ModelState, node: ClusterNode) -> None:
         try:
-            tier = store_tier(node.report, model.repository_name, self.config)
-            path, instance.tier = await self._pin_checkpoint(node, model.repository_name, tier)
+            peer, path = await self._open_stream(instance), None
+            if peer is None:
+                tier = store_tier(node.report, model.repository_name, self.config)
+                path, instance.tier = await self._pin_checkpoint(node, model.repository_name, tier)
             if instance.phase is not InstancePhase.LOADING:
                 return  # stopped while the checkpoint arrived: no actor to start
             spec = model.spec
+            instance.weights_resident = peer is None
             if instance.from_spare:
                 await self._cluster.assign_worker(
                     instance.handle, instance_id=instance.instance_id, model_id=instance.model_id, model_dir=path,
                     engine_config=self._engine_config(spec), num_threads=max(1, int(spec.resources.num_cpus)),
-                    timeout_s=self.config.report_timeout_s)
+                    timeout_s=self.config.report_timeout_s, peer=peer)
             else:
                 instance.handle = self._cluster.start_worker(
                     instance_id=instance.instance_id, model_id=instance.model_id, model_dir=path,
                     engine_config=self._engine_config(spec), actor_name=instance.actor_name,
                     ray_node_id=instance.ray_node_id, num_cpus=spec.resources.num_cpus,
-                    num_gpus=spec.resources.num_gpus)
+                    num_gpus=spec.resources.num_gpus, peer=peer)
         except Exception as exc:  # noqa: BLE001 - whatever failed, the instance is discarded and retried
             if instance.phase is InstancePhase.LOADING:
                 await self._start_failed(instance, exc)
             return
+        if peer is not None:
+            self._spawn(self._supply_fallback(instance, model, node))
         await self._await_ready(instance)
+
+    async def _open_stream(self, instance: ManagedInstance) -> Any | None:
+        """The ticket of a stream from the peer `instance.load_path` chose; None (and the load path
+        switched to the tier, saying why) when there is none or the peer cannot stream now."""
+        path, settings = instance.load_path, self.config.peer_stream
+        if path is None or path.kind != "stream" or settings is None:
+            return None
+        source = self._instances.get(path.source_instance_id)
+        try:
+            if instance.phase is not InstancePhase.LOADING:
+                self._chains.leave(instance.instance_id)
+                return None
+            if source is None or source.phase is not InstancePhase.READY or source.handle is None:
+                self._chains.leave(instance.instance_id)
+                raise RuntimeError("it is no longer ready")
+            ticket, rank, length = await self._chains.ticket(instance.instance_id, source.handle)
+            if length > 1:
+                instance.load_path = dataclasses.replace(path, reason=f"{path.reason}; receiver {rank} of a chain "
+                                                                      f"of {length} (each forwards to the next)")
+            logger.info("%s: %s takes its weights by %s", instance.model_id, instance.instance_id,
+                        instance.load_path.reason)
+            self._event("load_path", instance, instance.load_path.reason)
+            return ticket
+        except Exception as exc:  # noqa: BLE001 - the tier is the fallback whatever the peer said
+            reason = f"{path.tier}: streaming from {path.source_instance_id} refused ({exc})"
+            instance.load_path = LoadPath("tier", path.tier, instance.estimate_s or 0.0, None, reason)
+            logger.info("%s: instance %s loads from its node: %s", instance.model_id, instance.instance_id, reason)
+            self._event("load_path", instance, reason)
+            return None
+
+    async def _stream_from(self, source_handle: Any, num_receivers: int) -> Any:
+        settings = self.config.peer_stream
+        assert settings is not None  # no instance joins a chain without it
+        return await self._cluster.stream_weights(source_handle, num_receivers, settings.stream_config(),
+                                                  self.config.report_timeout_s)
+
+    async def _supply_fallback(self, instance: ManagedInstance, model: ModelState, node: ClusterNode) -> None:
+        """Brings the checkpoint to the streamed instance's node while the stream runs (pinned like
+        any instance's) and hands the worker its path: what it reads if the peer dies, and what it
+        streams from once it is a source itself."""
+        try:
+            tier = store_tier(node.report, model.repository_name, self.config)
+            path, instance.tier = await self._pin_checkpoint(node, model.repository_name, tier)
+            if instance.phase is InstancePhase.STOPPING or instance.handle is None:
+                return
+            await self._cluster.supply_fallback(instance.handle, path, self.config.report_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - the stream may still complete; the log says what is missing
+            logger.warning("%s: instance %s has no node copy to fall back on: %s", instance.model_id,
+                           instance.instance_id, exc)
+            self._event("fallback_unavailable", instance, f"{type(exc).__name__}: {exc}")
 
     async def _pin_checkpoint(self, node: ClusterNode, name: str, tier: str) -> tuple[str, str]:
         """(local path, tier) of the model on the node, pinned there."""
@@ -189,8 +265,10 @@ class InstanceManager:
             model.start_succeeded()
         self._on_routes_changed(instance.model_id)
         estimate = f"{instance.estimate_s:.3g}s" if instance.estimate_s is not None else "unknown"
-        reason = (f"ready on {instance.node_id} from {instance.tier or 'an unknown tier'} in {load.load_s:.3g}s "
-                  f"(estimated {estimate})")
+        path = instance.load_path
+        source = (f"a stream from {path.source_instance_id}, layers still arriving" if path is not None
+                  and path.kind == "stream" else instance.tier or "an unknown tier")
+        reason = f"ready on {instance.node_id} from {source} in {load.load_s:.3g}s (estimated {estimate})"
         logger.info("%s: instance %s %s", instance.model_id, instance.instance_id, reason)
         self._event("ready", instance, reason)
 
@@ -216,6 +294,11 @@ class InstanceManager:
             model.last_request_s = now  # requests that came and went between ticks count too
         instance.num_ongoing_requests = stats.num_ongoing_requests
         instance.num_generated_tokens = stats.num_generated_tokens
+        resident = getattr(stats, "weights_resident", True)
+        if resident and not instance.weights_resident:
+            logger.info("%s: instance %s has every layer: %s", instance.model_id, instance.instance_id,
+                        getattr(stats, "weights_read", ""))
+        instance.weights_resident = resident
 
     def died(self, instance: ManagedInstance, why: str) -> None:
         """The worker's actor is gone: forget it (its slot is free; the autoscaler replaces it)."""

@@ -41,6 +41,10 @@ class ManagedInstance:
         num_ongoing_requests / num_generated_tokens: from the last stats report.
         load_s: the worker's own load time once ready.
         from_spare: the worker is a spare that was assigned this model (no process start).
+        load_path: how it gets its weights (a peer's stream or its node's tier) and why; None if
+            adopted.
+        weights_resident: every layer is in (False while a peer's stream still delivers them:
+            such an instance serves, but is no source for another).
     """
 
     instance_id: str
@@ -61,6 +65,8 @@ class ManagedInstance:
     num_generated_tokens: int = 0
     last_error: str | None = None
     from_spare: bool = False
+    load_path: Any = None  # a controller.stream_source_policy.LoadPath
+    weights_resident: bool = True
 
     @property
     def serving(self) -> bool:
@@ -80,4 +86,6 @@ class ManagedInstance:
             "tier": self.tier, "estimate_s": self.estimate_s, "load_s": self.load_s,
             "num_ongoing_requests": self.num_ongoing_requests, "num_generated_tokens": self.num_generated_tokens,
             "last_error": self.last_error, "from_spare": self.from_spare,
+            "load_path": self.load_path.to_dict() if self.load_path is not None else None,
+            "weights_resident": self.weights_resident,
         }

@@ -121,13 +121,13 @@ class RayClusterClient(ClusterClient):
 
     # --- workers ----------------------------------------------------------------------------
 
-    def start_worker(self, *, instance_id: str, model_id: str, model_dir: str, engine_config: Any,
-                     actor_name: str, ray_node_id: str, num_cpus: float, num_gpus: float) -> Any:
+    def start_worker(self, *, instance_id: str, model_id: str, model_dir: str | None, engine_config: Any,
+                     actor_name: str, ray_node_id: str, num_cpus: float, num_gpus: float, peer: Any = None) -> Any:
         from migration import start_migratable_instance
 
         return start_migratable_instance(instance_id, model_id, model_dir, engine_config, name=actor_name,
-                                     namespace=self.namespace, node_id=ray_node_id, num_cpus=num_cpus,
-                                     num_gpus=num_gpus, detached=True)
+                                         namespace=self.namespace, node_id=ray_node_id, num_cpus=num_cpus,
+                                         num_gpus=num_gpus, detached=True, peer=peer)
 
     def start_spare_worker(self, *, actor_name: str, ray_node_id: str) -> Any:
         from migration import start_migratable_spare
@@ -137,9 +137,15 @@ class RayClusterClient(ClusterClient):
     async def spare_warm(self, handle: Any, timeout_s: float, *, weight_bytes: int = 0, kv_bytes: int = 0) -> float:
         return await _call(handle.warm.remote(weight_bytes, kv_bytes), timeout_s)
 
-    async def assign_worker(self, handle: Any, *, instance_id: str, model_id: str, model_dir: str,
-                            engine_config: Any, num_threads: int, timeout_s: float) -> None:
-        await _call(handle.assign.remote(instance_id, model_id, model_dir, engine_config, num_threads), timeout_s)
+    async def assign_worker(self, handle: Any, *, instance_id: str, model_id: str, model_dir: str | None,
+                            engine_config: Any, num_threads: int, timeout_s: float, peer: Any = None) -> None:
+        await _call(handle.assign.remote(instance_id, model_id, model_dir, engine_config, num_threads, peer), timeout_s)
+
+    async def stream_weights(self, handle: Any, num_receivers: int, config: Any, timeout_s: float) -> Any:
+        return await _call(handle.stream_weights.remote(num_receivers, config), timeout_s)
+
+    async def supply_fallback(self, handle: Any, model_dir: str, timeout_s: float) -> None:
+        await _call(handle.supply_fallback.remote(model_dir), timeout_s)
 
     async def find_worker(self, actor_name: str) -> Any | None:
         return await self._find(actor_name)

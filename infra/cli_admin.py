@@ -199,8 +199,8 @@ def print_status(status: dict[str, Any]) -> None:
                   m["num_ongoing_requests"], m["num_queued_requests"], m.get("scale_reason"))
                  for m in status.get("models", [])], "  no models deployed")
     print("\nINSTANCES")
-    print_table(("INSTANCE", "MODEL", "NODE", "STATE", "FROM TIER", "ESTIMATE S", "LOAD S", "ONGOING"),
-                [(i["instance_id"], i["model_id"], i["node_id"], i["state"], i.get("tier"), i.get("estimate_s"),
+    print_table(("INSTANCE", "MODEL", "NODE", "STATE", "WEIGHTS FROM", "ESTIMATE S", "LOAD S", "ONGOING"),
+                [(i["instance_id"], i["model_id"], i["node_id"], i["state"], _weights_from(i), i.get("estimate_s"),
                   i.get("load_s"), i.get("num_ongoing_requests")) for i in status.get("instances", [])],
                 "  no instances (every model is scaled to zero)")
     nodes = status.get("nodes", [])
@@ -229,6 +229,15 @@ def print_status(status: dict[str, Any]) -> None:
                   r["destination_instance_id"], r["num_requests"], r["cost_s"], r["ready_s"],
                   "no room" if r.get("alternative_s") is None else r["alternative_s"])
                  for r in status.get("slot_reclaims", [])], "  none under way")
+
+
+def _weights_from(instance: dict[str, Any]) -> str | None:
+    """Where an instance's weights came from: its node's tier, or a peer's stream (still arriving or not)."""
+    path = instance.get("load_path") or {}
+    if path.get("kind") != "stream":
+        return instance.get("tier")
+    arriving = "" if instance.get("weights_resident", True) else ", arriving"
+    return f"stream from {path.get('source_instance_id')}{arriving}"
 
 
 def _tier_usage(node: dict[str, Any], name: str) -> str:

@@ -27,6 +27,9 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
     if not args.spare_memory_gb >= 0:  # also refuses nan
         raise UsageError(f"--spare-memory-gb must be 0 or more (GB each spare faults ahead for a model's weights), "
                          f"got {args.spare_memory_gb:g}")
+    if not 0 <= args.peer_link_gbps < float("inf"):
+        raise UsageError(f"--peer-link-gbps must be 0 or more (GB/s assumed for streaming weights from a running "
+                         f"instance; 0: never), got {args.peer_link_gbps:g}")
     try:
         return PlatformConfig(
             state_dir=Path(args.state).expanduser().absolute(), state_store=args.state_store,
@@ -35,7 +38,7 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
             cpu_worker_slots_per_node=args.worker_slots, ssd_capacity_bytes=int(args.ssd_capacity_gb * GIB),
             dram_capacity_bytes=int(args.dram_capacity_gb * GIB), calibrate=not args.no_calibrate,
             num_gateway_replicas=args.gateway_replicas, spare_workers_per_node=args.spare_workers,
-            spare_weight_bytes=int(args.spare_memory_gb * GIB),
+            spare_weight_bytes=int(args.spare_memory_gb * GIB), peer_link_bytes_per_s=args.peer_link_gbps * 1e9,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -114,4 +117,7 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--spare-memory-gb", type=float, default=0.0,
                        help="memory each spare faults ahead for its future model's weights (faster loads of "
                             "models up to this size; resident while idle)")
+    serve.add_argument("--peer-link-gbps", type=float, default=1.5,
+                       help="GB/s assumed for streaming a new instance's weights from a running one; it streams "
+                            "when that beats its node's tier (0: never)")
     serve.set_defaults(func=cmd_serve)

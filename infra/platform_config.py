@@ -74,6 +74,8 @@ class PlatformConfig:
         spare_workers_per_node / spare_weight_bytes: model-less worker processes kept started on
             each node, and the memory each faults ahead for a model's weights (see
             `controller.spare_pool`).
+        peer_link_bytes_per_s: the rate the controller assumes for streaming a new instance's
+            weights from a running one (`controller.PeerStreamSettings`); 0: never stream.
         engine_defaults: `worker.EngineConfig` fields every instance starts with.
         reconcile_interval_s: the controller's tick.
     """
@@ -95,6 +97,7 @@ class PlatformConfig:
     num_gateway_replicas: int = 1
     spare_workers_per_node: int = 1
     spare_weight_bytes: int = 0
+    peer_link_bytes_per_s: float = 1.5e9
     engine_defaults: Mapping[str, Any] = field(default_factory=dict)
     reconcile_interval_s: float = 1.0
 
@@ -137,6 +140,10 @@ class PlatformConfig:
         value = self.reconcile_interval_s
         if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
             raise ValueError(f"PlatformConfig.reconcile_interval_s must be a number > 0, got {value!r}")
+        value = self.peer_link_bytes_per_s
+        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"PlatformConfig.peer_link_bytes_per_s must be a number >= 0 (0: never stream "
+                             f"from a peer), got {value!r}")
 
     # ---- derived paths -----------------------------------------------------------------------
 
@@ -182,8 +189,11 @@ class PlatformConfig:
     def controller_config(self) -> Any:
         """The `controller.ControllerConfig` of this platform (imported here: it brings storage)."""
         from controller import ControllerConfig
+        from controller.stream_source_policy import PeerStreamSettings
         from storage import RepositoryConfig
 
+        peer_stream = PeerStreamSettings(link_bytes_per_s=self.peer_link_bytes_per_s) \
+            if self.peer_link_bytes_per_s > 0 else None
         return ControllerConfig(
             state_dir=self.state_dir, state_store=self.state_store, namespace=self.namespace,
             repository=RepositoryConfig(uri=self.effective_repository_uri, endpoint_url=self.repository_endpoint_url),
@@ -191,6 +201,7 @@ class PlatformConfig:
             calibrate=self.calibrate, cpu_worker_slots_per_node=self.cpu_worker_slots_per_node,
             engine_defaults=self.engine_defaults, reconcile_interval_s=self.reconcile_interval_s,
             spare_workers_per_node=self.spare_workers_per_node, spare_weight_bytes=self.spare_weight_bytes,
+            peer_stream=peer_stream,
         )
 
     def gateway_config(self) -> Any:

@@ -32,8 +32,8 @@ from typing import Any
 from migration.engine_endpoint import EngineEndpoint
 from migration.kv_transport import KVPayload, KVTransport, RayObjectKVTransport
 from worker import (
-    EngineConfig, GenerationChunk, InstanceStats, InstanceWorkerActor, InvalidRequestError, RequestSnapshot,
-    SamplingParams, worker_actor_options,
+    EngineConfig, GenerationChunk, InstanceStats, InstanceWorkerActor, InvalidRequestError, PeerWeights,
+    RequestSnapshot, SamplingParams, worker_actor_options,
 )
 
 Prompt = str | list  # text, token ids, or chat messages: what ``generate`` takes
@@ -47,8 +47,9 @@ class MigratableInstanceActor(InstanceWorkerActor):
     migration method raises `SpareWorkerError` until then."""
 
     def __init__(self, instance_id: str | None = None, model_id: str | None = None, model_dir: str | None = None,
-                 engine_config: EngineConfig | None = None, transport: KVTransport | None = None) -> None:
-        super().__init__(instance_id, model_id, model_dir, engine_config)
+                 engine_config: EngineConfig | None = None, transport: KVTransport | None = None, *,
+                 peer: PeerWeights | None = None) -> None:
+        super().__init__(instance_id, model_id, model_dir, engine_config, peer=peer)
         self._transport = transport if transport is not None else RayObjectKVTransport()
         self._endpoint: EngineEndpoint | None = None
         self._resumed: set[str] = set()  # imported requests whose client is attached
@@ -205,11 +206,12 @@ class MigratableInstanceActor(InstanceWorkerActor):
         return False
 
 
-def start_migratable_instance(instance_id: str, model_id: str, model_dir: str,
+def start_migratable_instance(instance_id: str, model_id: str, model_dir: str | None,
                               engine_config: EngineConfig | Mapping[str, Any] | None = None, *,
                               transport: KVTransport | None = None, name: str | None = None,
                               namespace: str | None = None, node_id: str | None = None, num_cpus: float = 1.0,
-                              num_gpus: float = 0.0, detached: bool = False, **options):
+                              num_gpus: float = 0.0, detached: bool = False, peer: PeerWeights | None = None,
+                              **options):
     """Starts a `MigratableInstanceActor` and returns its handle at once; the arguments and their
     meaning are `start_instance_worker`'s (``transport`` picks how its KV blocks travel)."""
     import ray
@@ -218,7 +220,7 @@ def start_migratable_instance(instance_id: str, model_id: str, model_dir: str,
     config = engine_config if isinstance(engine_config, EngineConfig) else EngineConfig(**dict(engine_config or {}))
     actor_options = worker_actor_options(name, namespace, node_id, num_cpus, num_gpus, detached, options)
     return ray.remote(MigratableInstanceActor).options(**actor_options).remote(
-        instance_id, model_id, str(model_dir), config, transport)
+        instance_id, model_id, None if model_dir is None else str(model_dir), config, transport, peer=peer)
 
 
 def start_migratable_spare(*, transport: KVTransport | None = None, name: str | None = None,

@@ -28,12 +28,14 @@ from worker.engine import Engine, InvalidRequestError
 from worker.engine_config import EngineConfig
 from worker.engine_migration import MigrationRefusedError, UnknownRequestError
 from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
-from worker.instance_worker import GenerationChunk, InstanceLoadError, InstanceWorker, InvalidFieldError
+from worker.instance_worker import (GenerationChunk, InstanceLoadError, InstanceWorker, InvalidFieldError,
+                                    SourceUnavailableError)
 from worker.instance_worker_actor import (
     InstanceWorkerActor, SpareWorkerError, start_instance_worker, start_spare_worker, stop_instance_worker,
     stream_generation, worker_actor_options,
 )
 from worker.layer_gate import LayerLoadError
+from worker.peer_weights import PeerWeights
 from worker.model_config import ModelConfig, UnsupportedModelError
 from worker.request_output import Completion, RequestOutput
 from worker.request_snapshot import RequestSnapshot
@@ -44,7 +46,8 @@ __all__ = [
     "AsyncEngine", "CheckpointError", "Completion", "DemoModelConfig", "Engine", "EngineConfig",
     "EngineDeadError", "GenerationChunk", "InstanceLoad", "InstanceLoadError", "InstanceState", "InstanceStats",
     "InstanceWorker", "InstanceWorkerActor", "InvalidFieldError", "InvalidRequestError", "LayerLoadError",
-    "MigrationRefusedError", "ModelConfig", "RequestOutput", "RequestSnapshot", "SamplingParams", "Tokenizer", "UnknownRequestError",
-    "SpareWorkerError", "UnsupportedModelError", "start_instance_worker", "start_spare_worker",
+    "MigrationRefusedError", "ModelConfig", "PeerWeights", "RequestOutput", "RequestSnapshot", "SamplingParams",
+    "SourceUnavailableError", "SpareWorkerError", "Tokenizer", "UnknownRequestError", "UnsupportedModelError",
+    "start_instance_worker", "start_spare_worker",
     "stop_instance_worker", "stream_generation", "worker_actor_options", "write_demo_model",
 ]

@@ -29,14 +29,15 @@ class InstanceLoad:
 
     ``load_s`` is the whole time from the start of loading to ready (config, tokenizer, weights,
     KV pool); ``weights_load_s`` the part spent reading weights, which ``weights_read`` describes
-    (format, bytes, bandwidth) in one line.
+    (format, bytes, bandwidth) in one line. An instance fed by a peer's stream is ready before its
+    weights are all in: ``weights_load_s`` is then None (``InstanceStats`` tells when they are).
     """
 
     instance_id: str
     model_id: str
     model_dir: str
     load_s: float
-    weights_load_s: float
+    weights_load_s: float | None
     weights_read: str
     num_kv_blocks: int
     block_size: int
@@ -66,6 +67,8 @@ class InstanceStats:
     started_at: float
     load_s: float
     weights_read: str
+    weights_resident: bool = True  # False while a peer's stream still delivers layers
+    num_weight_streams: int = 0  # streams this instance is sending to new instances now
 
     @property
     def kv_cache_usage(self) -> float:

@@ -37,7 +37,9 @@ from typing import Any
 from worker.async_engine import AsyncEngine, EngineDeadError
 from worker.engine import Engine, InvalidRequestError, Prompt
 from worker.engine_config import EngineConfig
+from loader import StreamConfig
 from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
+from worker.peer_weights import PeerWeights, PeerWeightsReceiver, WeightStreams
 from worker.reserved_memory import ReservedMemory
 from worker.sampling_params import SamplingParams
 
@@ -65,6 +67,10 @@ class InvalidFieldError(InvalidRequestError):
 
 class InstanceLoadError(RuntimeError):
     """The instance could not load its model; the message names the model, the dir and the cause."""
+
+
+class SourceUnavailableError(RuntimeError):
+    """This instance cannot stream its weights to another now (loading, failed, or no local copy)."""
 
 
 @dataclass(frozen=True)
@@ -141,15 +147,32 @@ def _failing_sampling_field(value: Mapping[str, Any]) -> str:
 class InstanceWorker:
     """A model instance: loads ``model_dir`` into an engine and streams generations from it."""
 
-    def __init__(self, instance_id: str, model_id: str, model_dir: str | Path,
+    def __init__(self, instance_id: str, model_id: str, model_dir: str | Path | None,
                  engine_config: EngineConfig | Mapping[str, Any] | None = None, *,
-                 reserved: ReservedMemory | None = None) -> None:
-        """`reserved`: memory faulted ahead of the load by a spare worker (see `worker.reserved_memory`)."""
+                 reserved: ReservedMemory | None = None, peer: PeerWeights | None = None) -> None:
+        """`reserved`: memory faulted ahead of the load by a spare worker (see `worker.reserved_memory`).
+        `peer`: take the weights from a running instance's stream instead of reading `model_dir`
+        (`worker.peer_weights`); the instance is ready as soon as its engine exists and serves while
+        the layers land. `model_dir` is then the node's copy of the checkpoint if it is already in
+        place, else None and `supply_fallback` gives it later (the stream's fallback)."""
         self.instance_id = instance_id
         self._reserved = reserved
         self.model_id = model_id
-        self.model_dir = Path(model_dir)
         self.engine_config = as_engine_config(engine_config)
+        self._streams = WeightStreams(instance_id, model_id)
+        self._peer: PeerWeightsReceiver | None = None
+        if peer is not None:
+            if peer.model_id != model_id:
+                raise ValueError(f"the stream from instance {peer.source_instance_id} carries {peer.model_id!r}, "
+                                 f"not {model_id!r}")
+            self._peer = PeerWeightsReceiver(peer, fallback_timeout_s=self.engine_config.layer_timeout_s)
+            if model_dir is not None:
+                self._peer.supply_fallback(str(model_dir))
+            self.model_dir = self._peer.model_dir
+        elif model_dir is None:
+            raise ValueError("an instance needs a model_dir, or a peer to stream its weights from")
+        else:
+            self.model_dir = Path(model_dir)
         self.started_at = time.time()
         # RUNNING from the start, so that a cancelled waiter (a generate cancelled during the load)
         # cannot cancel the load itself through asyncio.wrap_future.
@@ -167,7 +190,11 @@ class InstanceWorker:
     def _load_engine(self) -> None:
         start = time.perf_counter()
         try:
-            engine = Engine(self.model_dir, self.engine_config, reserved=self._reserved)
+            weights = None
+            if self._peer is not None:
+                self._peer.start()
+                weights = self._peer.layers
+            engine = Engine(self.model_dir, self.engine_config, reserved=self._reserved, weights=weights)
             self._reserved = None  # what the engine did not take goes with this reference
             async_engine = AsyncEngine(engine)
         except BaseException as exc:  # noqa: BLE001 - whatever it was, ready() must report it, not hang
@@ -205,7 +232,49 @@ class InstanceWorker:
             return InstanceState.LOADING
         if self._loaded.exception() is not None or self._engine_error is not None:
             return InstanceState.FAILED
+        if self._loaded.result().engine.weights_error is not None:
+            return InstanceState.FAILED  # its weights can never arrive: replace it
         return InstanceState.READY
+
+    @property
+    def weights_resident(self) -> bool:
+        """Whether every layer of the model is in (False while a peer's stream still delivers them)."""
+        if not self._loaded.done() or self._loaded.exception() is not None:
+            return False
+        return self._loaded.result().engine.weights_resident
+
+    @property
+    def checkpoint_dir(self) -> Path | None:
+        """The node's copy of the checkpoint this instance serves from (None: a peer-fed instance
+        whose node copy has not been supplied yet)."""
+        if self._peer is None:
+            return self.model_dir
+        supplied = self._peer.fallback_dir
+        return Path(supplied) if supplied is not None else None
+
+    # ---- weights for other instances -------------------------------------------------------
+
+    def supply_fallback(self, checkpoint_dir: str) -> None:
+        """The node's copy of the checkpoint is in place: the peer stream's fallback, and what this
+        instance streams from when it becomes a source itself."""
+        if self._peer is None:
+            raise ValueError(f"instance {self.instance_id} loaded its weights from {self.model_dir}; "
+                             "it has no stream to fall back from")
+        self._peer.supply_fallback(checkpoint_dir)
+
+    async def stream_weights(self, num_receivers: int = 1, config: StreamConfig | None = None) -> PeerWeights:
+        """Stream this instance's model to `num_receivers` new instances (a chain); returns rank 1's
+        ticket (`PeerWeights.for_rank` for the others). Refused while the instance cannot vouch for
+        every byte: still loading, failed, or fed by a stream whose node copy has not arrived."""
+        if self.state is not InstanceState.READY or not self.weights_resident:
+            raise SourceUnavailableError(f"instance {self.instance_id} is {self.state.value}"
+                                         f"{'' if self.weights_resident else ' with its weights still arriving'}; "
+                                         "it cannot stream its model yet")
+        checkpoint_dir = self.checkpoint_dir
+        if checkpoint_dir is None:
+            raise SourceUnavailableError(f"instance {self.instance_id} has no local copy of {self.model_id} yet; "
+                                         "it cannot stream its model")
+        return await asyncio.to_thread(self._streams.open, checkpoint_dir, num_receivers, config or StreamConfig())
 
     def health(self) -> InstanceState:
         """The instance's state; never raises, so a probe tells "failed" from "unreachable"."""
@@ -221,9 +290,12 @@ class InstanceWorker:
         if self._stopped:
             return
         self._stopped = True
+        await asyncio.to_thread(self._streams.close)
         try:
             async_engine = await asyncio.wrap_future(self._loaded)
         except InstanceLoadError:
+            if self._peer is not None:
+                await asyncio.to_thread(self._peer.close)
             return
         # Aborts first, and wait for the streams to close: AsyncEngine.shutdown stops its thread
         # without answering open streams, which would leave their callers waiting forever.
@@ -233,6 +305,8 @@ class InstanceWorker:
         if closing:
             await asyncio.wait(closing, timeout=timeout_s)
         await asyncio.to_thread(async_engine.shutdown, timeout_s)
+        if self._peer is not None:
+            await asyncio.to_thread(self._peer.close)
 
     # ---- requests --------------------------------------------------------------------------
 
@@ -315,8 +389,15 @@ class InstanceWorker:
             num_generated_tokens=self._num_generated_tokens,
             started_at=self.started_at,
             load_s=load.load_s if load else 0.0,
-            weights_read=load.weights_read if load else "",
+            weights_read=self._weights_read(engine),
+            weights_resident=self.weights_resident,
+            num_weight_streams=self._streams.num_active,
         )
+
+    def _weights_read(self, engine: Engine | None) -> str:
+        if engine is None:
+            return ""
+        return engine.load_report if self._peer is None else f"{engine.load_report}; {self._peer.describe()}"
 
     def __repr__(self) -> str:
         return f"InstanceWorker({self.instance_id!r}, model={self.model_id!r}, state={self.state.value})"

@@ -25,16 +25,20 @@ this (and unwraps Ray's error wrapper), and is what the gateway should use.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from loader import StreamConfig
 from worker.async_engine import EngineDeadError
 from worker.engine import InvalidRequestError, Prompt
 from worker.engine_config import EngineConfig
 from worker.host_allocator import tune_host_allocator
 from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
-from worker.instance_worker import GenerationChunk, InstanceLoadError, InstanceWorker, as_engine_config
+from worker.instance_worker import (GenerationChunk, InstanceLoadError, InstanceWorker, SourceUnavailableError,
+                                    as_engine_config)
+from worker.peer_weights import PeerWeights
 from worker.process_warmup import warm_up_process
 from worker.reserved_memory import ReservedMemory
 from worker.sampling_params import SamplingParams
@@ -47,7 +51,7 @@ class SpareWorkerError(RuntimeError):
 
 
 # Errors the worker raises on purpose: passed to the caller as themselves, not as Ray's wrapper.
-_WORKER_ERRORS = (InvalidRequestError, InstanceLoadError, EngineDeadError, SpareWorkerError)
+_WORKER_ERRORS = (InvalidRequestError, InstanceLoadError, EngineDeadError, SpareWorkerError, SourceUnavailableError)
 
 
 class InstanceWorkerActor:
@@ -62,13 +66,13 @@ class InstanceWorkerActor:
     """
 
     def __init__(self, instance_id: str | None = None, model_id: str | None = None, model_dir: str | None = None,
-                 engine_config: EngineConfig | None = None) -> None:
+                 engine_config: EngineConfig | None = None, *, peer: PeerWeights | None = None) -> None:
         tune_host_allocator()  # this process exists for one engine (see host_allocator.py)
         self._worker: InstanceWorker | None = None
         self._reserved: ReservedMemory | None = None
         self._warm_lock = asyncio.Lock()
         if instance_id is not None:
-            self._worker = InstanceWorker(instance_id, model_id, model_dir, engine_config)
+            self._worker = InstanceWorker(instance_id, model_id, model_dir, engine_config, peer=peer)
 
     async def warm(self, weight_bytes: int = 0, kv_bytes: int = 0) -> float:
         """Makes the spare ready to take a model fast: warms the process up and reserves
@@ -84,13 +88,14 @@ class InstanceWorkerActor:
                 self._reserved = await asyncio.to_thread(prepare)
         return time.time() - _PROCESS_STARTED
 
-    async def assign(self, instance_id: str, model_id: str, model_dir: str, engine_config: EngineConfig,
-                     num_threads: int = 1) -> None:
+    async def assign(self, instance_id: str, model_id: str, model_dir: str | None, engine_config: EngineConfig,
+                     num_threads: int = 1, peer: PeerWeights | None = None) -> None:
         """Make this spare the instance of a model: loading starts now (await ``ready()``).
 
         ``num_threads`` stands in for what Ray sets from an actor's ``num_cpus`` at start
         (``OMP_NUM_THREADS``), which a spare, started before anyone knew the model's resources,
-        could not get."""
+        could not get. ``peer``: take the weights from a running instance's stream (see
+        `InstanceWorker`; ``model_dir`` may then be None until ``supply_fallback``)."""
         if self._worker is not None:
             raise SpareWorkerError(f"this worker already serves {self._worker.model_id!r} "
                                    f"(instance {self._worker.instance_id}); a worker takes one model")
@@ -99,7 +104,7 @@ class InstanceWorkerActor:
         torch.set_num_threads(max(1, int(num_threads)))
         reserved, self._reserved = self._reserved, None
         self._worker = InstanceWorker(instance_id, model_id, model_dir, as_engine_config(engine_config),
-                                      reserved=reserved)
+                                      reserved=reserved, peer=peer)
 
     def _model_worker(self) -> InstanceWorker:
         if self._worker is None:
@@ -118,6 +123,18 @@ class InstanceWorkerActor:
     def abort(self, request_id: str) -> bool:
         return self._worker.abort(request_id) if self._worker is not None else False
 
+    async def stream_weights(self, num_receivers: int = 1, config: StreamConfig | None = None) -> PeerWeights:
+        """Stream this instance's model to new instances (see `InstanceWorker.stream_weights`). A
+        config that leaves the rendezvous on loopback is given this node's address, so receivers on
+        other nodes can reach it."""
+        config = config or StreamConfig()
+        if config.host == StreamConfig.host:
+            config = dataclasses.replace(config, host=_node_address())
+        return await self._model_worker().stream_weights(num_receivers, config)
+
+    def supply_fallback(self, checkpoint_dir: str) -> None:
+        self._model_worker().supply_fallback(checkpoint_dir)
+
     def stats(self) -> InstanceStats:
         return self._model_worker().stats()
 
@@ -127,6 +144,18 @@ class InstanceWorkerActor:
     async def shutdown(self, timeout_s: float = 10.0) -> None:
         if self._worker is not None:
             await self._worker.shutdown(timeout_s)
+
+
+def _node_address() -> str:
+    """This node's address as Ray knows it (loopback outside Ray)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - no Ray, or no address: loopback still serves this node
+        pass
+    return StreamConfig.host
 
 
 def worker_actor_options(name: str | None, namespace: str | None, node_id: str | None, num_cpus: float,
@@ -148,10 +177,11 @@ def worker_actor_options(name: str | None, namespace: str | None, node_id: str |
     return actor_options
 
 
-def start_instance_worker(instance_id: str, model_id: str, model_dir: str,
+def start_instance_worker(instance_id: str, model_id: str, model_dir: str | None,
                           engine_config: EngineConfig | Mapping[str, Any] | None = None, *,
                           name: str | None = None, namespace: str | None = None, node_id: str | None = None,
-                          num_cpus: float = 1.0, num_gpus: float = 0.0, detached: bool = False, **options):
+                          num_cpus: float = 1.0, num_gpus: float = 0.0, detached: bool = False,
+                          peer: PeerWeights | None = None, **options):
     """Starts an `InstanceWorkerActor` and returns its handle at once (the model loads in the actor;
     await ``handle.ready.remote()``).
 
@@ -166,7 +196,7 @@ def start_instance_worker(instance_id: str, model_id: str, model_dir: str,
     config = as_engine_config(engine_config)
     actor_options = worker_actor_options(name, namespace, node_id, num_cpus, num_gpus, detached, options)
     return ray.remote(InstanceWorkerActor).options(**actor_options).remote(
-        instance_id, model_id, str(model_dir), config)
+        instance_id, model_id, None if model_dir is None else str(model_dir), config, peer=peer)
 
 
 def start_spare_worker(*, name: str | None = None, namespace: str | None = None, node_id: str | None = None,

@@ -23,6 +23,20 @@ class FakeStats:
     num_ongoing_requests: int
     num_generated_tokens: int
     load_s: float
+    weights_resident: bool = True
+
+
+@dataclass(frozen=True)
+class FakeTicket:
+    """What `stream_weights` hands out: the source, the chain's length, the receiver's rank."""
+
+    source_instance_id: str
+    num_receivers: int
+    rank: int = 1
+
+    def for_rank(self, rank: int) -> FakeTicket:
+        assert 1 <= rank <= self.num_receivers
+        return FakeTicket(self.source_instance_id, self.num_receivers, rank)
 
 
 @dataclass
@@ -49,6 +63,10 @@ class FakeWorker:
     num_threads: int | None = None
     reserved_bytes: tuple[int, int] | None = None  # a spare's (weight, KV) reservation once warmed
     request_ids: list[str] = field(default_factory=list)  # open requests, for migration
+    peer: Any = None  # the ticket of the stream it takes its weights from
+    fallback_dir: str | None = None  # supplied by the controller once the node's copy is pinned
+    weights_resident: bool = True
+    stream_error: Exception | None = None  # stream_weights raises this when set
 
     def finish_loading(self, error: Exception | None = None) -> None:
         self.load_error = error
@@ -108,6 +126,8 @@ class FakeCluster(ClusterClient):
         self.killed_spares: list[str] = []
         self.list_nodes_failures = 0
         self.model_bytes: dict[str, int] = {}
+        self.streams: list[tuple[str, int]] = []  # (source instance id, receivers) per stream_weights
+        self.pin_gate: asyncio.Event | None = None  # set by a test: pins wait for it
 
     async def list_nodes(self) -> list[RayNodeInfo]:
         if self.list_nodes_failures > 0:
@@ -131,6 +151,8 @@ class FakeCluster(ClusterClient):
     async def pin_checkpoint(self, store: FakeStore, model: str, tier: str, timeout_s: float) -> str:
         if tier == "dram" and store.dram_full and model not in store.tiers["dram"]:
             raise TierFullError(f"dram of {store.node_id} is full (injected)")
+        if self.pin_gate is not None:
+            await self.pin_gate.wait()
         store.hold(model, tier, pinned=True)
         return f"/fake/{store.node_id}/{tier}/{model}"
 
@@ -158,10 +180,11 @@ class FakeCluster(ClusterClient):
 
     # --- workers ----------------------------------------------------------------------------
 
-    def start_worker(self, *, instance_id: str, model_id: str, model_dir: str, engine_config: Any,
-                     actor_name: str, ray_node_id: str, num_cpus: float, num_gpus: float) -> Any:
+    def start_worker(self, *, instance_id: str, model_id: str, model_dir: str | None, engine_config: Any,
+                     actor_name: str, ray_node_id: str, num_cpus: float, num_gpus: float, peer: Any = None) -> Any:
         assert actor_name not in self.workers or not self.workers[actor_name].alive, f"duplicate actor {actor_name}"
-        worker = FakeWorker(instance_id, model_id, model_dir, actor_name, ray_node_id, num_cpus, engine_config)
+        worker = FakeWorker(instance_id, model_id, model_dir, actor_name, ray_node_id, num_cpus, engine_config,
+                            peer=peer, weights_resident=peer is None)
         self.workers[actor_name] = worker
         self.num_started_workers += 1
         if self.auto_ready:
@@ -186,18 +209,33 @@ class FakeCluster(ClusterClient):
             raise ActorGoneError(f"{handle.actor_name} is dead")
         return 3.0
 
-    async def assign_worker(self, handle: FakeWorker, *, instance_id: str, model_id: str, model_dir: str,
-                            engine_config: Any, num_threads: int, timeout_s: float) -> None:
+    async def assign_worker(self, handle: FakeWorker, *, instance_id: str, model_id: str, model_dir: str | None,
+                            engine_config: Any, num_threads: int, timeout_s: float, peer: Any = None) -> None:
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
         assert handle.state == "spare", f"{handle.actor_name} assigned twice"
         handle.instance_id, handle.model_id, handle.model_dir = instance_id, model_id, model_dir
+        handle.peer, handle.weights_resident = peer, peer is None
         handle.engine_config, handle.num_threads, handle.state = engine_config, num_threads, "loading"
         del self.spares[handle.actor_name]
         self.workers[handle.actor_name] = handle
         self.assigned_spares.append(handle.actor_name)
         if self.auto_ready:
             handle.finish_loading()
+
+    async def stream_weights(self, handle: FakeWorker, num_receivers: int, config: Any, timeout_s: float) -> Any:
+        if not handle.alive:
+            raise ActorGoneError(f"{handle.actor_name} is dead")
+        if handle.stream_error is not None:
+            raise handle.stream_error
+        self.streams.append((handle.instance_id, num_receivers))
+        return FakeTicket(handle.instance_id, num_receivers)
+
+    async def supply_fallback(self, handle: FakeWorker, model_dir: str, timeout_s: float) -> None:
+        if not handle.alive:
+            raise ActorGoneError(f"{handle.actor_name} is dead")
+        assert handle.peer is not None and handle.fallback_dir is None, "fallback supplied without a stream, or twice"
+        handle.fallback_dir = model_dir
 
     def live_spares(self) -> list[FakeWorker]:
         return sorted((w for w in self.spares.values() if w.alive), key=lambda w: w.actor_name)
@@ -221,7 +259,8 @@ class FakeCluster(ClusterClient):
                 raise TimeoutError(f"{handle.actor_name} did not answer")
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
-        return FakeStats(handle.state, handle.num_ongoing_requests, handle.num_generated_tokens, 0.5)
+        return FakeStats(handle.state, handle.num_ongoing_requests, handle.num_generated_tokens, 0.5,
+                         handle.weights_resident)
 
     async def stop_worker(self, handle: FakeWorker, timeout_s: float) -> None:
         if handle.alive and handle.state != "spare":

@@ -13,9 +13,9 @@ MODEL = "acme/m1"
 
 
 def instance(instance_id: str, node_id: str, *, model_id: str = MODEL, phase=InstancePhase.READY,
-             load: int = 0) -> ManagedInstance:
+             load: int = 0, resident: bool = True) -> ManagedInstance:
     return ManagedInstance(instance_id, model_id, node_id, "ray", f"w-{instance_id}", 1, "acme--m1",
-                           phase=phase, num_ongoing_requests=load)
+                           phase=phase, num_ongoing_requests=load, weights_resident=resident)
 
 
 def source(instances, node="n0", draining=(), saturated=8):
@@ -38,6 +38,7 @@ def test_the_least_busy_ready_peer_then_the_same_node_then_the_id():
      "no ready instance of acme/m1 to stream from (only loading, stopping ones)"),
     ([instance("d", "n4")], "no ready instance of acme/m1 to stream from (only ready ones)"),
     ([instance("hot", "n1", load=8)], "every ready instance of acme/m1 is saturated (>= 8 ongoing requests)"),
+    ([instance("fed", "n1", resident=False)], "every ready instance of acme/m1 is still receiving its own weights"),
 ])
 def test_no_source_says_why(instances, why):
     chosen, reason = source(instances, draining={"n4"})
@@ -56,6 +57,12 @@ def test_load_path_streams_when_a_peer_is_no_slower_than_the_tier():
                             saturated_requests=8)
     assert none.kind == "tier" and none.reason == "repository: no instance of acme/m1 is running"
     assert none.to_dict()["kind"] == "tier"
+    near = choose_load_path(MODEL, "n1", 10**9, "ssd", 1.0, peers, set(), link_bytes_per_s=2e9, saturated_requests=8)
+    assert near.kind == "tier"
+    assert near.reason == "ssd: every instance of acme/m1 runs on n1, whose own copy it would send"
+    far = choose_load_path(MODEL, "n1", 10**9, "ssd", 1.0, [*peers, instance("q", "n2", load=3)], set(),
+                           link_bytes_per_s=2e9, saturated_requests=8)
+    assert (far.kind, far.source_instance_id) == ("stream", "q")  # p is less busy, but on n1 itself
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -66,3 +73,13 @@ def test_load_path_streams_when_a_peer_is_no_slower_than_the_tier():
 def test_bad_numbers_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         choose_load_path(MODEL, "n0", 1, "ssd", 1.0, [instance("p", "n1")], set(), **kwargs)
+
+
+def test_peer_stream_settings_refuse_what_would_break_a_stream():
+    from controller.stream_source_policy import PeerStreamSettings
+
+    assert PeerStreamSettings().stream_config().chunk_bytes == 16 << 20
+    for kwargs, field in [({"link_bytes_per_s": 0}, "link_bytes_per_s"), ({"timeout_s": float("inf")}, "timeout_s"),
+                          ({"saturated_requests": 0}, "saturated_requests"), ({"chunk_bytes": 1000}, "chunk_bytes")]:
+        with pytest.raises(ValueError, match=field):
+            PeerStreamSettings(**kwargs)

@@ -94,11 +94,26 @@ def test_convert_then_generate_from_the_thaw_format(demo_dir, tmp_path):
 
 
 @pytest.mark.parametrize("flag, value", [("--spare-workers", "-1"), ("--spare-memory-gb", "-0.5"),
-                                         ("--spare-memory-gb", "nan")])
-def test_serve_refuses_bad_spare_settings_by_flag_before_starting_anything(tmp_path, flag, value):
+                                         ("--spare-memory-gb", "nan"), ("--peer-link-gbps", "-1"),
+                                         ("--peer-link-gbps", "inf")])
+def test_serve_refuses_bad_spare_or_stream_settings_by_flag_before_starting_anything(tmp_path, flag, value):
     result = thaw("serve", "--state", str(tmp_path / "state"), flag, value, timeout=60)
     assert result.returncode == 2 and f"{flag} must be 0 or more" in result.stderr
     assert not (tmp_path / "state").exists()  # nothing was set up
+
+
+def test_status_table_says_where_each_instance_takes_its_weights_from(capsys):
+    from infra.cli_admin import print_status
+    base = {"model_id": "acme/m", "node_id": "n1", "state": "ready", "estimate_s": 0.5, "load_s": 0.2,
+            "num_ongoing_requests": 0}
+    streamed = {**base, "instance_id": "acme--m-2", "tier": None, "weights_resident": False,
+                "load_path": {"kind": "stream", "source_instance_id": "acme--m-1", "tier": "repository"}}
+    loaded = {**base, "instance_id": "acme--m-1", "tier": "dram", "weights_resident": True,
+              "load_path": {"kind": "tier", "source_instance_id": None, "tier": "dram"}}
+    print_status({"platform_id": "p", "namespace": "n", "models": [], "instances": [loaded, streamed], "nodes": []})
+    out = capsys.readouterr().out
+    assert "WEIGHTS FROM" in out and "stream from acme--m-1, arriving" in out
+    assert [line for line in out.splitlines() if line.strip().startswith("acme--m-1")][0].split()[4] == "dram"
 
 
 def test_status_table_shows_a_slot_reclaim_under_way(capsys):
