@@ -1,0 +1,128 @@
+"""A prefill half-computed on an instance still receiving its weights, finished by one that has them all.
+
+BlitzScale's helper: a new instance runs a queued prompt through the layers it has (zigzag,
+`worker.zigzag_prefill`) and, instead of waiting for the rest, hands the batch to an instance
+that holds every layer. The request moves with what was computed: the hidden state entering
+layer k and the KV of layers < k. The helper runs layers k..N-1 from that hidden state, writes
+their KV, and from then on the request is one of its own -- decoding continues there, with the
+full KV cache in one place.
+
+Two functions over engines, on the thread that steps each (as `worker.engine_migration`'s):
+
+- `hand_over_prefill` (the new instance): takes the request out of its layer-wise pass at the
+  layer it reached and retires it as ``"migrated"`` (its stream there ends; a follower resumes
+  it on the helper), returning a `PartialPrefill`;
+- `take_over_prefill` (the helper): admits it through the migration import (refusable, undone
+  on any failure), writes the KV of layers < k, computes layers k..N-1 for every prompt token
+  but the last, and schedules it. Its first step computes the last prompt token through every
+  layer and samples the first output token -- the same hand-off point as a KV migration
+  (`commit_import`), so the sampler's generator and the output's arithmetic are the migration
+  path's, and greedy output equals an unmoved run's.
+
+Only a prompt prefilled in one pass can move at a layer (a longer prompt's first chunk would
+leave the rest uncomputed on either side); such a request waits for the weights instead. A
+request whose pass has not started (no layer computed) moves with no hidden state, and the
+helper prefills it from its tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels import AttentionMetadata
+from worker.engine import Engine
+from worker.engine_migration import (MigrationRefusedError, _pause, _seq, _snapshot, begin_import, cancel_import,
+                                     commit_import, release_request, unfreeze_request)
+from worker.request_output import RequestOutput
+from worker.request_snapshot import RequestSnapshot
+
+
+@dataclass(frozen=True)
+class PartialPrefill:
+    """A prompt computed through layers -1..next_layer-1 (``next_layer`` 0..N; -1: not started).
+
+    hidden: [T, H] the state entering layer ``next_layer`` for the T prompt tokens (None if not started).
+    kv: [min(next_layer, N), 2, n, block_size, Hkv, D] the KV of the layers done, for the request's n blocks."""
+
+    snapshot: RequestSnapshot
+    next_layer: int
+    hidden: torch.Tensor | None
+    kv: torch.Tensor
+
+
+def hand_over_prefill(engine: Engine, request_id: str) -> tuple[PartialPrefill, RequestOutput]:
+    """Takes `request_id` out of its layer-wise prefill on `engine` (see the module docstring).
+    Returns its state and its final ``"migrated"`` output here. Raises `MigrationRefusedError`,
+    changing nothing, when the request is not in such a pass or its prompt spans several passes."""
+    seq = _seq(engine, request_id)
+    zigzag = engine._zigzag
+    p = next((p for p in zigzag._passes if p.seq is seq), None) if zigzag is not None else None
+    if p is None:
+        raise MigrationRefusedError(f"request {request_id!r} is not in a layer-by-layer prefill pass")
+    if seq.num_computed_tokens != 0 or not p.samples:
+        raise MigrationRefusedError(f"request {request_id!r}'s prompt ({seq.num_prompt_tokens} tokens) spans "
+                                    "several passes; it cannot move at a layer")
+    num_layers = engine.model_config.num_hidden_layers
+    done = max(0, min(p.next_layer, num_layers))
+    pool = engine.runner.kv_pool  # [L, 2, num_blocks, block_size, Hkv, D]
+    index = torch.tensor(engine.block_manager.block_table(request_id), dtype=torch.long, device=pool.device)
+    kv = pool[:done].index_select(2, index)  # [done, 2, n, block_size, Hkv, D]
+    hidden = p.hidden.clone() if p.hidden is not None and p.next_layer >= 0 else None
+    partial = PartialPrefill(_snapshot(seq), p.next_layer if hidden is not None else -1, hidden, kv)
+    zigzag.drop(seq)
+    _pause(engine, seq)
+    return partial, release_request(engine, request_id)
+
+
+@torch.inference_mode()
+def take_over_prefill(engine: Engine, partial: PartialPrefill) -> None:
+    """Finishes `partial`'s prefill on `engine`, which must hold every layer, and schedules the
+    request (see the module docstring). Raises `MigrationRefusedError` and leaves nothing behind
+    if it cannot take it."""
+    snapshot = partial.snapshot
+    num_tokens = len(snapshot.prompt_token_ids)
+    if snapshot.output_token_ids or snapshot.num_computed_tokens:
+        raise MigrationRefusedError(f"request {snapshot.request_id!r} is past its prefill; migrate it instead")
+    begin_import(engine, snapshot, num_tokens)
+    try:
+        if partial.hidden is not None:
+            _compute_from_layer(engine, partial, num_tokens - 1)
+        commit_import(engine, snapshot)
+    except BaseException:
+        cancel_import(engine, snapshot.request_id)
+        raise
+    unfreeze_request(engine, snapshot.request_id)
+
+
+def _compute_from_layer(engine: Engine, partial: PartialPrefill, num_rows: int) -> None:
+    """Writes the KV of every layer for the first `num_rows` prompt tokens: layers < k copied,
+    layers k..N-1 computed from the hidden state (causal: those rows never look at later ones)."""
+    runner, model = engine.runner, engine.runner.model
+    request_id = partial.snapshot.request_id
+    num_layers = engine.model_config.num_hidden_layers
+    first = max(0, min(partial.next_layer, num_layers))
+    pool = runner.kv_pool  # [L, 2, num_blocks, block_size, Hkv, D]
+    table = engine.block_manager.block_table(request_id)
+    expected = (first, *pool.shape[1:2], len(table), *pool.shape[3:])
+    if tuple(partial.kv.shape) != expected:
+        raise MigrationRefusedError(f"KV of shape {tuple(partial.kv.shape)} does not fit this cache, which takes "
+                                    f"{expected} (a different model, block size or head layout)")
+    if partial.hidden.shape != (num_rows + 1, engine.model_config.hidden_size):
+        raise MigrationRefusedError(f"hidden state of shape {tuple(partial.hidden.shape)} does not match a "
+                                    f"{num_rows + 1}-token prompt of hidden size {engine.model_config.hidden_size}")
+    index = torch.tensor(table, dtype=torch.long, device=pool.device)  # [n]
+    if first:
+        pool[:first].index_copy_(2, index, partial.kv.to(device=pool.device, dtype=pool.dtype))
+    if num_rows == 0:
+        return
+    ids = torch.tensor(partial.snapshot.prompt_token_ids[:num_rows], dtype=torch.int64, device=runner.device)
+    positions = torch.arange(num_rows, dtype=torch.int64, device=runner.device)  # [T-1]
+    _, cos, sin = model.embed(ids, positions)  # the rope tables; the embedding itself is the hidden state's past
+    hidden = partial.hidden[:num_rows].to(device=runner.device, dtype=engine.model_config.torch_dtype)  # [T-1, H]
+    metadata = AttentionMetadata.build(block_tables=[table], query_lens=[num_rows], seq_lens=[num_rows],
+                                       block_size=runner.block_size, device=runner.device)
+    for layer in range(first, num_layers):
+        hidden = model.decoder_layer(layer, hidden, cos, sin, runner.kv_caches[layer], metadata, runner.backend)
+    _seq(engine, request_id).num_computed_tokens = num_rows
