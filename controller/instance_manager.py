@@ -160,8 +160,7 @@ class InstanceManager:
         try:
             peer, path = await self._open_stream(instance), None
             if peer is None:
-                tier = store_tier(node.report, model.repository_name, self.config)
-                path, instance.tier = await self._pin_checkpoint(node, model.repository_name, tier)
+                path, instance.tier = await self._pin_checkpoint(node, model.repository_name)
             if instance.phase is not InstancePhase.LOADING:
                 return  # stopped while the checkpoint arrived: no actor to start
             spec = model.spec
@@ -225,8 +224,7 @@ class InstanceManager:
         any instance's) and hands the worker its path: what it reads if the peer dies, and what it
         streams from once it is a source itself."""
         try:
-            tier = store_tier(node.report, model.repository_name, self.config)
-            path, instance.tier = await self._pin_checkpoint(node, model.repository_name, tier)
+            path, instance.tier = await self._pin_checkpoint(node, model.repository_name)
             if instance.phase is InstancePhase.STOPPING or instance.handle is None:
                 return
             await self._cluster.supply_fallback(instance.handle, path, self.config.report_timeout_s)
@@ -235,10 +233,12 @@ class InstanceManager:
                            instance.instance_id, exc)
             self._event("fallback_unavailable", instance, f"{type(exc).__name__}: {exc}")
 
-    async def _pin_checkpoint(self, node: ClusterNode, name: str, tier: str) -> tuple[str, str]:
-        """(local path, tier) of the model on the node, pinned there."""
+    async def _pin_checkpoint(self, node: ClusterNode, name: str) -> tuple[str, str]:
+        """(local path, tier) of the model on the node, pinned there: its DRAM copy if it has one,
+        else SSD (see `store_tier`)."""
         if node.store is None:
             raise RuntimeError(f"node {node.node_id} has no connected store")
+        tier = store_tier(node.report, name, self.config)
         try:
             return await self._cluster.pin_checkpoint(node.store, name, tier, self.config.load_timeout_s), tier
         except TierFullError as exc:

@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loader import StreamConfig
 from worker.async_engine import AsyncEngine, EngineDeadError
 from worker.engine import Engine, InvalidRequestError, Prompt
 from worker.engine_config import EngineConfig
-from loader import StreamConfig
 from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
 from worker.peer_weights import PeerWeights, PeerWeightsReceiver, WeightStreams
 from worker.reserved_memory import ReservedMemory
@@ -266,9 +266,13 @@ class InstanceWorker:
         """Stream this instance's model to `num_receivers` new instances (a chain); returns rank 1's
         ticket (`PeerWeights.for_rank` for the others). Refused while the instance cannot vouch for
         every byte: still loading, failed, or fed by a stream whose node copy has not arrived."""
-        if self.state is not InstanceState.READY or not self.weights_resident:
-            raise SourceUnavailableError(f"instance {self.instance_id} is {self.state.value}"
-                                         f"{'' if self.weights_resident else ' with its weights still arriving'}; "
+        if not isinstance(num_receivers, int) or isinstance(num_receivers, bool) or num_receivers < 1:
+            raise ValueError(f"num_receivers must be an integer >= 1 (new instances in the chain), "
+                             f"got {num_receivers!r}")
+        state, resident = self.state, self.weights_resident
+        if state is not InstanceState.READY or not resident:
+            raise SourceUnavailableError(f"instance {self.instance_id} is {state.value}"
+                                         f"{'' if resident else ' with its weights still arriving'}; "
                                          "it cannot stream its model yet")
         checkpoint_dir = self.checkpoint_dir
         if checkpoint_dir is None:

@@ -15,6 +15,18 @@ def instances(h) -> dict[str, dict]:
     return {i["instance_id"]: i for i in h.controller.status()["instances"]}
 
 
+def worker_of(h, instance_id: str):
+    return next(w for w in h.cluster.live_workers() if w.instance_id == instance_id)
+
+
+async def second_instance(h, first: dict) -> dict:
+    """Asks for a second instance of acme/m1 and returns it, started in that tick."""
+    h.controller.notify_demand("acme/m1", 2)
+    await h.tick()
+    [second] = [i for i in instances(h).values() if i["instance_id"] != first["instance_id"]]
+    return second
+
+
 async def first_ready(h) -> dict:
     await h.controller.deploy(spec("acme/m1", h.source("m1"), min_instances=1, max_instances=3,
                                    target_ongoing_requests=1))
@@ -38,7 +50,7 @@ def test_a_new_node_streams_from_the_running_peer_and_gets_its_copy_as_the_fallb
             assert second["load_path"]["source_instance_id"] == first["instance_id"]
             assert "repository is the fallback" in second["load_path"]["reason"]
             assert h.cluster.streams == [(first["instance_id"], 1)]
-            worker = next(w for w in h.cluster.live_workers() if w.instance_id == second["instance_id"])
+            worker = worker_of(h, second["instance_id"])
             assert worker.peer == FakeTicket(first["instance_id"], 1, 1) and worker.model_dir is None
             # Serving before its node holds the checkpoint: routed, weights still arriving.
             await eventually(lambda: second["instance_id"] in h.routes("acme/m1"), "the streamed instance routed")
@@ -60,15 +72,12 @@ def test_a_peer_that_refuses_to_stream_leaves_the_tier_with_the_reason(tmp_path)
     async def scenario():
         async with Harness(tmp_path, nodes_per_ray_node=2, cpu_worker_slots_per_node=1) as h:
             first = await first_ready(h)
-            source = next(w for w in h.cluster.live_workers() if w.instance_id == first["instance_id"])
-            source.stream_error = RuntimeError("no local copy yet")
-            h.controller.notify_demand("acme/m1", 2)
-            await h.tick()
-            [second] = [i for i in instances(h).values() if i["instance_id"] != first["instance_id"]]
+            worker_of(h, first["instance_id"]).stream_error = RuntimeError("no local copy yet")
+            second = await second_instance(h, first)
             assert second["load_path"]["kind"] == "tier"
             assert second["load_path"]["reason"] == (f"repository: streaming from {first['instance_id']} refused "
                                                      "(no local copy yet)")
-            worker = next(w for w in h.cluster.live_workers() if w.instance_id == second["instance_id"])
+            worker = worker_of(h, second["instance_id"])
             assert worker.peer is None and worker.model_dir == f"/fake/{second['node_id']}/ssd/acme--m1"
             assert second["state"] == "ready" and h.cluster.streams == []
 
@@ -79,12 +88,9 @@ def test_an_instance_still_receiving_its_weights_is_no_source_and_peer_streaming
     async def scenario():
         async with Harness(tmp_path, nodes_per_ray_node=3, cpu_worker_slots_per_node=1) as h:
             first = await first_ready(h)
-            source = next(w for w in h.cluster.live_workers() if w.instance_id == first["instance_id"])
-            source.weights_resident = False  # as if it were itself fed by a stream still running
+            worker_of(h, first["instance_id"]).weights_resident = False  # as if itself fed by a stream still running
             await h.tick()
-            h.controller.notify_demand("acme/m1", 2)
-            await h.tick()
-            [second] = [i for i in instances(h).values() if i["instance_id"] != first["instance_id"]]
+            second = await second_instance(h, first)
             assert second["load_path"]["kind"] == "tier"
             assert "still receiving its own weights" in second["load_path"]["reason"]
 

@@ -34,6 +34,7 @@ from infra.ray_gateway_backend import RayBackendConfig, RayGatewayBackend
 from infra.serving_cluster import RayServingCluster
 from migration import MigrationMethod, MigrationStatus, RayEndpoint, migrate_request
 from storage import RepositoryConfig
+from tests.infra.platform_teardown import stop_platform
 from worker import DemoModelConfig, SamplingParams, write_demo_model
 
 pytestmark = pytest.mark.slow
@@ -78,10 +79,7 @@ def platform(tmp_path_factory):
     try:
         yield controller, config.namespace
     finally:
-        stop_controller(controller, stop_workers=True)
-        leftovers = [e["name"] for e in ray.util.list_named_actors(True) if e["namespace"] == config.namespace]
-        for name in leftovers:
-            ray.kill(ray.get_actor(name, namespace=config.namespace), no_restart=True)
+        leftovers = stop_platform(controller, config.namespace)
         if started_here:
             ray.shutdown()
         assert leftovers == [], f"actors left behind: {leftovers}"

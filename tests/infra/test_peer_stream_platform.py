@@ -15,8 +15,9 @@ import uuid
 import pytest
 import ray
 
-from controller import ControllerConfig, start_controller, stop_controller
+from controller import ControllerConfig, start_controller
 from storage import RepositoryConfig
+from tests.infra.platform_teardown import stop_platform
 from worker import DemoModelConfig, SamplingParams, stream_generation, write_demo_model
 
 pytestmark = pytest.mark.slow
@@ -100,10 +101,7 @@ def test_new_nodes_stream_their_weights_from_the_running_instance_in_a_chain(tmp
         assert streamed == {i["instance_id"] for i in new}
         assert not any(d["kind"] == "fallback_unavailable" for d in decisions)
     finally:
-        stop_controller(controller, stop_workers=True)
-        leftovers = [e["name"] for e in ray.util.list_named_actors(True) if e["namespace"] == config.namespace]
-        for name in leftovers:
-            ray.kill(ray.get_actor(name, namespace=config.namespace), no_restart=True)
+        leftovers = stop_platform(controller, config.namespace)
         if started_here:
             ray.shutdown()
     assert leftovers == []

@@ -142,6 +142,9 @@ def test_bad_tickets_and_fallbacks_are_refused_with_the_reason(thaw_dir, tmp_pat
             InstanceWorker("x", "acme/tiny", None, ENGINE_CONFIG)
         with pytest.raises(ValueError, match="no stream to fall back from"):
             source.supply_fallback(str(thaw_dir))
+        for bad in (0, True, 1.5):
+            with pytest.raises(ValueError, match="num_receivers must be an integer >= 1"):
+                await source.stream_weights(bad, STREAM)
         fed = InstanceWorker("fed", "acme/tiny", None, ENGINE_CONFIG, peer=ticket)
         with pytest.raises(ValueError, match="not a thaw checkpoint"):
             fed.supply_fallback(str(tmp_path))
