@@ -242,7 +242,7 @@ def test_the_admin_key_is_made_once_stored_hashed_and_can_be_reset(tmp_path):
         assert read_key_file(tmp_path / "admin_key") == key
         assert stat.S_IMODE((tmp_path / "admin_key").stat().st_mode) == 0o600
         records = store.list_api_keys(ADMIN_TENANT)
-        assert len(records) == 1 and key.split("_")[2] not in repr(records[0].to_dict())  # only a hash is kept
+        assert len(records) == 1 and key.split("_", 2)[2] not in repr(records[0].to_dict())  # only a hash is kept
         assert store.verify_api_key(key) == ADMIN_TENANT
         new = reset_admin_key(store, tmp_path / "admin_key")
         assert new != key and store.verify_api_key(key) is None and store.verify_api_key(new) == ADMIN_TENANT
