@@ -8,16 +8,19 @@ warm (files cached). Each measurement runs in a fresh Python process, so page fa
 memory are paid where a real cold start pays them; ours is measured twice — into a pool that
 was reserved and faulted before the clock starts (a warm, idle worker: what the platform uses
 at a cold start, since each node keeps pre-started workers) and from a fresh process with no
-pool. A third line, `thaw-dram-tier`, loads a copy kept in tmpfs (the node's DRAM tier), which the
-loader maps instead of copying (verified); its source is RAM, not the file, so it is reported
-beside the disk figures, not as one of them.
+pool. Its default trusts a partition file it verified at an earlier load and that is unchanged since
+(`loader.verification_record`; the bench primes that record with one load before measuring), so
+a third line, `thaw-reverify`, hashes every byte again (`trust_verified=False`: what every load
+cost before the record, and the paranoid setting). `thaw-dram-tier` loads a copy kept in tmpfs
+(the node's DRAM tier), which the loader maps instead of copying; its source is RAM, not the
+file, so it is reported beside the disk figures, not as one of them.
 
 The physical limit is measured in the same run: a plain multi-threaded sequential read of the
 same bytes into a pre-faulted buffer (O_DIRECT where allowed; the best of --threads and 4
 threads), and `dd` (cold). Peers that are
 not installed or do not run on this machine get a line saying why.
 
-    python bench/loader.py [--quick] [--work-dir DIR] [--repeats 3] [--threads N]
+    python bench/loader.py [--quick] [--work-dir DIR] [--repeats 3] [--threads N] [--loaders thaw,safetensors]
 
 Prints one JSON line per (loader, state) with GB/s and the ratio to the limit. Peers:
 `.venv/bin/pip install -e ".[bench]"` to include them.
@@ -129,24 +132,26 @@ def measure(loader: str, paths: dict[str, Path], threads: int, state: str) -> di
             tensors = ckpt.wait_all()
             _touch(tensors.values())
             elapsed = time.perf_counter() - start
-            extra = {"mapped": ckpt.stats.mapped, "bytes": ckpt.stats.total_bytes}
+            extra = {"mapped": ckpt.stats.mapped, "bytes": ckpt.stats.total_bytes,
+                     "trusted_bytes": ckpt.stats.num_trusted_bytes}
             del tensors
         return {"seconds": elapsed, **extra}
-    if loader in ("thaw", "thaw-fresh-process"):
+    if loader in ("thaw", "thaw-fresh-process", "thaw-reverify"):
         from loader import HostMemoryPool, LoaderConfig, ThawCheckpointLoader, ThawIndex
 
         index = ThawIndex.read(paths["thaw"])
         nbytes = sum(p.size for p in index.partitions)
         pool = HostMemoryPool()
-        if loader == "thaw":
+        if loader != "thaw-fresh-process":
             pool.reserve(nbytes + PAGE * (len(index.partitions) + 1))  # a warm worker's faulted pool
+        config = LoaderConfig(trust_verified=loader != "thaw-reverify")
         start = time.perf_counter()
-        with ThawCheckpointLoader(paths["thaw"], LoaderConfig(), pool=pool) as ckpt:
+        with ThawCheckpointLoader(paths["thaw"], config, pool=pool) as ckpt:
             ckpt.start()
             tensors = ckpt.wait_all()
             _touch(tensors.values())  # already resident (read into our buffer); touched like every peer
             elapsed = time.perf_counter() - start
-            extra = {"direct_io": ckpt.stats.direct_io}
+            extra = {"direct_io": ckpt.stats.direct_io, "trusted_bytes": ckpt.stats.num_trusted_bytes}
             del tensors
         return {"seconds": elapsed, "bytes": nbytes, **extra}
     if loader == "safetensors":
@@ -272,6 +277,7 @@ def measure_repeated(loader: str, state: str, paths: dict[str, Path], files: lis
 
 LIMIT_THREADS = 4  # besides --threads: the thread count of our loader's default configuration
 PEERS = ("safetensors", "torch.load-mmap", "runai-model-streamer", "tensorizer", "fastsafetensors")
+ALL_LOADERS = ("thaw", "thaw-fresh-process", "thaw-reverify", "thaw-dram-tier", *PEERS)
 PEER_MODULES = {"runai-model-streamer": "runai_model_streamer", "tensorizer": "tensorizer",
                 "fastsafetensors": "fastsafetensors"}
 
@@ -282,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, default=None, help="where checkpoints are written (kept)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--loaders", default=None,
+                        help="comma-separated subset of the loaders to measure (the limit is always measured): "
+                             + ", ".join(ALL_LOADERS))
     parser.add_argument("--_measure", help=argparse.SUPPRESS)
     parser.add_argument("--_paths", help=argparse.SUPPRESS)
     parser.add_argument("--_state", help=argparse.SUPPRESS)
@@ -292,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
+    chosen = ALL_LOADERS if args.loaders is None else tuple(x.strip() for x in args.loaders.split(",") if x.strip())
+    unknown = sorted(set(chosen) - set(ALL_LOADERS))
+    if unknown or not chosen:
+        parser.error(f"--loaders: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(ALL_LOADERS)}")
     repeats = 1 if args.quick else args.repeats
     tmp = None
     cleanup: list[Path] = []
@@ -305,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         import importlib.util
 
         available = {p: importlib.util.find_spec(PEER_MODULES.get(p, "safetensors")) is not None for p in PEERS}
-        if available["tensorizer"]:
+        if available["tensorizer"] and "tensorizer" in chosen:
             try:
                 import torch
                 from safetensors.torch import load_file
@@ -319,6 +332,16 @@ def main(argv: list[str] | None = None) -> int:
                 available["tensorizer"] = False
                 print(f"[bench/loader] tensorizer could not serialize: {exc}", file=sys.stderr)
         files = data_files(paths)
+        from loader.memory_backed import is_memory_backed
+
+        shm = Path("/dev/shm")
+        if shm.is_dir() and is_memory_backed(shm):  # the node's DRAM tier keeps checkpoints in tmpfs
+            dram_dir = Path(tempfile.mkdtemp(prefix="thaw-bench-loader-", dir=shm))
+            cleanup.append(dram_dir)
+            shutil.copytree(paths["thaw"], dram_dir / "thaw")
+            paths["thaw-dram"] = dram_dir / "thaw"
+        else:
+            available["thaw-dram-tier"] = False
         limits = {}
         for state in ("cold", "warm"):
             # The best of several thread counts (ours reads with 4): a disk may need a deeper queue
@@ -337,17 +360,19 @@ def main(argv: list[str] | None = None) -> int:
         dd = dd_cold(paths)
         print(json.dumps({"bench": "loader", "loader": "dd", "state": "cold",
                           "gbps": round(dd["bytes"] / dd["seconds"] / 1e9, 3)}), flush=True)
-        from loader.memory_backed import is_memory_backed
+        # The platform's loads find the record of an earlier verified load (a node verifies a copy
+        # the first time it loads it); one load of each copy here writes it, once the files have
+        # been still for the record's settling time (the limit runs above took longer than that).
+        from loader import ThawCheckpointLoader
+        from loader.verification_record import SETTLE_NS
 
-        shm = Path("/dev/shm")
-        if shm.is_dir() and is_memory_backed(shm):  # the node's DRAM tier keeps checkpoints in tmpfs
-            dram_dir = Path(tempfile.mkdtemp(prefix="thaw-bench-loader-", dir=shm))
-            cleanup.append(dram_dir)
-            shutil.copytree(paths["thaw"], dram_dir / "thaw")
-            paths["thaw-dram"] = dram_dir / "thaw"
-        else:
-            available["thaw-dram-tier"] = False
-        for loader in ("thaw", "thaw-fresh-process", "thaw-dram-tier", *PEERS):
+        copies = [c for c in (paths["thaw"], paths.get("thaw-dram")) if c is not None]
+        changed = max(max(st.st_mtime, st.st_ctime) for c in copies for st in (f.stat() for f in c.iterdir()))
+        time.sleep(max(0.0, SETTLE_NS / 1e9 + 0.1 - (time.time() - changed)))  # a wait for the clock, not a sync
+        for copy in copies:
+            with ThawCheckpointLoader(copy) as primer:
+                primer.wait_all()
+        for loader in chosen:
             if loader == "thaw-dram-tier" and not available.get(loader, True):
                 print(json.dumps({"bench": "loader", "loader": loader, "skipped": "no tmpfs at /dev/shm"}), flush=True)
                 continue
@@ -370,8 +395,12 @@ def main(argv: list[str] | None = None) -> int:
                              "ratio_to_limit": round(gbps / limits[state], 3) if limits[state] else None}
                     if "direct_io" in good[0]:
                         line["direct_io"] = good[0]["direct_io"]
+                    if "trusted_bytes" in good[0]:  # checksums: hashed by this load, or by an earlier one
+                        trusted = min(r["trusted_bytes"] for r in good)
+                        line["checksums"] = ("verified at an earlier load, file unchanged" if trusted == good[0]["bytes"]
+                                             else "verified by this load" if trusted == 0 else "partly trusted")
                     if loader == "thaw-dram-tier":  # not the disk file: a copy in RAM, mapped
-                        line |= {"source": "DRAM tier (tmpfs copy), mapped, checksums verified",
+                        line |= {"source": "DRAM tier (tmpfs copy), mapped",
                                  "mapped": good[0].get("mapped")}
                 print(json.dumps(line), flush=True)
     finally:

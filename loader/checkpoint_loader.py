@@ -16,6 +16,10 @@ On a memory-backed filesystem (the DRAM tier's tmpfs) the partitions are mapped 
 the tensors are read-only views of the tier's own pages, and the threads only verify (or fault in)
 their chunks -- no copy, and instances of one model on a node share one copy (`loader.memory_backed`).
 
+A partition file this loader (or an earlier one) verified, and that has not changed since, is not
+hashed again (`loader.verification_record`): the hash costs as much CPU as the copy, and a warm
+load pays for it at every cold start. `LoaderConfig(trust_verified=False)` re-hashes every time.
+
 Errors are never silent: if any chunk fails (checksum mismatch, I/O error, truncation) the load
 stops, and every current and later `wait_layer`/`wait_all` raises that error -- a tensor is never
 returned from a load that is known to be corrupt.
@@ -39,6 +43,7 @@ from loader.memory_backed import is_memory_backed, map_read_only, populate
 from loader.memory_pool import HostMemoryPool
 from loader.partition_reader import (DEFAULT_RESIDENCY_FN, OpenFn, PartitionReader, ReadFn, ResidencyFn,
                                      preadv_into)
+from loader.verification_record import ClockNs, FileVersion, record_verified, verified_files
 
 # Measured on the 2-vCPU dev machine kind, ~0.9 GB bf16 checkpoint, 64 MiB chunks, pre-faulted
 # pool, GB/s for 1/2/4/8 threads: page cache warm 2.9/5.3/5.3/5.4 with checksums, 4.2/8.0/8.0/7.8
@@ -64,6 +69,9 @@ class LoaderConfig:
     # Off only when the bytes are known good (e.g. just verified by another loader): without it a
     # flipped bit on disk becomes a silently wrong weight.
     verify_checksums: bool = True
+    # Skip the hash for a partition file recorded as verified and unchanged since (same inode, size,
+    # mtime and ctime; see `loader.verification_record`). False: hash every byte at every load.
+    trust_verified: bool = True
     # Map partitions on a memory-backed filesystem (the DRAM tier's tmpfs) instead of copying them:
     # the tensors become read-only views of the tier's pages (see `loader.memory_backed`).
     map_memory_backed: bool = True
@@ -93,8 +101,9 @@ class LoadStats:
     num_cached_bytes: int  # taken from the page cache (RWF_NOWAIT probe, direct_io only)
     num_direct_bytes: int  # read from disk with O_DIRECT; the rest went through the page cache
     num_threads: int
-    verified: bool  # checksums were checked
+    verified: bool  # every byte's checksum was checked, by this load or (trusted) an earlier one
     mapped: bool = False  # the partitions were mapped from memory-backed files, not copied
+    num_trusted_bytes: int = 0  # not hashed: their files were verified before and are unchanged since
 
     @property
     def gb_per_s(self) -> float:
@@ -129,12 +138,13 @@ class ThawCheckpointLoader:
     for the life of the returned tensors instead.
 
     `open_fn` / `read_fn` replace ``os.open`` / ``os.preadv`` (tests use them to gate reads);
-    `residency_fn` answers which bytes the page cache holds (None: probe with ``RWF_NOWAIT``).
+    `residency_fn` answers which bytes the page cache holds (None: probe with ``RWF_NOWAIT``);
+    `clock_ns` is the wall clock the verification record compares file times with.
     """
 
     def __init__(self, ckpt_dir: str | Path, config: LoaderConfig | None = None, pool: HostMemoryPool | None = None,
                  *, open_fn: OpenFn = os.open, read_fn: ReadFn = preadv_into,
-                 residency_fn: ResidencyFn | None = DEFAULT_RESIDENCY_FN):
+                 residency_fn: ResidencyFn | None = DEFAULT_RESIDENCY_FN, clock_ns: ClockNs = time.time_ns):
         self.ckpt_dir = Path(ckpt_dir)
         self.config = config or LoaderConfig()
         self.index = ThawIndex.read(self.ckpt_dir)
@@ -142,7 +152,15 @@ class ThawCheckpointLoader:
         self._open_fn = open_fn
         self._read_fn = read_fn
         self._residency_fn = residency_fn
+        self._clock_ns = clock_ns
         self._check_partition_files()
+        # Versions seen now, before any byte is read: a write during the load changes the file's
+        # version, so what is recorded afterwards can only be the bytes that were hashed.
+        self._versions = {p.file: FileVersion.of(self.ckpt_dir / p.file) for p in self.index.partitions}
+        self._trusted: set[int] = set()  # partitions whose hash is skipped
+        if self.config.verify_checksums and self.config.trust_verified:
+            trusted_files = verified_files(self.ckpt_dir, self._versions)
+            self._trusted = {i for i, p in enumerate(self.index.partitions) if p.file in trusted_files}
 
         self._partition_bases: list[int] = []  # buffer offset of each partition's region
         base = 0
@@ -251,9 +269,10 @@ class ThawCheckpointLoader:
         try:
             partition = self._partitions[chunk.partition]
             destination = partition[chunk.file_offset: chunk.file_offset + chunk.size].numpy()  # [size] uint8
+            verify = self.config.verify_checksums and chunk.partition not in self._trusted
             if not self._mapped:
-                actual = self._read_and_hash(chunk, memoryview(destination))
-            elif self.config.verify_checksums:  # the bytes are there; hashing faults the page tables in
+                actual = self._read_and_hash(chunk, memoryview(destination), verify)
+            elif verify:  # the bytes are there; hashing faults the page tables in
                 actual = xxhash.xxh3_64_hexdigest(destination)
             else:
                 populate(partition, chunk.file_offset, chunk.size)
@@ -268,15 +287,21 @@ class ThawCheckpointLoader:
                 self._pending_chunks[layer] -= 1
             self._bytes_done += chunk.size
             self._num_chunks_left -= 1
-            if self._num_chunks_left == 0:
+            finished = self._num_chunks_left == 0
+            if finished:
                 self._end_time = time.perf_counter()
             self._cond.notify_all()
+        if finished and self.config.verify_checksums:  # after the waiters are woken: off the load's clock
+            hashed = {p.file: self._versions[p.file] for i, p in enumerate(self.index.partitions)
+                      if i not in self._trusted}
+            if hashed:
+                record_verified(self.ckpt_dir, hashed, clock_ns=self._clock_ns)
 
-    def _read_and_hash(self, chunk: _Chunk, destination: memoryview) -> str | None:
+    def _read_and_hash(self, chunk: _Chunk, destination: memoryview, verify: bool) -> str | None:
         """Read `chunk` into `destination`; its xxh3_64 when verifying (piece by piece, see
         DEFAULT_PIECE_BYTES), else None."""
         reader = self._readers[chunk.partition]
-        if not self.config.verify_checksums:
+        if not verify:
             reader.read_into(destination, chunk.file_offset)
             return None
         digest = xxhash.xxh3_64()  # streaming: the same digest as hashing the chunk at once
@@ -358,7 +383,8 @@ class ThawCheckpointLoader:
                              num_cached_bytes=sum(r.num_cached_bytes for r in self._readers),
                              num_direct_bytes=sum(r.num_direct_bytes for r in self._readers),
                              num_threads=self.config.num_threads, verified=self.config.verify_checksums,
-                             mapped=self._mapped)
+                             mapped=self._mapped,
+                             num_trusted_bytes=sum(self.index.partitions[i].size for i in self._trusted))
 
     # -- teardown -----------------------------------------------------------------------------
 

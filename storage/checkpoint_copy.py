@@ -20,6 +20,7 @@ from pathlib import Path
 import xxhash
 
 from loader import ChecksumMismatchError, ThawIndex, TruncatedCheckpointError
+from loader.verification_record import RECORD_FILE
 from storage.model_repository import THAW_INDEX_FILE
 
 _PIECE_BYTES = 8 << 20
@@ -63,7 +64,9 @@ def copy_checkpoint(src_dir: Path, dst_dir: Path, *, verify: bool = True, num_th
     partition_files = {p.file for p in index.partitions}
     for path in sorted(src_dir.rglob("*")):
         rel = path.relative_to(src_dir)
-        if path.is_file() and rel.as_posix() not in partition_files and rel.as_posix() != THAW_INDEX_FILE:
+        # Not the source's verification record: it names the source's files (see loader.verification_record).
+        if (path.is_file() and rel.as_posix() not in partition_files and rel.as_posix() != THAW_INDEX_FILE
+                and rel.name != RECORD_FILE):
             (dst_dir / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, dst_dir / rel)
     fds: list[int] = []

@@ -192,9 +192,10 @@ def read_checkpoint(model_dir: str | Path, pool: HostMemoryPool | None = None
     if is_thaw_checkpoint(model_dir):
         tensors, stats = load_checkpoint(model_dir, pool=pool)
         how_read = ("mapped from memory, no copy" if stats.mapped else "O_DIRECT" if stats.direct_io else "buffered")
+        checksums = "not verified" if not stats.verified else "verified" if not stats.num_trusted_bytes else (
+            f"verified; {stats.num_trusted_bytes / 1e9:.2f} GB at an earlier load, unchanged since")
         how = (f"thaw format: {stats.total_bytes / 1e9:.2f} GB in {stats.elapsed_s:.2f} s "
-               f"({stats.gb_per_s:.2f} GB/s, {how_read}, "
-               f"{stats.num_threads} threads, checksums {'verified' if stats.verified else 'not verified'})")
+               f"({stats.gb_per_s:.2f} GB/s, {how_read}, {stats.num_threads} threads, checksums {checksums})")
         return tensors, how
     files = checkpoint_files(model_dir)
     return dict(iter_safetensors(files)), f"safetensors: {len(files)} file(s)"

@@ -72,14 +72,15 @@ class PeerWeights:
 
 def model_files(checkpoint_dir: str | Path) -> tuple[tuple[str, bytes], ...]:
     """The checkpoint dir's plain files that are not weights: config, tokenizer, generation config
-    (and a thaw checkpoint's index, which the receiver does not need but costs nothing)."""
+    (and a thaw checkpoint's index, which the receiver does not need but costs nothing); hidden
+    files, e.g. the loader's verification record, are the source's own."""
     checkpoint_dir = Path(checkpoint_dir)
     weights: set[str] = set()
     if is_thaw_checkpoint(checkpoint_dir):
         weights = {p.file for p in ThawIndex.read(checkpoint_dir).partitions}
     files, total = [], 0
     for path in sorted(checkpoint_dir.iterdir()):
-        if not path.is_file() or path.name in weights or path.name.endswith(_WEIGHT_SUFFIXES):
+        if not path.is_file() or path.name in weights or path.name.endswith(_WEIGHT_SUFFIXES) or path.name.startswith("."):
             continue
         data = path.read_bytes()
         total += len(data)

@@ -1,4 +1,4 @@
-"""PartitionReader: page-cache probe then O_DIRECT, short reads, truncation and I/O errors."""
+"""PartitionReader: page-cache probe then O_DIRECT, holes, short reads, truncation and I/O errors."""
 
 import errno
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 
 from loader import HostMemoryPool, TruncatedCheckpointError
-from loader.partition_reader import PartitionReader, preadv_into
+from loader.partition_reader import PartitionReader, plan_segments, preadv_into
 
 SIZE = 5 * 4096
 
@@ -51,7 +51,8 @@ class CacheHolds:
 
 
     def residency(self, fd, offset, length):
-        return max(0, min(length, self.cached_bytes - offset))
+        cached = max(0, min(length, self.cached_bytes - offset))
+        return [(0, cached)] if cached else []
 
 
 def test_cached_prefix_is_asked_without_io_then_copied_rest_with_o_direct(partition, buffer):
@@ -161,3 +162,69 @@ def test_read_pieces_past_the_cached_prefix_do_not_ask_again(partition, buffer):
     assert bytes(buffer.numpy()) == partition.read_bytes()
     assert asked == [(0, SIZE)]  # once for the range, not once per piece
     assert (reader.num_cached_bytes, reader.num_direct_bytes) == (0, SIZE)
+
+
+def test_plan_reads_short_interior_holes_through_the_cache_and_the_rest_directly():
+    page = 4096
+    # Cached [0, 4p) and [5p, 8p): the one-page hole between them is read with its neighbours.
+    assert plan_segments([(0, 4 * page), (5 * page, 8 * page)], 10 * page, small_hole_bytes=2 * page) == [
+        (0, 8 * page, True), (8 * page, 10 * page, False)]
+    # A hole as long as the threshold goes to O_DIRECT.
+    assert plan_segments([(0, page), (3 * page, 4 * page)], 4 * page, small_hole_bytes=2 * page) == [
+        (0, page, True), (page, 3 * page, False), (3 * page, 4 * page, True)]
+    # Uncached ends are never "short holes": they may run on into a cold neighbour.
+    assert plan_segments([(2 * page, 3 * page)], 4 * page, small_hole_bytes=8 * page) == [
+        (0, 2 * page, False), (2 * page, 3 * page, True), (3 * page, 4 * page, False)]
+    assert plan_segments([], 4 * page) == [(0, 4 * page, False)]
+    assert plan_segments([(0, 4 * page)], 4 * page) == [(0, 4 * page, True)]
+
+
+class CacheWithHoles:
+    """Pretends the page cache holds every page but those in `missing` (page numbers)."""
+
+    def __init__(self, missing):
+        self.missing = set(missing)
+        self.calls = []
+
+    def __call__(self, fd, destination, offset, flags=0):
+        self.calls.append((offset, len(destination)))
+        return preadv_into(fd, destination, offset, flags)
+
+    def residency(self, fd, offset, length):
+        runs, start = [], None
+        for page in range(offset // 4096, -(-(offset + length) // 4096)):
+            if page in self.missing:
+                if start is not None:
+                    runs.append((start, page * 4096 - offset))
+                start = None
+            elif start is None:
+                start = page * 4096 - offset
+        if start is not None:
+            runs.append((start, length))
+        return runs
+
+
+def test_a_dropped_page_inside_a_cached_range_does_not_send_the_rest_to_disk(partition, buffer):
+    if not _o_direct_opens(partition):
+        pytest.skip("this filesystem refuses O_DIRECT")
+    read = CacheWithHoles(missing={1})  # page 1 of 5 was dropped; the rest is cached
+    reader = PartitionReader(partition, direct_io=True, read_fn=read, residency_fn=read.residency)
+    pieces = [bytes(p) for p in reader.read_pieces(memoryview(buffer.numpy()), 0, 2 * 4096)]
+    reader.close()
+    assert b"".join(pieces) == partition.read_bytes()
+    assert bytes(buffer.numpy()) == partition.read_bytes()
+    # The old prefix rule read pages 1..4 with O_DIRECT; now nothing goes direct.
+    assert (reader.num_cached_bytes, reader.num_direct_bytes, reader.num_buffered_bytes) == (4 * 4096, 0, 4096)
+    assert read.calls == [(0, 8192), (8192, 8192), (16384, 4096)]  # one buffered read per piece
+
+
+def test_read_into_reads_a_cold_tail_directly_after_the_cached_runs(partition, buffer):
+    if not _o_direct_opens(partition):
+        pytest.skip("this filesystem refuses O_DIRECT")
+    read = CacheWithHoles(missing={1, 3, 4})  # hole 1 is short and interior; 3-4 is the cold end
+    reader = PartitionReader(partition, direct_io=True, read_fn=read, residency_fn=read.residency)
+    reader.read_into(memoryview(buffer.numpy()), 0)
+    reader.close()
+    assert bytes(buffer.numpy()) == partition.read_bytes()
+    assert (reader.num_cached_bytes, reader.num_direct_bytes, reader.num_buffered_bytes) == (2 * 4096, 2 * 4096, 4096)
+    assert read.calls == [(0, 3 * 4096), (3 * 4096, 2 * 4096)]
