@@ -10,9 +10,8 @@ One tick (`reconcile_once`):
 1. nodes: the live Ray nodes give the logical nodes; each gets its node store (found by name,
    else started);
 2. reports, gathered in parallel with a timeout each: every store's holdings and rates, every
-   ready worker's stats. A worker whose actor is gone is dropped from the routing table and
-   the registry; one that reports FAILED is replaced. The live report always wins: nothing is
-   kept about a worker but what its last report said;
+   ready worker's stats (a dead or FAILED worker is dropped and replaced; the live report always
+   wins). Prompts waiting on a streamed instance's missing layers go to loaded ones (`PrefillHelper`);
 3. autoscale, per model: `decide` on ongoing requests (summed over its workers) plus the
    requests the gateways report queued, against the model's desired count; the new count is
    saved, then the instances are converged to it: missing ones placed (`place` over a
@@ -25,9 +24,9 @@ Live migration (`migrate`, a drain moving requests off) is driven by `RequestMov
 model would be ready soonest on a full node, `SlotReclaimer` empties an instance there by
 migration and holds the slot for it (placement step 3).
 
-Starting and stopping are asynchronous (`InstanceManager`), so a tick never waits on a load:
-an instance takes its slot at once (LOADING) and enters the routing table when ``ready()``
-answers; a stopping one leaves the routing table at once and finishes its open requests first.
+Starting and stopping are asynchronous (`InstanceManager`), so a tick never waits on a load: an
+instance takes its slot at once (LOADING) and is routed when ``ready()`` answers; a stopping one
+leaves the routing table at once and finishes its open requests first.
 
 Durable state (specs, tenants, desired counts, a record per worker) is in the state store; the
 worker record is written before its actor exists, so a crash can leave a record without an
@@ -57,6 +56,7 @@ from controller.model_source import PublishedModel, publish_source, repository_n
 from controller.model_spec import ModelSpec, SpecError, parse_model_id
 from controller.model_state import ModelState
 from controller.placement_policy import PlacementDecision, place
+from controller.prefill_helper import PrefillHelper
 from controller.request_mover import RequestMover
 from controller.slot_reclaimer import SlotReclaimer
 from controller.routing_table import Route, RoutingTable
@@ -120,6 +120,8 @@ class Controller:
                                         record=self._record, wall_clock=wall_clock, background=self._background)
         self._reclaimer = SlotReclaimer(config, self._instances, self._mover, draining_nodes=self._draining_nodes,
                                         record=self._record, wall_clock=wall_clock, background=self._background)
+        self._helper = PrefillHelper(config, cluster, self._instances, draining_nodes=self._draining_nodes,
+                                     record=self._record, wall_clock=wall_clock, background=self._background)
         self._closed = False
 
     # --- life --------------------------------------------------------------------------------
@@ -347,6 +349,7 @@ class Controller:
         async with self._tick_lock:
             errors: list[str] = []
             for name, step in (("nodes", self._refresh_nodes), ("reports", self._gather_reports),
+                               ("handoffs", self._helper.hand_over_waiting),
                                ("autoscale", self._autoscale), ("pins", self._copies.reconcile_pins),
                                ("promote", self._promote_to_dram), ("spares", self._replenish_spares)):
                 try:

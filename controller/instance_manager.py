@@ -299,6 +299,7 @@ class InstanceManager:
             logger.info("%s: instance %s has every layer: %s", instance.model_id, instance.instance_id,
                         getattr(stats, "weights_read", ""))
         instance.weights_resident = resident
+        instance.prefills_at_frontier = tuple(getattr(stats, "prefills_at_frontier", ()))
 
     def died(self, instance: ManagedInstance, why: str) -> None:
         """The worker's actor is gone: forget it (its slot is free; the autoscaler replaces it)."""

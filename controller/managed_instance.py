@@ -45,6 +45,7 @@ class ManagedInstance:
             adopted.
         weights_resident: every layer is in (False while a peer's stream still delivers them:
             such an instance serves, but is no source for another).
+        prefills_at_frontier: its requests waiting for a layer still on its way (last report).
     """
 
     instance_id: str
@@ -67,6 +68,7 @@ class ManagedInstance:
     from_spare: bool = False
     load_path: Any = None  # a controller.stream_source_policy.LoadPath
     weights_resident: bool = True
+    prefills_at_frontier: tuple[str, ...] = ()
 
     @property
     def serving(self) -> bool:

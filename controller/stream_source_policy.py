@@ -37,12 +37,15 @@ class PeerStreamSettings:
     is far faster). `saturated_requests`: a peer with this many ongoing requests is not asked to
     stream (its requests and the stream would slow each other). `timeout_s`: longest wait for any
     step of the stream; a dead peer is given up on after this, and the new instance reads the
-    node's copy instead. `chunk_bytes`: the stream's message size."""
+    node's copy instead. `chunk_bytes`: the stream's message size. `hand_over_prefills`: a
+    prompt waiting on a streamed instance for a layer still on its way is finished by a fully
+    loaded, unsaturated instance of the model (`controller.prefill_helper`)."""
 
     link_bytes_per_s: float = 1.5e9
     saturated_requests: int = 4
     timeout_s: float = 30.0
     chunk_bytes: int = 16 << 20
+    hand_over_prefills: bool = True
 
     def __post_init__(self) -> None:
         for name in ("link_bytes_per_s", "timeout_s"):
@@ -54,6 +57,9 @@ class PeerStreamSettings:
                 or self.saturated_requests < 1:
             raise ValueError(f"PeerStreamSettings.saturated_requests must be an integer >= 1, "
                              f"got {self.saturated_requests!r}")
+        if not isinstance(self.hand_over_prefills, bool):
+            raise ValueError(f"PeerStreamSettings.hand_over_prefills must be True or False, "
+                             f"got {self.hand_over_prefills!r}")
         self.stream_config()  # chunk_bytes is checked where it is used
 
     def stream_config(self):

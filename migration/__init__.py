@@ -9,6 +9,10 @@ reserved — and both invisible to a client that follows the request (`follow_ge
 - KV blocks (`migrate_by_kv`, after Llumnix): the blocks are copied in stages while the source
   decodes; the stop copies the last one or two, whatever the context length.
 
+and a third move for a request not generating yet: `hand_over_prefill` (after BlitzScale's
+helper) takes a prompt half-way through its layer-by-layer prefill on an instance still receiving
+its weights and finishes it on one that has them all (method ``"layer"``).
+
 Public API:
 - `migrate_request`, `migrate_requests` (many at once, concurrently), `migrate_by_tokens`,
   `migrate_by_kv`, with `TokenMigrationConfig`, `KVMigrationConfig`; they return a
@@ -33,6 +37,7 @@ from migration.migratable_instance_actor import (
 from migration.migrate import migrate_request, migrate_requests
 from migration.migration_endpoint import MigrationEndpoint
 from migration.migration_outcome import MigrationMethod, MigrationOutcome, MigrationStatus
+from migration.prefill_handoff import PartialPrefillPayload, hand_over_prefill
 from migration.ray_endpoint import RayEndpoint
 from migration.token_migration import TokenMigrationConfig, migrate_by_tokens
 from worker import MigrationRefusedError, RequestSnapshot, UnknownRequestError
@@ -40,7 +45,7 @@ from worker import MigrationRefusedError, RequestSnapshot, UnknownRequestError
 __all__ = [
     "EngineEndpoint", "InProcessKVTransport", "KVMigrationConfig", "KVPayload", "KVTransport",
     "MigratableInstanceActor", "MigrationEndpoint", "MigrationMethod", "MigrationOutcome", "MigrationRefusedError",
-    "MigrationStatus", "RayEndpoint", "RayObjectKVTransport", "RequestSnapshot", "TokenMigrationConfig",
-    "UnknownRequestError", "follow_generation", "migrate_by_kv", "migrate_by_tokens", "migrate_request",
+    "MigrationStatus", "PartialPrefillPayload", "RayEndpoint", "RayObjectKVTransport", "RequestSnapshot", "TokenMigrationConfig",
+    "UnknownRequestError", "follow_generation", "hand_over_prefill", "migrate_by_kv", "migrate_by_tokens", "migrate_request",
     "migrate_requests", "start_migratable_instance", "start_migratable_spare",
 ]

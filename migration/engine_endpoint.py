@@ -24,8 +24,10 @@ from collections.abc import AsyncIterator
 from functools import partial
 
 from migration.kv_transport import InProcessKVTransport, KVPayload, KVTransport
+from migration.prefill_handoff import PartialPrefillPayload
 from worker import AsyncEngine, Engine, RequestOutput, RequestSnapshot, UnknownRequestError
 from worker import engine_migration as hooks
+from worker import layer_handoff
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +131,22 @@ class EngineEndpoint:
 
         self._adopted.pop(request_id, None)
         await self.async_engine.call(cancel)
+
+    # ---- a prefill moving at a layer (migration.prefill_handoff) -----------------------------
+
+    async def export_partial_prefill(self, request_id: str) -> PartialPrefillPayload:
+        prefill = await self.async_engine.call(partial(layer_handoff.export_partial_prefill, request_id=request_id))
+        return PartialPrefillPayload(prefill.snapshot, prefill.next_layer, prefill.hidden,
+                                     self.transport.send(prefill.kv))  # off the engine thread
+
+    async def take_over_prefill(self, payload: PartialPrefillPayload) -> None:
+        kv = await self.transport.receive(payload.kv)  # [k, 2, n, block_size, Hkv, D]
+        prefill = layer_handoff.PartialPrefill(payload.snapshot, payload.next_layer, payload.hidden, kv)
+        request_id = payload.snapshot.request_id
+        await self.async_engine.call(partial(layer_handoff.take_over_prefill, partial=prefill, schedule=False))
+        # As in commit_import: the stream exists before the request runs.
+        self._adopted[request_id] = self.async_engine.open_stream(request_id)
+        await self.async_engine.call(partial(hooks.unfreeze_request, request_id=request_id))
 
     def adopted_stream(self, request_id: str) -> AsyncIterator[RequestOutput]:
         """The outputs of a request imported here, from its first token after the hand-off; taken

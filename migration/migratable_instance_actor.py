@@ -31,6 +31,7 @@ from typing import Any
 
 from migration.engine_endpoint import EngineEndpoint
 from migration.kv_transport import KVPayload, KVTransport, RayObjectKVTransport
+from migration.prefill_handoff import PartialPrefillPayload
 from worker import (
     EngineConfig, GenerationChunk, InstanceStats, InstanceWorkerActor, InvalidRequestError, PeerWeights,
     RequestSnapshot, SamplingParams, worker_actor_options,
@@ -97,6 +98,12 @@ class MigratableInstanceActor(InstanceWorkerActor):
 
     async def cancel_import(self, request_id: str) -> None:
         await (await self._migration()).cancel_import(request_id)
+
+    async def export_partial_prefill(self, request_id: str) -> PartialPrefillPayload:
+        return await (await self._migration()).export_partial_prefill(request_id)
+
+    async def take_over_prefill(self, payload: PartialPrefillPayload) -> None:
+        await (await self._migration()).take_over_prefill(payload)
 
     # ---- following a request -------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from migration.kv_migration import KVMigrationConfig, migrate_by_kv
 from migration.migration_endpoint import MigrationEndpoint
 from migration.migration_outcome import MigrationMethod, MigrationOutcome
+from migration.prefill_handoff import hand_over_prefill
 from migration.token_migration import TokenMigrationConfig, migrate_by_tokens
 
 __all__ = ["migrate_request", "migrate_requests"]
@@ -24,8 +25,11 @@ async def migrate_request(source: MigrationEndpoint, dest: MigrationEndpoint, re
                           token_config: TokenMigrationConfig | None = None,
                           kv_config: KVMigrationConfig | None = None) -> MigrationOutcome:
     """Moves one request; the outcome says whether it moved (a failed migration never raises).
-    Each method's config defaults to its defaults."""
+    Each method's config defaults to its defaults. ``"layer"`` moves a prefill still running layer
+    by layer on an instance receiving its weights (`hand_over_prefill`)."""
     method = MigrationMethod(method)
+    if method is MigrationMethod.LAYER:
+        return await hand_over_prefill(source, dest, request_id)
     if method is MigrationMethod.TOKENS:
         return await migrate_by_tokens(source, dest, request_id, token_config or TokenMigrationConfig())
     return await migrate_by_kv(source, dest, request_id, kv_config or KVMigrationConfig())

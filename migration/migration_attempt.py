@@ -6,7 +6,8 @@ destination (which frees every block it reserved; a dead destination has nothing
 and, if the source may have stopped the request, let it carry on. Both are idempotent, so they
 are done whenever in doubt (a call whose answer was lost may or may not have happened). What the
 failure *means* depends on where it happened: the source not knowing the request means it
-finished there first; the destination refusing is a refusal; anything else is a failure.
+finished there first; either side declining (`MigrationRefusedError`: no room, a request that
+cannot move yet) is a refusal; anything else is a failure.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ class MigrationAttempt:
         cause = failure.cause
         if failure.on_source and isinstance(cause, UnknownRequestError):
             status = MigrationStatus.FINISHED
-        elif not failure.on_source and isinstance(cause, MigrationRefusedError):
+        elif isinstance(cause, MigrationRefusedError):  # either side declined; nothing broke
             status = MigrationStatus.REFUSED
         else:
             status = MigrationStatus.FAILED

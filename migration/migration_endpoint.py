@@ -17,8 +17,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from typing import TYPE_CHECKING
+
 from migration.kv_transport import KVPayload
 from worker import RequestSnapshot
+
+if TYPE_CHECKING:  # prefill_handoff imports this module
+    from migration.prefill_handoff import PartialPrefillPayload
 
 __all__ = ["MigrationEndpoint"]
 
@@ -75,4 +80,15 @@ class MigrationEndpoint(Protocol):
 
     async def cancel_import(self, request_id: str) -> None:
         """Drops the import wherever it got to and frees its blocks. Idempotent."""
+        ...
+
+    # ---- a prefill moving at a layer (migration.prefill_handoff) -----------------------------
+
+    async def export_partial_prefill(self, request_id: str) -> PartialPrefillPayload:
+        """Source, still loading: takes the request out of its layer-wise pass and freezes it."""
+        ...
+
+    async def take_over_prefill(self, payload: PartialPrefillPayload) -> None:
+        """Helper, fully loaded: finishes the prefill from its layer and starts the request
+        (refusable, like ``begin_import``); the client's stream continues here."""
         ...

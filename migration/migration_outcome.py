@@ -17,6 +17,7 @@ __all__ = ["MigrationMethod", "MigrationOutcome", "MigrationStatus"]
 class MigrationMethod(str, enum.Enum):
     TOKENS = "tokens"  # the destination recomputes the KV from the tokens (ServerlessLLM)
     KV = "kv"  # the KV blocks are copied in stages while the source decodes (Llumnix)
+    LAYER = "layer"  # a prefill taken over at layer k by a fully loaded helper (BlitzScale)
 
 
 class MigrationStatus(str, enum.Enum):

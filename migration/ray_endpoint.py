@@ -15,6 +15,7 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from migration.kv_transport import KVPayload
+from migration.prefill_handoff import PartialPrefillPayload
 from worker import EngineDeadError, MigrationRefusedError, RequestSnapshot, UnknownRequestError
 
 __all__ = ["RayEndpoint"]
@@ -68,6 +69,12 @@ class RayEndpoint:
 
     async def cancel_import(self, request_id: str) -> None:
         await _unwrap(self.handle.cancel_import.remote(request_id))
+
+    async def export_partial_prefill(self, request_id: str) -> PartialPrefillPayload:
+        return await _unwrap(self.handle.export_partial_prefill.remote(request_id))
+
+    async def take_over_prefill(self, payload: PartialPrefillPayload) -> None:
+        await _unwrap(self.handle.take_over_prefill.remote(payload))
 
 
 async def _unwrap(ref: Awaitable[T]) -> T:

@@ -156,6 +156,12 @@ class Engine:
         """Whether every layer's weights are in (always, for an engine that loaded them up front)."""
         return self._gate is None or self._gate.complete
 
+    def movable_prefill_ids(self) -> list[str]:
+        """Requests whose layer-by-layer prefill waits for a layer still on its way (see
+        `ZigzagPrefill.movable_request_ids`); empty once the weights are in."""
+        zigzag = self._zigzag
+        return zigzag.movable_request_ids() if zigzag is not None else []
+
     @property
     def weights_error(self) -> LayerLoadError | None:
         """Why the weights can never be complete (their source failed); the engine then refuses work."""

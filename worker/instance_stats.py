@@ -69,6 +69,8 @@ class InstanceStats:
     weights_read: str
     weights_resident: bool = True  # False while a peer's stream still delivers layers
     num_weight_streams: int = 0  # streams this instance is sending to new instances now
+    # Prefills waiting for a layer still on its way (ids): a fully loaded helper could finish them.
+    prefills_at_frontier: tuple[str, ...] = ()
 
     @property
     def kv_cache_usage(self) -> float:

@@ -396,6 +396,7 @@ class InstanceWorker:
             weights_read=self._weights_read(engine),
             weights_resident=self.weights_resident,
             num_weight_streams=self._streams.num_active,
+            prefills_at_frontier=tuple(engine.movable_prefill_ids()) if engine else (),
         )
 
     def _weights_read(self, engine: Engine | None) -> str:

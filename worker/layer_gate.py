@@ -64,6 +64,7 @@ class LayerGate:
         self._thread: threading.Thread | None = None
         self.num_prepacked = 0
         self.completed_at: float | None = None  # time.perf_counter() when the last layer was assigned
+        self._waiting_since: dict[int, float] = {}  # layer -> monotonic time `wait_for` first waited for it
 
     # ---- state ------------------------------------------------------------------------------
 
@@ -107,6 +108,40 @@ class LayerGate:
                 if self._assigned[layer + 1]:
                     return
         # A fresh exception per raise: threads raising one shared object would rewrite its traceback.
+        raise LayerLoadError(str(self._error)) from self._error.__cause__
+
+    def wait_for(self, layer: int, wait_s: float) -> bool:
+        """`ensure`, but gives up after `wait_s`: True once `layer` is assigned, False if it has not
+        arrived yet -- so a caller blocked at the frontier can do other work (an engine serves its
+        pending calls, e.g. a hand-over of the very prefill that waits) and ask again. The gate's
+        ``timeout_s`` still counts from the first time this layer was waited for: a stalled
+        source fails as it would with `ensure`. Raises `LayerLoadError` like `ensure`."""
+        if -1 <= layer <= self.num_layers and self._assigned[layer + 1]:
+            return True
+        self._check_layer(layer)
+        if layer == self.num_layers and self._tied and not self.wait_for(-1, wait_s):
+            return False
+        if self._error is None:
+            started = self._waiting_since.setdefault(layer, time.monotonic())
+            left_s = None if self.timeout_s is None else self.timeout_s - (time.monotonic() - started)
+            final = left_s is not None and left_s <= wait_s  # this wait ends at the gate's own deadline
+            try:
+                tensors = self.source.wait_layer(layer, timeout_s=max(0.0, left_s) if final else wait_s)
+            except TimeoutError as exc:
+                if not final:
+                    return False
+                with self._lock:
+                    self._fail_locked(layer, exc)
+            except Exception as exc:  # noqa: BLE001 - as in ensure
+                with self._lock:
+                    self._fail_locked(layer, exc)
+            else:
+                with self._lock:
+                    self._assign_locked(layer, tensors)
+                if self._assigned[layer + 1]:
+                    return True
+        if self._assigned[layer + 1]:  # another thread assigned it while the source failed for us
+            return True
         raise LayerLoadError(str(self._error)) from self._error.__cause__
 
     def assign_ready(self) -> int:

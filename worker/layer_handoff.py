@@ -7,11 +7,14 @@ layer k and the KV of layers < k. The helper runs layers k..N-1 from that hidden
 their KV, and from then on the request is one of its own -- decoding continues there, with the
 full KV cache in one place.
 
-Two functions over engines, on the thread that steps each (as `worker.engine_migration`'s):
+Functions over engines, on the thread that steps each (as `worker.engine_migration`'s):
 
-- `hand_over_prefill` (the new instance): takes the request out of its layer-wise pass at the
-  layer it reached and retires it as ``"migrated"`` (its stream there ends; a follower resumes
-  it on the helper), returning a `PartialPrefill`;
+- `export_partial_prefill` (the new instance): takes the request out of its layer-wise pass at
+  the layer it reached and freezes it, returning a `PartialPrefill`. Its stream stays open and its
+  blocks held: once the helper has it, `engine_migration.release_request` retires it as
+  ``"migrated"`` (a follower resumes it on the helper); if the helper fails,
+  `engine_migration.unfreeze_request` queues it again and a new pass prefills it from layer -1.
+  `hand_over_prefill` is both steps at once;
 - `take_over_prefill` (the helper): admits it through the migration import (refusable, undone
   on any failure), writes the KV of layers < k, computes layers k..N-1 for every prompt token
   but the last, and schedules it. Its first step computes the last prompt token through every
@@ -53,9 +56,16 @@ class PartialPrefill:
 
 
 def hand_over_prefill(engine: Engine, request_id: str) -> tuple[PartialPrefill, RequestOutput]:
-    """Takes `request_id` out of its layer-wise prefill on `engine` (see the module docstring).
-    Returns its state and its final ``"migrated"`` output here. Raises `MigrationRefusedError`,
-    changing nothing, when the request is not in such a pass or its prompt spans several passes."""
+    """`export_partial_prefill` then `release_request`: the request's state and its final
+    ``"migrated"`` output here, in one call (for a caller that cannot fail after it)."""
+    partial = export_partial_prefill(engine, request_id)
+    return partial, release_request(engine, request_id)
+
+
+def export_partial_prefill(engine: Engine, request_id: str) -> PartialPrefill:
+    """Takes `request_id` out of its layer-wise prefill on `engine` and freezes it (see the module
+    docstring). Raises `MigrationRefusedError`, changing nothing, when the request is not in such
+    a pass or its prompt spans several passes."""
     seq = _seq(engine, request_id)
     zigzag = engine._zigzag
     p = next((p for p in zigzag._passes if p.seq is seq), None) if zigzag is not None else None
@@ -73,14 +83,15 @@ def hand_over_prefill(engine: Engine, request_id: str) -> tuple[PartialPrefill, 
     partial = PartialPrefill(_snapshot(seq), p.next_layer if hidden is not None else -1, hidden, kv)
     zigzag.drop(seq)
     _pause(engine, seq)
-    return partial, release_request(engine, request_id)
+    return partial
 
 
 @torch.inference_mode()
-def take_over_prefill(engine: Engine, partial: PartialPrefill) -> None:
+def take_over_prefill(engine: Engine, partial: PartialPrefill, *, schedule: bool = True) -> None:
     """Finishes `partial`'s prefill on `engine`, which must hold every layer, and schedules the
     request (see the module docstring). Raises `MigrationRefusedError` and leaves nothing behind
-    if it cannot take it."""
+    if it cannot take it. ``schedule=False`` leaves it paused, for a caller that opens its stream
+    first and then calls `engine_migration.unfreeze_request` (or `cancel_import`)."""
     snapshot = partial.snapshot
     num_tokens = len(snapshot.prompt_token_ids)
     if snapshot.output_token_ids or snapshot.num_computed_tokens:
@@ -93,7 +104,8 @@ def take_over_prefill(engine: Engine, partial: PartialPrefill) -> None:
     except BaseException:
         cancel_import(engine, snapshot.request_id)
         raise
-    unfreeze_request(engine, snapshot.request_id)
+    if schedule:
+        unfreeze_request(engine, snapshot.request_id)
 
 
 def _compute_from_layer(engine: Engine, partial: PartialPrefill, num_rows: int) -> None:

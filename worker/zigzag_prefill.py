@@ -13,7 +13,11 @@ own partial pass -- its hidden state ``[T, H]``, rope tables and attention metad
 layers. Each `step` assigns whatever layers have landed, then repeatedly runs one layer of the
 *oldest* pass whose next layer is resident, until no pass can move (every pass at the frontier).
 Only then does it wait, for the lowest missing layer that a pass needs, and return, so requests
-that arrived meanwhile join at the next step and catch up while the older ones wait. Passes finish
+that arrived meanwhile join at the next step and catch up while the older ones wait. The wait is
+cut into slices of `FRONTIER_POLL_S`: a step that found nothing to run returns empty after one
+slice, so the engine's thread serves its pending calls in between -- among them a hand-over of a
+waiting prefill to a fully loaded helper (`worker.layer_handoff`), which must not wait for the
+very layer it is meant to avoid waiting for. Passes finish
 (final norm, head, a token to sample) in the step where the last layer is in; the engine then goes
 back to the scheduler's ordinary batched steps, and the rest of a long prompt, past its first
 chunk, is prefilled there.
@@ -34,6 +38,11 @@ from worker.layer_gate import LayerGate
 from worker.model_runner import ModelRunner
 from worker.scheduler import Scheduler
 from worker.sequence import Sequence
+
+# How long one step waits at the frontier before returning to the engine loop (which then serves
+# calls and admits new requests, and steps again). Short next to a layer's transfer, long next to
+# a loop iteration.
+FRONTIER_POLL_S = 0.05
 
 
 @dataclass(eq=False)
@@ -82,6 +91,15 @@ class ZigzagPrefill:
             self._wait_for_next_layer()
         return self._finish()
 
+    def movable_request_ids(self) -> list[str]:
+        """Requests whose whole prompt is in one pass that waits for a layer not in yet: what a fully
+        loaded helper could take over (`worker.layer_handoff`). Safe to call from another thread
+        (a snapshot of the list; a pass moving meanwhile is only a stale hint)."""
+        passes = list(self._passes)
+        return [p.seq.request_id for p in passes
+                if p.samples and p.seq.num_computed_tokens == 0 and p.next_layer <= self.num_layers
+                and not self.gate.is_assigned(p.next_layer)]
+
     def drop(self, seq: Sequence) -> None:
         """Forgets `seq`'s pass (it was aborted; the scheduler frees its blocks)."""
         self._passes = [p for p in self._passes if p.seq is not seq]
@@ -129,7 +147,7 @@ class ZigzagPrefill:
 
     def _wait_for_next_layer(self) -> None:
         pending = [p.next_layer for p in self._passes if p.next_layer <= self.num_layers]
-        self.gate.ensure(min(pending) if pending else min(self.gate.frontier - 1, self.num_layers))
+        self.gate.wait_for(min(pending) if pending else min(self.gate.frontier - 1, self.num_layers), FRONTIER_POLL_S)
 
     def _finish(self) -> tuple[torch.Tensor, list[Sequence]]:
         done = [p for p in self._passes if p.next_layer > self.num_layers]

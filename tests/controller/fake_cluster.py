@@ -24,6 +24,7 @@ class FakeStats:
     num_generated_tokens: int
     load_s: float
     weights_resident: bool = True
+    prefills_at_frontier: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class FakeWorker:
     fallback_dir: str | None = None  # supplied by the controller once the node's copy is pinned
     weights_resident: bool = True
     stream_error: Exception | None = None  # stream_weights raises this when set
+    prefills_at_frontier: tuple[str, ...] = ()  # reported prompts waiting for a layer (streamed instances)
 
     def finish_loading(self, error: Exception | None = None) -> None:
         self.load_error = error
@@ -260,7 +262,7 @@ class FakeCluster(ClusterClient):
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
         return FakeStats(handle.state, handle.num_ongoing_requests, handle.num_generated_tokens, 0.5,
-                         handle.weights_resident)
+                         handle.weights_resident, tuple(handle.prefills_at_frontier))
 
     async def stop_worker(self, handle: FakeWorker, timeout_s: float) -> None:
         if handle.alive and handle.state != "spare":
@@ -286,6 +288,7 @@ class FakeCluster(ClusterClient):
             if moved:
                 source.request_ids.remove(request_id)
                 dest.request_ids.append(request_id)
+                source.prefills_at_frontier = tuple(r for r in source.prefills_at_frontier if r != request_id)
             source.num_ongoing_requests, dest.num_ongoing_requests = len(source.request_ids), len(dest.request_ids)
             status = MigrationStatus.MIGRATED if moved else MigrationStatus.FINISHED
             outcomes.append(MigrationOutcome(request_id, MigrationMethod(method), status, source_instance_id,

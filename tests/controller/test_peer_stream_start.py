@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+from controller.stream_source_policy import PeerStreamSettings
 from tests.controller.fake_cluster import FakeTicket
 from tests.controller.test_controller import Harness, eventually, spec
 
@@ -118,5 +119,44 @@ def test_instances_started_together_from_one_peer_share_one_chain(tmp_path):
             tickets = sorted(w.peer.rank for w in h.cluster.live_workers() if w.peer is not None)
             assert tickets == [1, 2, 3]
             assert all("of a chain of 3" in i["load_path"]["reason"] for i in others)
+
+    asyncio.run(scenario())
+
+
+def test_a_prompt_waiting_on_the_streamed_instance_is_handed_to_the_loaded_one(tmp_path):
+    async def scenario():
+        async with Harness(tmp_path, nodes_per_ray_node=2, cpu_worker_slots_per_node=1) as h:
+            first = await first_ready(h)
+            second = await second_instance(h, first)
+            assert second["load_path"]["kind"] == "stream"
+            worker = worker_of(h, second["instance_id"])
+            await eventually(lambda: second["instance_id"] in h.routes("acme/m1"), "the streamed instance routed")
+            worker.request_ids, worker.prefills_at_frontier = ["r1"], ("r1",)  # waits for a layer on its way
+            await h.tick()
+            await eventually(lambda: any(d["kind"] == "prefill_handoff"
+                                         for d in h.controller.status()["recent_decisions"]), "the hand-over")
+            assert h.cluster.migrations == [(second["instance_id"], first["instance_id"], ["r1"], "layer")]
+            [decision] = [d for d in h.controller.status()["recent_decisions"] if d["kind"] == "prefill_handoff"]
+            assert decision["status"] == "migrated" and decision["helper"] == first["instance_id"]
+            assert worker_of(h, first["instance_id"]).request_ids == ["r1"]
+            # The streamed instance's stale report is not acted on twice.
+            await h.tick()
+            assert len(h.cluster.migrations) == 1
+
+    asyncio.run(scenario())
+
+
+def test_hand_overs_can_be_switched_off(tmp_path):
+    async def scenario():
+        async with Harness(tmp_path, nodes_per_ray_node=2, cpu_worker_slots_per_node=1,
+                           peer_stream=PeerStreamSettings(hand_over_prefills=False)) as h:
+            first = await first_ready(h)
+            second = await second_instance(h, first)
+            worker = worker_of(h, second["instance_id"])
+            await eventually(lambda: second["instance_id"] in h.routes("acme/m1"), "the streamed instance routed")
+            worker.request_ids, worker.prefills_at_frontier = ["r1"], ("r1",)
+            await h.tick()
+            await h.tick()
+            assert h.cluster.migrations == []
 
     asyncio.run(scenario())
