@@ -29,10 +29,9 @@ frees every block it reserved and the source unfreezes the request, which finish
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
-from migration.migration_attempt import MigrationAttempt, StepFailed
+from migration.migration_attempt import MigrationAttempt
 from migration.migration_endpoint import MigrationEndpoint
 from migration.migration_outcome import MigrationMethod, MigrationOutcome
 
@@ -59,7 +58,8 @@ async def migrate_by_kv(source: MigrationEndpoint, dest: MigrationEndpoint, requ
     """Moves one generating request from ``source`` to ``dest`` (see the module docstring).
     Never raises for a failed migration: the outcome says what happened."""
     attempt = MigrationAttempt(source, dest, request_id, MigrationMethod.KV)
-    try:
+
+    async def steps() -> None:
         snapshot = await attempt.on_source(source.export_request(request_id))
         await attempt.on_dest(dest.begin_import(snapshot, snapshot.num_tokens))
         num_blocks_shipped = 0
@@ -76,9 +76,5 @@ async def migrate_by_kv(source: MigrationEndpoint, dest: MigrationEndpoint, requ
         attempt.copied(payload)
         await attempt.on_dest(dest.commit_import(final))
         attempt.running_on_dest(final, num_tokens_with_kv)
-    except StepFailed as failure:
-        return await attempt.undo(failure)
-    except asyncio.CancelledError:
-        await attempt.undo_cancelled()
-        raise
-    return await attempt.hand_over()
+
+    return await attempt.drive(steps)

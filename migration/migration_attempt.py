@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from migration.kv_transport import KVPayload
@@ -115,6 +115,19 @@ class MigrationAttempt:
         else:
             status = MigrationStatus.FAILED
         return self._outcome(status, "; ".join(problems))
+
+    async def drive(self, steps: Callable[[], Awaitable[None]]) -> MigrationOutcome:
+        """Runs a protocol's `steps` (up to the destination running the request), then the hand-off;
+        any failed step, or the driver's cancellation, is undone instead. The one place every
+        protocol's abort safety goes through."""
+        try:
+            await steps()
+        except StepFailed as failure:
+            return await self.undo(failure)
+        except asyncio.CancelledError:
+            await self.undo_cancelled()
+            raise
+        return await self.hand_over()
 
     async def undo_cancelled(self) -> None:
         """The driver was cancelled mid-way: undo, then let the cancellation go on."""

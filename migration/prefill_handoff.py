@@ -24,13 +24,12 @@ queues the request again, where a new pass prefills it from the start -- slower,
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 import torch
 
 from migration.kv_transport import KVPayload
-from migration.migration_attempt import MigrationAttempt, StepFailed
+from migration.migration_attempt import MigrationAttempt
 from migration.migration_endpoint import MigrationEndpoint
 from migration.migration_outcome import MigrationMethod, MigrationOutcome
 from worker import RequestSnapshot
@@ -57,15 +56,12 @@ async def hand_over_prefill(source: MigrationEndpoint, helper: MigrationEndpoint
     (``REFUSED`` when the source cannot export it, e.g. its prompt spans several passes, or the
     helper cannot take it)."""
     attempt = MigrationAttempt(source, helper, request_id, MigrationMethod.LAYER)
-    try:
+
+    async def steps() -> None:
         payload = await attempt.stop_source(source.export_partial_prefill(request_id))
         attempt.copied(payload.kv)
         await attempt.on_dest(helper.take_over_prefill(payload))
         # The helper has KV for every prompt token but the last, which its first step computes.
         attempt.running_on_dest(payload.snapshot, payload.snapshot.num_tokens - 1)
-    except StepFailed as failure:
-        return await attempt.undo(failure)
-    except asyncio.CancelledError:
-        await attempt.undo_cancelled()
-        raise
-    return await attempt.hand_over()
+
+    return await attempt.drive(steps)

@@ -26,10 +26,9 @@ then finishes there exactly as it would have.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
-from migration.migration_attempt import MigrationAttempt, StepFailed
+from migration.migration_attempt import MigrationAttempt
 from migration.migration_endpoint import MigrationEndpoint
 from migration.migration_outcome import MigrationMethod, MigrationOutcome
 
@@ -55,7 +54,8 @@ async def migrate_by_tokens(source: MigrationEndpoint, dest: MigrationEndpoint, 
     """Moves one generating request from ``source`` to ``dest`` (see the module docstring).
     Never raises for a failed migration: the outcome says what happened."""
     attempt = MigrationAttempt(source, dest, request_id, MigrationMethod.TOKENS)
-    try:
+
+    async def steps() -> None:
         snapshot = await attempt.on_source(source.export_request(request_id))
         await attempt.on_dest(dest.begin_import(snapshot, snapshot.num_tokens))
         num_tokens_with_kv = 0
@@ -69,9 +69,5 @@ async def migrate_by_tokens(source: MigrationEndpoint, dest: MigrationEndpoint, 
         final = await attempt.stop_source(source.freeze_request(request_id))
         await attempt.on_dest(dest.commit_import(final))
         attempt.running_on_dest(final, num_tokens_with_kv)
-    except StepFailed as failure:
-        return await attempt.undo(failure)
-    except asyncio.CancelledError:
-        await attempt.undo_cancelled()
-        raise
-    return await attempt.hand_over()
+
+    return await attempt.drive(steps)

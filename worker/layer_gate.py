@@ -93,22 +93,7 @@ class LayerGate:
         ``timeout_s``). Raises `LayerLoadError` if it cannot become resident."""
         if -1 <= layer <= self.num_layers and self._assigned[layer + 1]:
             return  # the fast path: one comparison and one list lookup
-        self._check_layer(layer)
-        if layer == self.num_layers and self._tied:
-            self.ensure(-1)  # the head is the embedding
-        if self._error is None:
-            try:
-                tensors = self.source.wait_layer(layer, timeout_s=self.timeout_s)
-            except Exception as exc:  # noqa: BLE001 - any source failure (I/O, peer, checksum, timeout) is fatal here
-                with self._lock:
-                    self._fail_locked(layer, exc)
-            else:
-                with self._lock:
-                    self._assign_locked(layer, tensors)
-                if self._assigned[layer + 1]:
-                    return
-        # A fresh exception per raise: threads raising one shared object would rewrite its traceback.
-        raise LayerLoadError(str(self._error)) from self._error.__cause__
+        self._wait(layer, None)
 
     def wait_for(self, layer: int, wait_s: float) -> bool:
         """`ensure`, but gives up after `wait_s`: True once `layer` is assigned, False if it has not
@@ -116,32 +101,39 @@ class LayerGate:
         pending calls, e.g. a hand-over of the very prefill that waits) and ask again. The gate's
         ``timeout_s`` still counts from the first time this layer was waited for: a stalled
         source fails as it would with `ensure`. Raises `LayerLoadError` like `ensure`."""
+        return self._wait(layer, wait_s)
+
+    def _wait(self, layer: int, wait_s: float | None) -> bool:
+        """Both waits: `wait_s` None waits up to the gate's whole ``timeout_s``; otherwise one slice."""
         if -1 <= layer <= self.num_layers and self._assigned[layer + 1]:
             return True
         self._check_layer(layer)
-        if layer == self.num_layers and self._tied and not self.wait_for(-1, wait_s):
-            return False
+        if layer == self.num_layers and self._tied and not self._wait(-1, wait_s):
+            return False  # the head is the embedding
         if self._error is None:
-            started = self._waiting_since.setdefault(layer, time.monotonic())
-            left_s = None if self.timeout_s is None else self.timeout_s - (time.monotonic() - started)
-            final = left_s is not None and left_s <= wait_s  # this wait ends at the gate's own deadline
+            if wait_s is None:
+                timeout_s, final = self.timeout_s, True
+            else:
+                started = self._waiting_since.setdefault(layer, time.monotonic())
+                left_s = None if self.timeout_s is None else self.timeout_s - (time.monotonic() - started)
+                final = left_s is not None and left_s <= wait_s  # this slice ends at the gate's own deadline
+                timeout_s = max(0.0, left_s) if final else wait_s
             try:
-                tensors = self.source.wait_layer(layer, timeout_s=max(0.0, left_s) if final else wait_s)
+                tensors = self.source.wait_layer(layer, timeout_s=timeout_s)
             except TimeoutError as exc:
                 if not final:
                     return False
                 with self._lock:
                     self._fail_locked(layer, exc)
-            except Exception as exc:  # noqa: BLE001 - as in ensure
+            except Exception as exc:  # noqa: BLE001 - any source failure (I/O, peer, checksum, timeout) is fatal here
                 with self._lock:
                     self._fail_locked(layer, exc)
             else:
                 with self._lock:
                     self._assign_locked(layer, tensors)
-                if self._assigned[layer + 1]:
-                    return True
-        if self._assigned[layer + 1]:  # another thread assigned it while the source failed for us
+        if self._assigned[layer + 1]:  # assigned here, or by another thread while the source failed for us
             return True
+        # A fresh exception per raise: threads raising one shared object would rewrite its traceback.
         raise LayerLoadError(str(self._error)) from self._error.__cause__
 
     def assign_ready(self) -> int:
