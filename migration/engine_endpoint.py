@@ -23,6 +23,8 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from functools import partial
 
+import torch
+
 from migration.kv_transport import InProcessKVTransport, KVPayload, KVTransport
 from migration.prefill_handoff import PartialPrefillPayload
 from worker import AsyncEngine, Engine, RequestOutput, RequestSnapshot, UnknownRequestError
@@ -31,16 +33,24 @@ from worker import layer_handoff
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EngineEndpoint"]
+__all__ = ["DEFAULT_MAX_KV_BYTES_PER_STEP", "EngineEndpoint"]
+
+# KV bytes the source copies out per engine call (at least one block): ~1 ms of copying on one
+# core here, so a stage never adds more than that to the gap between two tokens.
+DEFAULT_MAX_KV_BYTES_PER_STEP = 4 << 20
 
 
 class EngineEndpoint:
     """`MigrationEndpoint` over an in-process `AsyncEngine` (see the module docstring)."""
 
     def __init__(self, async_engine: AsyncEngine, transport: KVTransport | None = None,
-                 instance_id: str = "local", max_handoffs: int = 4096) -> None:
+                 instance_id: str = "local", max_handoffs: int = 4096,
+                 max_kv_bytes_per_step: int = DEFAULT_MAX_KV_BYTES_PER_STEP) -> None:
         if max_handoffs < 1:
             raise ValueError(f"max_handoffs must be >= 1, got {max_handoffs}")
+        if max_kv_bytes_per_step < 1:
+            raise ValueError(f"max_kv_bytes_per_step must be >= 1, got {max_kv_bytes_per_step}")
+        self.max_kv_bytes_per_step = max_kv_bytes_per_step
         self.async_engine = async_engine
         self.transport = transport if transport is not None else InProcessKVTransport()
         self._instance_id = instance_id
@@ -80,12 +90,28 @@ class EngineEndpoint:
 
     async def send_kv(self, request_id: str, first_block: int, *, freeze: bool
                       ) -> tuple[RequestSnapshot, KVPayload]:
-        def read(engine: Engine):
-            if freeze:
+        # The full blocks go in slices of at most max_kv_bytes_per_step, one engine call each, so
+        # a long context's first stage costs every step a bounded copy instead of stalling one
+        # step for all of it (the pause would grow with the context). Only then, if asked, the
+        # request is frozen and the rest (the blocks filled meanwhile, the partial one) read at once.
+        parts: list[torch.Tensor] = []  # each [L, 2, n_i, block_size, Hkv, D]
+        next_block = first_block
+        while True:
+            snapshot, kv = await self.async_engine.call(partial(
+                hooks.export_kv, request_id=request_id, first_block=next_block, include_partial=False,
+                max_bytes=self.max_kv_bytes_per_step))
+            parts.append(kv)
+            next_block += kv.shape[2]
+            if next_block >= snapshot.num_computed_tokens // kv.shape[3]:
+                break
+        if freeze:
+            def read_frozen(engine: Engine):
                 hooks.freeze_request(engine, request_id)
-            return hooks.export_kv(engine, request_id, first_block, include_partial=freeze)
+                return hooks.export_kv(engine, request_id, next_block, include_partial=True)
 
-        snapshot, kv = await self.async_engine.call(read)
+            snapshot, kv = await self.async_engine.call(read_frozen)
+            parts.append(kv)
+        kv = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)  # [L, 2, n, block_size, Hkv, D]
         return snapshot, self.transport.send(kv)  # off the engine thread: decoding goes on
 
     def handoff_target(self, request_id: str) -> str | None:
@@ -113,8 +139,16 @@ class EngineEndpoint:
 
     async def receive_kv(self, snapshot: RequestSnapshot, first_block: int, payload: KVPayload) -> int:
         kv = await self.transport.receive(payload)  # [L, 2, n, block_size, Hkv, D]
-        return await self.async_engine.call(partial(hooks.import_kv, snapshot=snapshot,
-                                                    first_block=first_block, kv=kv))
+        # Written in slices as they were read, so this instance's own requests see bounded steps.
+        per_call = max(1, self.max_kv_bytes_per_step // max(1, kv[:, :, :1].numel() * kv.element_size()))
+        start = 0
+        while True:
+            part = kv[:, :, start:start + per_call]  # [L, 2, <= per_call, block_size, Hkv, D]
+            num_tokens_with_kv = await self.async_engine.call(partial(
+                hooks.import_kv, snapshot=snapshot, first_block=first_block + start, kv=part))
+            start += per_call
+            if start >= kv.shape[2]:
+                return num_tokens_with_kv
 
     async def commit_import(self, snapshot: RequestSnapshot) -> None:
         request_id = snapshot.request_id

@@ -11,7 +11,9 @@ Step by step, for one request:
    instant; the destination writes them into its reserved blocks (growing the reservation as the
    request grew, refusable) and takes the new tokens. The source decodes throughout, so each
    stage ships what the previous stage's decoding filled: few blocks. The stages stop once one
-   ships at most ``max_final_blocks`` (or after ``max_stages``).
+   ships at most ``max_final_blocks`` (or after ``max_stages``). The endpoint reads a stage in
+   slices of bounded size, one engine call each, so even the first stage of a long context adds
+   only a bounded copy to any one step (`EngineEndpoint.max_kv_bytes_per_step`).
 3. Stop. In one step between two engine steps, the source freezes the request and ships the
    remaining blocks including the partly written last one, with the final snapshot (the last
    tokens and the sampler's generator state).

@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from worker.engine import Engine
+from worker.model_runner import kv_bytes_per_block
 from worker.request_output import RequestOutput
 from worker.request_snapshot import RequestSnapshot
 from worker.scheduler import ScheduledBatch
@@ -94,15 +95,21 @@ def release_request(engine: Engine, request_id: str) -> RequestOutput:
     return engine._output(seq, (), "")
 
 
-def export_kv(engine: Engine, request_id: str, first_block: int, *, include_partial: bool
-              ) -> tuple[RequestSnapshot, torch.Tensor]:
+def export_kv(engine: Engine, request_id: str, first_block: int, *, include_partial: bool,
+              max_bytes: int | None = None) -> tuple[RequestSnapshot, torch.Tensor]:
     """The snapshot and the request's KV blocks from table index ``first_block`` on, taken at one
     instant: the full blocks only (they never change again), or also the last, partly written one
-    (``include_partial``, for a frozen request). Returns kv: [L, 2, n, block_size, Hkv, D]."""
+    (``include_partial``, for a frozen request). ``max_bytes`` caps the copy (at least one block),
+    so a long context is read over several calls and no single one stalls the engine for long; the
+    caller sees it got them all when ``first_block + n`` reaches the snapshot's full blocks.
+    Returns kv: [L, 2, n, block_size, Hkv, D]."""
     seq = _seq(engine, request_id)
     block_size = engine.block_manager.block_size
     computed = seq.num_computed_tokens
     end_block = -(-computed // block_size) if include_partial else computed // block_size
+    if max_bytes is not None:
+        end_block = min(end_block, first_block + max(1, max_bytes // kv_bytes_per_block(
+            engine.model_config, block_size, engine.runner.kv_pool.dtype)))
     block_ids = engine.block_manager.block_table(request_id)[first_block:end_block]
     return _snapshot(seq), read_kv_blocks(engine, block_ids)
 

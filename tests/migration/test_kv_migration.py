@@ -41,6 +41,40 @@ def test_output_with_a_migration_at_a_random_point_equals_the_output_without(
     assert outcome.num_bytes_copied == outcome.num_blocks_copied * per_block
 
 
+def test_a_long_context_is_copied_in_bounded_slices_one_engine_call_each(endpoints, unmoved, monkeypatch):
+    """The pause must not grow with the context: no engine call copies more than the endpoint's
+    per-step budget (here: one block), on either side, and the output is still exact."""
+    from worker import engine_migration
+
+    source, dest = endpoints
+    expected = unmoved(PROMPTS[4], SEEDED)
+    for endpoint in endpoints:
+        monkeypatch.setattr(endpoint, "max_kv_bytes_per_step", 1)
+    sizes = {"read": [], "written": []}
+    read, write = engine_migration.read_kv_blocks, engine_migration.write_kv_blocks
+
+    def recording_read(engine, block_ids):
+        sizes["read"].append(len(block_ids))
+        return read(engine, block_ids)
+
+    def recording_write(engine, block_ids, kv):
+        sizes["written"].append(len(block_ids))
+        return write(engine, block_ids, kv)
+
+    monkeypatch.setattr(engine_migration, "read_kv_blocks", recording_read)
+    monkeypatch.setattr(engine_migration, "write_kv_blocks", recording_write)
+    received = run(stream_following(
+        source, {"dst": dest}, "moving", PROMPTS[4], SEEDED, migrate_after=40,
+        migrate=lambda: migrate_by_kv(source, dest, "moving")))
+    outcome = received.outcome
+    assert outcome.status is MigrationStatus.MIGRATED, outcome.error
+    assert received.whole == expected.whole and outcome.num_tokens_after_stop == 0
+    # The first stage alone held 5 full blocks or more; each went in its own call (the frozen read at the
+    # stop is the one exception: it takes the rest at once, as few blocks as a stage left).
+    assert max(sizes["read"][:-1]) == 1 and sum(sizes["read"]) == outcome.num_blocks_copied >= 5
+    assert max(sizes["written"]) == 1 and sum(sizes["written"]) == outcome.num_blocks_copied
+
+
 def test_stages_shrink_to_a_short_stop(endpoints):
     source, dest = endpoints
     received = run(stream_following(

@@ -62,11 +62,18 @@ def test_a_client_following_the_request_gets_exactly_the_unmoved_output(instance
     source = RayEndpoint(instances["inst-a"], "inst-a")
     dest = RayEndpoint(instances["inst-b"], "inst-b")
 
+    async def freeze_then_migrate(request_id):
+        # Frozen first: on a busy machine the tiny model could otherwise finish its 150 tokens
+        # before the token rounds end (outcome FINISHED, seen in CI). Migrating while the source
+        # decodes is covered on in-process engines (test_kv_migration, test_token_migration).
+        await source.freeze_request(request_id)
+        return await migrate_request(source, dest, request_id, method)
+
     async def main():
         expected, _ = await read_following(instances, f"alone-{method.value}")
         moved, outcome = await read_following(
             instances, f"moving-{method.value}", migrate_after=7,
-            migrate=lambda: migrate_request(source, dest, f"moving-{method.value}", method))
+            migrate=lambda: freeze_then_migrate(f"moving-{method.value}"))
         return expected, moved, outcome
 
     expected, moved, outcome = asyncio.run(main())
