@@ -18,7 +18,9 @@ file, so it is reported beside the disk figures, not as one of them.
 The physical limit is measured in the same run: a plain multi-threaded sequential read of the
 same bytes into a pre-faulted buffer (O_DIRECT where allowed; the best of --threads and 4
 threads), and `dd` (cold). Peers that are
-not installed or do not run on this machine get a line saying why.
+not installed or do not run on this machine get a line saying why. The runs go in rounds, each
+taking every loader (and the limit) once, cold then warm: the disk's rate drifts, and the drift
+then hits every line alike. Each line gives the median and every run's figure (`gbps_all`).
 
     python bench/loader.py [--quick] [--work-dir DIR] [--repeats 3] [--threads N] [--loaders thaw,safetensors]
 
@@ -264,15 +266,45 @@ def dd_cold(paths: dict[str, Path]) -> dict:
     return {"seconds": time.perf_counter() - start, "bytes": total}
 
 
-def measure_repeated(loader: str, state: str, paths: dict[str, Path], files: list[Path], threads: int,
-                     repeats: int, keep_errors: bool = False) -> list[dict]:
-    """``repeats`` fresh-process runs of one loader, each after evicting (cold) or reading (warm)
-    the files; only successful runs unless ``keep_errors``."""
-    runs = []
-    for _ in range(repeats):
-        evict(files) if state == "cold" else warm_up(files)
-        runs.append(run_child(loader, paths, threads, state))
-    return runs if keep_errors else [r for r in runs if "seconds" in r]
+def interleaved_runs(variants: list[tuple[str, int]], paths: dict[str, Path], files: list[Path],
+                     repeats: int) -> dict[tuple[tuple[str, int], str], list[dict]]:
+    """Fresh-process runs of every (loader, threads) variant, cold (files evicted first) and warm
+    (files read first), in ``repeats`` rounds that take each variant once: this disk's rate drifts
+    by 2x within minutes, and interleaving lets the drift hit every loader alike (a loader's
+    repeats run back to back would compare one minute's disk against another's)."""
+    runs: dict[tuple[tuple[str, int], str], list[dict]] = {
+        (variant, state): [] for variant in variants for state in ("cold", "warm")}
+    for round_index in range(repeats):
+        for state in ("cold", "warm"):
+            for loader, threads in variants:
+                evict(files) if state == "cold" else warm_up(files)
+                runs[(loader, threads), state].append(run_child(loader, paths, threads, state))
+        print(f"[bench/loader] round {round_index + 1}/{repeats} done", file=sys.stderr, flush=True)
+    return runs
+
+
+def loader_line(loader: str, state: str, runs: list[dict], limit_gbps: float | None) -> dict:
+    """One loader's JSON line: median GB/s over its successful runs, every run's figure, the ratio
+    to the limit measured in the same rounds."""
+    good = [r for r in runs if "seconds" in r]
+    line: dict = {"bench": "loader", "loader": loader, "state": state}
+    if not good:
+        return line | {"skipped": runs[0].get("error", "failed")}
+    all_gbps = [r["bytes"] / r["seconds"] / 1e9 for r in good]
+    gbps = statistics.median(all_gbps)
+    line |= {"gbps": round(gbps, 3), "gbps_all": [round(x, 3) for x in all_gbps],
+             "seconds": round(statistics.median(r["seconds"] for r in good), 4),
+             "bytes": good[0]["bytes"], "limit_gbps": round(limit_gbps, 3) if limit_gbps else None,
+             "ratio_to_limit": round(gbps / limit_gbps, 3) if limit_gbps else None}
+    if "direct_io" in good[0]:
+        line["direct_io"] = good[0]["direct_io"]
+    if "trusted_bytes" in good[0]:  # checksums: hashed by this load, or by an earlier one
+        trusted = min(r["trusted_bytes"] for r in good)
+        line["checksums"] = ("verified at an earlier load, file unchanged" if trusted == good[0]["bytes"]
+                             else "verified by this load" if trusted == 0 else "partly trusted")
+    if loader == "thaw-dram-tier":  # not the disk file: a copy in RAM, mapped
+        line |= {"source": "DRAM tier (tmpfs copy), mapped", "mapped": good[0].get("mapped")}
+    return line
 
 
 LIMIT_THREADS = 4  # besides --threads: the thread count of our loader's default configuration
@@ -342,27 +374,9 @@ def main(argv: list[str] | None = None) -> int:
             paths["thaw-dram"] = dram_dir / "thaw"
         else:
             available["thaw-dram-tier"] = False
-        limits = {}
-        for state in ("cold", "warm"):
-            # The best of several thread counts (ours reads with 4): a disk may need a deeper queue
-            # than the core count to reach its rate, and the limit must not be the weaker reader.
-            best, best_threads, direct = None, None, None
-            for threads in sorted({args.threads, LIMIT_THREADS}):
-                good = measure_repeated("limit-read", state, paths, files, threads, repeats)
-                if good:
-                    gbps = statistics.median(r["bytes"] / r["seconds"] / 1e9 for r in good)
-                    if best is None or gbps > best:
-                        best, best_threads, direct = gbps, threads, good[0].get("direct_io")
-            limits[state] = best
-            print(json.dumps({"bench": "loader", "loader": "limit-read", "state": state,
-                              "gbps": round(best, 3) if best else None, "threads": best_threads,
-                              "direct_io": direct}), flush=True)
-        dd = dd_cold(paths)
-        print(json.dumps({"bench": "loader", "loader": "dd", "state": "cold",
-                          "gbps": round(dd["bytes"] / dd["seconds"] / 1e9, 3)}), flush=True)
         # The platform's loads find the record of an earlier verified load (a node verifies a copy
         # the first time it loads it); one load of each copy here writes it, once the files have
-        # been still for the record's settling time (the limit runs above took longer than that).
+        # been still for the record's settling time.
         from loader import ThawCheckpointLoader
         from loader.verification_record import SETTLE_NS
 
@@ -372,37 +386,42 @@ def main(argv: list[str] | None = None) -> int:
         for copy in copies:
             with ThawCheckpointLoader(copy) as primer:
                 primer.wait_all()
+        measured = []
         for loader in chosen:
             if loader == "thaw-dram-tier" and not available.get(loader, True):
                 print(json.dumps({"bench": "loader", "loader": loader, "skipped": "no tmpfs at /dev/shm"}), flush=True)
-                continue
-            if not available.get(loader, True):
+            elif not available.get(loader, True):
                 print(json.dumps({"bench": "loader", "loader": loader, "skipped":
                                   f"not installed (pip install {loader})" if loader != "tensorizer" or
                                   importlib.util.find_spec("tensorizer") is None else "serialization failed"}),
                       flush=True)
-                continue
-            for state in ("cold", "warm"):
-                runs = measure_repeated(loader, state, paths, files, args.threads, repeats, keep_errors=True)
-                good = [r for r in runs if "seconds" in r]
-                line = {"bench": "loader", "loader": loader, "state": state}
-                if not good:
-                    line["skipped"] = runs[0].get("error", "failed")
-                else:
+            else:
+                measured.append(loader)
+        # The best of several thread counts for the limit (ours reads with 4): a disk may need a
+        # deeper queue than the core count to reach its rate, and the limit must not be the weaker reader.
+        limit_variants = [("limit-read", t) for t in sorted({args.threads, LIMIT_THREADS})]
+        runs = interleaved_runs(limit_variants + [(loader, args.threads) for loader in measured], paths, files,
+                                repeats)
+        limits = {}
+        for state in ("cold", "warm"):
+            best, best_threads, direct = None, None, None
+            for variant in limit_variants:
+                good = [r for r in runs[variant, state] if "seconds" in r]
+                if good:
                     gbps = statistics.median(r["bytes"] / r["seconds"] / 1e9 for r in good)
-                    line |= {"gbps": round(gbps, 3), "seconds": round(statistics.median(r["seconds"] for r in good), 4),
-                             "bytes": good[0]["bytes"], "limit_gbps": round(limits[state], 3) if limits[state] else None,
-                             "ratio_to_limit": round(gbps / limits[state], 3) if limits[state] else None}
-                    if "direct_io" in good[0]:
-                        line["direct_io"] = good[0]["direct_io"]
-                    if "trusted_bytes" in good[0]:  # checksums: hashed by this load, or by an earlier one
-                        trusted = min(r["trusted_bytes"] for r in good)
-                        line["checksums"] = ("verified at an earlier load, file unchanged" if trusted == good[0]["bytes"]
-                                             else "verified by this load" if trusted == 0 else "partly trusted")
-                    if loader == "thaw-dram-tier":  # not the disk file: a copy in RAM, mapped
-                        line |= {"source": "DRAM tier (tmpfs copy), mapped",
-                                 "mapped": good[0].get("mapped")}
-                print(json.dumps(line), flush=True)
+                    if best is None or gbps > best:
+                        best, best_threads, direct = gbps, variant[1], good[0].get("direct_io")
+            limits[state] = best
+            print(json.dumps({"bench": "loader", "loader": "limit-read", "state": state,
+                              "gbps": round(best, 3) if best else None, "threads": best_threads,
+                              "direct_io": direct}), flush=True)
+        dd = dd_cold(paths)
+        print(json.dumps({"bench": "loader", "loader": "dd", "state": "cold",
+                          "gbps": round(dd["bytes"] / dd["seconds"] / 1e9, 3)}), flush=True)
+        for loader in measured:
+            for state in ("cold", "warm"):
+                print(json.dumps(loader_line(loader, state, runs[(loader, args.threads), state], limits[state])),
+                      flush=True)
     finally:
         for path in cleanup:
             shutil.rmtree(path, ignore_errors=True)
