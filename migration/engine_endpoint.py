@@ -140,7 +140,7 @@ class EngineEndpoint:
     async def receive_kv(self, snapshot: RequestSnapshot, first_block: int, payload: KVPayload) -> int:
         kv = await self.transport.receive(payload)  # [L, 2, n, block_size, Hkv, D]
         # Written in slices as they were read, so this instance's own requests see bounded steps.
-        per_call = max(1, self.max_kv_bytes_per_step // max(1, kv[:, :, :1].numel() * kv.element_size()))
+        per_call = hooks.kv_blocks_per_call(self.async_engine.engine, self.max_kv_bytes_per_step)
         start = 0
         while True:
             part = kv[:, :, start:start + per_call]  # [L, 2, <= per_call, block_size, Hkv, D]

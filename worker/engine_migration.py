@@ -43,8 +43,8 @@ from worker.sequence import FinishReason, Sequence, SequenceStatus
 __all__ = [
     "MigrationRefusedError", "UnknownRequestError", "begin_import", "cancel_import", "commit_import",
     "export_kv", "export_request", "extend_import", "freeze_request", "import_kv", "import_request",
-    "prefill_import", "read_kv_blocks", "release_request", "reserve_blocks", "unfreeze_request",
-    "write_kv_blocks",
+    "kv_blocks_per_call", "prefill_import", "read_kv_blocks", "release_request", "reserve_blocks",
+    "unfreeze_request", "write_kv_blocks",
 ]
 
 
@@ -108,10 +108,16 @@ def export_kv(engine: Engine, request_id: str, first_block: int, *, include_part
     computed = seq.num_computed_tokens
     end_block = -(-computed // block_size) if include_partial else computed // block_size
     if max_bytes is not None:
-        end_block = min(end_block, first_block + max(1, max_bytes // kv_bytes_per_block(
-            engine.model_config, block_size, engine.runner.kv_pool.dtype)))
+        end_block = min(end_block, first_block + kv_blocks_per_call(engine, max_bytes))
     block_ids = engine.block_manager.block_table(request_id)[first_block:end_block]
     return _snapshot(seq), read_kv_blocks(engine, block_ids)
+
+
+def kv_blocks_per_call(engine: Engine, max_bytes: int) -> int:
+    """How many KV blocks fit in ``max_bytes`` (at least one): the slice one engine call copies."""
+    block_bytes = kv_bytes_per_block(engine.model_config, engine.block_manager.block_size,
+                                     engine.runner.kv_pool.dtype)
+    return max(1, max_bytes // block_bytes)
 
 
 def read_kv_blocks(engine: Engine, block_ids: list[int]) -> torch.Tensor:

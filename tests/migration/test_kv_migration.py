@@ -155,6 +155,13 @@ def test_a_client_leaving_during_the_migration_frees_both_instances(endpoints, l
     # (the autouse check then finds nothing running and every block free on both instances)
 
 
+def test_a_per_step_copy_budget_below_one_byte_is_refused(endpoints):
+    from migration import EngineEndpoint
+
+    with pytest.raises(ValueError, match="max_kv_bytes_per_step must be >= 1, got 0"):
+        EngineEndpoint(endpoints[0].async_engine, max_kv_bytes_per_step=0)
+
+
 def test_config_is_validated():
     with pytest.raises(ValueError, match="max_stages must be an integer >= 1"):
         KVMigrationConfig(max_stages=0)

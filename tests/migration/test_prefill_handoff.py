@@ -83,22 +83,31 @@ def test_a_helper_takes_the_waiting_prefill_and_the_client_gets_the_unmoved_outp
     assert tracked == [] and free == total
 
 
-def test_a_helper_that_refuses_leaves_the_request_to_finish_on_the_new_instance(
-        instances, tied_dir, monkeypatch):  # noqa: F811
-    expected = unmoved(tied_dir, GREEDY)
+def hand_over_then_land(instances, target, prompt, params, *, requeued: bool = False):
+    """Streams ``prompt`` from the new instance, hands its prefill waiting at layer 2 to ``target``
+    (the helper, or a faulty stand-in for it), then lands the missing layers; returns (outcome,
+    what the client received, the real helper's (tracked, free, total) afterwards). ``requeued``:
+    first waits for the new instance to have queued the prompt again and brought it back to the frontier."""
     source, new, helper = instances
-    refusing = FaultyEndpoint(helper, "take_over_prefill", MigrationRefusedError("needs 2 KV blocks, 0 free"))
 
     async def scenario():
-        client = asyncio.create_task(stream_following(new, {"helper": helper}, "r", PROMPT, GREEDY))
+        client = asyncio.create_task(stream_following(new, {"helper": helper}, "r", prompt, params))
         await at_frontier(new, "r", 2)
-        outcome = await hand_over_prefill(new, refusing, "r")
-        # Queued again on the new instance: a fresh pass runs the landed layers and waits.
-        await at_frontier(new, "r", 2)
+        outcome = await hand_over_prefill(new, target, "r")
+        if requeued:  # a fresh pass runs the landed layers and waits again
+            await at_frontier(new, "r", 2)
         await asyncio.to_thread(source.release_all)
         return outcome, await asyncio.wait_for(client, DEADLINE_S), await idle(helper)
 
-    outcome, received, (tracked, free, total) = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+def test_a_helper_that_refuses_leaves_the_request_to_finish_on_the_new_instance(
+        instances, tied_dir):  # noqa: F811
+    expected = unmoved(tied_dir, GREEDY)
+    refusing = FaultyEndpoint(instances[2], "take_over_prefill", MigrationRefusedError("needs 2 KV blocks, 0 free"))
+    outcome, received, (tracked, free, total) = hand_over_then_land(instances, refusing, PROMPT, GREEDY,
+                                                                    requeued=True)
     assert outcome.status is MigrationStatus.REFUSED and "0 free" in outcome.error
     assert received.token_ids == expected and received.num_handoffs == 0
     assert tracked == [] and free == total
@@ -108,18 +117,9 @@ def test_a_helper_that_refuses_leaves_the_request_to_finish_on_the_new_instance(
 def test_a_helper_dying_mid_hand_over_keeps_nothing_and_the_request_finishes_whole(
         instances, tied_dir, after_forwarding):  # noqa: F811
     expected = unmoved(tied_dir, SEEDED)
-    source, new, helper = instances
-    dying = FaultyEndpoint(helper, "take_over_prefill", ConnectionError("instance died"),
+    dying = FaultyEndpoint(instances[2], "take_over_prefill", ConnectionError("instance died"),
                            after_forwarding=after_forwarding)
-
-    async def scenario():
-        client = asyncio.create_task(stream_following(new, {"helper": helper}, "r", PROMPT, SEEDED))
-        await at_frontier(new, "r", 2)
-        outcome = await hand_over_prefill(new, dying, "r")
-        await asyncio.to_thread(source.release_all)
-        return outcome, await asyncio.wait_for(client, DEADLINE_S), await idle(helper)
-
-    outcome, received, (tracked, free, total) = asyncio.run(scenario())
+    outcome, received, (tracked, free, total) = hand_over_then_land(instances, dying, PROMPT, SEEDED)
     assert outcome.status is MigrationStatus.FAILED and "instance died" in outcome.error
     assert received.token_ids == expected and received.num_handoffs == 0
     assert tracked == [] and free == total  # a helper that had taken it dropped it again
@@ -129,16 +129,7 @@ def test_a_prompt_spanning_several_passes_is_refused_by_the_new_instance_unchang
         instances, tied_dir):  # noqa: F811
     long_prompt = list(range(5, 45))  # 40 tokens: more than one 32-token pass
     expected = list(Engine(tied_dir, engine_config()).generate([long_prompt], GREEDY)[0].output_token_ids)
-    source, new, helper = instances
-
-    async def scenario():
-        client = asyncio.create_task(stream_following(new, {"helper": helper}, "r", long_prompt, GREEDY))
-        await at_frontier(new, "r", 2)
-        outcome = await hand_over_prefill(new, helper, "r")
-        await asyncio.to_thread(source.release_all)
-        return outcome, await asyncio.wait_for(client, DEADLINE_S), await idle(helper)
-
-    outcome, received, (tracked, free, total) = asyncio.run(scenario())
+    outcome, received, (tracked, free, total) = hand_over_then_land(instances, instances[2], long_prompt, GREEDY)
     assert outcome.status is MigrationStatus.REFUSED and "spans several passes" in outcome.error
     assert received.token_ids == expected and received.num_handoffs == 0
     assert tracked == [] and free == total
