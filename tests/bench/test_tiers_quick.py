@@ -1,6 +1,6 @@
 """``bench/tiers.py --quick`` runs and prints one JSON line per tier (so the benchmark never rots).
 No timing is asserted, only that the figures are there and consistent -- and that the DRAM tier's
-load read nothing from a disk, which is what the tier is for."""
+load read none of the checkpoint from a disk, which is what the tier is for."""
 
 from __future__ import annotations
 
@@ -22,7 +22,10 @@ def test_tiers_benchmark_quick():
     for line in lines:
         assert line["bench"] == "tiers" and line["mode"] == "quick"
         assert line["seconds"] > 0 and line["gbps"] > 0 and line["num_bytes"] == lines[0]["num_bytes"]
-    assert by_tier["dram"]["disk_read_bytes"] == 0
+    # Nothing of the checkpoint comes from a disk (a load that fell back to the SSD copy reads all of
+    # it). Not exactly 0: this VM's kernel drops cached pages all the time, so a code page of a
+    # library (or a lazily imported module) can be faulted back in during the load (155 KB seen once).
+    assert by_tier["dram"]["disk_read_bytes"] < by_tier["dram"]["num_bytes"] // 10
     assert by_tier["dram"]["ratio_to_dram"] == 1.0
     assert by_tier["repository"]["fetch_convert_s"] < by_tier["repository"]["seconds"]
     assert by_tier["ssd"]["warm_seconds"] > 0 and by_tier["dram"]["promote_s"] > 0
