@@ -8,8 +8,10 @@ Two reconcile steps of the controller, both about where checkpoints sit on a nod
 - promotion: a cold start reads from SSD directly (`cluster_node.store_tier`: copying into DRAM
   first would put a second full read and write on the request's path), so once the node has
   settled, a model its instances loaded from SSD is copied into DRAM where DRAM can take it
-  (`dram_can_take`), unpinned, and the next start there is fast. A missed promotion only makes a
-  later start slower; it is logged, never an error.
+  (`dram_can_take`), unpinned, and the next start there is fast. So is a model whose instance
+  was evicted for another before it was promoted (`keep_in_dram`): its next cold start on that
+  node is a DRAM one. A missed promotion only makes a later start slower; it is logged, never
+  an error.
 
 Split out of `controller.Controller`, which owns the state this reads (instances, nodes, models).
 """
@@ -26,7 +28,7 @@ from controller.cluster_node import ClusterNode, dram_can_take
 from controller.controller_config import ControllerConfig
 from controller.controller_status import event_to_dict
 from controller.instance_manager import InstanceManager
-from controller.managed_instance import InstancePhase
+from controller.managed_instance import InstancePhase, ManagedInstance
 from controller.model_state import ModelState
 
 logger = logging.getLogger(__name__)
@@ -49,6 +51,7 @@ class CheckpointCopies:
         self._wall_clock = wall_clock
         self._background = background  # the controller's: it awaits them at shutdown
         self._promoting: set[tuple[str, str]] = set()  # (node id, repository name) being copied into DRAM
+        self._wanted: dict[tuple[str, str], str] = {}  # evicted: (node id, repository name) -> model id
 
     async def reconcile_pins(self) -> list[str]:
         """Unpin what no instance on the node came from; returns one error per failed unpin."""
@@ -67,20 +70,34 @@ class CheckpointCopies:
         results = await asyncio.gather(*calls, return_exceptions=True)
         return [f"unpin: {result}" for result in results if isinstance(result, BaseException)]
 
+    def keep_in_dram(self, instance: ManagedInstance) -> None:
+        """The instance is stopped to give its slot away (evicted): copy its model into its node's
+        DRAM tier once the node has settled, if it read it from SSD and DRAM can take it."""
+        if instance.tier == "ssd":
+            self._wanted[(instance.node_id, instance.repository_name)] = instance.model_id
+
     def promote_to_dram(self, busy_node_ids: Collection[str]) -> None:
         """Start copying into DRAM, in the background, the models that ready instances loaded
-        from SSD, on nodes not in `busy_node_ids` (still settling after a start)."""
-        for instance in self._instances.all():
-            node = self._nodes.get(instance.node_id)
-            key = (instance.node_id, instance.repository_name)
-            model = self._models.get(instance.model_id)
-            if (instance.phase is not InstancePhase.READY or instance.tier != "ssd" or node is None
-                    or node.store is None or instance.node_id in busy_node_ids or key in self._promoting
-                    or model is None
-                    or not dram_can_take(node.report, instance.repository_name, model.num_bytes or 0, self.config)):
+        from SSD (and evicted ones, `keep_in_dram`), on nodes not in `busy_node_ids` (still
+        settling after a start)."""
+        wanted = [(node_id, name, model_id) for (node_id, name), model_id in self._wanted.items()]
+        wanted += [(i.node_id, i.repository_name, i.model_id) for i in self._instances.all()
+                   if i.phase is InstancePhase.READY and i.tier == "ssd"]
+        for node_id, name, model_id in wanted:
+            node = self._nodes.get(node_id)
+            key = (node_id, name)
+            model = self._models.get(model_id)
+            if node is None or model is None:
+                self._wanted.pop(key, None)
                 continue
+            if (node.store is None or node_id in busy_node_ids or key in self._promoting
+                    or not dram_can_take(node.report, name, model.num_bytes or 0, self.config)):
+                if node.report is not None and name in node.report.tier("dram").models:
+                    self._wanted.pop(key, None)  # there already
+                continue
+            self._wanted.pop(key, None)
             self._promoting.add(key)
-            task = asyncio.get_running_loop().create_task(self._promote(node, instance.model_id, key))
+            task = asyncio.get_running_loop().create_task(self._promote(node, model_id, key))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 

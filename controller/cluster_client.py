@@ -135,6 +135,11 @@ class ClusterClient(ABC):
         """Ids of the requests open on the worker (started there or migrated in)."""
 
     @abstractmethod
+    async def suspend_requests(self, handle: Any, timeout_s: float) -> list[str]:
+        """End every stream on the worker with finish reason "suspended" (the gateway queues those
+        requests for their model's next instance), and every new one at once; their ids."""
+
+    @abstractmethod
     async def migrate_requests(self, source: Any, source_instance_id: str, dest: Any, dest_instance_id: str,
                                request_ids: list[str], method: str, timeout_s: float) -> list[Any]:
         """Live-migrates the requests from one worker to another, concurrently; one

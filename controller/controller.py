@@ -22,7 +22,11 @@ One tick (`reconcile_once`):
 
 Live migration (`migrate`, a drain moving requests off) is driven by `RequestMover`; when a cold
 model would be ready soonest on a full node, `SlotReclaimer` empties an instance there by
-migration and holds the slot for it (placement step 3).
+migration and holds the slot for it (placement step 3). Slots are shared on demand
+(`SlotSharer`): models with waiting requests are placed first, oldest request first, and when no
+slot is free one is taken from an idle instance (eviction), or, past the model's bounded wait,
+from a busy one (preemption: its requests migrate or are suspended until their model's next
+slot). `notify_demand` answers the gateway with the model's `SlotOutlook`.
 
 Starting and stopping are asynchronous (`InstanceManager`), so a tick never waits on a load: an
 instance takes its slot at once (LOADING) and is routed when ``ready()`` answers; a stopping one
@@ -43,7 +47,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from controller.autoscale_policy import LoadSnapshot, decide
+from controller.autoscale_policy import AutoscaleState, LoadSnapshot, decide
 from controller.cluster_client import ActorGoneError, ClusterClient
 from controller.checkpoint_copies import CheckpointCopies
 from controller.cluster_node import ClusterNode, node_view, num_used_slots, plan_nodes
@@ -58,7 +62,10 @@ from controller.model_state import ModelState
 from controller.placement_policy import PlacementDecision, place
 from controller.prefill_helper import PrefillHelper
 from controller.request_mover import RequestMover
+from controller.slot_outlook import SlotOutlook
 from controller.slot_reclaimer import SlotReclaimer
+from controller.slot_sharer import SlotSharer
+from controller.usage_meter import UsageMeter
 from controller.routing_table import Route, RoutingTable
 from controller.spare_pool import SparePool
 from controller.state_store import StateStore, open_state_store
@@ -120,6 +127,10 @@ class Controller:
                                         record=self._record, wall_clock=wall_clock, background=self._background)
         self._reclaimer = SlotReclaimer(config, self._instances, self._mover, draining_nodes=self._draining_nodes,
                                         record=self._record, wall_clock=wall_clock, background=self._background)
+        self._sharer = SlotSharer(config, cluster, self._instances, self._nodes, self._models, self._mover,
+                                  draining_nodes=self._draining_nodes, shrink=self._shrink_after_eviction,
+                                  keep_in_dram=self._copies.keep_in_dram, record=self._record,
+                                  wall_clock=wall_clock, background=self._background)
         self._helper = PrefillHelper(config, cluster, self._instances, draining_nodes=self._draining_nodes,
                                      record=self._record, wall_clock=wall_clock, background=self._background)
         self._closed = False
@@ -132,7 +143,7 @@ class Controller:
         for spec in self._store.list_model_specs():
             self._models[spec.model_id] = ModelState(
                 spec, repository_name_for(spec, self._repository.uri),
-                desired.get(spec.model_id, spec.autoscaling.min_instances))
+                desired.get(spec.model_id, spec.autoscaling.min_instances), usage=self._usage_meter())
         try:
             await self._refresh_nodes()
         except Exception:  # noqa: BLE001 - the loop tries again; adoption needs no node list
@@ -206,7 +217,7 @@ class Controller:
             self._store.put_model_spec(spec)
             self._store.set_desired_instances(spec.model_id, spec.autoscaling.min_instances)
             self._models[spec.model_id] = ModelState(spec, published.repository_name, spec.autoscaling.min_instances,
-                                                     num_bytes=published.num_bytes)
+                                                     num_bytes=published.num_bytes, usage=self._usage_meter())
         self._record(event_to_dict("deployed", spec.model_id, f"repository model {published.repository_name} "
                                    f"({published.num_bytes} bytes{', pushed' if published.pushed else ''})",
                                    self._wall_clock()))
@@ -264,6 +275,7 @@ class Controller:
                 raise UnknownModelError(model_id)
             self._store.delete_model_spec(model_id)
             self._reclaimer.forget(model_id, "model deleted")
+            self._sharer.forget(model_id, "model deleted")
             stops = [self._instances.begin_stop(instance, "model deleted", 0.0)
                      for instance in self._instances.of_model(model_id)]
         self._record(event_to_dict("deleted", model_id, f"{len(stops)} instances stopped", self._wall_clock()))
@@ -311,16 +323,40 @@ class Controller:
 
     # --- the gateway's side ------------------------------------------------------------------
 
-    def notify_demand(self, model_id: str, num_queued: int, reporter: str = "gateway") -> None:
-        """`num_queued` requests wait for `model_id` at `reporter` now (a level, not an increment;
-        repeat it while they wait, it expires after `queue_report_ttl_s`). Wakes the loop: a
-        model at zero starts on this tick."""
+    def notify_demand(self, model_id: str, num_queued: int, reporter: str = "gateway",
+                      oldest_wait_s: float = 0.0) -> SlotOutlook:
+        """`num_queued` requests wait for `model_id` at `reporter` now, the oldest of them for
+        `oldest_wait_s` (a level, not an increment; repeat it while they wait, it expires after
+        `queue_report_ttl_s`). Wakes the loop: a model at zero starts on this tick. Returns where
+        the model stands (`SlotOutlook`), which the gateway shows its waiting clients."""
         self._check_open()
         if not isinstance(num_queued, int) or isinstance(num_queued, bool) or num_queued < 0:
             raise ValueError(f"num_queued must be an integer >= 0, got {num_queued!r}")
-        self._model(model_id).report_queue(str(reporter), num_queued, self._clock())
+        if not isinstance(oldest_wait_s, (int, float)) or isinstance(oldest_wait_s, bool) \
+                or not 0 <= oldest_wait_s < float("inf"):
+            raise ValueError(f"oldest_wait_s must be a finite number >= 0, got {oldest_wait_s!r}")
+        now = self._clock()
+        self._model(model_id).report_queue(str(reporter), num_queued, now, float(oldest_wait_s))
         if num_queued > 0:
             self._wake.set()
+        return self._sharer.outlook(model_id, now)
+
+    def _usage_meter(self) -> UsageMeter:
+        sharing = self.config.slot_sharing
+        return UsageMeter(sharing.eviction.usage_half_life_s if sharing else 300.0)
+
+    def _shrink_after_eviction(self, model_id: str, reason: str) -> None:
+        """An idle instance of the model was evicted: it wants one instance fewer (not below its
+        min), so its autoscaler does not start it again without demand."""
+        state = self._models.get(model_id)
+        if state is None:
+            return
+        target = max(state.spec.autoscaling.min_instances, state.num_desired_instances - 1)
+        if target != state.num_desired_instances:
+            self._store.set_desired_instances(model_id, target)
+            state.num_desired_instances = target
+        state.autoscale_state = AutoscaleState()
+        logger.info("%s: desired instances %d: %s", model_id, target, reason)
 
     async def routing_table(self, known_version: int = -1, timeout_s: float = 0.0
                             ) -> tuple[int, dict[str, list[dict[str, Any]]]]:
@@ -336,6 +372,8 @@ class Controller:
     def _publish_routes(self, model_id: str) -> None:
         routes = [Route(i.instance_id, i.actor_name, self._cluster.namespace, i.node_id, i.num_ongoing_requests)
                   for i in self._instances.ready_routes(model_id)]
+        if routes:
+            self._sharer.model_ready(model_id)
         if self._routing.set_routes(model_id, routes if model_id in self._models else []):
             self._routing_changed.set()
             self._routing_changed = asyncio.Event()
@@ -440,7 +478,7 @@ class Controller:
 
     async def _autoscale(self) -> list[str]:
         errors = []
-        for model in list(self._models.values()):
+        for model in self._sharer.order(list(self._models.values()), self._clock()):
             try:
                 await self._autoscale_model(model)
             except Exception as exc:  # noqa: BLE001 - one model's trouble must not hold up the others
@@ -475,6 +513,7 @@ class Controller:
         missing = model.num_desired_instances - len(live)
         if missing <= 0:
             self._reclaimer.forget(model.model_id, "no longer needed: the model scaled back down")
+            self._sharer.forget(model.model_id, "no longer needed: the model has its instances")
         if missing < 0:
             for instance in sorted(live, key=stop_order)[:-missing]:
                 self._instances.begin_stop(instance, f"scaling down to {model.num_desired_instances}",
@@ -494,12 +533,20 @@ class Controller:
         spec = model.spec
         instances = self._instances.all()
         nodes = sorted((n for n in self._nodes.values() if n.store is not None), key=lambda n: n.node_id)
-        views = self._reclaimer.hold_reserved(
-            [node_view(node, model.repository_name, instances, self.config, now) for node in nodes], model.model_id)
-        decision = (place(model.num_bytes, views, spec.resources.num_worker_slots) if views else
+        num_slots = spec.resources.num_worker_slots
+        views = self._sharer.hold_reserved(self._reclaimer.hold_reserved(
+            [node_view(node, model.repository_name, instances, self.config, now) for node in nodes], model.model_id),
+            model.model_id)
+        decision = (place(model.num_bytes, views, num_slots) if views else
                     PlacementDecision(None, None, None, (), "no node with a connected store yet"))
-        decision = self._reclaimer.steer(model, decision, views, spec.resources.num_worker_slots, now)
-        if decision is None:  # a slot is being freed for it (see `SlotReclaimer`)
+        # Free slot, else an idle instance evicted, else requests migrated off (a reclaim), else
+        # past the model's bounded wait a busy instance preempted; None: a slot is being freed.
+        decision = self._sharer.steer(model, decision, views, num_slots, now)
+        if decision is not None:
+            decision = self._reclaimer.steer(model, decision, views, num_slots, now)
+        if decision is not None:
+            decision = self._sharer.preempt(model, decision, num_slots, now)
+        if decision is None:
             return False
         if not decision.placed:
             unplaced = placement_to_dict(model.model_id, decision, self._wall_clock())
@@ -593,6 +640,7 @@ class Controller:
                       for _, node in sorted(self._nodes.items())],
             "spare_workers": self._spares.counts(),
             "slot_reclaims": self._reclaimer.pending(),
+            "slot_sharing": self._sharer.status(now),
             "recent_decisions": list(self._recent),
         }
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.slot_reclaim_policy import SlotReclaimCosts
+from controller.slot_sharing_settings import SlotSharingSettings
 from controller.stream_source_policy import PeerStreamSettings
 from storage import NodeStoreConfig, RepositoryConfig
 
@@ -88,6 +89,10 @@ class ControllerConfig:
         slot_reclaim: when a cold model would be ready soonest on a full node, free a slot there by
             migrating an instance's requests to another instance of its model and stopping it
             (see `controller.slot_reclaim_policy`), with these cost estimates; None: never.
+        slot_sharing: how slots pass between models when they are contended: idle instances
+            evicted for waiting models, busy ones preempted past a bounded wait, the order waiting
+            models are served in (see `controller.slot_sharer`); None: a slot is only ever taken
+            when free (keep-alive is a hard lease).
         peer_stream: when a model already runs, a new instance may take its weights from a
             running instance's stream instead of its node's tier, when that is estimated faster
             (see `controller.stream_source_policy`); None: always the tier.
@@ -125,6 +130,7 @@ class ControllerConfig:
     drain_timeout_s: float = 30.0
     migration_timeout_s: float = 60.0
     slot_reclaim: SlotReclaimCosts | None = SlotReclaimCosts()
+    slot_sharing: SlotSharingSettings | None = SlotSharingSettings()
     peer_stream: PeerStreamSettings | None = PeerStreamSettings()
     queue_report_ttl_s: float = 10.0
     start_retry_delay_s: float = 1.0
@@ -171,6 +177,9 @@ class ControllerConfig:
         if self.slot_reclaim is not None and not isinstance(self.slot_reclaim, SlotReclaimCosts):
             raise ValueError(f"ControllerConfig.slot_reclaim must be a SlotReclaimCosts or None, "
                              f"got {type(self.slot_reclaim).__name__}")
+        if self.slot_sharing is not None and not isinstance(self.slot_sharing, SlotSharingSettings):
+            raise ValueError(f"ControllerConfig.slot_sharing must be a SlotSharingSettings or None, "
+                             f"got {type(self.slot_sharing).__name__}")
         if self.peer_stream is not None and not isinstance(self.peer_stream, PeerStreamSettings):
             raise ValueError(f"ControllerConfig.peer_stream must be a PeerStreamSettings or None, "
                              f"got {type(self.peer_stream).__name__}")

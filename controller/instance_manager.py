@@ -292,6 +292,10 @@ class InstanceManager:
         if model is not None and (stats.num_ongoing_requests > 0
                                   or stats.num_generated_tokens != instance.num_generated_tokens):
             model.last_request_s = now  # requests that came and went between ticks count too
+        started = getattr(stats, "num_requests_started", 0)
+        if model is not None and started > instance.num_requests_started:
+            model.usage.add(started - instance.num_requests_started, now)  # the eviction policy's frequency
+        instance.num_requests_started = started
         instance.num_ongoing_requests = stats.num_ongoing_requests
         instance.num_generated_tokens = stats.num_generated_tokens
         resident = getattr(stats, "weights_resident", True)

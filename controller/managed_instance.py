@@ -38,7 +38,8 @@ class ManagedInstance:
             (adopted after a restart).
         estimate_s: placement's time-to-ready estimate, None if adopted.
         started_s / ready_s: on the controller's clock; ready_s None until ready.
-        num_ongoing_requests / num_generated_tokens: from the last stats report.
+        num_ongoing_requests / num_generated_tokens / num_requests_started: from the last stats
+            report (the last a running total of the requests it was given).
         load_s: the worker's own load time once ready.
         from_spare: the worker is a spare that was assigned this model (no process start).
         load_path: how it gets its weights (a peer's stream or its node's tier) and why; None if
@@ -64,6 +65,7 @@ class ManagedInstance:
     load_s: float | None = None
     num_ongoing_requests: int = 0
     num_generated_tokens: int = 0
+    num_requests_started: int = 0
     last_error: str | None = None
     from_spare: bool = False
     load_path: Any = None  # a controller.stream_source_policy.LoadPath

@@ -39,6 +39,7 @@ import yaml
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 MAX_NAME_LENGTH = 63
+MAX_PRIORITY = 100
 # Starts and ends with a letter or digit (no hidden files, nothing that reads as a flag, no
 # trailing dot that some filesystems drop), with only characters that are safe in a file
 # name, a Redis key and a URL path segment alike in between.
@@ -195,6 +196,13 @@ class AutoscalingPolicy:
             ready; beyond it new requests get 429. At least 1, or a cold model could never
             serve its first request.
         queue_timeout_s: how long a queued request waits for an instance before a 503.
+        priority: when slots are contended, higher wins: the waiting models are served oldest
+            request first with `priority` weighing in (`controller.slot_queue_policy`), and a
+            busy instance is preempted only for a model of equal or higher priority, lowest
+            priority first. An integer in [-100, 100]; 0 by default.
+        max_wait_before_preempt_s: how long this model's oldest request may wait for a slot
+            while every slot is busy before the controller preempts a busy instance of a model
+            of no higher priority for it (`controller.preemption_policy`).
     """
 
     min_instances: int = 0
@@ -205,6 +213,8 @@ class AutoscalingPolicy:
     keep_alive_s: float = 60.0
     max_queued_requests: int = 100
     queue_timeout_s: float = 60.0
+    priority: int = 0
+    max_wait_before_preempt_s: float = 5.0
 
     def __post_init__(self) -> None:
         min_instances = _int("min_instances", self.min_instances, minimum=0)
@@ -226,6 +236,12 @@ class AutoscalingPolicy:
         object.__setattr__(
             self, "queue_timeout_s", _float("queue_timeout_s", self.queue_timeout_s, minimum=0.0, exclusive=True)
         )
+        priority = _int("priority", self.priority, minimum=-MAX_PRIORITY)
+        if priority > MAX_PRIORITY:
+            raise SpecError("priority", f"must be <= {MAX_PRIORITY}, got {priority}")
+        object.__setattr__(self, "priority", priority)
+        object.__setattr__(self, "max_wait_before_preempt_s",
+                           _float("max_wait_before_preempt_s", self.max_wait_before_preempt_s, minimum=0.0))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AutoscalingPolicy:
@@ -397,6 +413,9 @@ _FLAGS: tuple[tuple[str, str, type, str], ...] = (
     ("--keep-alive-s", "autoscaling.keep_alive_s", float, "idle seconds before scaling to zero"),
     ("--max-queued-requests", "autoscaling.max_queued_requests", int, "requests held while no instance is ready"),
     ("--queue-timeout-s", "autoscaling.queue_timeout_s", float, "seconds a queued request may wait"),
+    ("--priority", "autoscaling.priority", int, "higher wins when slots are contended (-100..100)"),
+    ("--max-wait-before-preempt-s", "autoscaling.max_wait_before_preempt_s", float,
+     "seconds a request waits for a busy slot before a lower-priority model is preempted"),
 )
 
 

@@ -7,8 +7,10 @@ again), when a request was last seen, the gateways' queue reports, the model's s
 scale and placement decisions, and the back-off after failed starts.
 
 Queue reports are levels per reporter (one per gateway replica), not increments: a gateway
-reports how many requests wait for the model now, and repeats it while they wait. A report
-older than the TTL counts as zero, so a gateway that died cannot hold a model up forever.
+reports how many requests wait for the model now and how long the oldest of them has waited,
+and repeats it while they wait. A report older than the TTL counts as zero, so a gateway that
+died cannot hold a model up forever. `usage` counts the requests its instances started, decayed
+with age: the frequency the eviction policy weighs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from typing import Any
 
 from controller.autoscale_policy import AutoscaleState
 from controller.model_spec import ModelSpec
+from controller.usage_meter import UsageMeter
+
+DEFAULT_USAGE_HALF_LIFE_S = 300.0
 
 MAX_START_BACKOFF_FACTOR = 32
 
@@ -30,7 +35,9 @@ class ModelState:
     num_bytes: int | None = None
     autoscale_state: AutoscaleState = field(default_factory=AutoscaleState)
     last_request_s: float | None = None
-    queue_reports: dict[str, tuple[int, float]] = field(default_factory=dict)  # reporter -> (queued, at)
+    # reporter -> (queued, oldest queued request's wait when reported, reported at)
+    queue_reports: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+    usage: UsageMeter = field(default_factory=lambda: UsageMeter(DEFAULT_USAGE_HALF_LIFE_S))
     last_scale: dict[str, Any] | None = None
     last_placement: dict[str, Any] | None = None
     num_failed_starts: int = 0
@@ -40,14 +47,19 @@ class ModelState:
     def model_id(self) -> str:
         return self.spec.model_id
 
-    def report_queue(self, reporter: str, num_queued: int, now: float) -> None:
-        self.queue_reports[reporter] = (num_queued, now)
+    def report_queue(self, reporter: str, num_queued: int, now: float, oldest_wait_s: float = 0.0) -> None:
+        self.queue_reports[reporter] = (num_queued, max(0.0, oldest_wait_s), now)
         if num_queued > 0:
             self.last_request_s = now
 
     def num_queued_requests(self, now: float, ttl_s: float) -> int:
         """Requests waiting at the gateways, from reports younger than `ttl_s`."""
-        return sum(num for num, at in self.queue_reports.values() if now - at <= ttl_s)
+        return sum(num for num, _, at in self.queue_reports.values() if now - at <= ttl_s)
+
+    def oldest_wait_s(self, now: float, ttl_s: float) -> float:
+        """How long the oldest request waiting at any gateway has waited by `now` (0: none waits)."""
+        return max((oldest + (now - at) for num, oldest, at in self.queue_reports.values()
+                    if num > 0 and now - at <= ttl_s), default=0.0)
 
     def start_failed(self, now: float, retry_delay_s: float) -> float:
         """Count a failed start; returns the back-off before the next one (doubling, capped)."""

@@ -169,6 +169,9 @@ class RayClusterClient(ClusterClient):
     async def worker_request_ids(self, handle: Any, timeout_s: float) -> list[str]:
         return await _call(handle.request_ids.remote(), timeout_s)
 
+    async def suspend_requests(self, handle: Any, timeout_s: float) -> list[str]:
+        return await _call(handle.suspend_requests.remote(), timeout_s)
+
     async def migrate_requests(self, source: Any, source_instance_id: str, dest: Any, dest_instance_id: str,
                                request_ids: list[str], method: str, timeout_s: float) -> list[Any]:
         from migration import RayEndpoint, migrate_requests

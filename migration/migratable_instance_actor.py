@@ -165,7 +165,7 @@ class MigratableInstanceActor(InstanceWorkerActor):
                         request_id=request_id,
                         text=out.new_text,
                         token_ids=out.new_token_ids,
-                        finish_reason=out.finish_reason,
+                        finish_reason=self._model_worker().finish_reason(request_id, out.finish_reason),
                         num_prompt_tokens=out.num_prompt_tokens,
                         num_completion_tokens=out.num_output_tokens,
                     )
@@ -193,6 +193,12 @@ class MigratableInstanceActor(InstanceWorkerActor):
         stats = super().stats()
         return dataclasses.replace(stats, num_ongoing_requests=stats.num_ongoing_requests
                                    + len(self._imported_request_ids()))
+
+    def suspend_requests(self) -> list[str]:
+        """The base's, for the imported requests too: every stream here ends "suspended"."""
+        if self._worker is None:
+            return []
+        return self._worker.suspend(self._imported_request_ids())
 
     async def shutdown(self, timeout_s: float = 10.0) -> None:
         """Aborts the imported requests too (the base aborts the ones it started), so their

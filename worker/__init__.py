@@ -28,8 +28,8 @@ from worker.engine import Engine, InvalidRequestError
 from worker.engine_config import EngineConfig
 from worker.engine_migration import MigrationRefusedError, UnknownRequestError
 from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
-from worker.instance_worker import (GenerationChunk, InstanceLoadError, InstanceWorker, InvalidFieldError,
-                                    SourceUnavailableError)
+from worker.instance_worker import (SUSPENDED, GenerationChunk, InstanceLoadError, InstanceWorker,
+                                    InvalidFieldError, SourceUnavailableError)
 from worker.instance_worker_actor import (
     InstanceWorkerActor, SpareWorkerError, start_instance_worker, start_spare_worker, stop_instance_worker,
     stream_generation, worker_actor_options,
@@ -43,6 +43,7 @@ from worker.sampling_params import SamplingParams
 from worker.tokenizer import Tokenizer
 
 __all__ = [
+    "SUSPENDED",
     "AsyncEngine", "CheckpointError", "Completion", "DemoModelConfig", "Engine", "EngineConfig",
     "EngineDeadError", "GenerationChunk", "InstanceLoad", "InstanceLoadError", "InstanceState", "InstanceStats",
     "InstanceWorker", "InstanceWorkerActor", "InvalidFieldError", "InvalidRequestError", "LayerLoadError",

@@ -71,6 +71,7 @@ class InstanceStats:
     num_weight_streams: int = 0  # streams this instance is sending to new instances now
     # Prefills waiting for a layer still on its way (ids): a fully loaded helper could finish them.
     prefills_at_frontier: tuple[str, ...] = ()
+    num_requests_started: int = 0  # requests given to it since it started (a running total)
 
     @property
     def kv_cache_usage(self) -> float:

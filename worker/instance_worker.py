@@ -11,6 +11,9 @@ the model instead of failing, and a load that fails is reported by ``ready()`` â
 ``generate`` â€” as an `InstanceLoadError` naming the model, the dir and the cause, instead of an
 actor that dies in its constructor or hangs.
 
+`suspend` ends every stream with finish reason "suspended" when the slot is preempted for another
+model; the gateway continues those requests on the model's next instance.
+
 Requests are validated before they touch the engine and refused with `InvalidFieldError`, which
 names the offending field (OpenAI's error ``param``) so the gateway answers 400 pointing at it.
 The prompt is tokenized once; which check failed tells which field is at fault, so no error
@@ -29,7 +32,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,9 @@ from worker.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 _SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+# The finish reason of a stream whose request left this instance unfinished because the slot was
+# preempted: the client's side (the gateway) continues it on the model's next instance.
+SUSPENDED = "suspended"
 _ENGINE_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(EngineConfig))
 
 
@@ -77,8 +83,9 @@ class SourceUnavailableError(RuntimeError):
 class GenerationChunk:
     """One piece of a stream: the text and tokens added since the previous chunk.
 
-    The last chunk has ``finish_reason`` set ("stop", "length", or "abort" when the request was
-    cancelled). ``num_prompt_tokens`` / ``num_completion_tokens`` are running totals, so on the
+    The last chunk has ``finish_reason`` set ("stop", "length", "abort" when the request was
+    cancelled, or "suspended" when its instance gave up the slot: not the request's end, see
+    `InstanceWorker.suspend`). ``num_prompt_tokens`` / ``num_completion_tokens`` are running totals, so on the
     last chunk they are the request's usage. Prints without its text.
     """
 
@@ -181,6 +188,9 @@ class InstanceWorker:
         self._load: InstanceLoad | None = None
         self._open_streams: dict[str, asyncio.Future[None]] = {}  # request id -> resolved when it closes
         self._num_generated_tokens = 0
+        self._num_requests_started = 0
+        self._suspending = False  # set by `suspend`: every stream, open or new, ends "suspended"
+        self._suspended: set[str] = set()
         self._engine_error: EngineDeadError | None = None
         self._stopped = False
         threading.Thread(target=self._load_engine, name=f"thaw-load-{instance_id}", daemon=True).start()
@@ -332,8 +342,13 @@ class InstanceWorker:
             raise InvalidFieldError(f"request id {request_id!r} is already in use", field="request_id")
         params = as_sampling_params(sampling_params)
         prompt_token_ids = _validated_prompt_ids(async_engine.engine, prompt, params)
+        if self._suspending:  # routed here just before the suspension: it waits for the next slot too
+            yield GenerationChunk(request_id=request_id, text="", token_ids=(), finish_reason=SUSPENDED,
+                                  num_prompt_tokens=len(prompt_token_ids), num_completion_tokens=0)
+            return
         closed = asyncio.get_running_loop().create_future()
         self._open_streams[request_id] = closed
+        self._num_requests_started += 1
         try:
             outputs = async_engine.generate(prompt_token_ids, params, request_id)
             async with contextlib.aclosing(outputs):
@@ -343,7 +358,7 @@ class InstanceWorker:
                         request_id=request_id,
                         text=out.new_text,
                         token_ids=out.new_token_ids,
-                        finish_reason=out.finish_reason,
+                        finish_reason=self.finish_reason(request_id, out.finish_reason),
                         num_prompt_tokens=out.num_prompt_tokens,
                         num_completion_tokens=out.num_output_tokens,
                     )
@@ -365,6 +380,29 @@ class InstanceWorker:
         if self._engine_error is not None:
             raise EngineDeadError(f"instance {self.instance_id} failed: {self._engine_error}")
         return async_engine
+
+    def suspend(self, other_request_ids: Iterable[str] = ()) -> list[str]:
+        """Ends every open request's stream with finish reason "suspended" (`SUSPENDED`), and
+        every stream opened from now on at once: the caller (the gateway) queues them for their
+        model's next instance, which continues each from the tokens its client received.
+        `other_request_ids`: requests this engine runs whose streams are not this class's (taken
+        in by migration); they are aborted and reported "suspended" by `finish_reason` too.
+        Returns the ids suspended. Used when the slot is preempted for another model."""
+        self._suspending = True
+        request_ids = sorted(set(self._open_streams) | set(other_request_ids))
+        self._suspended.update(request_ids)
+        if request_ids:
+            async_engine = self._loaded.result()
+            for request_id in request_ids:
+                async_engine.abort(request_id)
+        return request_ids
+
+    def finish_reason(self, request_id: str, engine_reason: str | None) -> str | None:
+        """The finish reason a stream reports: the engine's, but "suspended" for a request that
+        `suspend` aborted (its abort is not the client's)."""
+        if engine_reason == "abort" and request_id in self._suspended:
+            return SUSPENDED
+        return engine_reason
 
     def abort(self, request_id: str) -> bool:
         """Cancels an open request (its stream ends with "abort"); False if none is open under that id."""
@@ -397,6 +435,7 @@ class InstanceWorker:
             weights_resident=self.weights_resident,
             num_weight_streams=self._streams.num_active,
             prefills_at_frontier=tuple(engine.movable_prefill_ids()) if engine else (),
+            num_requests_started=self._num_requests_started,
         )
 
     def _weights_read(self, engine: Engine | None) -> str:

@@ -123,6 +123,10 @@ class InstanceWorkerActor:
     def abort(self, request_id: str) -> bool:
         return self._worker.abort(request_id) if self._worker is not None else False
 
+    def suspend_requests(self) -> list[str]:
+        """Ends every stream "suspended" (`InstanceWorker.suspend`); returns their request ids."""
+        return self._worker.suspend() if self._worker is not None else []
+
     async def stream_weights(self, num_receivers: int = 1, config: StreamConfig | None = None) -> PeerWeights:
         """Stream this instance's model to new instances (see `InstanceWorker.stream_weights`). A
         config that leaves the rendezvous on loopback is given this node's address, so receivers on

@@ -122,6 +122,7 @@ class FakeCluster(ClusterClient):
         self.stopped_workers: list[str] = []
         self.killed_workers: list[str] = []
         self.migrations: list[tuple[str, str, list[str], str]] = []  # (source, destination, request ids, method)
+        self.suspensions: list[tuple[str, list[str]]] = []  # (instance, request ids suspended)
         self.spares: dict[str, FakeWorker] = {}  # actor name -> unassigned spare
         self.spares_warm = asyncio.Event()  # set: spares answer warm()
         self.assigned_spares: list[str] = []
@@ -274,6 +275,15 @@ class FakeCluster(ClusterClient):
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
         return list(handle.request_ids)
+
+    async def suspend_requests(self, handle: FakeWorker, timeout_s: float) -> list[str]:
+        """Ends the worker's open requests "suspended": they leave it (the gateway re-queues them)."""
+        if not handle.alive:
+            raise ActorGoneError(f"{handle.actor_name} is dead")
+        suspended, handle.request_ids[:] = list(handle.request_ids), []
+        handle.num_ongoing_requests = 0
+        self.suspensions.append((handle.instance_id, suspended))
+        return suspended
 
     async def migrate_requests(self, source: FakeWorker, source_instance_id: str, dest: FakeWorker,
                                dest_instance_id: str, request_ids: list[str], method: str,

@@ -386,9 +386,10 @@ def test_a_busy_loader_counts_as_wait_on_its_node(tmp_path):
     asyncio.run(scenario())
 
 
-def test_no_free_slot_waits_until_another_model_scales_to_zero(tmp_path):
+def test_without_slot_sharing_no_free_slot_waits_until_another_model_scales_to_zero(tmp_path):
+    """Keep-alive as a hard lease (`slot_sharing=None`); with sharing see test_slot_sharer.py."""
     async def scenario():
-        async with Harness(tmp_path, cpu_worker_slots_per_node=2) as h:
+        async with Harness(tmp_path, cpu_worker_slots_per_node=2, slot_sharing=None) as h:
             for name, seed in (("m1", 1), ("m2", 2), ("m3", 3)):
                 h.cluster.model_bytes[f"acme--{name}"] = MODEL_BYTES
                 await h.controller.deploy(spec(f"acme/{name}", h.source(name, seed), keep_alive_s=5.0))

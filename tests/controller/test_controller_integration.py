@@ -221,7 +221,8 @@ def test_three_models_on_two_slots_scale_wait_restart(local_ray, demo_models, tm
                      if d["kind"] == "scale" and d["model_id"] == "acme/m1" and d["num_instances"] == 2]
         assert scale_ups and scale_ups[0].startswith("scale up 1 -> 2:")
         assert m2["num_desired_instances"] == 1 and m2["instances"] == []
-        assert m2["last_placement"]["reason"] == "no free slot: none of 1 nodes has 1 free worker slot"
+        assert m2["last_placement"]["reason"].startswith("no free slot: none of 1 nodes has 1 free worker slot; "
+                                                         "no idle instance to evict: ")
 
         # The m2 request waits (its gateway repeating the report), then succeeds once m1, idle
         # again, gives up a slot.

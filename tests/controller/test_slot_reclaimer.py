@@ -135,7 +135,11 @@ def test_the_reason_a_model_cannot_be_placed_says_why_no_slot_was_reclaimed(tmp_
             h.controller.notify_demand("acme/m2", 1)
             await h.tick()
             reason = h.controller.get_model("acme/m2")["last_placement"]["reason"]
-            assert reason.startswith("no free slot: none of 2 nodes has 1 free worker slot; no slot to reclaim: ")
+            # each way of freeing a slot says why it did not: eviction, reclaim, preemption
+            assert reason.startswith("no free slot: none of 2 nodes has 1 free worker slot; no idle instance to "
+                                     "evict: ")
+            assert "at min_instances 1" in reason and "; no slot to reclaim: " in reason
+            assert reason.endswith("acme/m2 has waited 0s of its max_wait_before_preempt_s 5")
             assert "no instance whose requests another instance of its model can take" in reason
 
     asyncio.run(scenario())

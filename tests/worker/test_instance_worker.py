@@ -240,3 +240,25 @@ def test_configs_from_mappings_are_validated():
     with pytest.raises(ValueError, match="block_size must be a positive integer"):
         as_engine_config({"block_size": 0})
     assert as_sampling_params({"max_tokens": 3, "stop": ["\n"]}) == SamplingParams(max_tokens=3, stop=("\n",))
+
+
+def test_suspend_ends_every_stream_suspended_and_new_ones_at_once(model_dir):
+    async def main():
+        worker = InstanceWorker("inst-suspend", "acme/demo", model_dir, ENGINE_CONFIG)
+        await worker.ready()
+        stream = worker.generate("held", "this one gives its slot away", LONG)
+        chunks = [await anext(stream), await anext(stream)]
+        assert worker.stats().num_requests_started == 1
+        assert worker.suspend() == ["held"]
+        chunks += [chunk async for chunk in stream]
+        late = await collect(worker, "late", "routed here just before the suspension")
+        stats = worker.stats()
+        await worker.shutdown()
+        return chunks, late, stats
+
+    chunks, late, stats = asyncio.run(main())
+    assert chunks[-1].finish_reason == "suspended" and all(c.finish_reason is None for c in chunks[:-1])
+    assert chunks[-1].num_completion_tokens == sum(len(c.token_ids) for c in chunks) < 150
+    assert [(c.finish_reason, c.token_ids) for c in late] == [("suspended", ())]
+    assert stats.num_ongoing_requests == 0 and stats.num_free_kv_blocks == stats.num_kv_blocks
+    assert stats.num_requests_started == 1  # the late one never started here

@@ -1,0 +1,187 @@
+"""Which idle instance gives up its slot to a waiting model: keep-alive as a soft lease.
+
+Keep-alive keeps an idle instance warm so its model's next request skips a cold start. That is a
+bet, and when another model's requests wait with no slot free it is the wrong one to hold on to:
+the waiting requests pay a cold start for sure, the idle model only perhaps. So an idle instance
+(no ongoing request, no queued request for its model) of a model above its `min_instances` may
+be stopped at once for a waiting model. Which one is a caching decision, after FaaSCache
+(Fuerst & Sharma, ASPLOS '21: keep-alive is caching, and Greedy-Dual-Size-Frequency chooses
+well):
+
+    score = frequency x reload_s / num_worker_slots
+
+- frequency: the model's recent requests, decayed exponentially with their age (a model asked
+  once an hour ago counts ~0, one asked ten times a minute ago ~10; `UsageMeter` keeps it). It
+  never goes below `min_frequency`, so the reload cost still ranks models never used since the
+  controller started.
+- reload_s: what bringing the model back would cost: its size over the rate of the tier its
+  checkpoint would come back from on that node (DRAM when the node's DRAM tier holds or will
+  take it, else SSD, else the repository).
+- num_worker_slots: the slots the eviction frees (GDSF's size).
+
+The lowest score goes first: cheap, rarely used, longest idle (decay makes idleness lower the
+score). GDSF ages entries with an inflation clock instead; the decay does the same job from one
+number per model, which a restarted controller rebuilds within a few minutes of traffic rather
+than carrying a clock that only means something relative to entries it has forgotten.
+
+Priority comes first (an idle instance of a lower-priority model goes before any of a higher
+one), then, among equals, the cheapest in total: the victim's score (the reload seconds its model
+is expected to pay) plus the waiting model's own load time on the victim's node (its checkpoint
+may sit in DRAM on one node and nowhere on another). Ties: longest idle, then the smaller id.
+
+Never evicted: an instance still loading, stopping, serving, or on a draining node; one idle for
+less than `min_idle_s` (it may have just become ready for the very requests now being routed to
+it); one whose model would drop below `min_instances` (a hard limit); one whose model has queued
+requests; one too small to free the slots the waiting model needs. A pure function of plain
+values: tested with numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["EvictionCandidate", "EvictionDecision", "EvictionSettings", "choose_eviction", "eviction_score"]
+
+
+def _number(owner: str, name: str, value: object, *, minimum: float = 0.0, exclusive: bool = False) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
+            or value < minimum or (exclusive and value == minimum):
+        raise ValueError(f"{owner}.{name} must be a finite number {'>' if exclusive else '>='} {minimum:g}, "
+                         f"got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class EvictionSettings:
+    """How willing the controller is to stop idle instances for waiting models.
+
+    Fields:
+        min_idle_s: an instance idle for less than this is kept (the gateway may be routing the
+            requests it was started for).
+        min_frequency: the floor of a model's decayed request count in the score.
+        usage_half_life_s: the age at which a request counts half in the frequency.
+    """
+
+    min_idle_s: float = 0.5
+    min_frequency: float = 0.1
+    usage_half_life_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "min_idle_s", _number("EvictionSettings", "min_idle_s", self.min_idle_s))
+        object.__setattr__(self, "min_frequency",
+                           _number("EvictionSettings", "min_frequency", self.min_frequency, exclusive=True))
+        object.__setattr__(self, "usage_half_life_s",
+                           _number("EvictionSettings", "usage_half_life_s", self.usage_half_life_s, exclusive=True))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvictionCandidate:
+    """One instance that might give up its slot, as the controller saw it this tick.
+
+    Fields:
+        instance_id / model_id / node_id: which instance, of which model, where.
+        num_worker_slots: the slots it occupies.
+        ready: READY (not loading or stopping).
+        num_ongoing_requests: its requests at the last report.
+        num_queued_requests: requests waiting for its model at the gateways.
+        idle_s: seconds since its model last had a request (or since it became ready, if later).
+        num_model_instances: its model's live (not stopping) instances.
+        min_instances: its model's floor.
+        priority: its model's priority.
+        frequency: its model's decayed recent request count.
+        reload_s: seconds to bring its model back on this node, from `reload_tier`.
+        reload_tier: "dram", "ssd" or "repository".
+        draining: its node is draining.
+    """
+
+    instance_id: str
+    model_id: str
+    node_id: str
+    num_worker_slots: int = 1
+    ready: bool = True
+    num_ongoing_requests: int = 0
+    num_queued_requests: int = 0
+    idle_s: float
+    num_model_instances: int = 1
+    min_instances: int = 0
+    priority: int = 0
+    frequency: float = 0.0
+    reload_s: float
+    reload_tier: str = "ssd"
+    draining: bool = False
+
+
+@dataclass(frozen=True)
+class EvictionDecision:
+    """The instance to stop (None: keep them all), with the reason and every eligible candidate's
+    `(instance_id, score, total cost)`, best victim first, for ``thaw status`` and the log."""
+
+    victim: EvictionCandidate | None
+    score: float | None
+    reason: str
+    ranked: tuple[tuple[str, float, float], ...] = ()
+
+
+def eviction_score(candidate: EvictionCandidate, settings: EvictionSettings) -> float:
+    """GDSF's value of keeping the instance: frequency x reload cost / slots (see the module docstring)."""
+    return max(candidate.frequency, settings.min_frequency) * candidate.reload_s / candidate.num_worker_slots
+
+
+def _why_kept(candidate: EvictionCandidate, settings: EvictionSettings, num_slots: int,
+              free_slots_by_node: dict[str, int]) -> str | None:
+    if candidate.draining:
+        return "its node drains"
+    if not candidate.ready:
+        return "not ready"
+    if candidate.num_ongoing_requests or candidate.num_queued_requests:
+        return "busy"
+    if candidate.num_model_instances <= candidate.min_instances:
+        return f"its model is at min_instances {candidate.min_instances}"
+    if candidate.idle_s < settings.min_idle_s:
+        return f"idle only {candidate.idle_s:.3g}s < min_idle_s {settings.min_idle_s:g}"
+    if free_slots_by_node.get(candidate.node_id, 0) + candidate.num_worker_slots < num_slots:
+        return f"frees {candidate.num_worker_slots} of the {num_slots} slots needed"
+    return None
+
+
+def choose_eviction(waiting_model_id: str, candidates: Sequence[EvictionCandidate], *,
+                    load_s_by_node: dict[str, float], settings: EvictionSettings, num_slots: int = 1,
+                    free_slots_by_node: dict[str, int] | None = None) -> EvictionDecision:
+    """The idle instance to stop so that `waiting_model_id` gets a slot, or None with the reason.
+
+    `load_s_by_node` is the waiting model's estimated time to ready on each node (placement's
+    estimates; a node missing from it is not one the model can go to); `free_slots_by_node` the
+    slots already free there (a model needing two slots may use one free slot plus a victim's)."""
+    free = dict(free_slots_by_node or {})
+    eligible: list[tuple[tuple[int, float, float, str], EvictionCandidate, float, float]] = []
+    kept: list[str] = []
+    for candidate in candidates:
+        if candidate.model_id == waiting_model_id:
+            continue
+        why = _why_kept(candidate, settings, num_slots, free)
+        if why is None and candidate.node_id not in load_s_by_node:
+            why = "the waiting model cannot be placed on its node"
+        if why is not None:
+            kept.append(f"{candidate.instance_id} ({candidate.model_id}): {why}")
+            continue
+        score = eviction_score(candidate, settings)
+        total = score + load_s_by_node[candidate.node_id]
+        eligible.append(((candidate.priority, total, -candidate.idle_s, candidate.instance_id), candidate, score, total))
+    if not eligible:
+        held = "; ".join(kept) if kept else "no other model holds a slot"
+        return EvictionDecision(None, None, f"no idle instance to evict: {held}")
+    eligible.sort(key=lambda e: e[0])
+    ranked = tuple((c.instance_id, score, total) for _, c, score, total in eligible)
+    _, victim, score, total = eligible[0]
+    runner_up = ""
+    if len(eligible) > 1:
+        _, other, other_score, _ = eligible[1]
+        runner_up = f"; next {other.instance_id} ({other.model_id}) score {other_score:.3g}"
+    reason = (f"evict idle {victim.instance_id} ({victim.model_id}, priority {victim.priority}, idle "
+              f"{victim.idle_s:.3g}s) on {victim.node_id} for {waiting_model_id}: score {score:.3g} = frequency "
+              f"{max(victim.frequency, settings.min_frequency):.3g} x reload {victim.reload_s:.3g}s from "
+              f"{victim.reload_tier} / {victim.num_worker_slots} slot(s), + {load_s_by_node[victim.node_id]:.3g}s "
+              f"to load {waiting_model_id} there{runner_up}")
+    return EvictionDecision(victim, score, reason, ranked)

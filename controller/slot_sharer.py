@@ -1,0 +1,396 @@
+"""Slots shared on demand: `SlotSharer` hands slots to the models whose requests wait for them.
+
+A node has a few slots and the platform hosts many more models, so a slot is a cache entry, not a
+possession. When a model has queued requests and placement finds no free slot, the controller,
+in this order (ARCHITECTURE.md, "Slots are shared on demand"):
+
+1. takes a free slot (placement; a slot freed for a model is held for it, see below);
+2. evicts the idle instance cheapest to bring back and least likely to be wanted
+   (`eviction_policy.choose_eviction`: keep-alive is a soft lease; `min_instances` is not);
+   its model's desired count drops by one, and its checkpoint is kept in (or, once the node
+   settles, copied into) the node's DRAM tier so its next cold start is a DRAM one;
+3. moves a busy instance's requests to another instance of its model (`SlotReclaimer`, which
+   the controller asks between 2 and 4);
+4. once the model's oldest request has waited its `max_wait_before_preempt_s`, preempts a busy
+   instance of a model of no higher priority (`preemption_policy.choose_preemption`): its
+   requests are migrated to another instance of its model when there is one, else *suspended*:
+   the worker ends each stream with finish reason "suspended", the gateway puts the request back
+   in its model's queue with the tokens its client already has, and the model's next instance
+   continues it from there (greedy output equals an uninterrupted run). The suspended model now
+   waits in turn and gets a slot back by the same rules.
+
+Waiting models are served in `slot_queue_policy.order_waiting` order (oldest request first,
+weighted by priority); `order` puts them first in the controller's autoscale pass. A slot freed
+by 2 or 4 is *held* for the model it was freed for until it is free (the victim drains, then
+stops), so no other model's placement takes it meanwhile; a hold not free by its deadline is
+given up and the model placed as usual.
+
+Every decision is recorded with its reason (``thaw status`` recent decisions, the log) and
+counted (`counts`); `outlook` answers a gateway's queue report with where the model stands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from controller.cluster_client import ClusterClient
+from controller.cluster_node import ClusterNode, dram_can_take, tier_bandwidths
+from controller.controller_config import ControllerConfig
+from controller.eviction_policy import EvictionCandidate, choose_eviction, eviction_score
+from controller.instance_manager import InstanceManager
+from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.migration_policy import choose_destination
+from controller.model_state import ModelState
+from controller.placement_policy import NodeView, PlacementDecision, place
+from controller.preemption_policy import PreemptionCandidate, choose_preemption
+from controller.request_mover import RequestMover
+from controller.slot_outlook import SlotHolder, SlotOutlook
+from controller.slot_queue_policy import WaitingModel, order_waiting
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SlotSharer"]
+
+COUNTERS = ("evictions", "preemptions_migrated", "preemptions_suspended", "requests_suspended", "holds_abandoned")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Hold:
+    """A slot on `node_id` being freed for a model (by evicting or preempting `victim_instance_id`)."""
+
+    node_id: str
+    num_slots: int
+    kind: str  # "eviction" or "preemption"
+    victim_instance_id: str
+    victim_model_id: str
+    started_s: float
+    deadline_s: float
+    load_s: float  # the waiting model's estimated load there, once the slot is free
+
+
+class SlotSharer:
+    """See the module docstring. Runs on the controller's event loop and reads its live
+    instances, nodes and models; `shrink(model_id, reason)` lowers an evicted model's desired
+    count (the controller's, since the count is durable state it owns)."""
+
+    def __init__(self, config: ControllerConfig, cluster: ClusterClient, instances: InstanceManager,
+                 nodes: Mapping[str, ClusterNode], models: Mapping[str, ModelState], mover: RequestMover, *,
+                 draining_nodes: Callable[[], set[str]], shrink: Callable[[str, str], None],
+                 keep_in_dram: Callable[[ManagedInstance], None], record: Callable[[dict[str, Any]], None],
+                 wall_clock: Callable[[], float], background: set[asyncio.Task[None]]) -> None:
+        self.config = config
+        self._cluster = cluster
+        self._instances = instances
+        self._nodes = nodes
+        self._models = models
+        self._mover = mover
+        self._draining_nodes = draining_nodes
+        self._shrink = shrink
+        self._keep_in_dram = keep_in_dram
+        self._record = record
+        self._wall_clock = wall_clock
+        self._background = background
+        self._holds: dict[str, _Hold] = {}  # model id -> the slot being freed for it
+        self._suspended: dict[str, dict[str, float]] = {}  # model id -> {request id: suspended at (wall)}
+        self._counts = dict.fromkeys(COUNTERS, 0)
+
+    # --- queries -----------------------------------------------------------------------------
+
+    def _queued(self, model: ModelState, now: float) -> int:
+        return model.num_queued_requests(now, self.config.queue_report_ttl_s)
+
+    def waiting(self, now: float) -> list[WaitingModel]:
+        """Models with queued requests and no instance starting for them, in the order they get slots."""
+        waiting = []
+        for model in self._models.values():
+            queued = self._queued(model, now)
+            if queued and not any(i.phase is InstancePhase.LOADING for i in self._instances.live(model.model_id)):
+                waiting.append(WaitingModel(model_id=model.model_id, priority=model.spec.autoscaling.priority,
+                                            oldest_wait_s=model.oldest_wait_s(now, self.config.queue_report_ttl_s),
+                                            num_queued_requests=queued))
+        boost = self.config.slot_sharing.priority_boost_s if self.config.slot_sharing else 0.0
+        return order_waiting(waiting, boost)
+
+    def order(self, models: Sequence[ModelState], now: float) -> list[ModelState]:
+        """`models` as the autoscale pass should take them: the waiting ones first, in turn."""
+        by_id = {m.model_id: m for m in models}
+        first = [by_id[w.model_id] for w in self.waiting(now) if w.model_id in by_id]
+        return first + sorted((m for m in models if m not in first), key=lambda m: m.model_id)
+
+    def counts(self) -> dict[str, int]:
+        return dict(self._counts)
+
+    def hold_reserved(self, views: Sequence[NodeView], model_id: str) -> list[NodeView]:
+        """`views` as `model_id`'s placement must see them: slots held for other models taken out."""
+        if not self._holds:
+            return list(views)
+        held: dict[str, int] = {}
+        for other, hold in self._holds.items():
+            if other != model_id:
+                held[hold.node_id] = held.get(hold.node_id, 0) + hold.num_slots
+        return [dataclasses.replace(v, num_free_slots=max(0, v.num_free_slots - held.get(v.node_id, 0))) for v in views]
+
+    def status(self, now: float) -> dict[str, Any]:
+        """For ``thaw status``: held slots, suspended requests, counters, and every slot's holder."""
+        wall = self._wall_clock()
+        return {
+            "holds": [{"model_id": model_id, "node_id": h.node_id, "kind": h.kind, "victim_instance_id":
+                       h.victim_instance_id, "victim_model_id": h.victim_model_id, "held_s": now - h.started_s}
+                      for model_id, h in sorted(self._holds.items())],
+            "suspended": [{"model_id": model_id, "request_id": rid, "suspended_s": wall - at}
+                          for model_id, rids in sorted(self._suspended.items()) for rid, at in sorted(rids.items())],
+            "counts": self.counts(),
+            "slots": [dataclasses.asdict(h) | {"eviction_score": score}
+                      for h, score in self._holders_with_scores(now)],
+        }
+
+    # --- the controller's placement asks -----------------------------------------------------
+
+    def forget(self, model_id: str, why: str) -> None:
+        """The model no longer needs its held slot (deleted, scaled down)."""
+        hold = self._holds.pop(model_id, None)
+        if hold is not None:
+            self._give_up(model_id, hold, why)
+
+    def model_ready(self, model_id: str) -> None:
+        """An instance of the model became ready: its suspended requests resume there."""
+        resumed = self._suspended.pop(model_id, None)
+        if resumed:
+            self._record({"kind": "resume", "model_id": model_id, "request_ids": sorted(resumed),
+                          "reason": f"{len(resumed)} suspended request(s) continue on the model's new instance",
+                          "at_s": self._wall_clock()})
+            logger.info("%s: %d suspended request(s) resume", model_id, len(resumed))
+
+    def steer(self, model: ModelState, decision: PlacementDecision, views: Sequence[NodeView], num_slots: int,
+              now: float) -> PlacementDecision | None:
+        """Placement's decision for one more instance of `model`, or one restricted to the node a
+        slot is held on for it, or None: wait, a slot is being freed (an idle instance evicted)."""
+        model_id = model.model_id
+        hold = self._holds.get(model_id)
+        if hold is not None:
+            view = next((v for v in views if v.node_id == hold.node_id), None)
+            if view is not None and view.num_free_slots >= num_slots:
+                del self._holds[model_id]
+                return place(model.num_bytes, [view], num_slots)
+            if view is not None and now < hold.deadline_s:
+                return None
+            del self._holds[model_id]
+            self._give_up(model_id, hold, "the node is gone" if view is None else
+                          f"the slot was not free {now - hold.started_s:.3g}s after {hold.victim_instance_id} "
+                          f"was stopped")
+            return decision
+        if decision.placed or self.config.slot_sharing is None or not self._queued(model, now):
+            return decision
+        load_s, free = self._targets(decision)
+        eviction = choose_eviction(model_id, self._eviction_candidates(now), load_s_by_node=load_s,
+                                   settings=self.config.slot_sharing.eviction, num_slots=num_slots,
+                                   free_slots_by_node=free)
+        victim = eviction.victim and self._instances.get(eviction.victim.instance_id)
+        if victim is None or victim.phase is not InstancePhase.READY:
+            return dataclasses.replace(decision, reason=f"{decision.reason}; {eviction.reason}")
+        self._instances.begin_stop(victim, f"evicted for {model_id} (idle)", self.config.drain_timeout_s)
+        self._shrink(victim.model_id, f"its idle instance {victim.instance_id} gave its slot to {model_id}")
+        self._keep_in_dram(victim)
+        self._hold(model_id, "eviction", victim, num_slots, load_s[victim.node_id], now)
+        self._counts["evictions"] += 1
+        self._record({"kind": "eviction", "model_id": model_id, "instance_id": victim.instance_id,
+                      "victim_model_id": victim.model_id, "node_id": victim.node_id, "score": eviction.score,
+                      "ranked": [list(r) for r in eviction.ranked], "reason": eviction.reason,
+                      "at_s": self._wall_clock()})
+        logger.info("%s: %s", model_id, eviction.reason)
+        return None
+
+    def preempt(self, model: ModelState, decision: PlacementDecision, num_slots: int,
+                now: float) -> PlacementDecision | None:
+        """Asked when nothing else gave `model` a slot: preempt a busy instance for it once its
+        oldest request waited its bound (None: wait, the slot is being freed), else `decision`."""
+        settings = self.config.slot_sharing
+        if decision.placed or settings is None or not settings.preempt or not self._queued(model, now):
+            return decision
+        policy = model.spec.autoscaling
+        load_s, free = self._targets(decision)
+        choice = choose_preemption(
+            model.model_id, priority=policy.priority,
+            oldest_wait_s=model.oldest_wait_s(now, self.config.queue_report_ttl_s),
+            max_wait_before_preempt_s=policy.max_wait_before_preempt_s, candidates=self._preemption_candidates(now),
+            load_s_by_node=load_s, min_run_s=settings.min_run_s, num_slots=num_slots, free_slots_by_node=free)
+        victim = choice.victim and self._instances.get(choice.victim.instance_id)
+        if victim is None or victim.phase is not InstancePhase.READY:
+            return dataclasses.replace(decision, reason=f"{decision.reason}; {choice.reason}")
+        self._instances.begin_stop(victim, f"preempted for {model.model_id} ({choice.action})",
+                                   self.config.drain_timeout_s)
+        if victim.handle is not None:
+            work = self._mover.move_off(victim) if choice.action == "migrate" else self._suspend(victim)
+            task = asyncio.get_running_loop().create_task(work)
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        self._hold(model.model_id, "preemption", victim, num_slots, load_s[victim.node_id], now)
+        self._counts["preemptions_migrated" if choice.action == "migrate" else "preemptions_suspended"] += 1
+        self._record({"kind": "preemption", "action": choice.action, "model_id": model.model_id,
+                      "instance_id": victim.instance_id, "victim_model_id": victim.model_id,
+                      "node_id": victim.node_id, "reason": choice.reason, "at_s": self._wall_clock()})
+        logger.info("%s: %s", model.model_id, choice.reason)
+        return None
+
+    # --- the gateway's question --------------------------------------------------------------
+
+    def outlook(self, model_id: str, now: float) -> SlotOutlook:
+        """Where `model_id` stands for its waiting requests (see `controller.slot_outlook`)."""
+        live = self._instances.live(model_id)
+        holders = tuple(h for h, _ in self._holders_with_scores(now))
+        if any(i.phase is InstancePhase.READY for i in live):
+            return SlotOutlook(model_id=model_id, status="ready", estimate_s=0.0,
+                               reason="an instance is ready; requests wait for room on it", holders=holders)
+        loading = [i for i in live if i.phase is InstancePhase.LOADING]
+        if loading:
+            remaining = min(i.remaining_load_s(now) for i in loading)
+            return SlotOutlook(model_id=model_id, status="loading", estimate_s=remaining,
+                               reason=f"instance {loading[0].instance_id} is loading on {loading[0].node_id}",
+                               holders=holders)
+        model = self._models.get(model_id)
+        hold = self._holds.get(model_id)
+        if hold is not None:
+            victim = self._instances.get(hold.victim_instance_id)
+            freeing = self.config.slot_reclaim.stop_s if self.config.slot_reclaim else 0.5
+            if victim is not None and victim.num_ongoing_requests:
+                freeing += self.config.slot_reclaim.migrate_s_per_request if self.config.slot_reclaim else 0.3
+            return SlotOutlook(model_id=model_id, status="waiting_for_slot", position=1,
+                               estimate_s=freeing + hold.load_s,
+                               reason=f"a slot on {hold.node_id} is being freed for it ({hold.kind} of "
+                                      f"{hold.victim_instance_id}, {hold.victim_model_id})", holders=holders)
+        order = [w.model_id for w in self.waiting(now)]
+        if model is None or model_id not in order:
+            why = model.last_placement["reason"] if model is not None and model.last_placement else "starting"
+            return SlotOutlook(model_id=model_id, status="unplaced", reason=why, holders=holders)
+        position = order.index(model_id) + 1
+        return SlotOutlook(model_id=model_id, status="waiting_for_slot", position=position,
+                           estimate_s=self._wait_estimate(model, position, now),
+                           reason=f"every slot is busy; position {position} of {len(order)} models waiting",
+                           holders=holders)
+
+    def _wait_estimate(self, model: ModelState, position: int, now: float) -> float | None:
+        """About how long until `model` is ready: its own load, after the slots freed for the
+        models ahead of it, each at the soonest a busy slot can be preempted."""
+        placement = model.last_placement or {}
+        load_s = min((e["ready_s"] for e in placement.get("estimates", ())), default=None)
+        settings = self.config.slot_sharing
+        if load_s is None or settings is None:
+            return None
+        policy = model.spec.autoscaling
+        oldest = model.oldest_wait_s(now, self.config.queue_report_ttl_s)
+        until_preempt = max(0.0, policy.max_wait_before_preempt_s - oldest) if settings.preempt else 0.0
+        return until_preempt + load_s + (position - 1) * (settings.min_run_s + load_s)
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _hold(self, model_id: str, kind: str, victim: ManagedInstance, num_slots: int, load_s: float,
+              now: float) -> None:
+        deadline = now + self.config.drain_timeout_s + (self.config.slot_sharing.suspend_timeout_s
+                                                        if self.config.slot_sharing else 0.0)
+        self._holds[model_id] = _Hold(victim.node_id, num_slots, kind, victim.instance_id, victim.model_id, now,
+                                      deadline, load_s)
+
+    def _give_up(self, model_id: str, hold: _Hold, why: str) -> None:
+        self._counts["holds_abandoned"] += 1
+        self._record({"kind": "slot_hold_abandoned", "model_id": model_id, "node_id": hold.node_id,
+                      "reason": why, "at_s": self._wall_clock()})
+        logger.warning("%s: giving up the slot held on %s: %s", model_id, hold.node_id, why)
+
+    def _targets(self, decision: PlacementDecision) -> tuple[dict[str, float], dict[str, int]]:
+        """The waiting model's time to ready on each node it may go to, and the free slots there."""
+        draining = self._draining_nodes()
+        load_s = {e.node_id: e.ready_s for e in decision.estimates if e.node_id not in draining}
+        free = {e.node_id: e.num_free_slots for e in decision.estimates}
+        return load_s, free
+
+    async def _suspend(self, victim: ManagedInstance) -> None:
+        timeout_s = self.config.slot_sharing.suspend_timeout_s if self.config.slot_sharing else 10.0
+        try:
+            request_ids = await self._cluster.suspend_requests(victim.handle, timeout_s)
+        except Exception as exc:  # noqa: BLE001 - its drain then lets the requests finish where they are
+            logger.warning("%s: suspending the requests of %s failed: %s: %s", victim.model_id, victim.instance_id,
+                           type(exc).__name__, exc)
+            return
+        if request_ids:
+            wall = self._wall_clock()
+            self._suspended.setdefault(victim.model_id, {}).update(dict.fromkeys(request_ids, wall))
+            self._counts["requests_suspended"] += len(request_ids)
+            self._record({"kind": "suspend", "model_id": victim.model_id, "instance_id": victim.instance_id,
+                          "request_ids": sorted(request_ids),
+                          "reason": f"{len(request_ids)} request(s) wait for {victim.model_id}'s next slot",
+                          "at_s": wall})
+
+    def _idle_s(self, instance: ManagedInstance, model: ModelState, now: float) -> float:
+        since = [t for t in (model.last_request_s, instance.ready_s) if t is not None]
+        return max(0.0, now - max(since)) if since else 0.0
+
+    def _reload(self, instance: ManagedInstance, model: ModelState) -> tuple[str, float]:
+        """Where the instance's checkpoint would come back from on its node, and how long it takes."""
+        node = self._nodes.get(instance.node_id)
+        report = node.report if node is not None else None
+        rates = tier_bandwidths(report, self.config)
+        num_bytes = model.num_bytes or 1
+        name = instance.repository_name
+        dram = report.tier("dram") if report is not None and rates.dram_bytes_per_s else None
+        if dram is not None and (name in dram.models or dram_can_take(report, name, num_bytes, self.config)):
+            return "dram", num_bytes / rates.dram_bytes_per_s
+        if report is not None and rates.ssd_bytes_per_s and name in report.tier("ssd").models:
+            return "ssd", num_bytes / rates.ssd_bytes_per_s
+        return "repository", num_bytes / rates.repository_bytes_per_s
+
+    def _eviction_candidates(self, now: float) -> list[EvictionCandidate]:
+        draining = self._draining_nodes()
+        candidates = []
+        for instance in self._instances.all():
+            model = self._models.get(instance.model_id)
+            if model is None:
+                continue
+            tier, reload_s = self._reload(instance, model)
+            candidates.append(EvictionCandidate(
+                instance_id=instance.instance_id, model_id=instance.model_id, node_id=instance.node_id,
+                num_worker_slots=instance.num_worker_slots, ready=instance.phase is InstancePhase.READY,
+                num_ongoing_requests=instance.num_ongoing_requests, num_queued_requests=self._queued(model, now),
+                idle_s=self._idle_s(instance, model, now),
+                num_model_instances=len(self._instances.live(instance.model_id)),
+                min_instances=model.spec.autoscaling.min_instances, priority=model.spec.autoscaling.priority,
+                frequency=model.usage.value(now), reload_s=reload_s, reload_tier=tier,
+                draining=instance.node_id in draining))
+        return candidates
+
+    def _preemption_candidates(self, now: float) -> list[PreemptionCandidate]:
+        draining = self._draining_nodes()
+        instances = self._instances.all()
+        candidates = []
+        for instance in instances:
+            model = self._models.get(instance.model_id)
+            if model is None:
+                continue
+            destination, _ = choose_destination(instance, instances, draining)
+            candidates.append(PreemptionCandidate(
+                instance_id=instance.instance_id, model_id=instance.model_id, node_id=instance.node_id,
+                num_worker_slots=instance.num_worker_slots, ready=instance.phase is InstancePhase.READY,
+                num_ongoing_requests=instance.num_ongoing_requests,
+                ready_for_s=now - instance.ready_s if instance.ready_s is not None else 0.0,
+                priority=model.spec.autoscaling.priority,
+                destination_instance_id=destination.instance_id if destination is not None else None,
+                draining=instance.node_id in draining))
+        return candidates
+
+    def _holders_with_scores(self, now: float) -> list[tuple[SlotHolder, float | None]]:
+        """Every instance as a slot holder, with its eviction score (None without slot sharing)."""
+        settings = self.config.slot_sharing
+        candidates = {c.instance_id: c for c in self._eviction_candidates(now)}
+        rows = []
+        for instance in self._instances.all():
+            candidate = candidates.get(instance.instance_id)
+            idle = candidate is not None and candidate.ready and not candidate.num_ongoing_requests
+            score = eviction_score(candidate, settings.eviction) if candidate and settings else None
+            rows.append((SlotHolder(node_id=instance.node_id, instance_id=instance.instance_id,
+                                    model_id=instance.model_id, state=instance.phase.value,
+                                    num_ongoing_requests=instance.num_ongoing_requests,
+                                    idle_s=candidate.idle_s if idle else None), score))
+        return rows

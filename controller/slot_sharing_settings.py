@@ -1,0 +1,50 @@
+"""How a platform shares its slots between models: `SlotSharingSettings` (part of `ControllerConfig`).
+
+Frozen and validated; the policies it tunes are pure functions in their own modules
+(`eviction_policy`, `preemption_policy`, `slot_queue_policy`), carried out by `SlotSharer`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from controller.eviction_policy import EvictionSettings
+from controller.slot_queue_policy import DEFAULT_PRIORITY_BOOST_S
+
+
+def _seconds(name: str, value: object) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"SlotSharingSettings.{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class SlotSharingSettings:
+    """Fields:
+        eviction: when and which idle instances give up their slot (`EvictionSettings`).
+        preempt: whether a busy instance may be preempted (migrated off or suspended) for a
+            model that waited its `max_wait_before_preempt_s`; False: waiting models only get
+            free slots and idle instances.
+        min_run_s: an instance is preempted only after serving at least this long (the least
+            quantum two contending models get).
+        priority_boost_s: how many seconds of waiting one priority step is worth in the order
+            waiting models get slots (`slot_queue_policy`).
+        suspend_timeout_s: how long the controller waits for a worker to hand back the requests
+            it suspends.
+    """
+
+    eviction: EvictionSettings = field(default_factory=EvictionSettings)
+    preempt: bool = True
+    min_run_s: float = 2.0
+    priority_boost_s: float = DEFAULT_PRIORITY_BOOST_S
+    suspend_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.eviction, EvictionSettings):
+            raise ValueError(f"SlotSharingSettings.eviction must be an EvictionSettings, "
+                             f"got {type(self.eviction).__name__}")
+        if not isinstance(self.preempt, bool):
+            raise ValueError(f"SlotSharingSettings.preempt must be True or False, got {self.preempt!r}")
+        for name in ("min_run_s", "priority_boost_s", "suspend_timeout_s"):
+            object.__setattr__(self, name, _seconds(name, getattr(self, name)))

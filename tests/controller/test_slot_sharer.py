@@ -1,0 +1,243 @@
+"""Slots shared on demand, in the controller (fake cluster, fake clock): an idle instance evicted for
+a waiting model, the evicted model's count and DRAM copy, preemption by suspension after the
+bound, priorities, the order waiting models get slots in, and the outlook a gateway is told.
+See `controller.slot_sharer`; the pure policies have their own tests."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from controller.slot_outlook import SlotOutlook
+from controller.slot_sharing_settings import SlotSharingSettings
+from tests.controller.test_controller import MODEL_BYTES, NODE, SSD_S, Harness, eventually, spec
+
+
+async def deploy(h: Harness, name: str, seed: int, **autoscaling) -> str:
+    model_id = f"acme/{name}"
+    h.cluster.model_bytes[f"acme--{name}"] = MODEL_BYTES
+    await h.controller.deploy(spec(model_id, h.source(name, seed), **autoscaling))
+    return model_id
+
+
+def kinds(h: Harness, kind: str) -> list[dict]:
+    return [d for d in h.controller.status()["recent_decisions"] if d["kind"] == kind]
+
+
+def test_an_idle_instance_gives_its_slot_to_a_waiting_model_at_once(tmp_path):
+    async def scenario():
+        async with Harness(tmp_path, cpu_worker_slots_per_node=1) as h:
+            a = await deploy(h, "a", 1, keep_alive_s=60.0)
+            b = await deploy(h, "b", 2, keep_alive_s=60.0)
+            h.controller.notify_demand(a, 1)
+            await h.tick()
+            [a_worker] = h.cluster.live_workers()
+            h.controller.notify_demand(a, 0)  # its request was served; a idles, well inside its keep-alive
+            await h.tick(1.0)
+            assert h.routes(a) == [a_worker.instance_id]
+
+            outlook = h.controller.notify_demand(b, 1, "gw", 0.2)
+            assert isinstance(outlook, SlotOutlook) and outlook.status == "waiting_for_slot"
+            assert outlook.position == 1 and [x.model_id for x in outlook.holders] == [a]
+            await h.tick()
+            [eviction] = kinds(h, "eviction")
+            assert (eviction["model_id"], eviction["instance_id"], eviction["victim_model_id"]) == (
+                b, a_worker.instance_id, a)
+            # A never served a request the controller counted: frequency floor 0.1 x reload from DRAM
+            # (the node's DRAM tier can take it) at the fallback 8 GB/s.
+            assert eviction["score"] == pytest.approx(0.1 * MODEL_BYTES / 8e9)
+            assert eviction["reason"].startswith(f"evict idle {a_worker.instance_id} ({a}, priority 0, idle 1s)")
+            assert h.routes(a) == []  # out of routing at once
+            a_state = h.controller.get_model(a)
+            assert a_state["num_desired_instances"] == 0  # evicted: it does not come back without demand
+            # While the victim stops the slot is held for b, and b's gateway hears so.
+            outlook = h.controller.notify_demand(b, 1, "gw", 0.3)
+            assert outlook.status in ("waiting_for_slot", "loading", "ready")
+            await eventually(lambda: h.cluster.stopped_workers == [a_worker.instance_id], "the evicted worker stopped")
+            h.controller.notify_demand(b, 1, "gw", 0.4)
+            await h.tick()
+            assert len(h.routes(b)) == 1 and h.routes(a) == []
+            assert h.controller.notify_demand(b, 0).status == "ready"
+            assert h.controller.status()["slot_sharing"]["counts"]["evictions"] == 1
+
+    asyncio.run(scenario())
+
+
+def test_an_instance_at_min_instances_is_never_evicted(tmp_path):
+    async def scenario():
+        async with Harness(tmp_path, cpu_worker_slots_per_node=1) as h:
+            a = await deploy(h, "a", 1, min_instances=1)
+            b = await deploy(h, "b", 2)
+            await h.tick()
+            [a_worker] = h.cluster.live_workers()
+            await h.tick(5.0)
+            h.controller.notify_demand(b, 1, "gw", 0.0)
+            await h.tick()
+            assert kinds(h, "eviction") == [] and h.routes(a) == [a_worker.instance_id]
+            reason = h.controller.get_model(b)["last_placement"]["reason"]
+            assert f"{a_worker.instance_id} ({a}): its model is at min_instances 1" in reason
+
+    asyncio.run(scenario())
+
+
+def test_the_evicted_checkpoint_read_from_ssd_is_copied_into_dram(tmp_path):
+    async def scenario():
+        async with Harness(tmp_path, cpu_worker_slots_per_node=1, spare_refill_delay_s=0.0) as h:
+            a = await deploy(h, "a", 1)
+            b = await deploy(h, "b", 2)
+            h.controller.notify_demand(a, 1)
+            await h.tick()
+            [a_worker] = h.cluster.live_workers()
+            assert h.controller.get_model(a)["instances"][0]["tier"] == "ssd"
+            h.cluster.stores[NODE].prefetches.clear()
+            h.controller.notify_demand(a, 0)
+            h.controller.notify_demand(b, 1, "gw", 0.0)
+            await h.tick(1.0)
+            assert [d["instance_id"] for d in kinds(h, "eviction")] == [a_worker.instance_id]
+            await eventually(lambda: h.cluster.stopped_workers == [a_worker.instance_id], "the evicted worker stopped")
+            h.controller.notify_demand(b, 1, "gw", 1.0)
+            await h.tick()
+            await h.tick()
+            assert ("acme--a", "dram") in h.cluster.stores[NODE].prefetches
+
+    asyncio.run(scenario())
+
+
+def test_a_busy_model_is_suspended_after_the_bound_and_resumes_in_turn(tmp_path):
+    sharing = SlotSharingSettings(min_run_s=1.0)
+    async def scenario():
+        async with Harness(tmp_path, cpu_worker_slots_per_node=1, slot_sharing=sharing, slot_reclaim=None) as h:
+            a = await deploy(h, "a", 1)
+            b = await deploy(h, "b", 2, max_wait_before_preempt_s=3.0)
+            h.controller.notify_demand(a, 1)
+            await h.tick()
+            [a_worker] = h.cluster.live_workers()
+            h.controller.notify_demand(a, 0)
+            a_worker.request_ids[:] = ["r1", "r2"]
+            a_worker.num_ongoing_requests = 2
+            await h.tick(2.0)
+            h.controller.notify_demand(b, 1, "gw", 0.0)
+            await h.tick(1.0)  # b has waited ~1 s of 3: a keeps the slot
+            assert kinds(h, "preemption") == [] and h.routes(a) == [a_worker.instance_id]
+            outlook = h.controller.notify_demand(b, 1, "gw", 1.0)
+            assert (outlook.status, outlook.position) == ("waiting_for_slot", 1)
+            assert outlook.estimate_s == pytest.approx(2.0 + SSD_S, rel=0.5)  # until the bound, then a load
+            assert "slots held by acme/a (serving 2)" in outlook.explain()
+            h.controller.notify_demand(b, 1, "gw", 3.0)
+            await h.tick(2.0)
+            [preemption] = kinds(h, "preemption")
+            assert (preemption["action"], preemption["instance_id"], preemption["model_id"]) == (
+                "suspend", a_worker.instance_id, b)
+            await eventually(lambda: h.cluster.suspensions == [(a_worker.instance_id, ["r1", "r2"])],
+                             "a's requests suspended")
+            await eventually(lambda: h.cluster.stopped_workers == [a_worker.instance_id], "a's worker stopped")
+            status = h.controller.status()["slot_sharing"]
+            assert [(s["model_id"], s["request_id"]) for s in status["suspended"]] == [(a, "r1"), (a, "r2")]
+            assert status["counts"]["preemptions_suspended"] == 1 and status["counts"]["requests_suspended"] == 2
+            # the gateway re-queues a's two requests: a now waits, b gets the held slot
+            h.controller.notify_demand(a, 2, "gw", 0.0)
+            h.controller.notify_demand(b, 1, "gw", 4.0)
+            await h.tick()
+            [b_worker] = [w for w in h.cluster.live_workers() if w.model_id == b]
+            assert h.routes(b) == [b_worker.instance_id] and h.routes(a) == []
+            assert h.controller.get_model(a)["num_desired_instances"] == 1  # suspended, not evicted
+            # b serves; once a has waited its own bound (5 s), b is preempted in turn and a resumes
+            h.controller.notify_demand(b, 0)
+            b_worker.request_ids[:] = ["r3"]
+            b_worker.num_ongoing_requests = 1
+            h.controller.notify_demand(a, 2, "gw", 5.5)
+            await h.tick(5.5)
+            assert [p["instance_id"] for p in kinds(h, "preemption")][-1] == b_worker.instance_id
+            await eventually(lambda: b_worker.instance_id in h.cluster.stopped_workers, "b's worker stopped")
+            h.controller.notify_demand(a, 2, "gw", 6.0)
+            await h.tick()
+            assert len(h.routes(a)) == 1
+            [resume] = kinds(h, "resume")
+            assert (resume["model_id"], resume["request_ids"]) == (a, ["r1", "r2"])
+            assert h.controller.status()["slot_sharing"]["suspended"] == [
+                {"model_id": b, "request_id": "r3", "suspended_s": pytest.approx(0.0, abs=5.0)}]
+
+    asyncio.run(scenario())
+
+
+def test_a_model_never_preempts_one_of_higher_priority(tmp_path):
+    async def scenario():
+        async with Harness(tmp_path, cpu_worker_slots_per_node=1, slot_reclaim=None,
+                           slot_sharing=SlotSharingSettings(min_run_s=0.0)) as h:
+            a = await deploy(h, "a", 1, priority=5)
+            b = await deploy(h, "b", 2, max_wait_before_preempt_s=1.0)
+            h.controller.notify_demand(a, 1)
+            await h.tick()
+            [a_worker] = h.cluster.live_workers()
+            h.controller.notify_demand(a, 0)
+            a_worker.request_ids[:] = ["r1"]
+            a_worker.num_ongoing_requests = 1
+            await h.tick()
+            h.controller.notify_demand(b, 1, "gw", 30.0)
+            await h.tick(1.0)
+            assert kinds(h, "preemption") == [] and h.cluster.suspensions == []
+            assert f"{a_worker.instance_id} ({a}): priority 5 > 0" in h.controller.get_model(b)["last_placement"]["reason"]
+
+    asyncio.run(scenario())
+
+
+def test_waiting_models_get_freed_slots_oldest_request_first(tmp_path):
+    async def scenario():
+        async with Harness(tmp_path, cpu_worker_slots_per_node=1, slot_sharing=SlotSharingSettings(preempt=False)) as h:
+            a = await deploy(h, "a", 1)
+            b = await deploy(h, "b", 2)
+            c = await deploy(h, "c", 3)
+            h.controller.notify_demand(a, 1)
+            await h.tick()
+            [a_worker] = h.cluster.live_workers()
+            a_worker.request_ids[:] = ["r1"]
+            a_worker.num_ongoing_requests = 1
+            h.controller.notify_demand(a, 0)
+            await h.tick()
+            # c's request is older than b's, though b's model was deployed first
+            h.controller.notify_demand(b, 1, "gw", 2.0)
+            h.controller.notify_demand(c, 1, "gw", 7.0)
+            assert h.controller.notify_demand(b, 1, "gw", 2.0).position == 2
+            assert h.controller.notify_demand(c, 1, "gw", 7.0).position == 1
+            await h.tick()
+            assert kinds(h, "eviction") == []  # a is busy, and preemption is off
+            a_worker.request_ids[:] = []
+            a_worker.num_ongoing_requests = 0
+            await h.tick(1.0)  # a idles: its instance is evicted for the head of the line
+            [eviction] = kinds(h, "eviction")
+            assert eviction["model_id"] == c
+            await eventually(lambda: h.cluster.stopped_workers == [a_worker.instance_id], "a's worker stopped")
+            for model_id, waited in ((b, 3.0), (c, 8.0)):
+                h.controller.notify_demand(model_id, 1, "gw", waited)
+            await h.tick()
+            assert len(h.routes(c)) == 1 and h.routes(b) == []
+
+    asyncio.run(scenario())
+
+
+def test_without_slot_sharing_nothing_is_evicted(tmp_path):
+    async def scenario():
+        async with Harness(tmp_path, cpu_worker_slots_per_node=1, slot_sharing=None) as h:
+            a = await deploy(h, "a", 1)
+            b = await deploy(h, "b", 2)
+            h.controller.notify_demand(a, 1)
+            await h.tick()
+            h.controller.notify_demand(a, 0)
+            await h.tick(5.0)
+            h.controller.notify_demand(b, 1, "gw", 20.0)
+            await h.tick()
+            assert kinds(h, "eviction") == [] and len(h.routes(a)) == 1 and h.routes(b) == []
+
+    asyncio.run(scenario())
+
+
+def test_notify_demand_refuses_a_bad_wait(tmp_path):
+    async def scenario():
+        async with Harness(tmp_path) as h:
+            a = await deploy(h, "a", 1)
+            for bad in (-1.0, float("inf"), float("nan"), "3", True):
+                with pytest.raises(ValueError, match="oldest_wait_s must be a finite number >= 0"):
+                    h.controller.notify_demand(a, 1, "gw", bad)
+
+    asyncio.run(scenario())
