@@ -67,8 +67,9 @@ class ControllerActor:
     async def get_model(self, model_id: str) -> dict[str, Any]:
         return self._controller.get_model(model_id)
 
-    async def notify_demand(self, model_id: str, num_queued: int, reporter: str = "gateway") -> None:
-        self._controller.notify_demand(model_id, num_queued, reporter)
+    async def notify_demand(self, model_id: str, num_queued: int, reporter: str = "gateway",
+                            oldest_wait_s: float = 0.0) -> SlotOutlook:
+        return self._controller.notify_demand(model_id, num_queued, reporter, oldest_wait_s)
 
     async def routing_table(self, known_version: int = -1, timeout_s: float = 0.0
                             ) -> tuple[int, dict[str, list[dict[str, Any]]]]:

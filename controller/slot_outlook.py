@@ -45,12 +45,17 @@ class SlotHolder:
     num_ongoing_requests: int = 0
     idle_s: float | None = None
 
-    def describe(self) -> str:
+    def describe(self, viewer_tenant: str | None = None) -> str:
+        """One line; with `viewer_tenant`, a model of another tenant is not named (a client learns
+        that a slot is busy, not what other tenants run)."""
+        name = self.model_id
+        if viewer_tenant is not None and name.partition("/")[0] != viewer_tenant:
+            name = "another tenant's model"
         if self.state != "ready":
-            return f"{self.model_id} ({self.state})"
+            return f"{name} ({self.state})"
         if self.num_ongoing_requests:
-            return f"{self.model_id} (serving {self.num_ongoing_requests})"
-        return f"{self.model_id} (idle{f' {self.idle_s:.0f}s' if self.idle_s is not None else ''})"
+            return f"{name} (serving {self.num_ongoing_requests})"
+        return f"{name} (idle{f' {self.idle_s:.0f}s' if self.idle_s is not None else ''})"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,8 +99,10 @@ class SlotOutlook:
         return f"waiting: {self.reason}" if self.reason else "waiting for an instance"
 
     def explain(self) -> str:
-        """Why the model waits, with who holds the slots: for a 503/429 body and the logs."""
-        held = "; ".join(h.describe() for h in self.holders)
+        """Why the model waits, with who holds the slots: for a 503/429 body and the logs. Only
+        the waiting model's own tenant's models are named (the client is of that tenant)."""
+        tenant = self.model_id.partition("/")[0]
+        held = "; ".join(h.describe(tenant) for h in self.holders)
         parts = [self.reason or self.progress_line()]
         if held:
             parts.append(f"slots held by {held}")

@@ -229,6 +229,31 @@ def print_status(status: dict[str, Any]) -> None:
                   r["destination_instance_id"], r["num_requests"], r["cost_s"], r["ready_s"],
                   "no room" if r.get("alternative_s") is None else r["alternative_s"])
                  for r in status.get("slot_reclaims", [])], "  none under way")
+    sharing = status.get("slot_sharing") or {}
+    print("\nSLOTS (who holds each worker slot; the lowest eviction score gives its slot first to a waiting model)")
+    print_table(("NODE", "INSTANCE", "MODEL", "STATE", "ONGOING", "IDLE S", "EVICTION SCORE"),
+                [(s["node_id"], s["instance_id"], s["model_id"], s["state"], s["num_ongoing_requests"],
+                  "-" if s.get("idle_s") is None else f"{s['idle_s']:.1f}",
+                  "-" if s.get("eviction_score") is None else f"{s['eviction_score']:.3g}")
+                 for s in sharing.get("slots", [])], "  no slot is held")
+    holds = sharing.get("holds", [])
+    if holds:
+        print("\nSLOTS BEING FREED")
+        print_table(("FOR MODEL", "NODE", "BY", "VICTIM", "HELD S"),
+                    [(h["model_id"], h["node_id"], h["kind"], f"{h['victim_instance_id']} ({h['victim_model_id']})",
+                      f"{h['held_s']:.1f}") for h in holds])
+    print("\nSUSPENDED REQUESTS (preempted; they resume when their model next gets a slot)")
+    print_table(("MODEL", "REQUEST", "SUSPENDED S"),
+                [(s["model_id"], s["request_id"], f"{s['suspended_s']:.1f}") for s in sharing.get("suspended", [])],
+                "  none")
+    counts = sharing.get("counts") or {}
+    if counts:
+        print("  counts: " + ", ".join(f"{name} {value}" for name, value in counts.items()))
+    shared = [d for d in status.get("recent_decisions", [])
+              if d.get("kind") in ("eviction", "preemption", "suspend", "resume", "slot_hold_abandoned")]
+    print("\nSLOT DECISIONS (recent evictions, preemptions, suspensions and resumes, newest last)")
+    print_table(("KIND", "FOR MODEL", "REASON"), [(d["kind"], d["model_id"], d.get("reason")) for d in shared[-10:]],
+                "  none yet")
 
 
 def _weights_from(instance: dict[str, Any]) -> str | None:

@@ -39,6 +39,7 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
             dram_capacity_bytes=int(args.dram_capacity_gb * GIB), calibrate=not args.no_calibrate,
             num_gateway_replicas=args.gateway_replicas, spare_workers_per_node=args.spare_workers,
             spare_weight_bytes=int(args.spare_memory_gb * GIB), peer_link_bytes_per_s=args.peer_link_gbps * 1e9,
+            slot_sharing=not args.no_slot_sharing,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -120,4 +121,7 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--peer-link-gbps", type=float, default=1.5,
                        help="GB/s assumed for streaming a new instance's weights from a running one; it streams "
                             "when that beats its node's tier (0: never)")
+    serve.add_argument("--no-slot-sharing", action="store_true",
+                       help="keep-alive as a hard lease: an idle instance keeps its slot until its keep-alive ends, "
+                            "and no busy one is preempted (by default slots go to models with waiting requests)")
     serve.set_defaults(func=cmd_serve)

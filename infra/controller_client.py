@@ -14,6 +14,8 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+from controller.slot_outlook import SlotOutlook
+
 
 class ControllerUnavailable(Exception):
     """The controller did not answer (dead, restarting, or slower than the timeout)."""
@@ -74,8 +76,11 @@ class ControllerClient:
                                           timeout_s=timeout_s + self._call_timeout_s)
         return int(version), table
 
-    async def notify_demand(self, model_id: str, num_queued: int) -> None:
-        await self._call("notify_demand", model_id, num_queued, self.reporter or "gateway")
+    async def notify_demand(self, model_id: str, num_queued: int, oldest_wait_s: float = 0.0) -> SlotOutlook | None:
+        """Reports `num_queued` requests waiting here for the model, the oldest for `oldest_wait_s`;
+        returns the controller's outlook for the model (None when it has none to give)."""
+        return await self._call("notify_demand", model_id, num_queued, self.reporter or "gateway",
+                                oldest_wait_s=oldest_wait_s)
 
     # ---- cluster ---------------------------------------------------------------------------
 

@@ -8,8 +8,10 @@ against `LocalEngineBackend` with the real `openai` client.
 Routes (``{model}`` is ``tenant/name``, slash included):
 
 - ``POST /v1/completions``, ``POST /v1/chat/completions``: SSE when ``stream`` (``data: ...``
-  events, then ``data: [DONE]``), one JSON body otherwise; ``usage`` always filled in, and in
-  a stream as a last chunk when ``stream_options.include_usage``;
+  events, then ``data: [DONE]``; while the request waits for an instance, a comment line such
+  as ``: waiting for a slot: position 2, about 1.4 s`` about once a second), one JSON body
+  otherwise; ``usage`` always filled in, and in a stream as a last chunk when
+  ``stream_options.include_usage``;
 - ``GET /v1/models``, ``GET /v1/models/{model}``: the models the caller's key may use;
 - the same under ``/models/{model}/v1/...``, where the model is in the URL and a body's
   ``model`` is optional (and must match when given);

@@ -11,6 +11,10 @@ Failures a client should see with a particular status are exceptions of the `Bac
 hierarchy; `openai_errors.error_from_backend` maps each to its HTTP status and OpenAI error
 body. Anything else a backend raises is a bug and becomes a 500.
 
+A backend that queues requests for a cold or saturated model may also yield `QueueProgress`
+records while a request waits, which the gateway turns into SSE comment lines for streaming
+clients (so a quiet connection is not timed out, and a user sees why it waits).
+
 Messages carrying prompt or completion text print without it (house rule: logs never leak
 prompts), so `GenerationChunk`'s text is left out of its repr.
 """
@@ -63,6 +67,19 @@ class GenerationChunk:
     num_prompt_tokens: int
     num_output_tokens: int
     queue_s: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueProgress:
+    """News for a request that still waits for an instance; it carries no output.
+
+    A backend that queues yields one about every second while a request waits: before its
+    first chunk, or mid-stream while a recovered request waits for another instance. `text`
+    is one line a user can read (``waiting for a slot: position 2, about 1.4 s``); the gateway
+    sends it to a streaming client as an SSE comment and drops it for any other.
+    """
+
+    text: str
 
 
 class BackendError(Exception):
@@ -135,13 +152,18 @@ class GatewayBackend(Protocol):
         ...
 
     def generate(self, model_id: str, request_id: str, prompt: Prompt,
-                 params: SamplingParams) -> AsyncIterator[GenerationChunk]:
+                 params: SamplingParams) -> AsyncIterator[GenerationChunk | QueueProgress]:
         """Streams one request's chunks until one has ``finished``.
 
+        While the request waits for an instance, a backend that queues may yield `QueueProgress`
+        records in between, about once a second (a backend that never queues yields none).
+
         Errors about the request itself (`InvalidRequest`, `ModelNotFound`, `ModelOverloaded`,
-        `QueueTimeout`, `BackendUnavailable`) are raised before the first chunk. Closing the
-        iterator early (the client left) must free the request's resources; the gateway also
-        calls `abort`, so either alone is enough.
+        `QueueTimeout`, `BackendUnavailable`) are raised before the first chunk, though
+        `QueueTimeout` (and a model deleted meanwhile) may follow progress records. Closing the
+        iterator early (the client left), also at a progress record, must free the request's
+        resources and its place in a queue; the gateway also calls `abort`, so either alone is
+        enough.
         """
         ...
 

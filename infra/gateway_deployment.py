@@ -24,7 +24,7 @@ from typing import Any
 
 from ray import serve
 
-from infra.ray_gateway_backend import RayBackendConfig
+from infra.ray_backend_config import RayBackendConfig
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,12 +10,15 @@ What is measured and by whom:
   inter-token latency; end-to-end latency; prompt and generated tokens; queue time when the
   backend reports one on the first chunk;
 - the platform (controller / backend), as events happen: cold starts by the tier the
-  checkpoint came from and their load seconds, and the number of ready instances per model.
+  checkpoint came from and their load seconds, the number of ready instances per model, and
+  each wait in a model's queue, by the cause the controller last gave for it (its outlook's
+  status) and how the wait ended.
 
 The ``model`` label only ever carries a resolved model id (or ``""`` when a request failed
 before its model was known), never a string from the request body, so a client cannot grow
-the number of series by sending made-up model names. Metric names follow vLLM's where they
-mean the same (``time_to_first_token_seconds``, ``e2e_request_latency_seconds``).
+the number of series by sending made-up model names; ``cause`` and ``outcome`` take only the
+values listed in `QUEUE_WAIT_CAUSES` and `QUEUE_WAIT_OUTCOMES`. Metric names follow vLLM's
+where they mean the same (``time_to_first_token_seconds``, ``e2e_request_latency_seconds``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,12 @@ _E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 30
 _QUEUE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 UNKNOWN_MODEL = ""
+# Why a request waited: the status of the controller's last outlook for its model
+# (`controller.slot_outlook.OUTLOOK_STATUSES`), "unknown" when none had arrived.
+QUEUE_WAIT_CAUSES = ("ready", "loading", "waiting_for_slot", "unplaced", "unknown")
+# How the wait ended: an instance took it, the deadline passed (503), the client left or it
+# was aborted, or it failed otherwise (the model was deleted, the gateway shut down).
+QUEUE_WAIT_OUTCOMES = ("served", "timed_out", "aborted", "failed")
 
 
 class GatewayMetrics:
@@ -51,6 +60,10 @@ class GatewayMetrics:
         self.queue_time = Histogram(
             "queue_time_seconds", "Time a request waited for a ready instance of its model.",
             ["model"], namespace=ns, registry=r, buckets=_QUEUE_BUCKETS)
+        self.queue_wait = Histogram(
+            "queue_wait_seconds", "Time a request spent in its model's queue (only requests that joined "
+            "one), by the controller's last outlook for the model (cause) and how the wait ended (outcome).",
+            ["model", "cause", "outcome"], namespace=ns, registry=r, buckets=_QUEUE_BUCKETS)
         self.prompt_tokens = Counter("prompt_tokens", "Prompt tokens of finished requests.",
                                      ["model"], namespace=ns, registry=r)
         self.generation_tokens = Counter("generation_tokens", "Tokens generated.",
@@ -87,6 +100,15 @@ class GatewayMetrics:
         """One instance of `model_id` became ready after loading from `tier` ("gpu", "dram", "ssd", "repository")."""
         self.cold_starts.labels(model=model_id, tier=tier).inc()
         self.load_seconds.labels(model=model_id, tier=tier).observe(load_s)
+
+    def record_queue_wait(self, model_id: str, cause: str, outcome: str, seconds: float) -> None:
+        """One request left `model_id`'s queue after `seconds`; a `cause` or `outcome` outside
+        `QUEUE_WAIT_CAUSES` / `QUEUE_WAIT_OUTCOMES` is a bug."""
+        if cause not in QUEUE_WAIT_CAUSES:
+            raise ValueError(f"queue wait cause must be one of {QUEUE_WAIT_CAUSES}, got {cause!r}")
+        if outcome not in QUEUE_WAIT_OUTCOMES:
+            raise ValueError(f"queue wait outcome must be one of {QUEUE_WAIT_OUTCOMES}, got {outcome!r}")
+        self.queue_wait.labels(model=model_id, cause=cause, outcome=outcome).observe(seconds)
 
     def set_instances(self, model_id: str, num_instances: int) -> None:
         self.instances.labels(model=model_id).set(num_instances)

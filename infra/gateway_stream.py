@@ -3,14 +3,21 @@
 `GenerationStream` pulls a request's chunks from the backend, times them into the metrics
 (time to first token, inter-token gaps, end to end, queue time) and, if it is closed before the
 last chunk, aborts the request on the backend — that is what frees a worker's KV blocks when
-a client goes away.
+a client goes away. It passes on the backend's `QueueProgress` records as they come.
 
 `GenerationResponse` is the ASGI response that drives it, as server-sent events or as one JSON
-body. It is written out rather than built on Starlette's `StreamingResponse` for three reasons:
+body. A streaming request that waits in a cold model's queue gets each `QueueProgress` as an
+SSE comment line (``: waiting for a slot: position 2, about 1.4 s``), about once a second, so
+proxies and clients do not time out the quiet connection and a user sees why it waits; clients
+skip comment lines (the `openai` SDK does). A non-streaming request never sees them. The
+response is written out rather than built on Starlette's `StreamingResponse` for three reasons:
 
-- the first chunk is awaited *before* the status line goes out, so a request that fails in the
-  backend (a cold model's queue is full, the deadline passed, the prompt is too long) still gets
-  its proper status (429/503/400 with ``Retry-After``), not a 200 followed by an error event;
+- the first chunk (or progress line) is awaited *before* the status line goes out, so a request
+  that fails in the backend (a cold model's queue is full, the deadline passed, the prompt is
+  too long) still gets its proper status (429/503/400 with ``Retry-After``), not a 200 followed
+  by an error event. The exception is a streaming request whose first progress line went out:
+  the status is 200 from then on, and a deadline passed later is reported in-band, as an error
+  event before ``data: [DONE]`` (a non-streaming request keeps its 503);
 - it listens for the client's ``http.disconnect`` the whole time — also while the request waits
   in a cold model's queue, before any byte is sent, and for non-streaming requests — since
   servers such as uvicorn drop writes to a closed connection silently instead of failing them;
@@ -33,7 +40,7 @@ from pydantic import BaseModel
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from infra.gateway_backend import BackendError, GatewayBackend, GenerationChunk, Prompt
+from infra.gateway_backend import BackendError, GatewayBackend, GenerationChunk, Prompt, QueueProgress
 from infra.gateway_metrics import GatewayMetrics
 from infra.openai_errors import OpenAIError, error_from_backend, internal_error
 from infra.openai_protocol import Usage
@@ -58,7 +65,8 @@ class RequestInfo:
 
 
 class GenerationStream:
-    """A backend request's chunks, measured as they arrive; aborted if closed before the end."""
+    """A backend request's chunks (and progress records), measured as they arrive; aborted if
+    closed before the end."""
 
     def __init__(self, backend: GatewayBackend, metrics: GatewayMetrics, info: RequestInfo, prompt: Prompt,
                  params: SamplingParams, clock: Callable[[], float] = time.monotonic) -> None:
@@ -66,15 +74,16 @@ class GenerationStream:
         self._backend = backend
         self._metrics = metrics
         self._clock = clock
-        self._chunks: AsyncIterator[GenerationChunk] = backend.generate(info.model_id, info.request_id, prompt, params)
+        self._chunks: AsyncIterator[GenerationChunk | QueueProgress] = backend.generate(
+            info.model_id, info.request_id, prompt, params)
         self._ended = False  # the backend said its last word (a finished chunk, the end, or an error)
         self._num_chunks = 0
         self._last_token_s: float | None = None
         self.last: GenerationChunk | None = None
         self._abort_task: asyncio.Future[None] | None = None
 
-    async def next(self) -> GenerationChunk | None:
-        """The next chunk, or None after the last one. Backend errors propagate."""
+    async def next(self) -> GenerationChunk | QueueProgress | None:
+        """The next chunk or progress record, or None after the last chunk. Backend errors propagate."""
         if self._ended:
             return None
         try:
@@ -87,7 +96,8 @@ class GenerationStream:
             # (not an Exception) leaves the request running: `close` still aborts it.
             self._ended = True
             raise
-        self._observe(chunk)
+        if isinstance(chunk, GenerationChunk):
+            self._observe(chunk)
         return chunk
 
     def _observe(self, chunk: GenerationChunk) -> None:
@@ -200,16 +210,19 @@ class GenerationResponse(Response):
         else:
             await self._send_whole(send, first)
 
-    async def _send_events(self, send: Send, chunk: GenerationChunk | None) -> None:
+    async def _send_events(self, send: Send, item: GenerationChunk | QueueProgress | None) -> None:
         self._status = 200
         await send({"type": "http.response.start", "status": 200, "headers": [*self.raw_headers, *_SSE_HEADERS]})
         is_first = True
         try:
-            while chunk is not None:
-                for obj in self._renderer.stream_objects(chunk, is_first):
-                    await send({"type": "http.response.body", "body": _sse(obj), "more_body": True})
-                is_first = False
-                chunk = await self._stream.next()
+            while item is not None:
+                if isinstance(item, QueueProgress):
+                    await send({"type": "http.response.body", "body": _sse_comment(item.text), "more_body": True})
+                else:
+                    for obj in self._renderer.stream_objects(item, is_first):
+                        await send({"type": "http.response.body", "body": _sse(obj), "more_body": True})
+                    is_first = False
+                item = await self._stream.next()
             if self._include_usage and self._stream.last is not None:
                 usage = _usage(self._stream.last)
                 await send({"type": "http.response.body", "body": _sse(self._renderer.usage_object(usage)),
@@ -222,12 +235,13 @@ class GenerationResponse(Response):
             await send({"type": "http.response.body", "body": error.sse_event(), "more_body": True})
         await self._send_last(send, _DONE)
 
-    async def _send_whole(self, send: Send, chunk: GenerationChunk | None) -> None:
+    async def _send_whole(self, send: Send, item: GenerationChunk | QueueProgress | None) -> None:
         parts: list[str] = []
         try:
-            while chunk is not None:
-                parts.append(chunk.text)
-                chunk = await self._stream.next()
+            while item is not None:
+                if isinstance(item, GenerationChunk):  # progress is for streams only
+                    parts.append(item.text)
+                item = await self._stream.next()
         except Exception as exc:  # noqa: BLE001
             await self._send_error(send, self._error_for(exc))
             return
@@ -266,6 +280,11 @@ class GenerationResponse(Response):
 
 def _sse(obj: BaseModel) -> bytes:
     return b"data: " + obj.model_dump_json().encode() + b"\n\n"
+
+
+def _sse_comment(text: str) -> bytes:
+    """One SSE comment line; line breaks in `text` become spaces (one would end the comment)."""
+    return b": " + " ".join(text.splitlines()).encode() + b"\n\n"
 
 
 def _usage(chunk: GenerationChunk) -> Usage:

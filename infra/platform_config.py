@@ -76,6 +76,10 @@ class PlatformConfig:
             `controller.spare_pool`).
         peer_link_bytes_per_s: the rate the controller assumes for streaming a new instance's
             weights from a running one (`controller.PeerStreamSettings`); 0: never stream.
+        slot_sharing: slots pass between models on demand (an idle instance evicted for a model
+            with waiting requests; past its bounded wait, a busy one preempted); False:
+            keep-alive is a hard lease and a waiting model only gets a slot once one is free
+            (`controller.slot_sharer`).
         engine_defaults: `worker.EngineConfig` fields every instance starts with.
         reconcile_interval_s: the controller's tick.
     """
@@ -98,6 +102,7 @@ class PlatformConfig:
     spare_workers_per_node: int = 1
     spare_weight_bytes: int = 0
     peer_link_bytes_per_s: float = 1.5e9
+    slot_sharing: bool = True
     engine_defaults: Mapping[str, Any] = field(default_factory=dict)
     reconcile_interval_s: float = 1.0
 
@@ -140,6 +145,8 @@ class PlatformConfig:
         value = self.reconcile_interval_s
         if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
             raise ValueError(f"PlatformConfig.reconcile_interval_s must be a number > 0, got {value!r}")
+        if not isinstance(self.slot_sharing, bool):
+            raise ValueError(f"PlatformConfig.slot_sharing must be True or False, got {self.slot_sharing!r}")
         value = self.peer_link_bytes_per_s
         if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
             raise ValueError(f"PlatformConfig.peer_link_bytes_per_s must be a number >= 0 (0: never stream "
@@ -189,6 +196,7 @@ class PlatformConfig:
     def controller_config(self) -> Any:
         """The `controller.ControllerConfig` of this platform (imported here: it brings storage)."""
         from controller import ControllerConfig
+        from controller.slot_sharing_settings import SlotSharingSettings
         from controller.stream_source_policy import PeerStreamSettings
         from storage import RepositoryConfig
 
@@ -201,7 +209,7 @@ class PlatformConfig:
             calibrate=self.calibrate, cpu_worker_slots_per_node=self.cpu_worker_slots_per_node,
             engine_defaults=self.engine_defaults, reconcile_interval_s=self.reconcile_interval_s,
             spare_workers_per_node=self.spare_workers_per_node, spare_weight_bytes=self.spare_weight_bytes,
-            peer_stream=peer_stream,
+            peer_stream=peer_stream, slot_sharing=SlotSharingSettings() if self.slot_sharing else None,
         )
 
     def gateway_config(self) -> Any:

@@ -12,13 +12,21 @@ tie-break).
 
 When no instance can take it (scaled to zero, or all at the cap), the request joins the model's
 FIFO queue, bounded by the spec's ``max_queued_requests`` (beyond it: `ModelOverloaded`, 429)
-and waiting at most ``queue_timeout_s`` (then `QueueTimeout`, 503); both carry a Retry-After
-hint. While anything waits, a second background task tells the controller the queue length
-(``notify_demand``, at once on every change and again every second, since the controller lets
-a report expire), which is what makes the autoscaler start an instance without delay; the long
-poll brings the new instance back the moment it is ready, and every table change and every
-finished request hands free slots to the head of the queue. So a cold model's request waits and
-then succeeds, rather than failing.
+and waiting at most ``queue_timeout_s`` from when it joined (then `QueueTimeout`, 503). While
+anything waits, a second background task tells the controller the queue length and how long its
+oldest request has waited (``notify_demand``, at once on every change and again every second,
+since the controller lets a report expire), which is what makes the autoscaler start an
+instance without delay; the long poll brings the new instance back the moment it is ready, and
+every table change and every finished request hands free slots to the head of the queue. So a
+cold model's request waits and then succeeds, rather than failing.
+
+Each report is answered with the model's `SlotOutlook` (loading, its place among the models
+waiting for a slot, an estimate, who holds the slots), kept until the queue empties
+(`queue_outlooks`). It is what a waiting request hears: about every ``progress_interval_s`` of
+waiting, `generate` yields a `QueueProgress` with the outlook's one-line summary (the gateway
+sends it to a streaming client as an SSE comment), and a 429 or 503 says why in its message,
+with its Retry-After hint taken from the outlook's estimate when there is one. Each wait is
+counted in the metrics by the outlook's status when it ended, and by how it ended.
 
 An instance that turns out to be gone (its actor died, it was scaled down between two table
 refreshes, it is shutting down) is skipped for a while and the request tried elsewhere. If
@@ -26,7 +34,11 @@ tokens were streamed already, the request is *recovered*, not restarted: the nex
 (a ready one, or the first to become ready while the request waits in the model's queue as a
 new one would) continues it from the output tokens the client has received, so the client's
 stream goes on with no token lost or repeated (greedy output is exactly an unbroken run's).
-Up to ``max_attempts`` instances in all; past that the failure is reported in-band.
+Up to ``max_attempts`` instances in all; past that the failure is reported in-band. A stream
+that ends with finish reason "suspended" (the controller preempted its instance's slot for
+another model) is no failure: the request goes back into its model's queue the same way, with a
+fresh queue deadline, and its model's next instance continues it from the tokens the client has;
+the client sees a pause (with progress comments while it waits), never an error.
 
 Generation goes through `serving_cluster`, which follows a request live-migrated to another
 instance (`migration.follow_generation`) and whose early close ``ray.cancel``s the stream and so
@@ -40,8 +52,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -57,62 +69,18 @@ from infra.gateway_backend import (
     ModelNotFound,
     ModelOverloaded,
     Prompt,
+    QueueProgress,
     QueueTimeout,
 )
 from infra.gateway_metrics import GatewayMetrics
+from infra.queue_outlooks import QueueOutlooks
+from infra.ray_backend_config import RayBackendConfig
 from infra.serving_cluster import InstanceGone, InstanceRoute, ServingCluster
-from worker import InvalidRequestError, SamplingParams
+from worker import SUSPENDED, InvalidRequestError, SamplingParams
+
+__all__ = ["RayBackendConfig", "RayGatewayBackend", "model_info_from_record"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True)
-class RayBackendConfig:
-    """How the gateway backend follows the controller and admits requests.
-
-    Fields:
-        long_poll_s: how long one ``routing_table`` call waits for a change before it returns
-            the unchanged table. A change (an instance ready) comes back at once, so this does
-            not add to a cold start; it bounds how stale the model list can get.
-        retry_interval_s: pause after a failed refresh before the next try.
-        max_ongoing_requests_per_instance: requests this gateway sends one instance at once;
-            beyond it requests queue, which the controller sees as demand for more instances.
-        retry_after_s: the Retry-After hint on 429 (queue full) and 503 (deadline passed).
-        demand_report_interval_s: how often a non-empty queue is re-reported to the controller
-            (it is also reported at once whenever its length changes); must be well under the
-            controller's ``queue_report_ttl_s``.
-        stale_after_s: without a successful refresh for this long, ``/readyz`` says not ready;
-            longer than `long_poll_s`.
-        call_timeout_s: how long ``/readyz`` and an uncached model's lookup wait on the controller.
-        broken_instance_s: how long an instance that failed a request is skipped (unless the
-            routing table drops it sooner).
-        max_attempts: instances one request is tried on before it fails, counting those it is
-            recovered on after an instance died mid-stream.
-    """
-
-    long_poll_s: float = 5.0
-    retry_interval_s: float = 0.5
-    max_ongoing_requests_per_instance: int = 64
-    retry_after_s: float = 1.0
-    demand_report_interval_s: float = 1.0
-    stale_after_s: float = 15.0
-    call_timeout_s: float = 5.0
-    broken_instance_s: float = 10.0
-    max_attempts: int = 3
-
-    def __post_init__(self) -> None:
-        for name in ("long_poll_s", "retry_interval_s", "retry_after_s", "demand_report_interval_s",
-                     "stale_after_s", "call_timeout_s", "broken_instance_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"RayBackendConfig.{name} must be a finite number > 0, got {value!r}")
-        for name in ("max_ongoing_requests_per_instance", "max_attempts"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"RayBackendConfig.{name} must be an integer >= 1, got {value!r}")
-        if self.stale_after_s <= self.long_poll_s:
-            raise ValueError(f"RayBackendConfig.stale_after_s ({self.stale_after_s:g}) must be longer than "
-                             f"long_poll_s ({self.long_poll_s:g}), or an idle gateway would look stale")
 
 
 @dataclass(frozen=True)
@@ -137,14 +105,27 @@ def model_info_from_record(record: Mapping[str, Any]) -> _ModelInfo:
                       queue_timeout_s=float(autoscaling.get("queue_timeout_s", 60.0)))
 
 
+class _Ticket:
+    """A request's place in a model's queue: the future a free instance is handed through (None
+    when the request was aborted meanwhile), when it joined (the backend's clock, for the oldest
+    wait reported) and when it must leave (the loop's clock, which asyncio's timeouts use)."""
+
+    __slots__ = ("future", "enqueued_s", "deadline")
+
+    def __init__(self, future: asyncio.Future[InstanceRoute | None], enqueued_s: float, deadline: float) -> None:
+        self.future = future
+        self.enqueued_s = enqueued_s
+        self.deadline = deadline
+
+
 class _Request:
     """One request's whereabouts, for `abort`: its queue ticket or the instance serving it."""
 
-    __slots__ = ("model_id", "waiter", "route", "aborted")
+    __slots__ = ("model_id", "ticket", "route", "aborted")
 
     def __init__(self, model_id: str) -> None:
         self.model_id = model_id
-        self.waiter: asyncio.Future[InstanceRoute | None] | None = None
+        self.ticket: _Ticket | None = None
         self.route: InstanceRoute | None = None
         self.aborted = False
 
@@ -165,9 +146,10 @@ class RayGatewayBackend:
         self._models_loaded = False
         self._inflight: dict[str, int] = {}  # instance id -> requests this gateway has on it
         self._broken: dict[str, float] = {}  # instance id -> skipped until (clock)
-        self._queues: dict[str, deque[asyncio.Future[InstanceRoute | None]]] = {}
+        self._queues: dict[str, deque[_Ticket]] = {}
         self._requests: dict[str, _Request] = {}
         self._reported: dict[str, tuple[int, float]] = {}  # model id -> (queue length, when) last told
+        self._outlooks = QueueOutlooks(self._config.retry_after_s, self._config.max_retry_after_s)
         self._raw_table: Mapping[str, Any] | None = None
         self._raw_records: list[Mapping[str, Any]] | None = None
         self._last_refresh_ok: float | None = None
@@ -198,9 +180,10 @@ class RayGatewayBackend:
         """Stops the background tasks and fails every waiting request with `BackendUnavailable`."""
         self._closed = True
         for queue in self._queues.values():
-            for waiter in queue:
-                if not waiter.done():
-                    waiter.set_exception(BackendUnavailable("the gateway is shutting down", self._config.retry_after_s))
+            for ticket in queue:
+                if not ticket.future.done():
+                    ticket.future.set_exception(BackendUnavailable("the gateway is shutting down",
+                                                                   self._config.retry_after_s))
         self._queues.clear()
         for task in self._tasks:
             task.cancel()
@@ -227,7 +210,7 @@ class RayGatewayBackend:
         return self._last_refresh_ok is not None and self._clock() - self._last_refresh_ok <= self._config.stale_after_s
 
     async def generate(self, model_id: str, request_id: str, prompt: Prompt,
-                       params: SamplingParams) -> AsyncIterator[GenerationChunk]:
+                       params: SamplingParams) -> AsyncIterator[GenerationChunk | QueueProgress]:
         info = await self._info(model_id)
         payload: Any = prompt if isinstance(prompt, str) else [dict(p) if isinstance(p, Mapping) else p for p in prompt]
         if request_id in self._requests:
@@ -238,9 +221,23 @@ class RayGatewayBackend:
         sent_token_ids: list[int] = []  # what the client has received: a recovery continues from it
         queue_s: float | None = None
         first = True
+        attempt = 0  # instances that failed it; a suspension is no failure and counts none
         try:
-            for attempt in range(1, self._config.max_attempts + 1):
-                route = await self._acquire(info, request)
+            while attempt < self._config.max_attempts:
+                attempt += 1
+                admitted = self._admit(info, request)
+                if isinstance(admitted, _Ticket):  # in the model's queue: news about every interval
+                    try:
+                        while not await self._wait_a_while(admitted):
+                            yield QueueProgress(text=self._outlooks.progress_line(model_id))
+                    except BaseException:  # cancelled, or closed at a progress record: the client left
+                        self._leave_queue(model_id, admitted, "aborted")
+                        raise
+                    finally:
+                        request.ticket = None
+                    route = self._end_wait(info, admitted)
+                else:
+                    route = admitted
                 if route is None:  # aborted while it waited
                     yield GenerationChunk(request_id=request_id, text="", token_ids=(), finished=True,
                                           finish_reason="abort", num_prompt_tokens=0,
@@ -253,12 +250,26 @@ class RayGatewayBackend:
                 try:
                     stream = self._cluster.generate(route, request_id, payload, params,
                                                     sent_token_ids=tuple(sent_token_ids))
+                    suspended = False
                     async with contextlib.aclosing(stream) as chunks:
                         async for chunk in chunks:
                             sent_token_ids.extend(chunk.token_ids)
+                            if chunk.finish_reason == SUSPENDED:  # the slot went to another model
+                                suspended = True
+                                if chunk.token_ids:
+                                    yield _gateway_chunk(dataclasses.replace(chunk, finish_reason=None), queue_s)
+                                    first, queue_s = False, None
+                                break
                             yield _gateway_chunk(chunk, queue_s)
                             first, queue_s = False, None
-                    return
+                    if not suspended:
+                        return
+                    # Back in the model's queue with what the client has: its next instance continues
+                    # it from there (`recover`). Not a failure: the attempt is given back.
+                    self._mark_broken(route)
+                    attempt -= 1
+                    logger.info("request %s: suspended after %d tokens; it waits for %s's next slot",
+                                request_id, len(sent_token_ids), model_id)
                 except InstanceGone as exc:
                     self._mark_broken(route)
                     if attempt == self._config.max_attempts:
@@ -281,8 +292,8 @@ class RayGatewayBackend:
         if request is None or request.model_id != model_id:
             return
         request.aborted = True
-        if request.waiter is not None and not request.waiter.done():
-            request.waiter.set_result(None)
+        if request.ticket is not None and not request.ticket.future.done():
+            request.ticket.future.set_result(None)
         route = request.route
         if route is not None:
             try:
@@ -311,9 +322,9 @@ class RayGatewayBackend:
 
     # ---- admission -------------------------------------------------------------------------
 
-    async def _acquire(self, info: _ModelInfo, request: _Request) -> InstanceRoute | None:
-        """A reserved instance for the request, after waiting in the model's queue if need be;
-        None if the request was aborted meanwhile."""
+    def _admit(self, info: _ModelInfo, request: _Request) -> InstanceRoute | _Ticket:
+        """A reserved instance for the request if one is free and nobody waits, else its ticket
+        in the model's queue (also `request.ticket`); `ModelOverloaded` when the queue is full."""
         model_id = info.card.model_id
         queue = self._queues.get(model_id)
         if queue is not None:
@@ -327,29 +338,63 @@ class RayGatewayBackend:
         if len(queue) >= info.max_queued_requests:
             raise ModelOverloaded(
                 f"model {model_id!r} has {len(queue)} requests waiting for an instance, its limit "
-                f"(max_queued_requests); retry later", self._config.retry_after_s)
-        waiter: asyncio.Future[InstanceRoute | None] = asyncio.get_running_loop().create_future()
-        queue.append(waiter)
-        request.waiter = waiter
+                f"(max_queued_requests){self._outlooks.reason(model_id)}; retry later",
+                self._outlooks.retry_after_s(model_id))
+        loop = asyncio.get_running_loop()
+        ticket = _Ticket(loop.create_future(), self._clock(), loop.time() + info.queue_timeout_s)
+        queue.append(ticket)
+        request.ticket = ticket
         assert self._wake is not None
         self._wake.set()  # report the new demand now
-        try:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(waiter), info.queue_timeout_s)
-        except BaseException:  # cancelled (the client left): give back a slot handed over meanwhile
-            self._abandon(model_id, waiter)
-            raise
-        finally:
-            request.waiter = None
+        return ticket
+
+    async def _wait_a_while(self, ticket: _Ticket) -> bool:
+        """Waits until the ticket is settled or its deadline passed (True), or for at most
+        ``progress_interval_s`` (False: time for news). The deadline is the ticket's own, so
+        waiting in steps does not move it."""
+        loop = asyncio.get_running_loop()
+        left_s = ticket.deadline - loop.time()
+        if left_s > 0 and not ticket.future.done():
+            # asyncio.wait, unlike wait_for, leaves the future alone when it returns or is cancelled.
+            await asyncio.wait((ticket.future,), timeout=min(self._config.progress_interval_s, left_s))
+        return ticket.future.done() or loop.time() >= ticket.deadline
+
+    def _end_wait(self, info: _ModelInfo, ticket: _Ticket) -> InstanceRoute | None:
+        """Takes a settled or expired ticket out of the queue: the instance it was handed, None
+        if the request was aborted; raises what failed it (the model deleted, the gateway
+        shutting down), or `QueueTimeout` with the controller's explanation at the deadline."""
+        model_id = info.card.model_id
+        future = ticket.future
+        if not future.done():
+            self._leave_queue(model_id, ticket, "timed_out")
+            raise QueueTimeout(
+                f"no instance of model {model_id!r} became ready within its queue timeout of "
+                f"{info.queue_timeout_s:g} s{self._outlooks.reason(model_id)}; retry later",
+                self._outlooks.retry_after_s(model_id))
+        if future.cancelled() or future.exception() is not None:
+            self._leave_queue(model_id, ticket, "failed")
+            if future.cancelled():
+                raise BackendUnavailable("the request's place in the queue was lost", self._config.retry_after_s)
+            raise future.exception()  # type: ignore[misc]
+        route = future.result()
+        self._leave_queue(model_id, ticket, "served" if route is not None else "aborted")
+        return route
+
+    def _leave_queue(self, model_id: str, ticket: _Ticket, outcome: str) -> None:
+        """Removes the ticket from the model's queue (giving back an instance handed to it if the
+        request will not use it), tells the controller the queue got shorter, and counts the wait
+        by the outlook's status now."""
+        queue = self._queues.get(model_id)
+        if queue is not None:
             with contextlib.suppress(ValueError):
-                queue.remove(waiter)
-        if waiter.done():
-            return waiter.result()  # a route, None when aborted, or the shutdown's exception
-        waiter.cancel()
-        self._wake.set()  # the queue got shorter: tell the controller
-        raise QueueTimeout(
-            f"no instance of model {model_id!r} became ready within its queue timeout of "
-            f"{info.queue_timeout_s:g} s; retry later", self._config.retry_after_s)
+                queue.remove(ticket)
+        if outcome != "served":  # cancels a pending ticket, gives back an instance handed over just now
+            self._abandon(model_id, ticket.future)
+        if self._wake is not None:
+            self._wake.set()
+        if self._metrics is not None:
+            self._metrics.record_queue_wait(model_id, self._outlooks.cause(model_id), outcome,
+                                            max(0.0, self._clock() - ticket.enqueued_s))
 
     def _abandon(self, model_id: str, waiter: asyncio.Future[InstanceRoute | None]) -> None:
         if waiter.done() and not waiter.cancelled() and waiter.exception() is None and waiter.result() is not None:
@@ -358,8 +403,8 @@ class RayGatewayBackend:
             waiter.cancel()
 
     @staticmethod
-    def _prune(queue: deque[asyncio.Future[InstanceRoute | None]]) -> None:
-        while queue and queue[0].done():
+    def _prune(queue: deque[_Ticket]) -> None:
+        while queue and queue[0].future.done():
             queue.popleft()
 
     def _pick(self, model_id: str) -> InstanceRoute | None:
@@ -403,7 +448,7 @@ class RayGatewayBackend:
             if route is None:
                 break
             self._reserve(route)
-            queue.popleft().set_result(route)
+            queue.popleft().future.set_result(route)
         if queue is not None and not queue:
             del self._queues[model_id]
             if self._wake is not None:
@@ -520,31 +565,37 @@ class RayGatewayBackend:
         """Forgets a deleted model and fails the requests waiting for it with `ModelNotFound`."""
         self._models.pop(model_id, None)
         self._reported.pop(model_id, None)
-        for waiter in self._queues.pop(model_id, ()):
-            if not waiter.done():
-                waiter.set_exception(ModelNotFound(model_id))
+        self._outlooks.forget(model_id)
+        for ticket in self._queues.pop(model_id, ()):
+            if not ticket.future.done():
+                ticket.future.set_exception(ModelNotFound(model_id))
 
     async def _report_demand(self) -> None:
-        """Tells the controller each queue's length when it changed, and again every
-        ``demand_report_interval_s`` while it is not empty."""
+        """Tells the controller each queue's length and its oldest request's wait when the length
+        changed, and again every ``demand_report_interval_s`` while it is not empty; keeps the
+        outlook each answer brings until the queue is empty."""
         now = self._clock()
         for model_id in set(self._queues) | set(self._reported):
             queue = self._queues.get(model_id)
-            num_queued = sum(1 for waiter in queue if not waiter.done()) if queue else 0
+            enqueued = [ticket.enqueued_s for ticket in queue or () if not ticket.future.done()]
+            num_queued = len(enqueued)
             last = self._reported.get(model_id)
             if last is None and num_queued == 0:
                 continue  # nothing waited, nothing to take back
             if last is not None and last[0] == num_queued and now - last[1] < self._config.demand_report_interval_s:
                 continue
+            oldest_wait_s = max(0.0, now - min(enqueued)) if enqueued else 0.0
             try:
-                await self._cluster.notify_demand(model_id, num_queued)
+                outlook = await self._cluster.notify_demand(model_id, num_queued, oldest_wait_s=oldest_wait_s)
             except LookupError:  # deleted: the controller knows it no longer
                 self._drop_model(model_id)
                 continue
             if num_queued == 0:
                 self._reported.pop(model_id, None)
+                self._outlooks.forget(model_id)
             else:
                 self._reported[model_id] = (num_queued, now)
+                self._outlooks.update(model_id, outlook)
 
 
 def _gateway_chunk(chunk: Any, queue_s: float | None) -> GenerationChunk:

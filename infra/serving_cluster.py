@@ -7,7 +7,8 @@ Ray-specific parts — awaiting object refs, resolving named actors, unwrapping 
 one place that the end-to-end tests exercise for real.
 
 What crosses it is plain data: the controller's routing table and model records as dicts (its
-wire format), `InstanceRoute`s, and `worker.GenerationChunk`s.
+wire format), `InstanceRoute`s, `worker.GenerationChunk`s, and the controller's answer to a
+queue report (`controller.slot_outlook.SlotOutlook`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from controller.slot_outlook import SlotOutlook
 from infra.controller_client import ControllerClient
 from worker import SamplingParams
 
@@ -64,8 +66,10 @@ class ServingCluster(Protocol):
         """One model's record, or None when it is not deployed."""
         ...
 
-    async def notify_demand(self, model_id: str, num_queued: int) -> None:
-        """Tells the controller how many requests wait for an instance of the model."""
+    async def notify_demand(self, model_id: str, num_queued: int, oldest_wait_s: float = 0.0) -> SlotOutlook | None:
+        """Tells the controller how many requests wait for an instance of the model, and how long
+        the oldest of them has waited; returns where the model stands (None when the controller
+        has no outlook for it). Raises `LookupError` when the model is not deployed."""
         ...
 
     def generate(self, route: InstanceRoute, request_id: str, prompt: Any, params: SamplingParams, *,
@@ -122,8 +126,8 @@ class RayServingCluster:
         except LookupError:  # the controller's UnknownModelError
             return None
 
-    async def notify_demand(self, model_id: str, num_queued: int) -> None:
-        await self._controller.notify_demand(model_id, num_queued)
+    async def notify_demand(self, model_id: str, num_queued: int, oldest_wait_s: float = 0.0) -> SlotOutlook | None:
+        return await self._controller.notify_demand(model_id, num_queued, oldest_wait_s)
 
     async def _handle(self, route: InstanceRoute) -> Any:
         handle = self._handles.get(route.instance_id)

@@ -1,5 +1,6 @@
 """The gateway app against a scripted backend: routes, every error status with its body,
-auth and tenancy, metrics, and client disconnects turning into backend aborts.
+auth and tenancy, metrics, progress comments for requests that wait in a queue, and client
+disconnects turning into backend aborts.
 
 Most tests use Starlette's TestClient. The disconnect tests drive the ASGI app directly, so
 they decide exactly when the client goes away (after the first event, or while the request
@@ -12,6 +13,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 
+import openai
 import pytest
 from fastapi.testclient import TestClient
 
@@ -26,6 +28,7 @@ from infra.gateway_backend import (
     ModelCard,
     ModelNotFound,
     ModelOverloaded,
+    QueueProgress,
     QueueTimeout,
 )
 from infra.gateway_metrics import GatewayMetrics
@@ -36,6 +39,7 @@ ADMIN_KEY = "admin-key-0123456789"
 ACME = {"Authorization": "Bearer key-acme"}
 CHAT = [{"role": "user", "content": "hi"}]
 DEADLINE_S = 10.0
+SLOT_LINE = "waiting for a slot: position 2, about 1.4 s"
 
 
 class ScriptedBackend:
@@ -83,6 +87,14 @@ class ScriptedBackend:
             if text == "cold":  # waits for an instance that never comes
                 self.waiting_event().set()
                 await asyncio.Event().wait()
+            if text.startswith("queued"):  # waits in a queue, with news, before an instance takes it
+                yield QueueProgress(text=SLOT_LINE)
+                yield QueueProgress(text="a line\ndata: {\"forged\": 1}" if text == "queued forged" else SLOT_LINE)
+                if text == "queued until timeout":
+                    raise QueueTimeout(f"no instance of acme/m became ready within 30 s: {SLOT_LINE}", 2)
+                if text == "queued forever":
+                    self.waiting_event().set()
+                    await asyncio.Event().wait()
             words = ["Hel", "lo", "!"]
             for i, word in enumerate(words):
                 if text == "fail midway" and i == 1:
@@ -322,6 +334,74 @@ def test_failure_mid_request_without_stream_is_an_error_status(client):
     assert error["message"] == "the instance was lost"
 
 
+# ---- requests that wait in a queue ---------------------------------------------------------------
+
+
+def sse_blocks(text: str) -> list[str]:
+    return [block for block in text.split("\n\n") if block]
+
+
+def streamed_text(path: str, events: list) -> str:
+    if path == "/v1/chat/completions":
+        return "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"])
+    return "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"])
+
+
+WAITING_BODIES = [("/v1/chat/completions", {"model": "acme/m", "messages": [{"role": "user", "content": "queued"}]}),
+                  ("/v1/completions", {"model": "acme/m", "prompt": "queued"})]
+
+
+@pytest.mark.parametrize("path, body", WAITING_BODIES)
+def test_a_waiting_stream_gets_progress_comments_before_its_data(client, path, body):
+    response = client.post(path, headers=ACME, json={**body, "stream": True})
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    blocks = sse_blocks(response.text)
+    assert blocks[:2] == [f": {SLOT_LINE}", f": {SLOT_LINE}"]
+    assert all(block.startswith("data: ") for block in blocks[2:])
+    events = sse_events(response.text.split("\n\n", 2)[2])
+    assert streamed_text(path, events) == "Hello!" and events[-1] == "[DONE]"
+    if path == "/v1/chat/completions":  # the role still comes with the first data chunk
+        assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
+@pytest.mark.parametrize("path, body", WAITING_BODIES)
+def test_a_waiting_request_without_stream_gets_plain_json(client, path, body):
+    response = client.post(path, headers=ACME, json=body)
+    assert response.status_code == 200 and response.headers["content-type"] == "application/json"
+    choice = response.json()["choices"][0]
+    assert (choice["message"]["content"] if "message" in choice else choice["text"]) == "Hello!"
+    assert response.json()["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+
+
+def test_a_deadline_after_progress_is_in_band_for_a_stream_and_503_otherwise(client):
+    body = {"model": "acme/m", "prompt": "queued until timeout"}
+    streamed = client.post("/v1/completions", headers=ACME, json={**body, "stream": True})
+    assert streamed.status_code == 200  # the status went out with the first comment
+    assert sse_blocks(streamed.text)[:2] == [f": {SLOT_LINE}", f": {SLOT_LINE}"]
+    error, done = sse_events(streamed.text.split("\n\n", 2)[2])
+    assert error["error"]["code"] == "queue_timeout" and SLOT_LINE in error["error"]["message"] and done == "[DONE]"
+    whole = client.post("/v1/completions", headers=ACME, json=body)
+    error = error_of(whole, 503)
+    assert error["code"] == "queue_timeout" and error["message"].endswith(SLOT_LINE)
+    assert whole.headers["retry-after"] == "2"
+
+
+def test_a_progress_line_cannot_break_out_of_its_comment(client):
+    response = client.post("/v1/completions", headers=ACME,
+                           json={"model": "acme/m", "prompt": "queued forged", "stream": True})
+    assert sse_blocks(response.text)[:2] == [f": {SLOT_LINE}", ': a line data: {"forged": 1}']
+    assert "forged" not in json.dumps(sse_events(response.text.split("\n\n", 2)[2]))
+
+
+def test_the_openai_client_skips_progress_comments(client):
+    sdk = openai.OpenAI(base_url="http://testserver/v1", api_key="key-acme", http_client=client, max_retries=0)
+    stream = sdk.chat.completions.create(model="acme/m", messages=[{"role": "user", "content": "queued"}],
+                                         stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream) == "Hello!"
+    with pytest.raises(openai.APIError, match="within 30 s"):
+        list(sdk.completions.create(model="acme/m", prompt="queued until timeout", stream=True))
+
+
 def test_413_for_a_body_over_the_limit(client, backend):
     big = {"model": "acme/m", "prompt": "x" * 5000}
     error = error_of(client.post("/v1/completions", json=big, headers=ACME), 413)
@@ -532,6 +612,23 @@ def test_disconnect_while_queued_for_a_cold_model_aborts(app, backend, stream):
 
     sent = asyncio.run(main())
     assert sent == []  # nothing was sent: the client was gone before the first chunk
+    assert backend.aborts == [("acme/m", backend.calls[0][1])] and backend.closed == [backend.calls[0][1]]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_disconnect_after_progress_comments_aborts(app, backend, stream):
+    async def main():
+        # The backend sets `waiting` after its two progress records, still waiting for an instance.
+        return await drive(app, "/v1/chat/completions",
+                           {"model": "acme/m", "messages": [{"role": "user", "content": "queued forever"}],
+                            "stream": stream}, leave_on=backend.waiting_event())
+
+    sent = asyncio.run(main())
+    if stream:
+        assert sent[0]["status"] == 200
+        assert [m["body"] for m in sent[1:]] == [f": {SLOT_LINE}\n\n".encode()] * 2
+    else:
+        assert sent == []  # a request without stream hears nothing until its answer
     assert backend.aborts == [("acme/m", backend.calls[0][1])] and backend.closed == [backend.calls[0][1]]
 
 

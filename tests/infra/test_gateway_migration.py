@@ -29,6 +29,7 @@ import ray
 
 from controller import ControllerConfig, start_controller, stop_controller
 from infra.controller_client import ControllerClient
+from infra.gateway_backend import QueueProgress
 from infra.gateway_metrics import GatewayMetrics
 from infra.ray_gateway_backend import RayBackendConfig, RayGatewayBackend
 from infra.serving_cluster import RayServingCluster
@@ -121,6 +122,8 @@ async def stream(backend, model_id: str, request_id: str, *, after: int | None =
     ``after`` chunks have arrived, given the route of the instance serving the request then."""
     chunks = []
     async for chunk in backend.generate(model_id, request_id, PROMPT, GREEDY):
+        if isinstance(chunk, QueueProgress):  # news while it waits for an instance, not output
+            continue
         chunks.append(chunk)
         if after is not None and len(chunks) == after:
             await action(backend._requests[request_id].route)

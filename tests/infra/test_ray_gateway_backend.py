@@ -1,10 +1,12 @@
 """`RayGatewayBackend`'s routing, queueing, retries and aborts, against a fake `ServingCluster`.
 
 The fake plays the controller (a versioned routing table, model records, demand reports that
-can start an instance) and the instances (scripted streams of `worker.GenerationChunk`s that can
-be held open), in plain asyncio: every decision the backend makes is checked with exact values,
-with no Ray. The same backend over real Ray is exercised by test_platform_e2e.py. Waiting is
-always on an event or a poll with a deadline, never on a sleep.
+can start an instance and are answered with a settable `SlotOutlook`) and the instances
+(scripted streams of `worker.GenerationChunk`s that can be held open), in plain asyncio: every
+decision the backend makes is checked with exact values, with no Ray. The same backend over
+real Ray is exercised by test_platform_e2e.py. Waiting is always on an event or a poll with a
+deadline, never on a sleep; the tests of waiting requests also cover what they hear (progress
+records, the reasons and Retry-After of 429/503) and the oldest wait each report carries.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from controller.slot_outlook import SlotHolder, SlotOutlook
 from infra.gateway_backend import (
     BackendUnavailable,
     ContextLengthExceeded,
@@ -24,9 +27,11 @@ from infra.gateway_backend import (
     InvalidRequest,
     ModelNotFound,
     ModelOverloaded,
+    QueueProgress,
     QueueTimeout,
 )
 from infra.gateway_metrics import GatewayMetrics
+from infra.openai_errors import error_from_backend
 from infra.ray_gateway_backend import RayBackendConfig, RayGatewayBackend
 from infra.serving_cluster import InstanceGone, InstanceRoute
 from worker import GenerationChunk, InvalidFieldError, SamplingParams
@@ -53,13 +58,16 @@ def route(instance_id: str, ongoing: int = 0) -> dict[str, Any]:
 
 class FakeCluster:
     """Controller + instances. `hold` keeps a request's stream open after its first chunk until
-    `release(request_id)`; `scale_on_demand` adds an instance the first time demand is reported."""
+    `release(request_id)`; `scale_on_demand` adds an instance the first time demand is reported;
+    `outlook` is what every demand report is answered with."""
 
     def __init__(self) -> None:
         self.version = 1
         self.table: dict[str, list[dict[str, Any]]] = {}
         self.records: dict[str, dict[str, Any]] = {}
         self.demand: list[tuple[str, int]] = []
+        self.oldest_waits: list[float] = []  # each report's oldest_wait_s, in step with `demand`
+        self.outlook: SlotOutlook | None = None
         self.served: list[tuple[str, str]] = []  # (request id, instance id)
         self.aborted: list[tuple[str, str]] = []
         self.closed_early: list[str] = []
@@ -69,6 +77,7 @@ class FakeCluster:
         self.scale_on_demand: str | None = None
         self.fail_before_first: set[str] = set()  # instance ids whose actor is gone
         self.fail_after_first: set[str] = set()
+        self.suspend_after_first: set[str] = set()  # instance ids whose slot is preempted mid-stream
         self.refuse: Exception | None = None
         self.unreachable = False
         self._releases: dict[str, asyncio.Event] = {}
@@ -119,11 +128,13 @@ class FakeCluster:
                      for r in self.table.get(model_id, ())]
         return {**record, "instances": instances}
 
-    async def notify_demand(self, model_id: str, num_queued: int) -> None:
+    async def notify_demand(self, model_id: str, num_queued: int, oldest_wait_s: float = 0.0) -> SlotOutlook | None:
         self.demand.append((model_id, num_queued))
+        self.oldest_waits.append(oldest_wait_s)
         if num_queued and self.scale_on_demand == model_id:
             self.scale_on_demand = None
             self.set_routes(model_id, [route("cold-1")])
+        return self.outlook
 
     async def generate(self, r: InstanceRoute, request_id: str, prompt: Any, params: SamplingParams, *,
                        sent_token_ids: tuple[int, ...] = ()) -> AsyncIterator[GenerationChunk]:
@@ -146,6 +157,12 @@ class FakeCluster:
                     self.started_event(request_id).set()
                     if r.instance_id in self.fail_after_first:
                         raise InstanceGone(f"instance {r.instance_id} died")
+                    if r.instance_id in self.suspend_after_first:  # as the worker's suspend ends it
+                        yield GenerationChunk(request_id=request_id, text="", token_ids=(),
+                                              finish_reason="suspended", num_prompt_tokens=4,
+                                              num_completion_tokens=i + 1)
+                        finished = True
+                        return
                     if self.hold:
                         await self._releases.setdefault(request_id, asyncio.Event()).wait()
             finished = True
@@ -159,7 +176,9 @@ class FakeCluster:
 
 
 async def collect(backend: RayGatewayBackend, request_id: str, model_id: str = MODEL, params=PARAMS):
-    return [chunk async for chunk in backend.generate(model_id, request_id, "hello", params)]
+    """The request's chunks, without the progress records a wait in the queue brings."""
+    return [item async for item in backend.generate(model_id, request_id, "hello", params)
+            if not isinstance(item, QueueProgress)]
 
 
 async def until(predicate, what: str) -> None:
@@ -197,6 +216,10 @@ def test_config_refuses_bad_values():
         RayBackendConfig(long_poll_s=10, stale_after_s=5)
     with pytest.raises(ValueError, match="max_ongoing_requests_per_instance"):
         RayBackendConfig(max_ongoing_requests_per_instance=0)
+    with pytest.raises(ValueError, match="progress_interval_s"):
+        RayBackendConfig(progress_interval_s=0)
+    with pytest.raises(ValueError, match="max_retry_after_s"):
+        RayBackendConfig(max_retry_after_s=float("inf"))
 
 
 def test_meets_the_gateway_protocol():
@@ -388,6 +411,40 @@ def test_a_gone_instance_is_skipped_and_a_request_it_dropped_midway_resumes_else
     run(test)(cluster, dataclasses.replace(FAST, max_attempts=2))
 
 
+def test_a_suspended_request_waits_for_the_models_next_instance_and_continues_from_the_sent_tokens():
+    cluster = FakeCluster()
+    cluster.records[MODEL] = record(MODEL, queue_timeout_s=30.0)
+    cluster.set_routes(MODEL, [route("first")])
+    cluster.suspend_after_first = {"first", "second"}
+
+    async def test(cluster, backend):
+        items = []
+
+        async def client():
+            async for item in backend.generate(MODEL, "paused", "hello", PARAMS):
+                items.append(item)
+
+        task = asyncio.create_task(client())
+        await until(lambda: cluster.served == [("paused", "first")], "the first instance to serve it")
+        # Suspended after its first token: the slot went to another model; none of this model is routed.
+        cluster.set_routes(MODEL, [])
+        await until(lambda: any(isinstance(i, QueueProgress) for i in items), "a progress record while it waits")
+        assert cluster.demand[-1] == (MODEL, 1)  # back in the queue, reported as demand
+        cluster.set_routes(MODEL, [route("second")])  # the model's next instance, preempted in turn
+        await until(lambda: cluster.served[-1] == ("paused", "second", 1), "the second instance to continue it")
+        cluster.set_routes(MODEL, [route("third")])
+        await asyncio.wait_for(task, DEADLINE_S)
+        chunks = [i for i in items if not isinstance(i, QueueProgress)]
+        assert cluster.served == [("paused", "first"), ("paused", "second", 1), ("paused", "third", 2)]
+        # Exactly the uninterrupted output: no token lost or repeated, no "suspended" reaching the client.
+        assert [c.token_ids for c in chunks] == [(100 + i,) for i in range(PARAMS.max_tokens)]
+        assert [c.finish_reason for c in chunks] == [None] * (PARAMS.max_tokens - 1) + ["length"]
+        assert backend._inflight == {}
+
+    # one attempt allowed: two suspensions are no failures
+    run(test)(cluster, dataclasses.replace(FAST, max_attempts=1))
+
+
 def test_worker_refusals_name_the_field_and_a_long_prompt_is_context_length_exceeded():
     cluster = FakeCluster()
     cluster.records[MODEL] = record(MODEL)
@@ -484,5 +541,179 @@ def test_instance_gauge_follows_the_table():
             await backend.close()
         with contextlib.suppress(BackendUnavailable):
             await backend.list_models(None)
+
+    asyncio.run(main())
+
+
+# ---- what a waiting request hears: progress, reasons, and the oldest wait reported ------------
+
+PROGRESS = dataclasses.replace(FAST, progress_interval_s=0.01)
+WAITING = SlotOutlook(model_id=MODEL, status="waiting_for_slot", position=2, estimate_s=1.4)
+HELD = SlotOutlook(model_id=MODEL, status="waiting_for_slot", position=1, estimate_s=4.2, holders=(
+    SlotHolder(node_id="node0", instance_id="i-1", model_id="demo/tiny", state="ready", num_ongoing_requests=2),))
+
+
+class ManualClock:
+    """The backend's clock, moved by hand (asyncio's own timers still run on the loop's clock)."""
+
+    def __init__(self, now_s: float) -> None:
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def metric(backend: RayGatewayBackend, sample: str) -> str | None:
+    """The value of one exposition line starting with `sample`, or None if absent."""
+    for line in backend._metrics.render()[0].decode().splitlines():
+        if line.startswith(sample + " "):
+            return line.split()[-1]
+    return None
+
+
+def test_a_queued_stream_hears_the_controllers_outlook_until_its_chunks_come():
+    cluster = FakeCluster()
+    cluster.records[MODEL] = record(MODEL)
+
+    async def test(cluster, backend):
+        stream = backend.generate(MODEL, "waits", "hello", PARAMS)
+        # No outlook yet (the controller answered None): the generic line.
+        assert await stream.__anext__() == QueueProgress(text="waiting for an instance")
+        cluster.outlook = WAITING  # the next report (every 0.05 s while the queue waits) brings it
+        items = [await stream.__anext__()]
+        while items[-1] != QueueProgress(text="waiting for a slot: position 2, about 1.4 s"):
+            assert items[-1] == QueueProgress(text="waiting for an instance")
+            items.append(await stream.__anext__())
+        cluster.set_routes(MODEL, [route("a")])  # the instance is ready: the request leaves the queue
+        rest = [item async for item in stream]
+        progress = [item for item in rest if isinstance(item, QueueProgress)]
+        assert rest[:len(progress)] == progress  # every progress record before the first chunk
+        assert set(progress) <= {QueueProgress(text="waiting for a slot: position 2, about 1.4 s")}
+        chunks = rest[len(progress):]
+        assert [c.text for c in chunks] == ["t0 ", "t1 ", "t2 "] and chunks[-1].finish_reason == "length"
+        assert chunks[0].queue_s > 0 and cluster.served == [("waits", "a")]
+        sample = f'thaw_queue_wait_seconds_count{{cause="waiting_for_slot",model="{MODEL}",outcome="served"}}'
+        assert metric(backend, sample) == "1.0"
+        await until(lambda: cluster.demand[-1] == (MODEL, 0), "the drained queue reported")
+        assert backend._outlooks.model_ids() == []  # dropped with the queue
+
+    run(test)(cluster, PROGRESS)
+
+
+def test_progress_does_not_move_the_queue_deadline():
+    cluster = FakeCluster()
+    cluster.records[MODEL] = record(MODEL, queue_timeout_s=0.3)
+    cluster.outlook = WAITING
+
+    async def test(cluster, backend):
+        items = []
+        with pytest.raises(QueueTimeout):  # were the deadline restarted by each record, this would not end
+            async for item in backend.generate(MODEL, "never", "hello", PARAMS):
+                items.append(item)
+        assert len(items) > 1 and all(isinstance(item, QueueProgress) for item in items)
+        sample = f'thaw_queue_wait_seconds_count{{cause="waiting_for_slot",model="{MODEL}",outcome="timed_out"}}'
+        assert metric(backend, sample) == "1.0"
+        await until(lambda: cluster.demand[-1] == (MODEL, 0), "the expired wait taken back")
+
+    run(test)(cluster, PROGRESS)
+
+
+def test_a_client_leaving_at_a_progress_record_gives_back_its_place_and_any_instance_handed_to_it():
+    cluster = FakeCluster()
+    cluster.records[MODEL] = record(MODEL)
+
+    async def test(cluster, backend):
+        # Left (abort, then close, as the gateway's stream does) while nothing was free.
+        stream = backend.generate(MODEL, "left", "hello", PARAMS)
+        assert isinstance(await stream.__anext__(), QueueProgress)
+        await backend.abort(MODEL, "left")
+        await stream.aclose()
+        assert backend._requests == {} and not any(backend._queues.values())
+        await until(lambda: cluster.demand[-1] == (MODEL, 0), "the left wait taken back")
+
+        # Closed just after an instance was handed to it, before it could take it: given back.
+        stream = backend.generate(MODEL, "late", "hello", PARAMS)
+        assert isinstance(await stream.__anext__(), QueueProgress)
+        cluster.set_routes(MODEL, [route("a")])
+        await until(lambda: backend._inflight == {"a": 1}, "the instance handed to the waiting request")
+        await stream.aclose()
+        assert backend._inflight == {} and backend._requests == {} and cluster.served == []
+        sample = f'thaw_queue_wait_seconds_count{{cause="unknown",model="{MODEL}",outcome="aborted"}}'
+        assert metric(backend, sample) == "2.0"
+
+    run(test)(cluster, PROGRESS)
+
+
+def test_429_and_503_say_why_and_retry_after_follows_the_estimate():
+    cluster = FakeCluster()
+    cluster.records[MODEL] = record(MODEL, max_queued=1, queue_timeout_s=0.3)
+    long_model = "acme/long"  # its request waits as long as the checks take
+    cluster.records[long_model] = record(long_model, max_queued=1)
+    cluster.outlook = HELD
+    why = ("waiting for a slot: position 1, about 4.2 s; slots held by another tenant's model (serving 2); "
+           "estimated 4.2 s until an instance is ready")
+
+    async def test(cluster, backend):
+        waiting = asyncio.ensure_future(collect(backend, "q0"))
+        await until(lambda: backend._outlooks.get(MODEL) == HELD, "the outlook answering the report")
+        with pytest.raises(ModelOverloaded) as overloaded:
+            await collect(backend, "q1")
+        assert str(overloaded.value) == (f"model {MODEL!r} has 1 requests waiting for an instance, its limit "
+                                         f"(max_queued_requests): {why}; retry later")
+        assert overloaded.value.retry_after_s == 5
+        with pytest.raises(QueueTimeout) as timeout:
+            await waiting
+        assert str(timeout.value) == (f"no instance of model {MODEL!r} became ready within its queue timeout "
+                                      f"of 0.3 s: {why}; retry later")
+        error = error_from_backend(timeout.value)
+        assert (error.status_code, error.headers) == (503, {"Retry-After": "5"})
+        assert error.body()["error"]["message"] == str(timeout.value)
+
+        # An estimate past the cap is capped; none at all falls back to the configured hint.
+        cluster.outlook = dataclasses.replace(HELD, model_id=long_model, estimate_s=500.0)
+        waiting = asyncio.ensure_future(collect(backend, "q2", long_model))
+        await until(lambda: backend._outlooks.get(long_model) == cluster.outlook, "the long estimate")
+        with pytest.raises(ModelOverloaded) as overloaded:
+            await collect(backend, "q3", long_model)
+        assert overloaded.value.retry_after_s == PROGRESS.max_retry_after_s == 60
+        assert error_from_backend(overloaded.value).headers == {"Retry-After": "60"}
+        cluster.outlook = dataclasses.replace(HELD, model_id=long_model, estimate_s=None)
+        await until(lambda: backend._outlooks.get(long_model) == cluster.outlook, "no estimate")
+        with pytest.raises(ModelOverloaded) as overloaded:
+            await collect(backend, "q4", long_model)
+        assert overloaded.value.retry_after_s == PROGRESS.retry_after_s
+        await backend.abort(long_model, "q2")
+        assert [c.finish_reason for c in await waiting] == ["abort"]
+
+    run(test)(cluster, PROGRESS)
+
+
+def test_demand_reports_carry_the_oldest_wait_on_the_backends_clock():
+    cluster = FakeCluster()
+    cluster.records[MODEL] = record(MODEL)
+    clock = ManualClock(1000.0)
+
+    async def main():
+        backend = RayGatewayBackend(cluster, FAST, GatewayMetrics(), clock=clock)
+        await backend.start()
+        try:
+            first = asyncio.ensure_future(collect(backend, "first"))
+            await until(lambda: cluster.demand == [(MODEL, 1)], "the first report")
+            assert cluster.oldest_waits == [0.0]
+            clock.now_s = 1002.5  # the unchanged queue is re-reported every interval, with its age
+            await until(lambda: cluster.oldest_waits[-1] == 2.5, "the wait re-reported")
+            assert cluster.demand[-1] == (MODEL, 1)
+            second = asyncio.ensure_future(collect(backend, "second"))
+            await until(lambda: cluster.demand[-1] == (MODEL, 2), "the second request reported")
+            assert cluster.oldest_waits[-1] == 2.5  # still the first one's wait
+            await backend.abort(MODEL, "first")
+            await until(lambda: cluster.demand[-1] == (MODEL, 1), "the first request gone")
+            assert cluster.oldest_waits[-1] == 0.0  # the second joined at 1002.5
+            await backend.abort(MODEL, "second")
+            assert [c.finish_reason for c in await first + await second] == ["abort", "abort"]
+            await until(lambda: cluster.demand[-1] == (MODEL, 0), "the emptied queue")
+            assert cluster.oldest_waits[-1] == 0.0
+        finally:
+            await backend.close()
 
     asyncio.run(main())

@@ -1,0 +1,49 @@
+"""`ControllerClient` and `RayServingCluster` over a fake controller handle: what a queue report
+sends and what its answer comes back as. The real actor is exercised by test_platform_e2e.py."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from controller.slot_outlook import SlotOutlook
+from infra.controller_client import ControllerClient
+from infra.serving_cluster import RayServingCluster
+
+OUTLOOK = SlotOutlook(model_id="acme/b", status="waiting_for_slot", position=2, estimate_s=1.4)
+
+
+class FakeMethod:
+    """``handle.method.remote(*args, **kwargs)``: records the call, answers with `answer`."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+        self.calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def remote(self, *args: Any, **kwargs: Any):
+        self.calls.append((args, kwargs))
+
+        async def reply() -> Any:
+            return self.answer
+
+        return reply()
+
+
+class FakeHandle:
+    def __init__(self, answer: Any) -> None:
+        self.notify_demand = FakeMethod(answer)
+
+
+def test_a_queue_report_carries_the_oldest_wait_and_returns_the_outlook():
+    handle = FakeHandle(OUTLOOK)
+    client = ControllerClient(handle, reporter="gateway-1")
+    assert asyncio.run(client.notify_demand("acme/b", 3, oldest_wait_s=2.5)) == OUTLOOK
+    assert asyncio.run(RayServingCluster(client).notify_demand("acme/b", 1, 0.5)) == OUTLOOK
+    assert handle.notify_demand.calls == [(("acme/b", 3, "gateway-1"), {"oldest_wait_s": 2.5}),
+                                          (("acme/b", 1, "gateway-1"), {"oldest_wait_s": 0.5})]
+
+
+def test_a_controller_without_an_outlook_answers_none():
+    handle = FakeHandle(None)
+    assert asyncio.run(ControllerClient(handle).notify_demand("acme/b", 0)) is None
+    assert handle.notify_demand.calls == [(("acme/b", 0, "gateway"), {"oldest_wait_s": 0.0})]
