@@ -112,6 +112,14 @@ class EvictionCandidate:
     reload_tier: str = "ssd"
     draining: bool = False
 
+    def __post_init__(self) -> None:
+        where = f"EvictionCandidate {self.instance_id}"
+        if not isinstance(self.num_worker_slots, int) or isinstance(self.num_worker_slots, bool) \
+                or self.num_worker_slots < 1:
+            raise ValueError(f"{where}: num_worker_slots must be an integer >= 1, got {self.num_worker_slots!r}")
+        for name in ("idle_s", "frequency", "reload_s"):
+            object.__setattr__(self, name, _number(where, name, getattr(self, name)))
+
 
 @dataclass(frozen=True)
 class EvictionDecision:
@@ -180,7 +188,7 @@ def choose_eviction(waiting_model_id: str, candidates: Sequence[EvictionCandidat
         _, other, other_score, _ = eligible[1]
         runner_up = f"; next {other.instance_id} ({other.model_id}) score {other_score:.3g}"
     reason = (f"evict idle {victim.instance_id} ({victim.model_id}, priority {victim.priority}, idle "
-              f"{victim.idle_s:.3g}s) on {victim.node_id} for {waiting_model_id}: score {score:.3g} = frequency "
+              f"{victim.idle_s:.1f}s) on {victim.node_id} for {waiting_model_id}: score {score:.3g} = frequency "
               f"{max(victim.frequency, settings.min_frequency):.3g} x reload {victim.reload_s:.3g}s from "
               f"{victim.reload_tier} / {victim.num_worker_slots} slot(s), + {load_s_by_node[victim.node_id]:.3g}s "
               f"to load {waiting_model_id} there{runner_up}")

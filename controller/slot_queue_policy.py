@@ -44,7 +44,10 @@ class WaitingModel:
     num_queued_requests: int = 1
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.oldest_wait_s) or self.oldest_wait_s < 0:
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise ValueError(f"{self.model_id}: priority must be an integer, got {self.priority!r}")
+        if not isinstance(self.oldest_wait_s, (int, float)) or isinstance(self.oldest_wait_s, bool) \
+                or not math.isfinite(self.oldest_wait_s) or self.oldest_wait_s < 0:
             raise ValueError(f"{self.model_id}: oldest_wait_s must be a finite number >= 0, got {self.oldest_wait_s!r}")
 
 

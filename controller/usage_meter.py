@@ -21,8 +21,8 @@ class UsageMeter:
     _at_s: float | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.half_life_s, (int, float)) or not math.isfinite(self.half_life_s) \
-                or self.half_life_s <= 0:
+        if not isinstance(self.half_life_s, (int, float)) or isinstance(self.half_life_s, bool) \
+                or not math.isfinite(self.half_life_s) or self.half_life_s <= 0:
             raise ValueError(f"UsageMeter.half_life_s must be a finite number > 0, got {self.half_life_s!r}")
 
     def value(self, now: float) -> float:
@@ -33,7 +33,10 @@ class UsageMeter:
 
     def add(self, num_requests: float, now: float) -> None:
         """Count `num_requests` requests seen at `now`."""
-        if num_requests < 0:
-            raise ValueError(f"num_requests must be >= 0, got {num_requests!r}")
+        if not isinstance(num_requests, (int, float)) or isinstance(num_requests, bool) \
+                or not math.isfinite(num_requests) or num_requests < 0:
+            raise ValueError(f"num_requests must be a finite number >= 0, got {num_requests!r}")
+        if not isinstance(now, (int, float)) or not math.isfinite(now):
+            raise ValueError(f"now must be a finite number, got {now!r}")
         self._value = self.value(now) + num_requests
         self._at_s = now if self._at_s is None else max(self._at_s, now)

@@ -47,7 +47,7 @@ def test_an_idle_instance_gives_its_slot_to_a_waiting_model_at_once(tmp_path):
             # A never served a request the controller counted: frequency floor 0.1 x reload from DRAM
             # (the node's DRAM tier can take it) at the fallback 8 GB/s.
             assert eviction["score"] == pytest.approx(0.1 * MODEL_BYTES / 8e9)
-            assert eviction["reason"].startswith(f"evict idle {a_worker.instance_id} ({a}, priority 0, idle 1s)")
+            assert eviction["reason"].startswith(f"evict idle {a_worker.instance_id} ({a}, priority 0, idle 1.0s)")
             assert h.routes(a) == []  # out of routing at once
             a_state = h.controller.get_model(a)
             assert a_state["num_desired_instances"] == 0  # evicted: it does not come back without demand

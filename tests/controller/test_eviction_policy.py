@@ -1,0 +1,211 @@
+"""`choose_eviction` with plain numbers: the GDSF score and its frequency floor, priority before
+cost, the waiting model's load time on the victim's node, the tie-breaks, every instance it keeps
+and why, and the settings' validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from controller.eviction_policy import EvictionCandidate, EvictionSettings, choose_eviction, eviction_score
+
+SETTINGS = EvictionSettings(min_idle_s=0.5, min_frequency=0.1, usage_half_life_s=300.0)
+COLD = "acme/cold"
+# The waiting model loads in 2 s on either node unless a test says otherwise.
+LOAD = {"n0": 2.0, "n1": 2.0}
+
+
+def idle(instance_id: str, model_id: str = "acme/idle", node_id: str = "n0", *, idle_s: float = 60.0,
+         reload_s: float = 4.0, **fields) -> EvictionCandidate:
+    """An idle READY instance, the only one of its model (min_instances 0), never asked since start."""
+    return EvictionCandidate(instance_id=instance_id, model_id=model_id, node_id=node_id, idle_s=idle_s,
+                             reload_s=reload_s, **fields)
+
+
+def evict(candidates, load=LOAD, **kwargs):
+    return choose_eviction(COLD, candidates, load_s_by_node=load, settings=SETTINGS, **kwargs)
+
+
+@pytest.mark.parametrize("frequency, reload_s, slots, score", [
+    (0.0, 4.0, 1, 0.1 * 4.0 / 1),   # never asked: floor 0.1 -> 0.4
+    (0.05, 4.0, 1, 0.1 * 4.0 / 1),  # below the floor: still 0.1 -> 0.4
+    (0.1, 4.0, 1, 0.1 * 4.0 / 1),   # at the floor -> 0.4
+    (3.0, 8.0, 2, 3.0 * 8.0 / 2),   # above it, two slots -> 12
+    (10.0, 0.5, 1, 10.0 * 0.5),     # busy but cheap to reload from DRAM -> 5
+])
+def test_score_is_frequency_times_reload_over_slots_with_a_frequency_floor(frequency, reload_s, slots, score):
+    candidate = idle("a", frequency=frequency, reload_s=reload_s, num_worker_slots=slots)
+    assert eviction_score(candidate, SETTINGS) == pytest.approx(score)
+
+
+def test_the_lowest_total_goes_first_and_the_reason_spells_out_the_score():
+    # All on n0 (waiting model loads in 2 s there), so the order is the score's:
+    #   a: frequency 5 x reload 4 s / 1 = 20       total 22
+    #   b: frequency 0 -> floor 0.1 x 10 s / 1 = 1 total 3
+    #   c: frequency 0.5 x 1 s (DRAM) / 1 = 0.5    total 2.5
+    candidates = [idle("a", "acme/chat", frequency=5.0, reload_s=4.0),
+                  idle("b", "acme/rare", frequency=0.0, reload_s=10.0, reload_tier="repository"),
+                  idle("c", "acme/docs", frequency=0.5, reload_s=1.0, reload_tier="dram")]
+    decision = evict(candidates)
+    assert decision.victim.instance_id == "c"
+    assert decision.score == pytest.approx(0.5)
+    assert [(i, s, t) for i, s, t in decision.ranked] == [
+        ("c", pytest.approx(0.5), pytest.approx(2.5)),
+        ("b", pytest.approx(1.0), pytest.approx(3.0)),
+        ("a", pytest.approx(20.0), pytest.approx(22.0)),
+    ]
+    assert decision.reason == (
+        "evict idle c (acme/docs, priority 0, idle 60.0s) on n0 for acme/cold: score 0.5 = frequency 0.5 x "
+        "reload 1s from dram / 1 slot(s), + 2s to load acme/cold there; next b (acme/rare) score 1")
+
+
+def test_a_lone_victim_names_no_runner_up():
+    decision = evict([idle("a", reload_s=4.0)])
+    # floor 0.1 x 4 s / 1 = 0.4; + 2 s on n0
+    assert decision.victim.instance_id == "a" and decision.score == pytest.approx(0.4)
+    assert decision.ranked == (("a", pytest.approx(0.4), pytest.approx(2.4)),)
+    assert decision.reason.endswith("+ 2s to load acme/cold there")
+    assert "next" not in decision.reason
+
+
+def test_a_lower_priority_goes_first_even_when_dearer():
+    # vip: priority 1, floor 0.1 x 1 s = 0.1 (total 2.1); bulk: priority 0, 10 x 20 s = 200 (total 202).
+    vip = idle("vip", "acme/vip", priority=1, frequency=0.0, reload_s=1.0)
+    bulk = idle("bulk", "acme/bulk", priority=0, frequency=10.0, reload_s=20.0)
+    decision = evict([vip, bulk])
+    assert decision.victim.instance_id == "bulk" and decision.score == pytest.approx(200.0)
+    assert [i for i, _, _ in decision.ranked] == ["bulk", "vip"]
+    assert decision.reason.startswith("evict idle bulk (acme/bulk, priority 0, idle 60.0s) on n0 for acme/cold: "
+                                      "score 200 = frequency 10 x reload 20s")
+    # A negative priority goes before priority 0.
+    low = idle("low", "acme/low", priority=-1, frequency=50.0, reload_s=50.0)
+    assert evict([vip, bulk, low]).victim.instance_id == "low"
+
+
+def test_the_total_adds_the_waiting_models_load_time_on_the_victims_node():
+    # The waiting model sits in DRAM on n0 (0.5 s) and only in the repository for n1 (20 s).
+    #   a on n0: 2 x 2 s = 4,    total 4 + 0.5 = 4.5
+    #   b on n1: floor 0.1 x 10 s = 1, total 1 + 20 = 21
+    # b is the cheaper cache entry, but stopping it makes the waiting model pay 20 s to load.
+    a = idle("a", "acme/chat", "n0", frequency=2.0, reload_s=2.0)
+    b = idle("b", "acme/rare", "n1", frequency=0.0, reload_s=10.0)
+    decision = evict([a, b], load={"n0": 0.5, "n1": 20.0})
+    assert decision.victim.instance_id == "a" and decision.score == pytest.approx(4.0)
+    assert decision.ranked == (("a", pytest.approx(4.0), pytest.approx(4.5)),
+                               ("b", pytest.approx(1.0), pytest.approx(21.0)))
+    assert "+ 0.5s to load acme/cold there; next b (acme/rare) score 1" in decision.reason
+    # The same instances with the DRAM copy on n1 instead: b 1 + 0.5 = 1.5 < a 4 + 20 = 24.
+    decision = evict([a, b], load={"n0": 20.0, "n1": 0.5})
+    assert decision.victim.instance_id == "b" and decision.score == pytest.approx(1.0)
+    assert decision.ranked == (("b", pytest.approx(1.0), pytest.approx(1.5)),
+                               ("a", pytest.approx(4.0), pytest.approx(24.0)))
+
+
+def test_ties_go_to_the_longest_idle_then_the_smaller_id():
+    # Same model, node and cost (floor 0.1 x 4 s = 0.4, total 2.4): idle 120 s beats 60 s; c and b tie on that too.
+    same = dict(model_id="acme/chat", num_model_instances=3)
+    candidates = [idle("a", idle_s=60.0, **same), idle("c", idle_s=120.0, **same), idle("b", idle_s=120.0, **same)]
+    decision = evict(candidates)
+    assert decision.victim.instance_id == "b"
+    assert [i for i, _, _ in decision.ranked] == ["b", "c", "a"]
+    assert all(s == pytest.approx(0.4) and t == pytest.approx(2.4) for _, s, t in decision.ranked)
+    # The input order does not matter.
+    assert [i for i, _, _ in evict(list(reversed(candidates))).ranked] == ["b", "c", "a"]
+
+
+@pytest.mark.parametrize("fields, why", [
+    (dict(draining=True), "its node drains"),
+    (dict(ready=False), "not ready"),
+    (dict(num_ongoing_requests=1), "busy"),
+    (dict(num_queued_requests=2), "busy"),
+    (dict(num_model_instances=1, min_instances=1), "its model is at min_instances 1"),
+    (dict(num_model_instances=2, min_instances=3), "its model is at min_instances 3"),
+    (dict(idle_s=0.2), "idle only 0.2s < min_idle_s 0.5"),
+    (dict(node_id="n9"), "the waiting model cannot be placed on its node"),
+])
+def test_every_rule_that_keeps_an_instance_names_it(fields, why):
+    fields = {"model_id": "acme/idle", "node_id": "n0", **fields}
+    decision = evict([idle("a", **fields)])
+    assert decision.victim is None and decision.score is None and decision.ranked == ()
+    assert decision.reason == f"no idle instance to evict: a (acme/idle): {why}"
+
+
+@pytest.mark.parametrize("fields", [
+    dict(num_model_instances=2, min_instances=1),  # one above the floor
+    dict(idle_s=0.5),                              # exactly min_idle_s
+])
+def test_just_past_a_keeping_rule_the_instance_is_evicted(fields):
+    assert evict([idle("a", **fields)]).victim.instance_id == "a"
+
+
+def test_every_kept_instance_is_listed_in_the_reason():
+    decision = evict([idle("a", draining=True), idle("b", "acme/busy", num_ongoing_requests=3),
+                      idle("c", "acme/fresh", idle_s=0.125)])
+    assert decision.victim is None
+    assert decision.reason == ("no idle instance to evict: a (acme/idle): its node drains; b (acme/busy): busy; "
+                               "c (acme/fresh): idle only 0.125s < min_idle_s 0.5")
+
+
+def test_a_victim_must_free_the_slots_the_waiting_model_needs():
+    one_slot = idle("a")
+    decision = evict([one_slot], num_slots=2)
+    assert decision.victim is None
+    assert decision.reason == "no idle instance to evict: a (acme/idle): frees 1 of the 2 slots needed"
+    # A free slot on another node does not help: the two slots must be on one node.
+    assert evict([one_slot], num_slots=2, free_slots_by_node={"n1": 1}).victim is None
+    # One free slot on n0 plus a's makes two.
+    decision = evict([one_slot], num_slots=2, free_slots_by_node={"n0": 1})
+    assert decision.victim.instance_id == "a" and decision.score == pytest.approx(0.4)
+    # A two-slot instance frees both itself: 1 x 6 s / 2 slots = 3.
+    two_slots = idle("b", "acme/big", num_worker_slots=2, frequency=1.0, reload_s=6.0)
+    decision = evict([one_slot, two_slots], num_slots=2)
+    assert decision.victim.instance_id == "b" and decision.score == pytest.approx(3.0)
+    assert decision.ranked == (("b", pytest.approx(3.0), pytest.approx(5.0)),)
+    assert "score 3 = frequency 1 x reload 6s from ssd / 2 slot(s)" in decision.reason
+
+
+def test_the_waiting_models_own_instances_are_never_candidates():
+    # Its own idle copy would be the cheapest (0.1 x 1 s), but stopping it frees nothing for it.
+    own = idle("own", COLD, reload_s=1.0)
+    decision = evict([own])
+    assert decision.victim is None and decision.reason == "no idle instance to evict: no other model holds a slot"
+    assert evict([]).reason == "no idle instance to evict: no other model holds a slot"
+    decision = evict([own, idle("a", reload_s=4.0)])
+    assert decision.victim.instance_id == "a"
+    assert [i for i, _, _ in decision.ranked] == ["a"]
+
+
+def test_settings_defaults_and_numbers_become_floats():
+    assert EvictionSettings() == EvictionSettings(min_idle_s=0.5, min_frequency=0.1, usage_half_life_s=300.0)
+    settings = EvictionSettings(min_idle_s=0, min_frequency=1, usage_half_life_s=60)
+    assert (settings.min_idle_s, settings.min_frequency, settings.usage_half_life_s) == (0.0, 1.0, 60.0)
+    assert all(isinstance(v, float) for v in (settings.min_idle_s, settings.min_frequency, settings.usage_half_life_s))
+
+
+@pytest.mark.parametrize("field, value, bound", [
+    ("min_idle_s", -1, ">= 0"),
+    ("min_idle_s", math.nan, ">= 0"),
+    ("min_idle_s", math.inf, ">= 0"),
+    ("min_idle_s", "1", ">= 0"),
+    ("min_idle_s", True, ">= 0"),
+    ("min_frequency", 0, "> 0"),
+    ("min_frequency", -0.1, "> 0"),
+    ("usage_half_life_s", 0.0, "> 0"),
+    ("usage_half_life_s", math.inf, "> 0"),
+    ("usage_half_life_s", None, "> 0"),
+])
+def test_settings_validate(field, value, bound):
+    with pytest.raises(ValueError, match=f"EvictionSettings.{field} must be a finite number {bound}, got "):
+        EvictionSettings(**{field: value})
+
+
+@pytest.mark.parametrize("field, value, match", [("num_worker_slots", 0, "num_worker_slots must be an integer >= 1"),
+                                                 ("reload_s", -1.0, "reload_s must be a finite number >= 0"),
+                                                 ("frequency", float("nan"), "frequency must be a finite number")])
+def test_a_candidate_with_impossible_figures_is_refused(field, value, match):
+    from controller.eviction_policy import EvictionCandidate
+
+    fields = dict(instance_id="i", model_id="acme/x", node_id="n0", idle_s=1.0, reload_s=1.0)
+    with pytest.raises(ValueError, match=match):
+        EvictionCandidate(**{**fields, field: value})
