@@ -14,7 +14,9 @@ Public API (everything else in this folder is private to it):
   `ClusterClient`; `RayClusterClient` is the real one); `ControllerActor`, `start_controller`,
   `get_controller`, `stop_controller`: the same as a detached, named Ray actor.
 - `RoutingTable`, `Route`: the versioned model -> ready instances table the gateway routes from.
-- `ControllerError`, `InvalidSpecError`, `UnknownModelError`, `ModelAlreadyDeployedError`,
+- `TenantQuota`, `instances_over_quota`, `queued_over_quota`: a tenant's limits (max instances,
+  max queued requests) and the pure checks the controller and the gateway enforce them with.
+- `ControllerError`, `InvalidSpecError`, `UnknownModelError`, `UnknownTenantError`, `ModelAlreadyDeployedError`,
   `InvalidMigrationError`, `UnknownInstanceError`, `MigrationConflictError`: what the controller's
   API refuses with (they pickle across Ray with their fields).
 - `choose_destination`: where ``migrate`` and a drain send an instance's requests (pure policy).
@@ -30,7 +32,7 @@ import importlib
 from controller.autoscale_policy import AutoscaleState, LoadSnapshot, ScaleDecision, decide
 from controller.controller_errors import (ControllerError, InvalidMigrationError, InvalidSpecError,
                                          MigrationConflictError, ModelAlreadyDeployedError, UnknownInstanceError,
-                                         UnknownModelError)
+                                         UnknownModelError, UnknownTenantError)
 from controller.model_spec import (
     AutoscalingPolicy,
     ModelSpec,
@@ -52,6 +54,7 @@ from controller.placement_policy import (
 )
 from controller.routing_table import Route, RoutingTable
 from controller.state_store import ApiKeyRecord, StateStore, StateStoreError, WorkerRecord, open_state_store
+from controller.tenant_quota import TenantQuota, instances_over_quota, queued_over_quota
 
 _LAZY = {
     "ActorGoneError": "controller.cluster_client",
@@ -83,8 +86,11 @@ __all__ = [
     "ControllerActor", "ControllerConfig", "ControllerError", "DEFAULT_CONTROLLER_NAME", "InvalidMigrationError",
     "InvalidSpecError", "LoadSnapshot", "MigrationConflictError", "ModelAlreadyDeployedError", "ModelSpec", "NodeEstimate", "NodeView", "PlacementDecision",
     "RayClusterClient", "RayNodeInfo", "ResourceSpec", "Route", "RoutingTable", "ScaleDecision", "SpecError",
-    "StateStore", "StateStoreError", "TierBandwidths", "UnknownInstanceError", "UnknownModelError",
-    "WorkerRecord", "add_model_spec_arguments", "choose_destination", "decide", "get_controller", "load_model_spec", "load_model_specs",
+    "StateStore", "StateStoreError", "TenantQuota", "TierBandwidths", "UnknownInstanceError", "UnknownModelError",
+    "UnknownTenantError",
+    "WorkerRecord", "add_model_spec_arguments", "choose_destination", "decide", "get_controller",
+    "instances_over_quota", "load_model_spec", "load_model_specs",
     "model_spec_from_arguments", "node_store_actor_name", "open_state_store", "parse_model_id", "place",
-    "place_locality_blind", "repository_name", "start_controller", "stop_controller", "worker_actor_name",
+    "place_locality_blind", "queued_over_quota", "repository_name", "start_controller", "stop_controller",
+    "worker_actor_name",
 ]

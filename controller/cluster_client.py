@@ -135,6 +135,18 @@ class ClusterClient(ABC):
         """Ids of the requests open on the worker (started there or migrated in)."""
 
     @abstractmethod
+    async def park_requests(self, handle: Any, instance_id: str, max_bytes: int, timeout_s: float) -> dict[str, Any]:
+        """Moves the worker's running requests' KV into this process's memory by KV migration
+        (`migration.ParkingEndpoint`), each at most `max_bytes`; their streams end "suspended".
+        Returns request id -> `migration.ParkedRequest` for those parked (the rest stay)."""
+
+    @abstractmethod
+    async def unpark_requests(self, handle: Any, instance_id: str, parked: list[Any], timeout_s: float) -> list[str]:
+        """Replays parked requests into the worker (`migration.replay`): each runs there from where it
+        stopped, waiting for its client's ``recover``. Returns the ids replayed; a failed one is
+        left for the client to recompute from its tokens."""
+
+    @abstractmethod
     async def suspend_requests(self, handle: Any, timeout_s: float) -> list[str]:
         """End every stream on the worker with finish reason "suspended" (the gateway queues those
         requests for their model's next instance), and every new one at once; their ids."""

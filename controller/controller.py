@@ -32,7 +32,12 @@ Starting and stopping are asynchronous (`InstanceManager`), so a tick never wait
 instance takes its slot at once (LOADING) and is routed when ``ready()`` answers; a stopping one
 leaves the routing table at once and finishes its open requests first.
 
-Durable state (specs, tenants, desired counts, a record per worker) is in the state store; the
+Tenants' quotas (`TenantQuota`, set with `set_tenant_quota`) bound what a tenant may hold: a
+tenant with ``max_instances`` instances loading or ready gets no placement for any of its models
+(the refusal is the model's placement reason) until one stops; ``max_queued_requests`` is the
+gateways' to enforce, from `tenant_quotas`.
+
+Durable state (specs, tenants, quotas, desired counts, a record per worker) is in the state store; the
 worker record is written before its actor exists, so a crash can leave a record without an
 actor (cleaned up at the next start) but never an actor nobody knows. A new controller on the
 same state adopts the workers still alive, by name, and starts nothing twice.
@@ -52,12 +57,13 @@ from controller.cluster_client import ActorGoneError, ClusterClient
 from controller.checkpoint_copies import CheckpointCopies
 from controller.cluster_node import ClusterNode, node_view, num_used_slots, plan_nodes
 from controller.controller_config import ControllerConfig
-from controller.controller_errors import InvalidSpecError, ModelAlreadyDeployedError, UnknownModelError
+from controller.controller_errors import (InvalidSpecError, ModelAlreadyDeployedError, UnknownModelError,
+                                         UnknownTenantError)
 from controller.controller_status import event_to_dict, node_to_dict, placement_to_dict, scale_to_dict
 from controller.instance_manager import InstanceManager, stop_order
 from controller.managed_instance import InstancePhase, ManagedInstance
 from controller.model_source import PublishedModel, publish_source, repository_name, repository_name_for
-from controller.model_spec import ModelSpec, SpecError, parse_model_id
+from controller.model_spec import ModelSpec, SpecError, parse_model_id, validate_name
 from controller.model_state import ModelState
 from controller.placement_policy import PlacementDecision, place
 from controller.prefill_helper import PrefillHelper
@@ -69,6 +75,7 @@ from controller.usage_meter import UsageMeter
 from controller.routing_table import Route, RoutingTable
 from controller.spare_pool import SparePool
 from controller.state_store import StateStore, open_state_store
+from controller.tenant_quota import TenantQuota, instances_over_quota
 from storage import ModelRepository, open_repository
 
 logger = logging.getLogger(__name__)
@@ -106,6 +113,7 @@ class Controller:
         self._clock = clock
         self._wall_clock = wall_clock
         self._models: dict[str, ModelState] = {}
+        self._quotas: dict[str, TenantQuota] = {}  # tenants with a limit; the store's copy
         self._nodes: dict[str, ClusterNode] = {}
         self._routing = RoutingTable()
         self._routing_changed = asyncio.Event()
@@ -117,6 +125,7 @@ class Controller:
         self._instances = InstanceManager(config, cluster, self._store, self._models,
                                           on_routes_changed=self._publish_routes, on_slot_freed=self._wake.set,
                                           record=self._recent.append, clock=clock, wall_clock=wall_clock,
+                                          before_ready=lambda instance: self._sharer.before_ready(instance),
                                           spares=self._spares if config.spare_workers_per_node else None)
         self._mover = RequestMover(config, cluster, self._instances, self._nodes, record=self._record,
                                    wall_clock=wall_clock, is_closed=lambda: self._closed)
@@ -144,6 +153,7 @@ class Controller:
             self._models[spec.model_id] = ModelState(
                 spec, repository_name_for(spec, self._repository.uri),
                 desired.get(spec.model_id, spec.autoscaling.min_instances), usage=self._usage_meter())
+        self._quotas = self._store.list_tenant_quotas()
         try:
             await self._refresh_nodes()
         except Exception:  # noqa: BLE001 - the loop tries again; adoption needs no node list
@@ -275,7 +285,7 @@ class Controller:
                 raise UnknownModelError(model_id)
             self._store.delete_model_spec(model_id)
             self._reclaimer.forget(model_id, "model deleted")
-            self._sharer.forget(model_id, "model deleted")
+            self._sharer.model_deleted(model_id)
             stops = [self._instances.begin_stop(instance, "model deleted", 0.0)
                      for instance in self._instances.of_model(model_id)]
         self._record(event_to_dict("deleted", model_id, f"{len(stops)} instances stopped", self._wall_clock()))
@@ -313,6 +323,31 @@ class Controller:
             "instances": [instance.to_dict() for instance in self._instances.of_model(model_id)],
             "last_scale": state.last_scale, "last_placement": state.last_placement,
         }
+
+    def set_tenant_quota(self, tenant: str, quota: Mapping[str, Any]) -> dict[str, Any]:
+        """Change a tenant's quota: the fields `quota` names are set (None lifts that limit), the
+        others kept; returns the whole quota. Saved first, then enforced from the next placement
+        (``max_instances``) and by the gateways from their next refresh (``max_queued_requests``).
+        Raises `InvalidSpecError` naming a bad field, `UnknownTenantError`."""
+        self._check_open()
+        try:
+            validate_name("tenant", tenant)
+            updated = self._quotas.get(tenant, TenantQuota()).updated(quota)
+        except SpecError as exc:
+            raise InvalidSpecError(exc.field, exc.reason) from None
+        if tenant not in self._store.list_tenants():
+            raise UnknownTenantError(tenant)
+        self._store.set_tenant_quota(tenant, updated)
+        if updated.unlimited:
+            self._quotas.pop(tenant, None)
+        else:
+            self._quotas[tenant] = updated
+        self._wake.set()  # a raised limit may let a waiting model be placed now
+        return updated.to_dict()
+
+    def tenant_quotas(self) -> dict[str, dict[str, Any]]:
+        """tenant -> quota (`TenantQuota.to_dict`), for the tenants that have a limit."""
+        return {tenant: quota.to_dict() for tenant, quota in sorted(self._quotas.items())}
 
     def _model(self, model_id: str) -> ModelState:
         _checked_model_id(model_id)
@@ -529,9 +564,15 @@ class Controller:
                 break
 
     def _place_and_start(self, model: ModelState, now: float) -> bool:
-        """Choose a node and start one instance there; False if no node has room."""
+        """Choose a node and start one instance there; False if no node has room, or the model's
+        tenant is at its ``max_instances`` quota."""
         spec = model.spec
         instances = self._instances.all()
+        num_tenant_instances = sum(i.serving and i.model_id.partition("/")[0] == spec.tenant for i in instances)
+        refusal = instances_over_quota(spec.tenant, self._quotas.get(spec.tenant, TenantQuota()), num_tenant_instances)
+        if refusal is not None:  # before any eviction or reclaim: a tenant at its quota does not grow
+            self._record_unplaced(model, PlacementDecision(None, None, None, (), refusal))
+            return False
         nodes = sorted((n for n in self._nodes.values() if n.store is not None), key=lambda n: n.node_id)
         num_slots = spec.resources.num_worker_slots
         views = self._sharer.hold_reserved(self._reclaimer.hold_reserved(
@@ -549,11 +590,7 @@ class Controller:
         if decision is None:
             return False
         if not decision.placed:
-            unplaced = placement_to_dict(model.model_id, decision, self._wall_clock())
-            if model.last_placement is None or model.last_placement["reason"] != decision.reason:
-                logger.info("%s: cannot place: %s", model.model_id, decision.reason)  # once, not every tick
-                self._record(unplaced)
-            model.last_placement = unplaced
+            self._record_unplaced(model, decision)
             return False
         draining = {n.node_id for n in nodes if n.draining}
         instance = self._instances.start(model, self._nodes[decision.node_id], decision.estimate_s, now,
@@ -562,6 +599,13 @@ class Controller:
         self._record(model.last_placement)
         logger.info("%s: starting %s: %s", model.model_id, instance.instance_id, decision.reason)
         return True
+
+    def _record_unplaced(self, model: ModelState, decision: PlacementDecision) -> None:
+        unplaced = placement_to_dict(model.model_id, decision, self._wall_clock())
+        if model.last_placement is None or model.last_placement["reason"] != decision.reason:
+            logger.info("%s: cannot place: %s", model.model_id, decision.reason)  # once, not every tick
+            self._record(unplaced)
+        model.last_placement = unplaced
 
     # --- operations --------------------------------------------------------------------------
 

@@ -67,6 +67,12 @@ class ControllerActor:
     async def get_model(self, model_id: str) -> dict[str, Any]:
         return self._controller.get_model(model_id)
 
+    async def set_tenant_quota(self, tenant: str, quota: dict[str, Any]) -> dict[str, Any]:
+        return self._controller.set_tenant_quota(tenant, quota)
+
+    async def tenant_quotas(self) -> dict[str, dict[str, Any]]:
+        return self._controller.tenant_quotas()
+
     async def notify_demand(self, model_id: str, num_queued: int, reporter: str = "gateway",
                             oldest_wait_s: float = 0.0) -> SlotOutlook:
         return self._controller.notify_demand(model_id, num_queued, reporter, oldest_wait_s)

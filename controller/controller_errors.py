@@ -36,6 +36,17 @@ class UnknownModelError(ControllerError, LookupError):
         return type(self), (self.model_id,)
 
 
+class UnknownTenantError(ControllerError, LookupError):
+    """No tenant of that name exists (``thaw tenants create`` makes one; deploying a model too)."""
+
+    def __init__(self, tenant: str) -> None:
+        super().__init__(f"tenant {tenant!r} does not exist; create it first (thaw tenants create {tenant})")
+        self.tenant = tenant
+
+    def __reduce__(self):
+        return type(self), (self.tenant,)
+
+
 class ModelAlreadyDeployedError(ControllerError, ValueError):
     """`deploy` of a model id that exists with a different spec; `update` changes one."""
 

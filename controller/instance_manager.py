@@ -23,6 +23,9 @@ makes it so, one instance at a time, without ever blocking a reconcile tick:
   or still LOADING), the others are forgotten, and a worker actor of the namespace that no
   record accounts for is ended -- so nothing is ever started twice.
 
+A loaded instance is awaited by `before_ready(instance)` (when given) before it is routed: the
+controller replays the model's parked requests into it there, so their clients find them running.
+
 Every change that affects routing calls `on_routes_changed(model_id)`, a freed slot calls
 `on_slot_freed()` (a model waiting for room need not wait for the next tick), and every
 lifecycle event goes to `record` (the controller's recent decisions) and the log.
@@ -34,7 +37,7 @@ import asyncio
 import dataclasses
 import logging
 import uuid
-from collections.abc import Callable, Collection, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from typing import Any
 
 from controller.cluster_client import ActorGoneError, ClusterClient, worker_actor_name
@@ -70,7 +73,8 @@ class InstanceManager:
                  models: Mapping[str, ModelState], *, on_routes_changed: Callable[[str], None],
                  on_slot_freed: Callable[[], None], record: Callable[[dict[str, Any]], None],
                  clock: Callable[[], float],
-                 wall_clock: Callable[[], float], spares: SparePool | None = None) -> None:
+                 wall_clock: Callable[[], float], spares: SparePool | None = None,
+                 before_ready: Callable[[ManagedInstance], Awaitable[None]] | None = None) -> None:
         self.config = config
         self._cluster = cluster
         self._store = store
@@ -81,6 +85,7 @@ class InstanceManager:
         self._clock = clock
         self._wall_clock = wall_clock
         self._spares = spares
+        self._before_ready = before_ready
         self._instances: dict[str, ManagedInstance] = {}
         self._tasks: set[asyncio.Task] = set()
         self._stop_tasks: dict[str, asyncio.Task] = {}
@@ -256,6 +261,13 @@ class InstanceManager:
             return
         if instance.phase is not InstancePhase.LOADING:
             return  # stopped while it loaded
+        if self._before_ready is not None:
+            try:
+                await self._before_ready(instance)  # e.g. the model's parked requests replayed into it
+            except Exception:  # noqa: BLE001 - it serves all the same
+                logger.exception("preparing %s before routing it failed", instance.instance_id)
+            if instance.phase is not InstancePhase.LOADING:
+                return
         instance.phase = InstancePhase.READY
         instance.ready_s = self._clock()
         instance.load_s = load.load_s

@@ -169,6 +169,26 @@ class RayClusterClient(ClusterClient):
     async def worker_request_ids(self, handle: Any, timeout_s: float) -> list[str]:
         return await _call(handle.request_ids.remote(), timeout_s)
 
+    async def park_requests(self, handle: Any, instance_id: str, max_bytes: int, timeout_s: float) -> dict[str, Any]:
+        from migration import ParkingEndpoint, RayEndpoint, RayObjectKVTransport, migrate_by_kv
+
+        request_ids = await self.worker_request_ids(handle, timeout_s)
+        parking = ParkingEndpoint(RayObjectKVTransport().keep, max_bytes)
+        source = RayEndpoint(handle, instance_id)
+        # The protocol never raises for one request; the deadline bounds a hung instance (a
+        # cancelled migration is undone: the request stays, and is suspended by its tokens).
+        await asyncio.wait_for(asyncio.gather(*(migrate_by_kv(source, parking, rid) for rid in request_ids)),
+                               timeout_s)
+        return dict(parking.parked)
+
+    async def unpark_requests(self, handle: Any, instance_id: str, parked: list[Any], timeout_s: float) -> list[str]:
+        from migration import RayEndpoint, replay
+
+        dest = RayEndpoint(handle, instance_id)
+        results = await asyncio.wait_for(asyncio.gather(*(replay(p, dest) for p in parked), return_exceptions=True),
+                                         timeout_s)
+        return [p.request_id for p, result in zip(parked, results) if not isinstance(result, BaseException)]
+
     async def suspend_requests(self, handle: Any, timeout_s: float) -> list[str]:
         return await _call(handle.suspend_requests.remote(), timeout_s)
 

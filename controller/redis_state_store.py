@@ -4,9 +4,10 @@ Why this shape:
 - One hash per kind of record under a key prefix (``thaw:model_specs``, ``thaw:workers``, ...):
   listing is one HGETALL, and the prefix (``?prefix=`` in the URL) lets two platforms share a
   server without seeing each other.
-- Multi-key changes are MULTI/EXEC transactions; the two that must check before they write
-  (a key for an existing tenant; deleting a tenant with all its keys) WATCH what they read
-  and retry if it changed, so neither can leave a key without its tenant.
+- Multi-key changes are MULTI/EXEC transactions; the ones that must check before they write
+  (a key or a quota for an existing tenant; deleting a tenant with all its keys and its quota)
+  WATCH what they read and retry if it changed, so none can leave a key or a quota without its
+  tenant.
 - The server is pinged when the store opens, so a wrong address fails at start-up with the
   address in the message, not at the first deploy. Later Redis failures surface as
   `StateStoreError` with the same address, never a bare socket error.
@@ -37,6 +38,7 @@ from controller.state_store import (
     check_model_id,
     redact_url,
 )
+from controller.tenant_quota import TenantQuota
 
 DEFAULT_PREFIX = "thaw"
 _PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
@@ -56,6 +58,7 @@ class RedisStateStore(StateStore):
         self._specs = f"{prefix}:model_specs"
         self._tenants = f"{prefix}:tenants"
         self._api_keys = f"{prefix}:api_keys"
+        self._quotas = f"{prefix}:tenant_quotas"
         self._desired = f"{prefix}:desired_instances"
         self._workers = f"{prefix}:workers"
         self._schema = f"{prefix}:schema_version"
@@ -194,10 +197,36 @@ class RedisStateStore(StateStore):
             pipe.multi()
             if key_ids:
                 pipe.hdel(self._api_keys, *key_ids)
+            pipe.hdel(self._quotas, tenant)
             pipe.hdel(self._tenants, tenant)
             return pipe.execute()[-1] > 0
 
         return self._watched((self._api_keys, self._tenants), body)
+
+    def set_tenant_quota(self, tenant: str, quota: TenantQuota) -> None:
+        validate_name("tenant", tenant)
+
+        def body(pipe: redis.client.Pipeline) -> None:
+            if not pipe.hexists(self._tenants, tenant):
+                raise StateStoreError(f"no tenant '{tenant}'; add it before setting its quota")
+            pipe.multi()
+            if quota.unlimited:
+                pipe.hdel(self._quotas, tenant)
+            else:
+                pipe.hset(self._quotas, tenant, json.dumps(quota.to_dict(), sort_keys=True))
+            pipe.execute()
+
+        self._watched((self._tenants,), body)
+
+    def get_tenant_quota(self, tenant: str) -> TenantQuota:
+        with self._errors():
+            raw = self._client.hget(self._quotas, validate_name("tenant", tenant))
+        return TenantQuota.from_dict(json.loads(raw)) if raw is not None else TenantQuota()
+
+    def list_tenant_quotas(self) -> dict[str, TenantQuota]:
+        with self._errors():
+            raw = self._client.hgetall(self._quotas)
+        return {tenant: TenantQuota.from_dict(json.loads(raw[tenant])) for tenant in sorted(raw)}
 
     def _insert_api_key(self, record: ApiKeyRecord) -> None:
         def body(pipe: redis.client.Pipeline) -> None:

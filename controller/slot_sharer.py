@@ -55,7 +55,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["SlotSharer"]
 
-COUNTERS = ("evictions", "preemptions_migrated", "preemptions_suspended", "requests_suspended", "holds_abandoned")
+COUNTERS = ("evictions", "preemptions_migrated", "preemptions_suspended", "requests_suspended",
+            "requests_parked_with_kv", "requests_resumed_with_kv", "holds_abandoned")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +96,8 @@ class SlotSharer:
         self._wall_clock = wall_clock
         self._background = background
         self._holds: dict[str, _Hold] = {}  # model id -> the slot being freed for it
-        self._suspended: dict[str, dict[str, float]] = {}  # model id -> {request id: suspended at (wall)}
+        self._suspended: dict[str, dict[str, tuple[float, str]]] = {}  # model -> {request: (at (wall), "kv"/"tokens")}
+        self._parked: dict[str, dict[str, Any]] = {}  # model id -> {request id: migration.ParkedRequest}
         self._counts = dict.fromkeys(COUNTERS, 0)
 
     # --- queries -----------------------------------------------------------------------------
@@ -141,8 +143,10 @@ class SlotSharer:
             "holds": [{"model_id": model_id, "node_id": h.node_id, "kind": h.kind, "victim_instance_id":
                        h.victim_instance_id, "victim_model_id": h.victim_model_id, "held_s": now - h.started_s}
                       for model_id, h in sorted(self._holds.items())],
-            "suspended": [{"model_id": model_id, "request_id": rid, "suspended_s": wall - at}
-                          for model_id, rids in sorted(self._suspended.items()) for rid, at in sorted(rids.items())],
+            "suspended": [{"model_id": model_id, "request_id": rid, "suspended_s": wall - at, "kept": how}
+                          for model_id, rids in sorted(self._suspended.items())
+                          for rid, (at, how) in sorted(rids.items())],
+            "parked_kv_bytes": self._parked_bytes(),
             "counts": self.counts(),
             "slots": [dataclasses.asdict(h) | {"eviction_score": score}
                       for h, score in self._holders_with_scores(now)],
@@ -156,14 +160,45 @@ class SlotSharer:
         if hold is not None:
             self._give_up(model_id, hold, why)
 
+    def model_deleted(self, model_id: str) -> None:
+        """The model is gone: its held slot, its parked KV and its suspended requests with it."""
+        self.forget(model_id, "model deleted")
+        self._parked.pop(model_id, None)
+        self._suspended.pop(model_id, None)
+
     def model_ready(self, model_id: str) -> None:
-        """An instance of the model became ready: its suspended requests resume there."""
+        """An instance of the model became ready: its suspended requests resume there (their
+        clients come back to it; those whose KV was not replayed recompute it from their tokens)."""
         resumed = self._suspended.pop(model_id, None)
         if resumed:
             self._record({"kind": "resume", "model_id": model_id, "request_ids": sorted(resumed),
+                          "kept": {rid: how for rid, (_, how) in sorted(resumed.items())},
                           "reason": f"{len(resumed)} suspended request(s) continue on the model's new instance",
                           "at_s": self._wall_clock()})
             logger.info("%s: %d suspended request(s) resume", model_id, len(resumed))
+
+    async def before_ready(self, instance: ManagedInstance) -> None:
+        """Awaited before a new instance is routed: the model's requests parked with their KV are
+        replayed into it, so each continues from where it stopped when its client comes back
+        (a replay that fails leaves that request to its tokens)."""
+        parked = self._parked.pop(instance.model_id, None)
+        if not parked or instance.handle is None:
+            return
+        timeout_s = self.config.slot_sharing.suspend_timeout_s if self.config.slot_sharing else 10.0
+        try:
+            replayed = await self._cluster.unpark_requests(instance.handle, instance.instance_id,
+                                                           list(parked.values()), timeout_s)
+        except Exception as exc:  # noqa: BLE001 - the clients recompute from their tokens instead
+            logger.warning("%s: replaying %d parked request(s) into %s failed: %s: %s", instance.model_id,
+                           len(parked), instance.instance_id, type(exc).__name__, exc)
+            replayed = []
+        self._counts["requests_resumed_with_kv"] += len(replayed)
+        lost = sorted(set(parked) - set(replayed))
+        for request_id in lost:  # their clients recompute the KV from their tokens
+            at, _ = self._suspended.get(instance.model_id, {}).get(request_id, (self._wall_clock(), "kv"))
+            self._suspended.setdefault(instance.model_id, {})[request_id] = (at, "tokens")
+        logger.info("%s: %d parked request(s) replayed into %s with their KV%s", instance.model_id, len(replayed),
+                    instance.instance_id, f"; {len(lost)} left to their tokens" if lost else "")
 
     def steer(self, model: ModelState, decision: PlacementDecision, views: Sequence[NodeView], num_slots: int,
               now: float) -> PlacementDecision | None:
@@ -307,21 +342,44 @@ class SlotSharer:
         free = {e.node_id: e.num_free_slots for e in decision.estimates}
         return load_s, free
 
+    def _parked_bytes(self) -> int:
+        return sum(p.num_bytes for parked in self._parked.values() for p in parked.values())
+
     async def _suspend(self, victim: ManagedInstance) -> None:
-        timeout_s = self.config.slot_sharing.suspend_timeout_s if self.config.slot_sharing else 10.0
+        """Parks the victim's requests with their KV while the budget lasts (a KV migration into
+        this process's memory), then ends every other stream "suspended" (its KV to be
+        recomputed from its tokens). Either way the gateway queues them for the model's next slot."""
+        settings = self.config.slot_sharing
+        timeout_s = settings.suspend_timeout_s if settings else 10.0
+        budget = (settings.max_parked_kv_bytes if settings else 0) - self._parked_bytes()
+        parked: dict[str, Any] = {}
+        if budget > 0:
+            try:
+                parked = await self._cluster.park_requests(victim.handle, victim.instance_id, budget, timeout_s)
+            except Exception as exc:  # noqa: BLE001 - they are suspended by their tokens instead
+                logger.warning("%s: parking the KV of %s's requests failed: %s: %s", victim.model_id,
+                               victim.instance_id, type(exc).__name__, exc)
+        if parked:
+            self._parked.setdefault(victim.model_id, {}).update(parked)
         try:
-            request_ids = await self._cluster.suspend_requests(victim.handle, timeout_s)
+            by_tokens = await self._cluster.suspend_requests(victim.handle, timeout_s)
         except Exception as exc:  # noqa: BLE001 - its drain then lets the requests finish where they are
             logger.warning("%s: suspending the requests of %s failed: %s: %s", victim.model_id, victim.instance_id,
                            type(exc).__name__, exc)
-            return
-        if request_ids:
+            by_tokens = []
+        by_tokens = [rid for rid in by_tokens if rid not in parked]
+        if parked or by_tokens:
             wall = self._wall_clock()
-            self._suspended.setdefault(victim.model_id, {}).update(dict.fromkeys(request_ids, wall))
-            self._counts["requests_suspended"] += len(request_ids)
+            kept = {**dict.fromkeys(parked, (wall, "kv")), **dict.fromkeys(by_tokens, (wall, "tokens"))}
+            self._suspended.setdefault(victim.model_id, {}).update(kept)
+            self._counts["requests_suspended"] += len(kept)
+            self._counts["requests_parked_with_kv"] += len(parked)
+            num_bytes = sum(p.num_bytes for p in parked.values())
             self._record({"kind": "suspend", "model_id": victim.model_id, "instance_id": victim.instance_id,
-                          "request_ids": sorted(request_ids),
-                          "reason": f"{len(request_ids)} request(s) wait for {victim.model_id}'s next slot",
+                          "request_ids": sorted(kept), "kv_request_ids": sorted(parked),
+                          "token_request_ids": sorted(by_tokens),
+                          "reason": f"{len(kept)} request(s) wait for {victim.model_id}'s next slot: {len(parked)} "
+                                    f"with their KV parked ({num_bytes} bytes), {len(by_tokens)} by their tokens",
                           "at_s": wall})
 
     def _idle_s(self, instance: ManagedInstance, model: ModelState, now: float) -> float:

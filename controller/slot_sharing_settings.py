@@ -31,7 +31,10 @@ class SlotSharingSettings:
         priority_boost_s: how many seconds of waiting one priority step is worth in the order
             waiting models get slots (`slot_queue_policy`).
         suspend_timeout_s: how long the controller waits for a worker to hand back the requests
-            it suspends.
+            it suspends (their KV parked, or their streams ended).
+        max_parked_kv_bytes: node memory the controller may hold for suspended requests' KV (Ray's
+            object store); a request whose KV does not fit is suspended by its tokens (its KV
+            recomputed when it resumes). 0: always by tokens.
     """
 
     eviction: EvictionSettings = field(default_factory=EvictionSettings)
@@ -39,6 +42,7 @@ class SlotSharingSettings:
     min_run_s: float = 2.0
     priority_boost_s: float = DEFAULT_PRIORITY_BOOST_S
     suspend_timeout_s: float = 10.0
+    max_parked_kv_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
         if not isinstance(self.eviction, EvictionSettings):
@@ -48,3 +52,7 @@ class SlotSharingSettings:
             raise ValueError(f"SlotSharingSettings.preempt must be True or False, got {self.preempt!r}")
         for name in ("min_run_s", "priority_boost_s", "suspend_timeout_s"):
             object.__setattr__(self, name, _seconds(name, getattr(self, name)))
+        if not isinstance(self.max_parked_kv_bytes, int) or isinstance(self.max_parked_kv_bytes, bool) \
+                or self.max_parked_kv_bytes < 0:
+            raise ValueError(f"SlotSharingSettings.max_parked_kv_bytes must be an integer >= 0, "
+                             f"got {self.max_parked_kv_bytes!r}")

@@ -9,7 +9,9 @@ Why this shape:
 - WAL journal and a busy timeout, so a second process (``thaw status`` reading while the
   controller writes) neither blocks the writer nor fails at once.
 - The schema version is SQLite's ``user_version``; a file from a newer Thaw is refused rather
-  than misread.
+  than misread. A table added since (``tenant_quotas``) is created, if missing, at every open
+  (`_ADDED_TABLES`): a file from an older Thaw gains it, and an older Thaw opening a newer file
+  only ignores it, so purely additive tables need no version bump.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from controller.state_store import (
     check_desired_instances,
     check_model_id,
 )
+from controller.tenant_quota import TenantQuota
 
 _SCHEMA_V1 = """
 CREATE TABLE model_specs (
@@ -66,6 +69,13 @@ CREATE TABLE workers (
     state TEXT NOT NULL
 );
 CREATE INDEX workers_by_model ON workers (model_id);
+"""
+# Added after version 1; see the module docstring.
+_ADDED_TABLES = """
+CREATE TABLE IF NOT EXISTS tenant_quotas (
+    tenant TEXT PRIMARY KEY REFERENCES tenants (tenant) ON DELETE CASCADE,
+    quota_json TEXT NOT NULL
+);
 """
 
 
@@ -106,6 +116,8 @@ class SqliteStateStore(StateStore):
                 for statement in filter(str.strip, _SCHEMA_V1.split(";")):
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            for statement in filter(str.strip, _ADDED_TABLES.split(";")):
+                conn.execute(statement)
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -190,8 +202,28 @@ class SqliteStateStore(StateStore):
             # The foreign key cascades too; deleting explicitly keeps that true even if a
             # connection were opened without foreign_keys=ON.
             conn.execute("DELETE FROM api_keys WHERE tenant = ?", (tenant,))
+            conn.execute("DELETE FROM tenant_quotas WHERE tenant = ?", (tenant,))
             deleted = conn.execute("DELETE FROM tenants WHERE tenant = ?", (tenant,)).rowcount
         return deleted > 0
+
+    def set_tenant_quota(self, tenant: str, quota: TenantQuota) -> None:
+        validate_name("tenant", tenant)
+        with self._write() as conn:
+            if conn.execute("SELECT 1 FROM tenants WHERE tenant = ?", (tenant,)).fetchone() is None:
+                raise StateStoreError(f"no tenant '{tenant}'; add it before setting its quota")
+            if quota.unlimited:
+                conn.execute("DELETE FROM tenant_quotas WHERE tenant = ?", (tenant,))
+            else:
+                conn.execute("INSERT OR REPLACE INTO tenant_quotas (tenant, quota_json) VALUES (?, ?)",
+                             (tenant, json.dumps(quota.to_dict(), sort_keys=True)))
+
+    def get_tenant_quota(self, tenant: str) -> TenantQuota:
+        rows = self._read("SELECT quota_json FROM tenant_quotas WHERE tenant = ?", (validate_name("tenant", tenant),))
+        return TenantQuota.from_dict(json.loads(rows[0][0])) if rows else TenantQuota()
+
+    def list_tenant_quotas(self) -> dict[str, TenantQuota]:
+        rows = self._read("SELECT tenant, quota_json FROM tenant_quotas ORDER BY tenant")
+        return {tenant: TenantQuota.from_dict(json.loads(raw)) for tenant, raw in rows}
 
     def _insert_api_key(self, record: ApiKeyRecord) -> None:
         with self._write() as conn:

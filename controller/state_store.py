@@ -3,6 +3,7 @@
 What is kept (everything the controller cannot rebuild from the cluster):
 - model specs, by ``tenant/name``;
 - tenants and their API keys, stored only as a salted SHA-256 of the secret part;
+- tenants' quotas (`TenantQuota`; a tenant without a record has no limits);
 - the desired instance count per model (so a restart resumes at the same scale);
 - the worker registry, instance id -> model, node, actor name, state, so a restarted
   controller can find the named actors still alive and adopt them instead of starting
@@ -32,6 +33,7 @@ from pathlib import Path
 from types import TracebackType
 
 from controller.model_spec import ModelSpec, parse_model_id, validate_name
+from controller.tenant_quota import TenantQuota
 
 SCHEMA_VERSION = 1
 DEFAULT_SQLITE_FILE = "state.sqlite3"
@@ -124,8 +126,22 @@ class StateStore(ABC):
 
     @abstractmethod
     def delete_tenant(self, tenant: str) -> bool:
-        """Remove a tenant and all its API keys (so none outlives it); True if it existed.
-        Its model specs are left to the registry, which decides what deleting a tenant means."""
+        """Remove a tenant, all its API keys (so none outlives it) and its quota; True if it
+        existed. Its model specs are left to the registry, which decides what deleting a tenant
+        means."""
+
+    @abstractmethod
+    def set_tenant_quota(self, tenant: str, quota: TenantQuota) -> None:
+        """Replace the tenant's quota (an unlimited one removes its record); raise
+        `StateStoreError` if the tenant does not exist."""
+
+    @abstractmethod
+    def get_tenant_quota(self, tenant: str) -> TenantQuota:
+        """The tenant's quota; unlimited when none was set (or the tenant does not exist)."""
+
+    @abstractmethod
+    def list_tenant_quotas(self) -> dict[str, TenantQuota]:
+        """tenant -> quota, for the tenants that have a limit, sorted by tenant."""
 
     @abstractmethod
     def _insert_api_key(self, record: ApiKeyRecord) -> None:

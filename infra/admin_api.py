@@ -6,16 +6,18 @@ What the ``thaw`` CLI (and any script) operates the platform through:
   ``POST /admin/models/{tenant}/{name}/scale``;
 - the cluster: ``GET /admin/status`` (nodes, tiers, instances, recent decisions),
   ``POST /admin/nodes/{node_id}/drain`` (its requests migrated off), ``POST /admin/migrate``;
-- tenants and keys: ``GET/POST /admin/tenants``, ``DELETE /admin/tenants/{tenant}``,
-  ``GET /admin/keys``, ``POST /admin/tenants/{tenant}/keys``, ``DELETE /admin/keys/{key_id}``.
+- tenants and keys: ``GET/POST /admin/tenants`` (the listing shows each tenant's quota),
+  ``DELETE /admin/tenants/{tenant}``, ``PUT /admin/tenants/{tenant}/quota``, ``GET /admin/keys``,
+  ``POST /admin/tenants/{tenant}/keys``, ``DELETE /admin/keys/{key_id}``.
 
-Model operations go to the controller (through `ControllerClient`), tenants and keys straight
-to the state store (the controller has no say in them). Specs are validated here with
-`ModelSpec.from_dict` before they travel, so a bad field is a 400 naming it. Errors have the
-same OpenAI-style body as the rest of the gateway: 400 bad input (``param`` names the field),
-401 no/unknown key, 403 a key that is not the admin's, 404 unknown model/tenant/key/instance/node, 409 a
-conflicting deploy, a tenant that still has models or a migration with no destination, 503 the
-controller not answering.
+Model operations go to the controller (through `ControllerClient`), tenants and keys straight to
+the state store (the controller has no say in them); a quota is set through the controller, which
+enforces it and saves it in the store, and listed from the store. Specs (and quotas) are validated
+here with `ModelSpec.from_dict` (`TenantQuota`) before they travel, so a bad field is a 400 naming
+it. Errors have the same OpenAI-style body as the rest of the gateway: 400 bad input (``param``
+names the field), 401 no/unknown key, 403 a key that is not the admin's, 404 unknown
+model/tenant/key/instance/node, 409 a conflicting deploy, a tenant that still has models or a
+migration with no destination, 503 the controller not answering.
 
 State-store calls block (SQLite, Redis) and run on a worker thread, never on the loop that
 streams everyone's tokens.
@@ -31,7 +33,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from controller import (
-    MigrationConflictError, ModelAlreadyDeployedError, ModelSpec, SpecError, StateStore, parse_model_id,
+    MigrationConflictError, ModelAlreadyDeployedError, ModelSpec, SpecError, StateStore, TenantQuota, parse_model_id,
 )
 from infra.admin_key import ADMIN_TENANT
 from infra.controller_client import ControllerUnavailable
@@ -63,6 +65,10 @@ class AdminController(Protocol):
 
     async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
                       to_instance: str | None = None, method: str = "kv") -> dict[str, Any]: ...
+
+    async def set_tenant_quota(self, tenant: str, quota: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def tenant_quotas(self) -> dict[str, dict[str, Any]]: ...
 
 
 class ScaleRequest(BaseModel):
@@ -221,8 +227,10 @@ def build_admin_router(controller: AdminController, store: StateStore, auth: Gat
     # ---- tenants and keys ------------------------------------------------------------------
 
     @router.get("/tenants")
-    async def list_tenants() -> list[str]:
-        return [t for t in await in_thread(store.list_tenants) if t != ADMIN_TENANT]
+    async def list_tenants() -> list[dict[str, Any]]:
+        """Each tenant with its quota (null: no limit)."""
+        tenants, quotas = await in_thread(lambda: (store.list_tenants(), store.list_tenant_quotas()))
+        return [{"tenant": t, **quotas.get(t, TenantQuota()).to_dict()} for t in tenants if t != ADMIN_TENANT]
 
     @router.post("/tenants", status_code=201)
     async def create_tenant(body: TenantRequest) -> JSONResponse:
@@ -237,9 +245,24 @@ def build_admin_router(controller: AdminController, store: StateStore, auth: Gat
         if models:
             ids = ", ".join(sorted(_model_id(m) for m in models))
             raise _conflict(f"tenant {tenant!r} still has models ({ids}); delete them first")
+        if tenant in await call(controller.tenant_quotas()):  # the controller forgets it too
+            await call(controller.set_tenant_quota(tenant, TenantQuota().to_dict()))
         if not await in_thread(store.delete_tenant, tenant):
             raise _not_found(f"tenant {tenant!r} does not exist")
         return {"deleted": tenant}
+
+    @router.put("/tenants/{tenant}/quota")
+    async def set_quota(tenant: str, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
+        """Sets the limits the body names (null lifts one); the others are kept."""
+        tenant = tenant_of(tenant)
+        if not body:
+            raise bad_request("give max_instances and/or max_queued_requests (null: no limit)", "max_instances")
+        try:
+            TenantQuota().updated(body)  # a bad field is the caller's 400 here, before any call
+        except SpecError as exc:
+            raise bad_request(f"invalid quota: {exc}", exc.field) from None
+        quota = await call(controller.set_tenant_quota(tenant, body))
+        return {"tenant": tenant, **quota}
 
     @router.get("/keys")
     async def list_keys(tenant: str | None = None) -> list[dict[str, Any]]:

@@ -125,8 +125,13 @@ class AdminClient:
 
     # ---- tenants and keys --------------------------------------------------------------------
 
-    async def list_tenants(self) -> list[str]:
+    async def list_tenants(self) -> list[dict[str, Any]]:
+        """Each tenant as ``{"tenant", "max_instances", "max_queued_requests"}`` (None: no limit)."""
         return await self._request("GET", "/admin/tenants")
+
+    async def set_tenant_quota(self, tenant: str, quota: Mapping[str, int | None]) -> dict[str, Any]:
+        """Sets the limits `quota` names (None lifts one), keeps the others; returns the whole quota."""
+        return await self._request("PUT", f"/admin/tenants/{tenant}/quota", dict(quota))
 
     async def create_tenant(self, name: str) -> dict[str, Any]:
         return await self._request("POST", "/admin/tenants", {"name": name})

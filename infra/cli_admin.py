@@ -1,10 +1,11 @@
 """The ``thaw`` subcommands that operate a running platform through its admin API.
 
-``deploy``, ``delete``, ``list``, ``status``, ``scale``, ``drain``, ``migrate``, ``tenants ...`` and
-``keys ...`` each make one or two calls with `AdminClient` and print a table (``--json``: the
-API's own JSON, for scripts). Where the platform is and which key to use come from ``--url`` /
-``--admin-key``, else ``$THAW_URL`` / ``$THAW_ADMIN_KEY``, else the files a running ``thaw
-serve`` keeps in its state directory (``--state``, default ``$THAW_STATE_DIR`` or ``~/.thaw``).
+``deploy``, ``delete``, ``list``, ``status``, ``scale``, ``drain``, ``migrate``, ``tenants ...``
+(``ls`` with each tenant's quota, ``create``, ``delete``, ``quota``) and ``keys ...`` each make one
+or two calls with `AdminClient` and print a table (``--json``: the API's own JSON, for scripts).
+Where the platform is and which key to use come from ``--url`` / ``--admin-key``, else
+``$THAW_URL`` / ``$THAW_ADMIN_KEY``, else the files a running ``thaw serve`` keeps in its state
+directory (``--state``, default ``$THAW_STATE_DIR`` or ``~/.thaw``).
 
 Exit codes, as for every ``thaw`` command: 0 success; 2 bad input — a flag, a spec file, or a
 value the server refused as invalid (HTTP 400); 1 anything else — the server refused (401, 403,
@@ -307,6 +308,20 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 # ---- tenants and keys -----------------------------------------------------------------------
 
 
+def _quota_limit(text: str) -> int | None:
+    """A quota flag's value: an integer (the server checks it is >= 1), or none/unlimited."""
+    if text.strip().lower() in ("none", "unlimited"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'none' (no limit), got {text!r}") from None
+
+
+def _limit_cell(value: int | None) -> str:
+    return "unlimited" if value is None else str(value)
+
+
 def cmd_tenants(args: argparse.Namespace) -> int:
     action = args.tenants_command
     if action == "ls":
@@ -314,7 +329,21 @@ def cmd_tenants(args: argparse.Namespace) -> int:
         if args.json:
             _print_json(tenants)
         else:
-            print_table(("TENANT",), [(t,) for t in tenants], "no tenants")
+            print_table(("TENANT", "MAX INSTANCES", "MAX QUEUED REQUESTS"),
+                        [(t["tenant"], _limit_cell(t.get("max_instances")), _limit_cell(t.get("max_queued_requests")))
+                         for t in tenants], "no tenants")
+    elif action == "quota":
+        from infra.cli import UsageError
+
+        quota = {name: getattr(args, name) for name in ("max_instances", "max_queued_requests") if hasattr(args, name)}
+        if not quota:
+            raise UsageError("give --max-instances and/or --max-queued-requests (a number, or none for no limit)")
+        result = _run(args, lambda client: client.set_tenant_quota(args.name, quota))
+        if args.json:
+            _print_json(result)
+        else:
+            print(f"tenant {result['tenant']}: max_instances={_limit_cell(result.get('max_instances'))} "
+                  f"max_queued_requests={_limit_cell(result.get('max_queued_requests'))}")
     elif action == "create":
         result = _run(args, lambda client: client.create_tenant(args.name))
         print(json.dumps(result) if args.json else
@@ -406,13 +435,22 @@ def add_admin_commands(sub: argparse._SubParsersAction) -> None:
                          help="copy the KV blocks (default) or recompute them from the tokens")
     migrate.set_defaults(func=cmd_migrate)
 
-    tenants = sub.add_parser("tenants", help="tenants: ls, create NAME, delete NAME")
+    tenants = sub.add_parser("tenants", help="tenants: ls, create NAME, delete NAME, quota NAME")
     tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True, metavar="SUBCOMMAND")
-    tenants_sub.add_parser("ls", parents=[common], help="list tenants").set_defaults(func=cmd_tenants)
+    tenants_sub.add_parser("ls", parents=[common], help="list tenants and their quotas").set_defaults(func=cmd_tenants)
     for name, text in (("create", "create a tenant"), ("delete", "delete a tenant (it must have no models)")):
         parser = tenants_sub.add_parser(name, parents=[common], help=text)
         parser.add_argument("name")
         parser.set_defaults(func=cmd_tenants)
+    quota = tenants_sub.add_parser("quota", parents=[common],
+                                   help="set a tenant's limits (the flags given; the others are kept)")
+    quota.add_argument("name")
+    quota.add_argument("--max-instances", type=_quota_limit, default=argparse.SUPPRESS,
+                       help="instances loading or ready at once, over all its models (none: no limit)")
+    quota.add_argument("--max-queued-requests", type=_quota_limit, default=argparse.SUPPRESS,
+                       help="requests waiting for instances in a gateway, over all its models; past it "
+                            "they get 429 (none: no limit)")
+    quota.set_defaults(func=cmd_tenants)
 
     keys = sub.add_parser("keys", help="API keys: ls [--tenant], create TENANT, revoke KEY_ID")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="SUBCOMMAND")

@@ -67,6 +67,14 @@ class ControllerClient:
                     max_instances: int | None = None) -> dict[str, Any]:
         return await self._call("scale", model_id, min_instances=min_instances, max_instances=max_instances)
 
+    # ---- tenants ---------------------------------------------------------------------------
+
+    async def set_tenant_quota(self, tenant: str, quota: Mapping[str, Any]) -> dict[str, Any]:
+        return await self._call("set_tenant_quota", tenant, dict(quota))
+
+    async def tenant_quotas(self) -> dict[str, dict[str, Any]]:
+        return dict(await self._call("tenant_quotas"))
+
     # ---- the gateway's feed ----------------------------------------------------------------
 
     async def routing_table(self, known_version: int = -1, timeout_s: float = 0.0

@@ -11,14 +11,16 @@ the least-loaded one (the gateway's own in-flight count first, the controller's 
 tie-break).
 
 When no instance can take it (scaled to zero, or all at the cap), the request joins the model's
-FIFO queue, bounded by the spec's ``max_queued_requests`` (beyond it: `ModelOverloaded`, 429)
-and waiting at most ``queue_timeout_s`` from when it joined (then `QueueTimeout`, 503). While
-anything waits, a second background task tells the controller the queue length and how long its
-oldest request has waited (``notify_demand``, at once on every change and again every second,
-since the controller lets a report expire), which is what makes the autoscaler start an
-instance without delay; the long poll brings the new instance back the moment it is ready, and
-every table change and every finished request hands free slots to the head of the queue. So a
-cold model's request waits and then succeeds, rather than failing.
+FIFO queue, bounded by the spec's ``max_queued_requests`` and by its tenant's quota of the same
+name over all the tenant's queues here (`TenantQuota`, read from the controller with each refresh;
+beyond either: `ModelOverloaded`, 429, naming the limit; another tenant's requests are not
+affected), and waits at most ``queue_timeout_s`` from when it joined (then `QueueTimeout`, 503).
+While anything waits, a second background task tells the controller the queue length and how long
+its oldest request has waited (``notify_demand``, at once on every change and again every second,
+since the controller lets a report expire), which is what makes the autoscaler start an instance
+without delay; the long poll brings the new instance back the moment it is ready, and every table
+change and every finished request hands free slots to the head of the queue. So a cold model's
+request waits and then succeeds, rather than failing.
 
 Each report is answered with the model's `SlotOutlook` (loading, its place among the models
 waiting for a slot, an estimate, who holds the slots), kept until the queue empties
@@ -60,6 +62,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from controller import TenantQuota, queued_over_quota
 from infra.gateway_backend import (
     BackendUnavailable,
     ContextLengthExceeded,
@@ -144,6 +147,7 @@ class RayGatewayBackend:
         self._routes: dict[str, list[InstanceRoute]] = {}
         self._models: dict[str, _ModelInfo] = {}
         self._models_loaded = False
+        self._quotas: dict[str, TenantQuota] = {}  # tenant -> quota, for the tenants with a limit
         self._inflight: dict[str, int] = {}  # instance id -> requests this gateway has on it
         self._broken: dict[str, float] = {}  # instance id -> skipped until (clock)
         self._queues: dict[str, deque[_Ticket]] = {}
@@ -222,10 +226,12 @@ class RayGatewayBackend:
         queue_s: float | None = None
         first = True
         attempt = 0  # instances that failed it; a suspension is no failure and counts none
+        admissions = 0
         try:
             while attempt < self._config.max_attempts:
                 attempt += 1
-                admitted = self._admit(info, request)
+                admitted = self._admit(info, request, readmitted=admissions > 0)
+                admissions += 1
                 if isinstance(admitted, _Ticket):  # in the model's queue: news about every interval
                     try:
                         while not await self._wait_a_while(admitted):
@@ -322,9 +328,12 @@ class RayGatewayBackend:
 
     # ---- admission -------------------------------------------------------------------------
 
-    def _admit(self, info: _ModelInfo, request: _Request) -> InstanceRoute | _Ticket:
+    def _admit(self, info: _ModelInfo, request: _Request, *, readmitted: bool = False) -> InstanceRoute | _Ticket:
         """A reserved instance for the request if one is free and nobody waits, else its ticket
-        in the model's queue (also `request.ticket`); `ModelOverloaded` when the queue is full."""
+        in the model's queue (also `request.ticket`); `ModelOverloaded` when the queue is full or
+        the tenant is at its queued-request quota. A request `readmitted` (back after a suspension
+        or its instance's death, mid-stream) is not new load and is never refused: a 429 there
+        would break a stream the client was promised."""
         model_id = info.card.model_id
         queue = self._queues.get(model_id)
         if queue is not None:
@@ -335,11 +344,20 @@ class RayGatewayBackend:
                 self._reserve(route)
                 return route
             queue = self._queues.setdefault(model_id, deque())
-        if len(queue) >= info.max_queued_requests:
+        if readmitted:
+            pass
+        elif len(queue) >= info.max_queued_requests:
             raise ModelOverloaded(
                 f"model {model_id!r} has {len(queue)} requests waiting for an instance, its limit "
                 f"(max_queued_requests){self._outlooks.reason(model_id)}; retry later",
                 self._outlooks.retry_after_s(model_id))
+        tenant = info.card.owned_by
+        refusal = None if readmitted else queued_over_quota(tenant, self._quotas.get(tenant, TenantQuota()),
+                                                            self._num_queued(tenant))
+        if refusal is not None:
+            if not queue:
+                del self._queues[model_id]
+            raise ModelOverloaded(refusal, self._config.retry_after_s)
         loop = asyncio.get_running_loop()
         ticket = _Ticket(loop.create_future(), self._clock(), loop.time() + info.queue_timeout_s)
         queue.append(ticket)
@@ -347,6 +365,11 @@ class RayGatewayBackend:
         assert self._wake is not None
         self._wake.set()  # report the new demand now
         return ticket
+
+    def _num_queued(self, tenant: str) -> int:
+        """The tenant's requests waiting here, over all its models."""
+        return sum(not ticket.future.done() for model_id, queue in self._queues.items()
+                   if model_id.partition("/")[0] == tenant for ticket in queue)
 
     async def _wait_a_while(self, ticket: _Ticket) -> bool:
         """Waits until the ticket is settled or its deadline passed (True), or for at most
@@ -493,9 +516,11 @@ class RayGatewayBackend:
                 await asyncio.wait_for(self._wake.wait(), self._config.demand_report_interval_s if waiting else None)
 
     async def _refresh(self, timeout_s: float) -> None:
-        """One routing-table call (waiting up to `timeout_s` for a change) and the model records."""
+        """One routing-table call (waiting up to `timeout_s` for a change), the model records and
+        the tenants' quotas."""
         version, table = await self._cluster.routing_table(self._version, timeout_s)
         records = await self._cluster.list_models()
+        self._quotas = dict(await self._cluster.tenant_quotas())
         first = not self._models_loaded
         appeared = self._apply(version, table or {}, records)
         self._last_refresh_ok = self._clock()

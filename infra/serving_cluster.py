@@ -7,8 +7,8 @@ Ray-specific parts — awaiting object refs, resolving named actors, unwrapping 
 one place that the end-to-end tests exercise for real.
 
 What crosses it is plain data: the controller's routing table and model records as dicts (its
-wire format), `InstanceRoute`s, `worker.GenerationChunk`s, and the controller's answer to a
-queue report (`controller.slot_outlook.SlotOutlook`).
+wire format), `InstanceRoute`s, `worker.GenerationChunk`s, the controller's answer to a
+queue report (`controller.slot_outlook.SlotOutlook`) and the tenants' quotas (`TenantQuota`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from controller import TenantQuota
 from controller.slot_outlook import SlotOutlook
 from infra.controller_client import ControllerClient
 from worker import SamplingParams
@@ -64,6 +65,10 @@ class ServingCluster(Protocol):
 
     async def get_model(self, model_id: str) -> Mapping[str, Any] | None:
         """One model's record, or None when it is not deployed."""
+        ...
+
+    async def tenant_quotas(self) -> Mapping[str, TenantQuota]:
+        """tenant -> quota, for the tenants that have a limit (the controller's ``tenant_quotas``)."""
         ...
 
     async def notify_demand(self, model_id: str, num_queued: int, oldest_wait_s: float = 0.0) -> SlotOutlook | None:
@@ -119,6 +124,10 @@ class RayServingCluster:
 
     async def list_models(self) -> list[Mapping[str, Any]]:
         return await self._controller.list_models()
+
+    async def tenant_quotas(self) -> dict[str, TenantQuota]:
+        quotas = await self._controller.tenant_quotas()
+        return {tenant: TenantQuota.from_dict(quota) for tenant, quota in quotas.items()}
 
     async def get_model(self, model_id: str) -> Mapping[str, Any] | None:
         try:

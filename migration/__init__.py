@@ -24,6 +24,8 @@ Public API:
   actor that can migrate (with a model, or a spare assigned one later);
   `follow_generation`: the client's stream across hand-offs.
 - `KVTransport`, `KVPayload`, `InProcessKVTransport`, `RayObjectKVTransport`: how blocks travel.
+- `ParkingEndpoint`, `ParkedRequest`, `replay`, `PARKED`: a request suspended with its KV kept in
+  memory (a KV migration into memory) and later replayed into its model's next instance.
 - `RequestSnapshot`, `MigrationRefusedError`, `UnknownRequestError`: from `worker`, re-exported.
 """
 
@@ -37,12 +39,14 @@ from migration.migratable_instance_actor import (
 from migration.migrate import migrate_request, migrate_requests
 from migration.migration_endpoint import MigrationEndpoint
 from migration.migration_outcome import MigrationMethod, MigrationOutcome, MigrationStatus
+from migration.parking_endpoint import PARKED, ParkedRequest, ParkingEndpoint, replay
 from migration.prefill_handoff import PartialPrefillPayload, hand_over_prefill
 from migration.ray_endpoint import RayEndpoint
 from migration.token_migration import TokenMigrationConfig, migrate_by_tokens
 from worker import MigrationRefusedError, RequestSnapshot, UnknownRequestError
 
 __all__ = [
+    "PARKED", "ParkedRequest", "ParkingEndpoint", "replay",
     "EngineEndpoint", "InProcessKVTransport", "KVMigrationConfig", "KVPayload", "KVTransport",
     "MigratableInstanceActor", "MigrationEndpoint", "MigrationMethod", "MigrationOutcome", "MigrationRefusedError",
     "MigrationStatus", "PartialPrefillPayload", "RayEndpoint", "RayObjectKVTransport", "RequestSnapshot", "TokenMigrationConfig",

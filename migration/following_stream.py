@@ -11,6 +11,10 @@ because the destination replayed the detokenizer.
 
 Leaving early cancels whichever stream is open, which aborts the request where it is.
 
+A request released to `PARKED` (its slot was preempted and its KV parked in memory,
+`migration.parking_endpoint`) ends this stream with a chunk of finish reason "suspended", as a
+request whose tokens were suspended does: the caller queues it for its model's next instance.
+
 The same stream also carries a request on after its instance *died* (``sent_token_ids``): the
 new instance's ``recover`` continues it from the tokens the client already has, and any later
 migration is followed as usual.
@@ -22,8 +26,9 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from migration.parking_endpoint import PARKED
 from worker import (
-    EngineDeadError, GenerationChunk, InstanceLoadError, InvalidRequestError, MigrationRefusedError, SamplingParams,
+    SUSPENDED, EngineDeadError, GenerationChunk, InstanceLoadError, InvalidRequestError, MigrationRefusedError, SamplingParams,
     SpareWorkerError, UnknownRequestError, stream_generation,
 )
 
@@ -62,6 +67,11 @@ async def follow_generation(handle: Any, request_id: str, prompt: str | list,
         if not migrated:
             return
         target = await handle.handoff_target.remote(request_id)
+        if target == PARKED:
+            yield GenerationChunk(request_id=request_id, text="", token_ids=(), finish_reason=SUSPENDED,
+                                  num_prompt_tokens=chunk.num_prompt_tokens,
+                                  num_completion_tokens=chunk.num_completion_tokens)
+            return
         if target is None:
             raise UnknownRequestError(f"request {request_id!r} left its instance for an unknown one")
         handle = await resolve(target)

@@ -68,6 +68,10 @@ class InProcessKVTransport:
     async def receive(self, payload: KVPayload) -> torch.Tensor:
         return payload.data
 
+    async def keep(self, payload: KVPayload) -> KVPayload:
+        """A payload of this process's own (here the tensor already is)."""
+        return payload
+
 
 class RayObjectKVTransport:
     """Through Ray's object store (see the module docstring). ``send`` must run where Ray is
@@ -89,6 +93,14 @@ class RayObjectKVTransport:
             warnings.simplefilter("ignore", UserWarning)
             flat = torch.frombuffer(array, dtype=torch.uint8)  # [numel * element_size]
         return flat.view(dtype).reshape(payload.shape)
+
+    async def keep(self, payload: KVPayload) -> KVPayload:
+        """The same blocks under a reference this process owns: an object lives only as long as the
+        process that put it, so a payload kept past its source's death (a parked request whose
+        instance stopped, `migration.parking_endpoint`) is read and put again here."""
+        import ray
+
+        return KVPayload(payload.shape, payload.dtype, ray.put(await payload.data))
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -124,7 +124,9 @@ class MigratableInstanceActor(InstanceWorkerActor):
         one (a `RequestSnapshot` with no KV and no sampler state): the prompt and the sent tokens
         are recomputed in one prefill, the detokenizer replays the sent tokens without emitting
         them, so the text deltas continue mid-character and mid-stop-string, and the usage
-        counts go on from the prompt's length and the tokens sent. Greedy decoding continues
+        counts go on from the prompt's length and the tokens sent. (A request suspended with its KV
+        parked, and replayed here by the controller before the client came back, is already
+        running: its buffered stream is what this yields.) Greedy decoding continues
         exactly as the dead instance would have; seeded sampling continues from a generator
         seeded afresh (the dead one's state died with it). Streams like ``resume``; raises
         `InvalidRequestError` for a bad request and `MigrationRefusedError` if this instance
@@ -133,6 +135,10 @@ class MigratableInstanceActor(InstanceWorkerActor):
         endpoint = await self._migration()
         if not isinstance(request_id, str) or not request_id:
             raise InvalidRequestError(f"request_id must be a non-empty string, got {request_id!r}")
+        if endpoint.holds_adopted(request_id):  # suspended with its KV, replayed here: nothing to recompute
+            async for chunk in self._adopted_chunks(request_id):
+                yield chunk
+            return
         if not sent_token_ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in sent_token_ids):
             raise InvalidRequestError("sent_token_ids must be a non-empty list of token ids (nothing sent: "
                                       "call generate instead)")

@@ -76,6 +76,14 @@ class FakeWorker:
         self.loaded.set()
 
 
+@dataclass(frozen=True)
+class FakeParked:
+    """A parked request as `park_requests` returns it (the real one is a `migration.ParkedRequest`)."""
+
+    request_id: str
+    num_bytes: int
+
+
 @dataclass
 class FakeStore:
     node_id: str
@@ -123,6 +131,10 @@ class FakeCluster(ClusterClient):
         self.killed_workers: list[str] = []
         self.migrations: list[tuple[str, str, list[str], str]] = []  # (source, destination, request ids, method)
         self.suspensions: list[tuple[str, list[str]]] = []  # (instance, request ids suspended)
+        self.parkings: list[tuple[str, list[str]]] = []  # (instance, request ids parked with their KV)
+        self.replays: list[tuple[str, list[str]]] = []  # (instance, request ids replayed into it)
+        self.kv_bytes: dict[str, int] = {}  # request id -> its KV's size when parked (default 1000)
+        self.refuse_replay: set[str] = set()  # request ids a replay fails for
         self.spares: dict[str, FakeWorker] = {}  # actor name -> unassigned spare
         self.spares_warm = asyncio.Event()  # set: spares answer warm()
         self.assigned_spares: list[str] = []
@@ -275,6 +287,32 @@ class FakeCluster(ClusterClient):
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
         return list(handle.request_ids)
+
+    async def park_requests(self, handle: FakeWorker, instance_id: str, max_bytes: int,
+                            timeout_s: float) -> dict[str, Any]:
+        """Parks each open request whose KV (`kv_bytes`, default 1000 each) fits the budget, in order."""
+        if not handle.alive:
+            raise ActorGoneError(f"{handle.actor_name} is dead")
+        parked, used = {}, 0
+        for request_id in list(handle.request_ids):
+            size = self.kv_bytes.get(request_id, 1000)
+            if used + size > max_bytes:
+                continue
+            used += size
+            parked[request_id] = FakeParked(request_id, size)
+            handle.request_ids.remove(request_id)
+        handle.num_ongoing_requests = len(handle.request_ids)
+        self.parkings.append((instance_id, sorted(parked)))
+        return parked
+
+    async def unpark_requests(self, handle: FakeWorker, instance_id: str, parked: list[Any],
+                              timeout_s: float) -> list[str]:
+        if not handle.alive:
+            raise ActorGoneError(f"{handle.actor_name} is dead")
+        replayed = [p.request_id for p in parked if p.request_id not in self.refuse_replay]
+        handle.request_ids.extend(replayed)
+        self.replays.append((instance_id, replayed))
+        return replayed
 
     async def suspend_requests(self, handle: FakeWorker, timeout_s: float) -> list[str]:
         """Ends the worker's open requests "suspended": they leave it (the gateway re-queues them)."""

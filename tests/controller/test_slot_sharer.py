@@ -105,7 +105,7 @@ def test_the_evicted_checkpoint_read_from_ssd_is_copied_into_dram(tmp_path):
 
 
 def test_a_busy_model_is_suspended_after_the_bound_and_resumes_in_turn(tmp_path):
-    sharing = SlotSharingSettings(min_run_s=1.0)
+    sharing = SlotSharingSettings(min_run_s=1.0, max_parked_kv_bytes=0)  # by tokens: no KV parked
     async def scenario():
         async with Harness(tmp_path, cpu_worker_slots_per_node=1, slot_sharing=sharing, slot_reclaim=None) as h:
             a = await deploy(h, "a", 1)
@@ -156,7 +156,8 @@ def test_a_busy_model_is_suspended_after_the_bound_and_resumes_in_turn(tmp_path)
             [resume] = kinds(h, "resume")
             assert (resume["model_id"], resume["request_ids"]) == (a, ["r1", "r2"])
             assert h.controller.status()["slot_sharing"]["suspended"] == [
-                {"model_id": b, "request_id": "r3", "suspended_s": pytest.approx(0.0, abs=5.0)}]
+                {"model_id": b, "request_id": "r3", "suspended_s": pytest.approx(0.0, abs=5.0), "kept": "tokens"}]
+            assert h.cluster.parkings == [] and h.cluster.replays == []
 
     asyncio.run(scenario())
 
@@ -239,5 +240,53 @@ def test_notify_demand_refuses_a_bad_wait(tmp_path):
             for bad in (-1.0, float("inf"), float("nan"), "3", True):
                 with pytest.raises(ValueError, match="oldest_wait_s must be a finite number >= 0"):
                     h.controller.notify_demand(a, 1, "gw", bad)
+
+    asyncio.run(scenario())
+
+
+def test_suspended_requests_park_their_kv_within_the_budget_and_are_replayed_into_the_next_instance(tmp_path):
+    sharing = SlotSharingSettings(min_run_s=0.0, max_parked_kv_bytes=2500)
+    async def scenario():
+        async with Harness(tmp_path, cpu_worker_slots_per_node=1, slot_sharing=sharing, slot_reclaim=None) as h:
+            a = await deploy(h, "a", 1)
+            b = await deploy(h, "b", 2, max_wait_before_preempt_s=1.0)
+            h.controller.notify_demand(a, 1)
+            await h.tick()
+            [a_worker] = h.cluster.live_workers()
+            h.controller.notify_demand(a, 0)
+            a_worker.request_ids[:] = ["r1", "r2", "r3"]
+            a_worker.num_ongoing_requests = 3
+            h.cluster.kv_bytes.update({"r1": 1000, "r2": 2000, "r3": 1000})  # r2 does not fit beside r1
+            h.cluster.refuse_replay = {"r3"}
+            await h.tick()
+            h.controller.notify_demand(b, 1, "gw", 2.0)
+            await h.tick(1.0)
+            await eventually(lambda: h.cluster.stopped_workers == [a_worker.instance_id], "a's worker stopped")
+            assert h.cluster.parkings == [(a_worker.instance_id, ["r1", "r3"])]
+            assert h.cluster.suspensions == [(a_worker.instance_id, ["r2"])]  # over the budget: by its tokens
+            [suspend] = kinds(h, "suspend")
+            assert (suspend["kv_request_ids"], suspend["token_request_ids"]) == (["r1", "r3"], ["r2"])
+            status = h.controller.status()["slot_sharing"]
+            assert status["parked_kv_bytes"] == 2000
+            assert [(s["request_id"], s["kept"]) for s in status["suspended"]] == [
+                ("r1", "kv"), ("r2", "tokens"), ("r3", "kv")]
+            # b is served and finishes; a's requests wait, so a gets the slot back and its parked
+            # requests are replayed into its new instance before it is routed
+            h.controller.notify_demand(b, 1, "gw", 2.5)
+            await h.tick()
+            [b_worker] = [w for w in h.cluster.live_workers() if w.model_id == b]
+            h.controller.notify_demand(b, 0)
+            h.controller.notify_demand(a, 3, "gw", 3.0)
+            await h.tick(2.0)  # b idles: evicted for a
+            await eventually(lambda: b_worker.instance_id in h.cluster.stopped_workers, "b's worker stopped")
+            h.controller.notify_demand(a, 3, "gw", 5.0)
+            await h.tick()
+            [a_again] = [w for w in h.cluster.live_workers() if w.model_id == a]
+            assert h.cluster.replays == [(a_again.instance_id, ["r1"])]  # r3's replay failed
+            [resume] = kinds(h, "resume")
+            assert resume["kept"] == {"r1": "kv", "r2": "tokens", "r3": "tokens"}
+            counts = h.controller.status()["slot_sharing"]["counts"]
+            assert (counts["requests_parked_with_kv"], counts["requests_resumed_with_kv"]) == (2, 1)
+            assert h.controller.status()["slot_sharing"]["parked_kv_bytes"] == 0
 
     asyncio.run(scenario())

@@ -13,6 +13,7 @@ from controller import (
     ModelSpec,
     SpecError,
     StateStoreError,
+    TenantQuota,
     WorkerRecord,
     open_state_store,
 )
@@ -124,6 +125,32 @@ def test_deleting_a_tenant_revokes_its_keys(store):
     assert store.list_api_keys() == []
 
 
+def test_tenant_quotas_set_replace_lift_and_go_with_their_tenant(store):
+    assert store.get_tenant_quota("acme") == TenantQuota()  # none set: no limits
+    assert store.list_tenant_quotas() == {}
+    with pytest.raises(StateStoreError, match="no tenant 'acme'; add it before setting its quota"):
+        store.set_tenant_quota("acme", TenantQuota(max_instances=2))
+    store.add_tenant("acme")
+    store.add_tenant("zeta")
+    store.set_tenant_quota("zeta", TenantQuota(max_queued_requests=10))
+    store.set_tenant_quota("acme", TenantQuota(max_instances=2, max_queued_requests=50))
+    assert store.get_tenant_quota("acme") == TenantQuota(max_instances=2, max_queued_requests=50)
+    assert list(store.list_tenant_quotas().items()) == [
+        ("acme", TenantQuota(max_instances=2, max_queued_requests=50)), ("zeta", TenantQuota(max_queued_requests=10))]
+
+    store.set_tenant_quota("acme", TenantQuota(max_instances=3))  # replaces the whole quota
+    assert store.get_tenant_quota("acme") == TenantQuota(max_instances=3)
+    store.set_tenant_quota("zeta", TenantQuota())  # no limits left: no record
+    assert store.list_tenant_quotas() == {"acme": TenantQuota(max_instances=3)}
+
+    assert store.delete_tenant("acme") is True
+    assert store.get_tenant_quota("acme") == TenantQuota() and store.list_tenant_quotas() == {}
+    store.add_tenant("acme")  # a tenant made again under the old name starts with no limits
+    assert store.get_tenant_quota("acme") == TenantQuota()
+    with pytest.raises(SpecError, match="tenant"):
+        store.get_tenant_quota("../etc")
+
+
 def test_desired_instances(store):
     assert store.get_desired_instances("acme/llama") is None
     store.set_desired_instances("acme/llama", 3)
@@ -159,6 +186,7 @@ def test_everything_survives_a_restart(store_location):
         first.add_tenant("acme")
         key = first.create_api_key("acme")
         first.set_desired_instances("acme/llama", 2)
+        first.set_tenant_quota("acme", TenantQuota(max_instances=4))
         first.put_worker(_worker("i-1"))
 
     with open_state_store(store_location) as second:
@@ -166,6 +194,7 @@ def test_everything_survives_a_restart(store_location):
         assert second.list_tenants() == ["acme"]
         assert second.verify_api_key(key) == "acme"
         assert second.list_desired_instances() == {"acme/llama": 2}
+        assert second.list_tenant_quotas() == {"acme": TenantQuota(max_instances=4)}
         assert second.list_workers() == [_worker("i-1")]
 
 
@@ -236,6 +265,25 @@ def test_sqlite_schema_version_and_bad_files(tmp_path):
     not_a_db.write_text("hello " * 1000)
     with pytest.raises(StateStoreError, match="cannot open the SQLite state store"):
         open_state_store(not_a_db)
+
+
+def test_sqlite_file_from_before_quotas_gains_the_table_and_keeps_its_data(tmp_path):
+    """A state file written by a Thaw without tenant quotas (no such table) opens as it was,
+    with the table added and the schema version unchanged."""
+    path = tmp_path / "state.sqlite3"
+    with open_state_store(path) as store:
+        store.add_tenant("acme")
+        key = store.create_api_key("acme")
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TABLE tenant_quotas")
+    with open_state_store(path) as store:
+        assert store.list_tenants() == ["acme"] and store.verify_api_key(key) == "acme"
+        assert store.list_tenant_quotas() == {}
+        store.set_tenant_quota("acme", TenantQuota(max_queued_requests=5))
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    with open_state_store(path) as store:
+        assert store.get_tenant_quota("acme") == TenantQuota(max_queued_requests=5)
 
 
 def test_sqlite_write_is_all_or_nothing(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import os
 import socket
 import stat
@@ -27,7 +28,8 @@ import pytest
 import uvicorn
 
 from controller import (InvalidMigrationError, InvalidSpecError, MigrationConflictError, ModelAlreadyDeployedError,
-                        ModelSpec, SpecError, UnknownInstanceError, UnknownModelError, open_state_store)
+                        ModelSpec, SpecError, TenantQuota, UnknownInstanceError, UnknownModelError, UnknownTenantError,
+                        open_state_store)
 from infra.admin_api import build_admin_router
 from infra.admin_client import AdminApiError, AdminClient, resolve_endpoint
 from infra.admin_key import ADMIN_TENANT, AdminKeyAuth, ensure_admin_key, read_key_file, reset_admin_key
@@ -64,9 +66,12 @@ STATUS = {
 
 
 class FakeController:
-    """The controller's API in memory, refusing with the controller's own errors."""
+    """The controller's API in memory, refusing with the controller's own errors; a quota is
+    saved in the state store as the real one saves it."""
 
-    def __init__(self) -> None:
+    def __init__(self, store) -> None:
+        self.store = store
+        self.quotas: dict[str, TenantQuota] = {}
         self.specs: dict[str, dict[str, Any]] = {}
         self.drained: list[str] = []
         self.migrations: list[tuple] = []
@@ -125,6 +130,24 @@ class FakeController:
     async def status(self) -> dict[str, Any]:
         self._check()
         return STATUS
+
+    async def set_tenant_quota(self, tenant: str, quota: dict[str, Any]) -> dict[str, Any]:
+        self._check()
+        try:
+            updated = self.quotas.get(tenant, TenantQuota()).updated(quota)
+        except SpecError as exc:
+            raise InvalidSpecError(exc.field, exc.reason) from None
+        if tenant not in self.store.list_tenants():
+            raise UnknownTenantError(tenant)
+        self.store.set_tenant_quota(tenant, updated)
+        self.quotas[tenant] = updated
+        if updated.unlimited:
+            del self.quotas[tenant]
+        return updated.to_dict()
+
+    async def tenant_quotas(self) -> dict[str, dict[str, Any]]:
+        self._check()
+        return {tenant: quota.to_dict() for tenant, quota in sorted(self.quotas.items())}
 
     async def drain_node(self, node_id: str) -> dict[str, Any]:
         self._check()
@@ -201,7 +224,7 @@ def server(tmp_path_factory) -> Iterator[Server]:
     state_dir = tmp_path_factory.mktemp("admin-state")
     store = open_state_store(str(state_dir) + "/")
     admin_key = ensure_admin_key(store, state_dir / "admin_key")
-    controller = FakeController()
+    controller = FakeController(store)
     auth = AdminKeyAuth(verify_api_key=store.verify_api_key)
     app = build_gateway_app(CardsBackend(controller), auth)
     app.include_router(build_admin_router(controller, store, auth))
@@ -328,7 +351,8 @@ def test_migrate_route_validates_and_maps_refusals_to_statuses(server):
 def test_tenants_and_keys(server):
     assert server.call(lambda c: c.create_tenant("beta")) == {"tenant": "beta", "created": True}
     assert server.call(lambda c: c.create_tenant("beta"))["created"] is False
-    assert ADMIN_TENANT not in server.call(lambda c: c.list_tenants()) and "beta" in server.call(lambda c: c.list_tenants())
+    names = [t["tenant"] for t in server.call(lambda c: c.list_tenants())]
+    assert ADMIN_TENANT not in names and "beta" in names
     with pytest.raises(AdminApiError) as info:
         server.call(lambda c: c.create_tenant(ADMIN_TENANT))
     assert info.value.status == 400
@@ -369,6 +393,75 @@ def test_tenants_and_keys(server):
     with pytest.raises(AdminApiError) as info:  # the admin key cannot be revoked through the API
         server.call(lambda c: c.revoke_key(admin_id))
     assert info.value.status == 404
+
+
+def test_tenant_quotas_are_set_listed_validated_and_go_with_their_tenant(server):
+    server.call(lambda c: c.create_tenant("quota-co"))
+    server.call(lambda c: c.create_tenant("free-co"))
+    assert server.call(lambda c: c.set_tenant_quota("quota-co", {"max_instances": 2, "max_queued_requests": 50})) == {
+        "tenant": "quota-co", "max_instances": 2, "max_queued_requests": 50}
+    listed = {t["tenant"]: t for t in server.call(lambda c: c.list_tenants())}
+    assert listed["quota-co"] == {"tenant": "quota-co", "max_instances": 2, "max_queued_requests": 50}
+    assert listed["free-co"] == {"tenant": "free-co", "max_instances": None, "max_queued_requests": None}
+    # A field not named is kept; null lifts one.
+    assert server.call(lambda c: c.set_tenant_quota("quota-co", {"max_queued_requests": None})) == {
+        "tenant": "quota-co", "max_instances": 2, "max_queued_requests": None}
+    assert server.store.get_tenant_quota("quota-co") == TenantQuota(max_instances=2)
+
+    for body, param, message in (
+            ({"max_instances": 0}, "max_instances",
+             "invalid quota: max_instances: must be an integer >= 1, or null for no limit; got 0"),
+            ({"max_queued_requests": "50"}, "max_queued_requests",
+             "invalid quota: max_queued_requests: must be an integer >= 1, or null for no limit; got '50'"),
+            ({"max_instance": 2}, "max_instance",
+             "invalid quota: max_instance: unknown quota field; the fields are max_instances, max_queued_requests"),
+            ({}, "max_instances", "give max_instances and/or max_queued_requests (null: no limit)")):
+        with pytest.raises(AdminApiError) as info:
+            server.call(lambda c: c.set_tenant_quota("quota-co", body))
+        assert (info.value.status, info.value.param, info.value.message) == (400, param, message), body
+    with pytest.raises(AdminApiError) as info:  # not an object at all
+        server.call(lambda c: c._request("PUT", "/admin/tenants/quota-co/quota", [2]))
+    assert info.value.status == 400
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.set_tenant_quota("nobody", {"max_instances": 1}))
+    assert (info.value.status, info.value.message) == (
+        404, "tenant 'nobody' does not exist; create it first (thaw tenants create nobody)")
+    for tenant, param in ((ADMIN_TENANT, "tenant"), ("Quota-Co", "tenant")):
+        with pytest.raises(AdminApiError) as info:
+            server.call(lambda c: c.set_tenant_quota(tenant, {"max_instances": 1}))
+        assert (info.value.status, info.value.param) == (400, param)
+    assert server.store.get_tenant_quota("quota-co") == TenantQuota(max_instances=2)  # refusals changed nothing
+
+    # Deleting the tenant drops its quota from the controller and the store: made again, it has none.
+    assert server.call(lambda c: c.delete_tenant("quota-co")) == {"deleted": "quota-co"}
+    assert "quota-co" not in server.controller.quotas and server.store.list_tenant_quotas() == {}
+    server.call(lambda c: c.create_tenant("quota-co"))
+    assert {t["tenant"]: t for t in server.call(lambda c: c.list_tenants())}["quota-co"]["max_instances"] is None
+
+
+def test_cli_tenant_quota_and_listing(server):
+    assert server.thaw("tenants", "create", "cliquota").returncode == 0
+    result = server.thaw("tenants", "quota", "cliquota", "--max-instances", "2", "--max-queued-requests", "50")
+    assert (result.returncode, result.stdout) == (0, "tenant cliquota: max_instances=2 max_queued_requests=50\n")
+    result = server.thaw("tenants", "ls")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split("  ")[0] == "TENANT" and "MAX INSTANCES" in lines[0] and "MAX QUEUED REQUESTS" in lines[0]
+    assert ["cliquota", "2", "50"] in [line.split() for line in lines]
+    result = server.thaw("tenants", "quota", "cliquota", "--max-instances", "none")
+    assert (result.returncode, result.stdout) == (
+        0, "tenant cliquota: max_instances=unlimited max_queued_requests=50\n")
+    assert server.store.get_tenant_quota("cliquota") == TenantQuota(max_queued_requests=50)
+    result = server.thaw("tenants", "quota", "cliquota", "--max-queued-requests", "0")  # the server refuses it
+    assert result.returncode == 2 and "max_queued_requests: must be an integer >= 1" in result.stderr
+    result = server.thaw("tenants", "quota", "cliquota")  # nothing to set: refused before any call
+    assert result.returncode == 2 and "--max-instances and/or --max-queued-requests" in result.stderr
+    result = server.thaw("tenants", "quota", "cliquota", "--max-instances", "two")
+    assert result.returncode == 2 and "expected an integer or 'none'" in result.stderr
+    result = server.thaw("tenants", "quota", "nobody-here", "--max-instances", "1")
+    assert result.returncode == 1 and "does not exist" in result.stderr
+    result = server.thaw("tenants", "ls", "--json")
+    assert {"tenant": "cliquota", "max_instances": None, "max_queued_requests": 50} in json.loads(result.stdout)
 
 
 def test_an_unreachable_controller_is_503_with_retry_after(server):

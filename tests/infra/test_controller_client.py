@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from controller import TenantQuota
 from controller.slot_outlook import SlotOutlook
 from infra.controller_client import ControllerClient
 from infra.serving_cluster import RayServingCluster
@@ -47,3 +48,14 @@ def test_a_controller_without_an_outlook_answers_none():
     handle = FakeHandle(None)
     assert asyncio.run(ControllerClient(handle).notify_demand("acme/b", 0)) is None
     assert handle.notify_demand.calls == [(("acme/b", 0, "gateway"), {"oldest_wait_s": 0.0})]
+
+
+def test_tenant_quotas_arrive_as_typed_records_and_a_quota_change_is_sent_as_given():
+    handle = FakeHandle(None)
+    handle.tenant_quotas = FakeMethod({"acme": {"max_instances": 2, "max_queued_requests": None}})
+    handle.set_tenant_quota = FakeMethod({"max_instances": 2, "max_queued_requests": 50})
+    client = ControllerClient(handle)
+    assert asyncio.run(RayServingCluster(client).tenant_quotas()) == {"acme": TenantQuota(max_instances=2)}
+    assert asyncio.run(client.set_tenant_quota("acme", {"max_queued_requests": 50})) == {
+        "max_instances": 2, "max_queued_requests": 50}
+    assert handle.set_tenant_quota.calls == [(("acme", {"max_queued_requests": 50}), {})]

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from controller import TenantQuota
 from controller.slot_outlook import SlotHolder, SlotOutlook
 from infra.gateway_backend import (
     BackendUnavailable,
@@ -65,6 +66,8 @@ class FakeCluster:
         self.version = 1
         self.table: dict[str, list[dict[str, Any]]] = {}
         self.records: dict[str, dict[str, Any]] = {}
+        self.quotas: dict[str, TenantQuota] = {}  # what tenant_quotas answers
+        self.num_quota_calls = 0
         self.demand: list[tuple[str, int]] = []
         self.oldest_waits: list[float] = []  # each report's oldest_wait_s, in step with `demand`
         self.outlook: SlotOutlook | None = None
@@ -116,6 +119,12 @@ class FakeCluster:
         if self.unreachable:
             raise ConnectionError("controller down")
         return list(self.records.values())
+
+    async def tenant_quotas(self) -> dict[str, TenantQuota]:
+        self.num_quota_calls += 1
+        if self.unreachable:
+            raise ConnectionError("controller down")
+        return dict(self.quotas)
 
     async def get_model(self, model_id: str):
         self.get_model_calls.append(model_id)
@@ -292,6 +301,57 @@ def test_a_full_queue_is_429_and_the_deadline_503_with_retry_after():
             assert timeout.value.retry_after_s == FAST.retry_after_s and "0.3 s" in str(timeout.value)
         await until(lambda: cluster.demand[-1] == (MODEL, 0), "the emptied queue reported")
         assert cluster.served == []
+
+    run(test)(cluster)
+
+
+def test_a_tenant_at_its_queued_quota_gets_429_naming_it_and_another_tenant_is_unaffected():
+    """acme may have 2 requests waiting over all its models (each model alone allows 100);
+    other has no quota. The quota comes with the backend's refresh, never on the request path."""
+    cluster = FakeCluster()
+    a1, a2, o1 = "acme/a1", "acme/a2", "other/o1"
+    for model_id in (a1, a2, o1):
+        cluster.records[model_id] = record(model_id)
+    cluster.quotas["acme"] = TenantQuota(max_queued_requests=2)
+
+    async def test(cluster, backend):
+        waiting = [asyncio.ensure_future(collect(backend, "r1", a1)), asyncio.ensure_future(collect(backend, "r2", a2))]
+        await until(lambda: {(a1, 1), (a2, 1)} <= set(cluster.demand), "acme's two queued requests reported")
+        with pytest.raises(ModelOverloaded) as overloaded:
+            await collect(backend, "r3", a1)
+        assert str(overloaded.value) == ("tenant 'acme' has 2 requests waiting for instances, its quota "
+                                         "(max_queued_requests 2); retry later")
+        error = error_from_backend(overloaded.value)
+        assert (error.status_code, error.headers) == (429, {"Retry-After": "1"})
+        assert error.body()["error"]["message"] == str(overloaded.value)
+
+        # Another tenant queues past acme's number: its requests wait and are served.
+        waiting += [asyncio.ensure_future(collect(backend, f"o{i}", o1)) for i in range(3)]
+        await until(lambda: (o1, 3) in cluster.demand, "other's three queued requests reported")
+        assert cluster.get_model_calls == []  # models and quotas came from the refresh, not the request path
+        for model_id in (a1, a2, o1):
+            cluster.set_routes(model_id, [route(f"{model_id.split('/')[1]}-1")])
+        results = await asyncio.gather(*waiting)
+        assert [chunks[-1].finish_reason for chunks in results] == ["length"] * 5
+        assert sorted(cluster.served) == [("o0", "o1-1"), ("o1", "o1-1"), ("o2", "o1-1"), ("r1", "a1-1"),
+                                          ("r2", "a2-1")]
+
+        # A lowered quota arrives with the next refresh (the table changed: at once).
+        calls = cluster.num_quota_calls
+        cluster.quotas["acme"] = TenantQuota(max_queued_requests=1)
+        cluster.table[a1], cluster.table[a2] = [], []  # scaled to zero: acme's requests queue again
+        cluster.bump()
+        await until(lambda: cluster.num_quota_calls > calls, "a refresh that read the quotas")
+        num_reports = len(cluster.demand)
+        queued = asyncio.ensure_future(collect(backend, "q1", a2))
+        await until(lambda: (a2, 1) in cluster.demand[num_reports:], "acme's queued request reported")
+        with pytest.raises(ModelOverloaded) as overloaded:
+            await collect(backend, "q2", a1)
+        assert str(overloaded.value) == ("tenant 'acme' has 1 requests waiting for instances, its quota "
+                                         "(max_queued_requests 1); retry later")
+        assert [c.finish_reason for c in await collect(backend, "o3", o1)] == [None, None, "length"]
+        await backend.abort(a2, "q1")
+        assert [c.finish_reason for c in await queued] == ["abort"]
 
     run(test)(cluster)
 

@@ -9,8 +9,9 @@ app reads it.
   DRAM copy its eviction left behind;
 - preemption: a long greedy stream of A holds the slot; B's request arrives; after B's bound A's
   request is suspended, B is served, A resumes on its model's next instance and its client
-  receives exactly the uninterrupted output (the token path: A's KV is recomputed from its
-  tokens), with progress records while it waited.
+  receives exactly the uninterrupted output, with progress records while it waited. The module
+  runs twice: with room to park A's KV in memory (it is replayed into A's next instance, nothing
+  recomputed) and with none (the token fallback: A's KV is recomputed from its tokens).
 
 Every wait is a poll with a deadline; the module ends by checking that no actor is left.
 """
@@ -60,9 +61,10 @@ async def poll(predicate, what: str, timeout_s: float = DEADLINE_S):
     return result
 
 
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory):
-    """One node, one slot; models a-d (small, distinct weights) and "long" (A of the preemption test)."""
+@pytest.fixture(scope="module", params=["kv", "tokens"])
+def platform(request, tmp_path_factory):
+    """One node, one slot; models a-d (small, distinct weights) and "long" (A of the preemption test);
+    suspended requests keep their KV ("kv", a parking budget of 256 MiB) or their tokens only."""
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
@@ -74,7 +76,8 @@ def platform(tmp_path_factory):
         namespace=f"thaw-ss-{uuid.uuid4().hex[:8]}", calibrate=False, cpu_worker_slots_per_node=1,
         ssd_capacity_bytes=1 << 30, dram_capacity_bytes=256 << 20, reconcile_interval_s=0.2,
         spare_refill_delay_s=0.0, engine_defaults=ENGINE, report_timeout_s=10.0, drain_timeout_s=30.0,
-        slot_reclaim=None, slot_sharing=SlotSharingSettings(min_run_s=0.5))
+        slot_reclaim=None, slot_sharing=SlotSharingSettings(
+            min_run_s=0.5, max_parked_kv_bytes=(256 << 20) if request.param == "kv" else 0))
     controller = start_controller(config, name="thaw-controller-ss")
     ray.get(controller.ping.remote(), timeout=DEADLINE_S)
     for name, model_dir in dirs.items():
@@ -83,7 +86,7 @@ def platform(tmp_path_factory):
         ray.get(controller.deploy.remote({"name": f"acme/{name}", "source": str(model_dir),
                                           "resources": {"num_cpus": 1}, "autoscaling": policy}), timeout=60)
     try:
-        yield controller, dirs
+        yield controller, dirs, request.param
     finally:
         leftovers = stop_platform(controller, config.namespace)
         if started_here:
@@ -122,7 +125,7 @@ def reference(model_dir, params: SamplingParams) -> tuple[int, ...]:
 
 
 def test_four_models_take_turns_on_one_slot_and_every_request_succeeds(platform):
-    controller, dirs = platform
+    controller, dirs, _ = platform
     want = {name: reference(dirs[name], GREEDY) for name in MODELS}
     sequence = ["a", "b", "c", "d", "a", "c", "b", "d"]
 
@@ -154,7 +157,7 @@ def test_four_models_take_turns_on_one_slot_and_every_request_succeeds(platform)
 
 
 def test_a_busy_model_is_suspended_for_a_waiting_one_and_resumes_with_the_exact_output(platform):
-    controller, dirs = platform
+    controller, dirs, kept = platform
     want_long = reference(dirs["long"], LONG)
     want_b = reference(dirs["b"], GREEDY)
 
@@ -180,3 +183,12 @@ def test_a_busy_model_is_suspended_for_a_waiting_one_and_resumes_with_the_exact_
     assert ("preemption", "acme/b") in kinds and ("suspend", "acme/long") in kinds and ("resume", "acme/long") in kinds
     assert status["slot_sharing"]["counts"]["requests_suspended"] >= 1
     assert status["slot_sharing"]["suspended"] == []
+    [suspend] = [d for d in status["recent_decisions"] if d["kind"] == "suspend" and d["model_id"] == "acme/long"]
+    resume = [d for d in status["recent_decisions"] if d["kind"] == "resume" and d["model_id"] == "acme/long"][-1]
+    if kept == "kv":  # parked in memory and replayed into the next instance: nothing recomputed
+        assert (suspend["kv_request_ids"], suspend["token_request_ids"]) == (["long-1"], [])
+        assert resume["kept"] == {"long-1": "kv"} and status["slot_sharing"]["counts"]["requests_resumed_with_kv"] == 1
+        assert status["slot_sharing"]["parked_kv_bytes"] == 0
+    else:  # no parking budget: the token fallback
+        assert (suspend["kv_request_ids"], suspend["token_request_ids"]) == ([], ["long-1"])
+        assert resume["kept"] == {"long-1": "tokens"}
