@@ -345,6 +345,11 @@ class Controller:
         self._wake.set()  # a raised limit may let a waiting model be placed now
         return updated.to_dict()
 
+    def slot_sharing_counts(self) -> dict[str, int]:
+        """How often slots changed hands since this controller started (evictions, preemptions,
+        suspended and resumed requests...): what the gateways export on ``/metrics``."""
+        return self._sharer.counts()
+
     def tenant_quotas(self) -> dict[str, dict[str, Any]]:
         """tenant -> quota (`TenantQuota.to_dict`), for the tenants that have a limit."""
         return {tenant: quota.to_dict() for tenant, quota in sorted(self._quotas.items())}

@@ -70,6 +70,9 @@ class ControllerActor:
     async def set_tenant_quota(self, tenant: str, quota: dict[str, Any]) -> dict[str, Any]:
         return self._controller.set_tenant_quota(tenant, quota)
 
+    async def slot_sharing_counts(self) -> dict[str, int]:
+        return self._controller.slot_sharing_counts()
+
     async def tenant_quotas(self) -> dict[str, dict[str, Any]]:
         return self._controller.tenant_quotas()
 

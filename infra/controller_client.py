@@ -72,6 +72,9 @@ class ControllerClient:
     async def set_tenant_quota(self, tenant: str, quota: Mapping[str, Any]) -> dict[str, Any]:
         return await self._call("set_tenant_quota", tenant, dict(quota))
 
+    async def slot_sharing_counts(self) -> dict[str, int]:
+        return {str(name): int(value) for name, value in (await self._call("slot_sharing_counts")).items()}
+
     async def tenant_quotas(self) -> dict[str, dict[str, Any]]:
         return dict(await self._call("tenant_quotas"))
 

@@ -23,6 +23,8 @@ where they mean the same (``time_to_first_token_seconds``, ``e2e_request_latency
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -74,6 +76,12 @@ class GatewayMetrics:
                                       ["model", "tier"], namespace=ns, registry=r, buckets=_LOAD_BUCKETS)
         self.instances = Gauge("model_instances", "Ready instances per model.",
                                ["model"], namespace=ns, registry=r)
+        # A gauge, not a counter: it mirrors the controller's own counts, which start again at 0
+        # when the controller restarts (Prometheus' rate() over it still reads as a counter's).
+        self.slot_decisions = Gauge(
+            "slot_decisions", "Slot-sharing decisions since the controller started, by kind: evictions, "
+            "preemptions (migrated or suspended), requests suspended, parked with their KV, resumed with it.",
+            ["kind"], namespace=ns, registry=r)
 
     # ---- per request (the app) -----------------------------------------------------------
 
@@ -109,6 +117,11 @@ class GatewayMetrics:
         if outcome not in QUEUE_WAIT_OUTCOMES:
             raise ValueError(f"queue wait outcome must be one of {QUEUE_WAIT_OUTCOMES}, got {outcome!r}")
         self.queue_wait.labels(model=model_id, cause=cause, outcome=outcome).observe(seconds)
+
+    def set_slot_decisions(self, counts: Mapping[str, int]) -> None:
+        """The controller's slot-sharing counters, as it reported them last."""
+        for kind, value in counts.items():
+            self.slot_decisions.labels(kind=kind).set(value)
 
     def set_instances(self, model_id: str, num_instances: int) -> None:
         self.instances.labels(model=model_id).set(num_instances)

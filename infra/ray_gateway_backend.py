@@ -516,11 +516,13 @@ class RayGatewayBackend:
                 await asyncio.wait_for(self._wake.wait(), self._config.demand_report_interval_s if waiting else None)
 
     async def _refresh(self, timeout_s: float) -> None:
-        """One routing-table call (waiting up to `timeout_s` for a change), the model records and
-        the tenants' quotas."""
+        """One routing-table call (waiting up to `timeout_s` for a change), the model records,
+        the tenants' quotas and the controller's slot-sharing counters (for ``/metrics``)."""
         version, table = await self._cluster.routing_table(self._version, timeout_s)
         records = await self._cluster.list_models()
         self._quotas = dict(await self._cluster.tenant_quotas())
+        if self._metrics is not None:
+            self._metrics.set_slot_decisions(await self._cluster.slot_sharing_counts())
         first = not self._models_loaded
         appeared = self._apply(version, table or {}, records)
         self._last_refresh_ok = self._clock()

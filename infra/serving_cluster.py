@@ -67,6 +67,10 @@ class ServingCluster(Protocol):
         """One model's record, or None when it is not deployed."""
         ...
 
+    async def slot_sharing_counts(self) -> Mapping[str, int]:
+        """The controller's slot-sharing counters (evictions, preemptions, suspensions, ...)."""
+        ...
+
     async def tenant_quotas(self) -> Mapping[str, TenantQuota]:
         """tenant -> quota, for the tenants that have a limit (the controller's ``tenant_quotas``)."""
         ...
@@ -124,6 +128,9 @@ class RayServingCluster:
 
     async def list_models(self) -> list[Mapping[str, Any]]:
         return await self._controller.list_models()
+
+    async def slot_sharing_counts(self) -> dict[str, int]:
+        return await self._controller.slot_sharing_counts()
 
     async def tenant_quotas(self) -> dict[str, TenantQuota]:
         quotas = await self._controller.tenant_quotas()

@@ -71,6 +71,7 @@ class FakeCluster:
         self.demand: list[tuple[str, int]] = []
         self.oldest_waits: list[float] = []  # each report's oldest_wait_s, in step with `demand`
         self.outlook: SlotOutlook | None = None
+        self.slot_counts: dict[str, int] = {}  # the controller's slot-sharing counters
         self.served: list[tuple[str, str]] = []  # (request id, instance id)
         self.aborted: list[tuple[str, str]] = []
         self.closed_early: list[str] = []
@@ -119,6 +120,11 @@ class FakeCluster:
         if self.unreachable:
             raise ConnectionError("controller down")
         return list(self.records.values())
+
+    async def slot_sharing_counts(self) -> dict[str, int]:
+        if self.unreachable:
+            raise ConnectionError("controller down")
+        return dict(self.slot_counts)
 
     async def tenant_quotas(self) -> dict[str, TenantQuota]:
         self.num_quota_calls += 1
@@ -777,3 +783,18 @@ def test_demand_reports_carry_the_oldest_wait_on_the_backends_clock():
             await backend.close()
 
     asyncio.run(main())
+
+
+def test_the_controllers_slot_decisions_are_exported_on_metrics():
+    cluster = FakeCluster()
+    cluster.records[MODEL] = record(MODEL)
+    cluster.slot_counts = {"evictions": 3, "preemptions_suspended": 1}
+
+    async def test(cluster, backend):
+        await until(lambda: metric(backend, 'thaw_slot_decisions{kind="evictions"}') == "3.0", "the first refresh")
+        assert metric(backend, 'thaw_slot_decisions{kind="preemptions_suspended"}') == "1.0"
+        cluster.slot_counts = {"evictions": 4, "preemptions_suspended": 1}
+        cluster.bump()  # the long poll answers: the next refresh reads the counters again
+        await until(lambda: metric(backend, 'thaw_slot_decisions{kind="evictions"}') == "4.0", "the next refresh")
+
+    run(test)(cluster)
