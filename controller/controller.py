@@ -606,8 +606,13 @@ class Controller:
         return True
 
     def _record_unplaced(self, model: ModelState, decision: PlacementDecision) -> None:
+        """Keeps the latest refusal for ``thaw status``; logs and records it only when its first
+        clause changes: what follows it (why no idle instance could be evicted, how long the model
+        has waited of its preemption bound) changes every tick and would flood the log."""
         unplaced = placement_to_dict(model.model_id, decision, self._wall_clock())
-        if model.last_placement is None or model.last_placement["reason"] != decision.reason:
+        previous = model.last_placement
+        if previous is None or previous["node_id"] is not None or \
+                previous["reason"].split("; ")[0] != decision.reason.split("; ")[0]:
             logger.info("%s: cannot place: %s", model.model_id, decision.reason)  # once, not every tick
             self._record(unplaced)
         model.last_placement = unplaced

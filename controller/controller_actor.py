@@ -32,6 +32,7 @@ from typing import Any
 from controller.controller import Controller
 from controller.controller_config import ControllerConfig
 from controller.ray_cluster_client import RayClusterClient
+from controller.slot_outlook import SlotOutlook
 
 DEFAULT_CONTROLLER_NAME = "thaw-controller"
 logger = logging.getLogger(__name__)

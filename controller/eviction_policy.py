@@ -14,9 +14,12 @@ well):
   once an hour ago counts ~0, one asked ten times a minute ago ~10; `UsageMeter` keeps it). It
   never goes below `min_frequency`, so the reload cost still ranks models never used since the
   controller started.
-- reload_s: what bringing the model back would cost: its size over the rate of the tier its
-  checkpoint would come back from on that node (DRAM when the node's DRAM tier holds or will
-  take it, else SSD, else the repository).
+- reload_s: what bringing the model back would cost: a start's fixed overhead (a worker taking
+  the model, building its engine: measured on this platform's recent starts, seconds even for a
+  tiny model, where the read itself may take milliseconds) plus its size over the rate of the
+  tier its checkpoint would come back from on that node (DRAM when the node's DRAM tier holds or
+  will take it, else SSD, else the repository). Without the overhead a small popular model would
+  look free to reload and be evicted again and again.
 - num_worker_slots: the slots the eviction frees (GDSF's size).
 
 The lowest score goes first: cheap, rarely used, longest idle (decay makes idleness lower the
@@ -62,11 +65,14 @@ class EvictionSettings:
             requests it was started for).
         min_frequency: the floor of a model's decayed request count in the score.
         usage_half_life_s: the age at which a request counts half in the frequency.
+        start_overhead_s: a start's fixed cost in reload_s until the platform has measured its own
+            (the median of recent starts' load time beyond their read estimate).
     """
 
     min_idle_s: float = 0.5
     min_frequency: float = 0.1
     usage_half_life_s: float = 300.0
+    start_overhead_s: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "min_idle_s", _number("EvictionSettings", "min_idle_s", self.min_idle_s))
@@ -74,6 +80,8 @@ class EvictionSettings:
                            _number("EvictionSettings", "min_frequency", self.min_frequency, exclusive=True))
         object.__setattr__(self, "usage_half_life_s",
                            _number("EvictionSettings", "usage_half_life_s", self.usage_half_life_s, exclusive=True))
+        object.__setattr__(self, "start_overhead_s",
+                           _number("EvictionSettings", "start_overhead_s", self.start_overhead_s))
 
 
 @dataclass(frozen=True, kw_only=True)

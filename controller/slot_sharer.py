@@ -32,8 +32,10 @@ counted (`counts`); `outlook` answers a gateway's queue report with where the mo
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -55,6 +57,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["SlotSharer"]
 
+MAX_START_SAMPLES = 20
 COUNTERS = ("evictions", "preemptions_migrated", "preemptions_suspended", "requests_suspended",
             "requests_parked_with_kv", "requests_resumed_with_kv", "holds_abandoned")
 
@@ -99,6 +102,9 @@ class SlotSharer:
         self._suspended: dict[str, dict[str, tuple[float, str]]] = {}  # model -> {request: (at (wall), "kv"/"tokens")}
         self._parked: dict[str, dict[str, Any]] = {}  # model id -> {request id: migration.ParkedRequest}
         self._counts = dict.fromkeys(COUNTERS, 0)
+        # Recent starts' load time beyond their read estimate: a start's fixed cost in reload_s.
+        self._start_overheads: collections.deque[float] = collections.deque(maxlen=MAX_START_SAMPLES)
+        self._sampled_starts: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     # --- queries -----------------------------------------------------------------------------
 
@@ -386,8 +392,22 @@ class SlotSharer:
         since = [t for t in (model.last_request_s, instance.ready_s) if t is not None]
         return max(0.0, now - max(since)) if since else 0.0
 
-    def _reload(self, instance: ManagedInstance, model: ModelState) -> tuple[str, float]:
-        """Where the instance's checkpoint would come back from on its node, and how long it takes."""
+    def start_overhead_s(self) -> float:
+        """A start's fixed cost: the median, over the last starts seen ready, of their load time
+        beyond placement's read estimate (the config's default before any was seen)."""
+        for instance in self._instances.all():
+            if instance.load_s is not None and instance.instance_id not in self._sampled_starts:
+                self._sampled_starts[instance.instance_id] = None
+                while len(self._sampled_starts) > 4 * MAX_START_SAMPLES:
+                    self._sampled_starts.popitem(last=False)
+                self._start_overheads.append(max(0.0, instance.load_s - (instance.estimate_s or 0.0)))
+        if self._start_overheads:
+            return statistics.median(self._start_overheads)
+        return self.config.slot_sharing.eviction.start_overhead_s if self.config.slot_sharing else 1.0
+
+    def _reload(self, instance: ManagedInstance, model: ModelState, overhead_s: float) -> tuple[str, float]:
+        """Where the instance's checkpoint would come back from on its node, and how long a start
+        from there takes (the fixed overhead plus the read)."""
         node = self._nodes.get(instance.node_id)
         report = node.report if node is not None else None
         rates = tier_bandwidths(report, self.config)
@@ -395,19 +415,20 @@ class SlotSharer:
         name = instance.repository_name
         dram = report.tier("dram") if report is not None and rates.dram_bytes_per_s else None
         if dram is not None and (name in dram.models or dram_can_take(report, name, num_bytes, self.config)):
-            return "dram", num_bytes / rates.dram_bytes_per_s
+            return "dram", overhead_s + num_bytes / rates.dram_bytes_per_s
         if report is not None and rates.ssd_bytes_per_s and name in report.tier("ssd").models:
-            return "ssd", num_bytes / rates.ssd_bytes_per_s
-        return "repository", num_bytes / rates.repository_bytes_per_s
+            return "ssd", overhead_s + num_bytes / rates.ssd_bytes_per_s
+        return "repository", overhead_s + num_bytes / rates.repository_bytes_per_s
 
     def _eviction_candidates(self, now: float) -> list[EvictionCandidate]:
         draining = self._draining_nodes()
+        overhead_s = self.start_overhead_s()
         candidates = []
         for instance in self._instances.all():
             model = self._models.get(instance.model_id)
             if model is None:
                 continue
-            tier, reload_s = self._reload(instance, model)
+            tier, reload_s = self._reload(instance, model, overhead_s)
             candidates.append(EvictionCandidate(
                 instance_id=instance.instance_id, model_id=instance.model_id, node_id=instance.node_id,
                 num_worker_slots=instance.num_worker_slots, ready=instance.phase is InstancePhase.READY,

@@ -25,6 +25,7 @@ class FakeStats:
     load_s: float
     weights_resident: bool = True
     prefills_at_frontier: tuple[str, ...] = ()
+    num_requests_started: int = 0
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class FakeWorker:
     weights_resident: bool = True
     stream_error: Exception | None = None  # stream_weights raises this when set
     prefills_at_frontier: tuple[str, ...] = ()  # reported prompts waiting for a layer (streamed instances)
+    num_requests_started: int = 0  # requests given to it so far (its usage)
 
     def finish_loading(self, error: Exception | None = None) -> None:
         self.load_error = error
@@ -275,7 +277,7 @@ class FakeCluster(ClusterClient):
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
         return FakeStats(handle.state, handle.num_ongoing_requests, handle.num_generated_tokens, 0.5,
-                         handle.weights_resident, tuple(handle.prefills_at_frontier))
+                         handle.weights_resident, tuple(handle.prefills_at_frontier), handle.num_requests_started)
 
     async def stop_worker(self, handle: FakeWorker, timeout_s: float) -> None:
         if handle.alive and handle.state != "spare":

@@ -11,7 +11,7 @@ import pytest
 
 from controller.slot_outlook import SlotOutlook
 from controller.slot_sharing_settings import SlotSharingSettings
-from tests.controller.test_controller import MODEL_BYTES, NODE, SSD_S, Harness, eventually, spec
+from tests.controller.test_controller import MODEL_BYTES, NODE, REPOSITORY_S, SSD_S, Harness, eventually, spec
 
 
 async def deploy(h: Harness, name: str, seed: int, **autoscaling) -> str:
@@ -45,8 +45,9 @@ def test_an_idle_instance_gives_its_slot_to_a_waiting_model_at_once(tmp_path):
             assert (eviction["model_id"], eviction["instance_id"], eviction["victim_model_id"]) == (
                 b, a_worker.instance_id, a)
             # A never served a request the controller counted: frequency floor 0.1 x reload from DRAM
-            # (the node's DRAM tier can take it) at the fallback 8 GB/s.
-            assert eviction["score"] == pytest.approx(0.1 * MODEL_BYTES / 8e9)
+            # (the node's DRAM tier can take it): the start overhead measured on a's own start (the
+            # fake's 0.5 s load beyond its repository estimate) + the read at the fallback 8 GB/s.
+            assert eviction["score"] == pytest.approx(0.1 * ((0.5 - REPOSITORY_S) + MODEL_BYTES / 8e9))
             assert eviction["reason"].startswith(f"evict idle {a_worker.instance_id} ({a}, priority 0, idle 1.0s)")
             assert h.routes(a) == []  # out of routing at once
             a_state = h.controller.get_model(a)
@@ -288,5 +289,29 @@ def test_suspended_requests_park_their_kv_within_the_budget_and_are_replayed_int
             counts = h.controller.status()["slot_sharing"]["counts"]
             assert (counts["requests_parked_with_kv"], counts["requests_resumed_with_kv"]) == (2, 1)
             assert h.controller.status()["slot_sharing"]["parked_kv_bytes"] == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_small_popular_model_is_kept_and_a_rarely_used_one_evicted(tmp_path):
+    """The frequency the workers' request counts give weighs in: of two idle instances with the
+    same reload cost (the measured start overhead plus the same read), the rarely used one goes."""
+    async def scenario():
+        async with Harness(tmp_path, cpu_worker_slots_per_node=2) as h:
+            hot = await deploy(h, "hot", 1)
+            rare = await deploy(h, "rare", 2)
+            waiting = await deploy(h, "waiting", 3)
+            for model_id in (hot, rare):
+                h.controller.notify_demand(model_id, 1)
+            await h.tick()
+            workers = {w.model_id: w for w in h.cluster.live_workers()}
+            workers[hot].num_requests_started = 20  # the gateway sent hot twenty requests
+            for model_id in (hot, rare):
+                h.controller.notify_demand(model_id, 0)
+            await h.tick(1.0)
+            h.controller.notify_demand(waiting, 1, "gw", 0.0)
+            await h.tick()
+            [eviction] = kinds(h, "eviction")
+            assert eviction["victim_model_id"] == rare, eviction["reason"]
 
     asyncio.run(scenario())
