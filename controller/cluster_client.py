@@ -131,6 +131,10 @@ class ClusterClient(ABC):
         that is already gone counts as stopped."""
 
     @abstractmethod
+    async def release_worker(self, handle: Any, timeout_s: float) -> None:
+        """Shut the worker's model down and keep its process as a spare (``release_model``)."""
+
+    @abstractmethod
     async def worker_request_ids(self, handle: Any, timeout_s: float) -> list[str]:
         """Ids of the requests open on the worker (started there or migrated in)."""
 

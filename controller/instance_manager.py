@@ -325,8 +325,11 @@ class InstanceManager:
 
     # --- stopping ----------------------------------------------------------------------------
 
-    def begin_stop(self, instance: ManagedInstance, reason: str, drain_timeout_s: float) -> asyncio.Task:
-        """Take the instance out of routing now; drain and stop it in the background."""
+    def begin_stop(self, instance: ManagedInstance, reason: str, drain_timeout_s: float, *,
+                   recycle: bool = False) -> asyncio.Task:
+        """Take the instance out of routing now; drain and stop it in the background. With
+        `recycle` (its slot goes to another model), a worker that came from the spare pool goes
+        back to it, model let go, when the node's pool has room: the next start skips a process."""
         running = self._stop_tasks.get(instance.instance_id)
         if running is not None:
             return running
@@ -339,24 +342,41 @@ class InstanceManager:
         self._on_routes_changed(instance.model_id)
         logger.info("%s: stopping %s: %s", instance.model_id, instance.instance_id, reason)
         self._event("stop", instance, reason)
-        task = self._spawn(self._stop(instance, drain_timeout_s if was_ready else 0.0))
+        task = self._spawn(self._stop(instance, drain_timeout_s if was_ready else 0.0, recycle))
         self._stop_tasks[instance.instance_id] = task
         task.add_done_callback(lambda _: self._stop_tasks.pop(instance.instance_id, None))
         return task
 
-    async def _stop(self, instance: ManagedInstance, drain_timeout_s: float) -> None:
+    async def _stop(self, instance: ManagedInstance, drain_timeout_s: float, recycle: bool = False) -> None:
         try:
             if instance.handle is not None:
                 try:
                     await self._drain(instance, drain_timeout_s)
                 except Exception:  # noqa: BLE001 - a worker that cannot report is stopped anyway
                     logger.exception("draining %s failed; stopping it now", instance.instance_id)
-                await self._cluster.stop_worker(instance.handle, WORKER_SHUTDOWN_TIMEOUT_S)
+                if not (recycle and await self._recycle(instance)):
+                    await self._cluster.stop_worker(instance.handle, WORKER_SHUTDOWN_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - stop_worker ends the actor whatever happened before
             logger.exception("stopping %s failed", instance.instance_id)
         finally:
             self._forget(instance)
         logger.info("%s: instance %s stopped", instance.model_id, instance.instance_id)
+
+    async def _recycle(self, instance: ManagedInstance) -> bool:
+        """The worker back into the spare pool, its model let go; False: it is to be stopped
+        (not a spare's process -- it holds Ray CPUs a spare does not --, no room, or it failed)."""
+        if self._spares is None or not instance.from_spare or not self._spares.has_room(instance.ray_node_id):
+            return False
+        try:
+            await self._cluster.release_worker(instance.handle, WORKER_SHUTDOWN_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - then it is stopped like any other
+            logger.warning("%s: letting %s's model go failed (%s: %s); stopping it", instance.model_id,
+                           instance.instance_id, type(exc).__name__, exc)
+            return False
+        if not self._spares.adopt(instance.actor_name, instance.ray_node_id, instance.handle):
+            return False
+        self._event("recycled", instance, "its worker process is a spare again")
+        return True
 
     async def _drain(self, instance: ManagedInstance, timeout_s: float) -> None:
         """Wait until the instance has no open request, or `timeout_s` (real time) has passed."""

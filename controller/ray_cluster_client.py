@@ -166,6 +166,9 @@ class RayClusterClient(ClusterClient):
         finally:
             ray.kill(handle, no_restart=True)
 
+    async def release_worker(self, handle: Any, timeout_s: float) -> None:
+        await _call(handle.release_model.remote(timeout_s), timeout_s + 5.0)
+
     async def worker_request_ids(self, handle: Any, timeout_s: float) -> list[str]:
         return await _call(handle.request_ids.remote(), timeout_s)
 

@@ -233,7 +233,8 @@ class SlotSharer:
         victim = eviction.victim and self._instances.get(eviction.victim.instance_id)
         if victim is None or victim.phase is not InstancePhase.READY:
             return dataclasses.replace(decision, reason=f"{decision.reason}; {eviction.reason}")
-        self._instances.begin_stop(victim, f"evicted for {model_id} (idle)", self.config.drain_timeout_s)
+        self._instances.begin_stop(victim, f"evicted for {model_id} (idle)", self.config.drain_timeout_s,
+                                   recycle=True)
         self._shrink(victim.model_id, f"its idle instance {victim.instance_id} gave its slot to {model_id}")
         self._keep_in_dram(victim)
         self._hold(model_id, "eviction", victim, num_slots, load_s[victim.node_id], now)
@@ -263,7 +264,7 @@ class SlotSharer:
         if victim is None or victim.phase is not InstancePhase.READY:
             return dataclasses.replace(decision, reason=f"{decision.reason}; {choice.reason}")
         self._instances.begin_stop(victim, f"preempted for {model.model_id} ({choice.action})",
-                                   self.config.drain_timeout_s)
+                                   self.config.drain_timeout_s, recycle=True)
         if victim.handle is not None:
             work = self._mover.move_off(victim) if choice.action == "migrate" else self._suspend(victim)
             task = asyncio.get_running_loop().create_task(work)

@@ -6,7 +6,8 @@ pays it cannot be fast, so each Ray node keeps `ControllerConfig.spare_workers_p
 workers (`worker.start_spare_worker`): running, imports done, no model. Starting an instance
 takes a warm spare on its node when there is one and assigns the model to it; the pool starts a
 replacement once that instance has been ready for `ControllerConfig.spare_refill_delay_s`, off
-the request's path (see `SparePool.replenish`).
+the request's path (see `SparePool.replenish`). A worker that was itself a spare and whose model
+is evicted for another comes back to the pool (`adopt`): slots changing hands reuse processes.
 
 ``warm()`` makes a spare pay the rest of a first load's one-time costs (the engine's lazy imports,
 the attention kernel, oneDNN's first primitives) and fault the memory its model will be loaded
@@ -68,6 +69,20 @@ class SparePool:
                 del self._spares[name]
                 return spare
         return None
+
+    def adopt(self, actor_name: str, ray_node_id: str, handle: Any) -> bool:
+        """Takes a worker whose model was let go (``release_model``: an evicted instance) back as a
+        warm spare, if its node has room in the pool; False: the caller stops it."""
+        have = sum(1 for spare in self._spares.values() if spare.ray_node_id == ray_node_id)
+        if have >= self.per_node or actor_name in self._spares:
+            return False
+        self._spares[actor_name] = Spare(actor_name, ray_node_id, handle, warm=True)
+        logger.info("worker %s is a spare again on Ray node %s (its model was evicted)", actor_name, ray_node_id[:12])
+        return True
+
+    def has_room(self, ray_node_id: str) -> bool:
+        """Whether the node's pool is short of a spare (warm or starting)."""
+        return sum(1 for spare in self._spares.values() if spare.ray_node_id == ray_node_id) < self.per_node
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Ray node id -> {"warm": n, "starting": n}, for ``thaw status``."""

@@ -200,6 +200,17 @@ class MigratableInstanceActor(InstanceWorkerActor):
         return dataclasses.replace(stats, num_ongoing_requests=stats.num_ongoing_requests
                                    + len(self._imported_request_ids()))
 
+    async def release_model(self, timeout_s: float = 10.0) -> None:
+        """The base's, with the migration endpoint of the model let go too (the process becomes a
+        spare; a later ``assign`` builds a new endpoint over the new engine). Imported requests
+        are aborted as in ``shutdown``."""
+        if self._endpoint is not None:
+            for request_id in self._imported_request_ids():
+                self._endpoint.async_engine.abort(request_id)
+        self._endpoint = None
+        self._resumed.clear()
+        await super().release_model(timeout_s)
+
     def suspend_requests(self) -> list[str]:
         """The base's, for the imported requests too: every stream here ends "suspended"."""
         if self._worker is None:

@@ -130,6 +130,7 @@ class FakeCluster(ClusterClient):
         self.stores: dict[str, FakeStore] = {}
         self.num_started_workers = 0
         self.stopped_workers: list[str] = []
+        self.released_workers: list[str] = []  # instances whose worker let its model go (back to the spare pool)
         self.killed_workers: list[str] = []
         self.migrations: list[tuple[str, str, list[str], str]] = []  # (source, destination, request ids, method)
         self.suspensions: list[tuple[str, list[str]]] = []  # (instance, request ids suspended)
@@ -284,6 +285,16 @@ class FakeCluster(ClusterClient):
             self.stopped_workers.append(handle.instance_id)
         handle.alive, handle.state = False, "stopped"
         handle.loaded.set()
+
+    async def release_worker(self, handle: FakeWorker, timeout_s: float) -> None:
+        """The worker lets its model go and is a spare again (the real one shuts its engine down)."""
+        if not handle.alive:
+            raise ActorGoneError(f"{handle.actor_name} is dead")
+        self.released_workers.append(handle.instance_id)
+        handle.state, handle.request_ids[:], handle.num_ongoing_requests = "spare", [], 0
+        handle.loaded = asyncio.Event()
+        self.workers.pop(handle.actor_name, None)
+        self.spares[handle.actor_name] = handle
 
     async def worker_request_ids(self, handle: FakeWorker, timeout_s: float) -> list[str]:
         if not handle.alive:

@@ -315,3 +315,33 @@ def test_a_small_popular_model_is_kept_and_a_rarely_used_one_evicted(tmp_path):
             assert eviction["victim_model_id"] == rare, eviction["reason"]
 
     asyncio.run(scenario())
+
+
+def test_an_evicted_workers_process_goes_back_to_the_spare_pool_and_serves_the_next_model(tmp_path):
+    async def scenario():
+        # refills wait 100 s after a start, so the pool is short when the eviction comes (as under churn)
+        async with Harness(tmp_path, cpu_worker_slots_per_node=1, spare_workers_per_node=1,
+                           spare_refill_delay_s=100.0) as h:
+            h.cluster.spares_warm.set()
+            a = await deploy(h, "a", 1)
+            b = await deploy(h, "b", 2)
+            await h.tick()  # the node's spare starts
+            await eventually(lambda: h.controller.status()["spare_workers"], "a warm spare")
+            h.controller.notify_demand(a, 1)
+            await h.tick()
+            [a_instance] = h.controller.get_model(a)["instances"]
+            assert a_instance["from_spare"]
+            h.controller.notify_demand(a, 0)
+            h.controller.notify_demand(b, 1, "gw", 0.0)
+            await h.tick(1.0)
+            [eviction] = kinds(h, "eviction")
+            await eventually(lambda: h.cluster.released_workers == [a_instance["instance_id"]], "a's worker released")
+            assert h.cluster.stopped_workers == []  # let go of its model, not stopped
+            assert [d["instance_id"] for d in kinds(h, "recycled")] == [a_instance["instance_id"]]
+            h.controller.notify_demand(b, 1, "gw", 1.0)
+            await h.tick()
+            [b_instance] = h.controller.get_model(b)["instances"]
+            assert b_instance["from_spare"] and b_instance["actor_name"] == a_instance["actor_name"]  # the same process
+            assert len(h.routes(b)) == 1
+
+    asyncio.run(scenario())

@@ -232,3 +232,25 @@ def test_a_spare_worker_takes_one_model_and_then_serves_it_like_a_fresh_one(loca
         assert ray.get(spare.stats.remote()).instance_id == "inst-spare"
     finally:
         stop_instance_worker(spare)
+
+
+def test_a_worker_that_lets_its_model_go_is_a_spare_again_and_takes_the_next_model(local_ray, instance, model_dir):
+    spare = start_spare_worker(name="spare-2", namespace=NAMESPACE, node_id=ray.get_runtime_context().get_node_id())
+    try:
+        ray.get(spare.warm.remote(0, 0), timeout=120)
+        ray.get(spare.assign.remote("inst-first", "acme/first", str(model_dir), as_engine_config(ENGINE_CONFIG), 1),
+                timeout=60)
+        ray.get(spare.ready.remote(), timeout=60)
+        first = asyncio.run(read_stream(spare, "a", PROMPTS[0]))
+        ray.get(spare.release_model.remote(10.0), timeout=60)
+        assert ray.get(spare.health.remote()) is InstanceState.SPARE
+        ray.get(spare.assign.remote("inst-second", "acme/second", str(model_dir), as_engine_config(ENGINE_CONFIG), 1),
+                timeout=60)
+        load = ray.get(spare.ready.remote(), timeout=60)
+        assert (load.instance_id, load.model_id) == ("inst-second", "acme/second")
+        second, fresh = asyncio.run(read_stream(spare, "b", PROMPTS[0])), asyncio.run(read_stream(instance, "c", PROMPTS[0]))
+        assert tokens(second) == tokens(first) == tokens(fresh)  # the same weights give the same output again
+        stats = ray.get(spare.stats.remote())
+        assert (stats.instance_id, stats.num_free_kv_blocks) == ("inst-second", NUM_KV_BLOCKS)
+    finally:
+        stop_instance_worker(spare)
