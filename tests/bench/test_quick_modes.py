@@ -118,3 +118,29 @@ def test_scaleout_benchmark_quick():
     assert lines["multicast-1"]["link_gbps"] > 0
     assert lines["multicast-3"]["ratio_to_single"] == pytest.approx(
         lines["multicast-3"]["total_s"] / lines["multicast-1"]["total_s"], rel=0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_multimodel_benchmark_quick():
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "multimodel.py"), "--quick"],
+                            capture_output=True, text=True, timeout=840, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = {line["policy"]: line for line in map(json.loads, result.stdout.splitlines()) if line}
+    assert sorted(lines) == sorted(["thaw", "thaw-keepalive-wait", "rayserve"])
+    num_requests = lines["thaw"]["num_requests"]
+    assert num_requests > 0
+    for policy, line in lines.items():
+        assert line["bench"] == "multimodel" and line["mode"] == "quick" and line["trace"] and line["seed"] == 0, policy
+        # The same seeded trace for every policy.
+        assert line["num_requests"] == num_requests, policy
+        assert line["requests_per_model"] == lines["thaw"]["requests_per_model"], policy
+        assert 0 <= line["num_failed"] <= num_requests and sum(line["failures"].values()) == line["num_failed"]
+        assert 0 <= line["ttft_p50_s"] <= line["ttft_p99_s"], policy
+        assert line["idle_slot_s"] >= 0 and line["duration_s"] > 0, policy
+        tiers = line["cold_starts_by_tier"]
+        assert isinstance(tiers, dict) and sum(tiers.values()) > 0 and min(tiers.values()) > 0, policy
+    thaw = lines["thaw"]
+    for key, peer in (("keepalive_wait", "thaw-keepalive-wait"), ("rayserve", "rayserve")):
+        assert thaw[f"p99_ratio_to_{key}"] == pytest.approx(thaw["ttft_p99_s"] / lines[peer]["ttft_p99_s"], rel=0.01)
+    assert isinstance(thaw["targets_met"], bool)

@@ -1,0 +1,602 @@
+"""Many models on few slots (issue 18): 8 models of mixed sizes on 2 CPU slots, under a seeded
+bursty trace, served by Thaw's slot sharing, by Thaw with keep-alive as a hard lease, and by one
+Ray Serve deployment per model.
+
+One run writes 8 random-weight Llamas (`worker.write_demo_model`, bf16, three sizes: ~25, ~80 and
+~185 MB; 0.4 to 7 MB with ``--quick``) and generates one trace (`bursty_trace`): the models' popularity
+is Zipf (s = 1.1, the ranks shuffled by the seed so size and popularity are unrelated), each model
+alternates between on and off bursts of exponential length, and requests arrive as a Poisson
+process within its on bursts. Every request is a short prompt of random token ids with a small
+``max_tokens``, decoded greedily to the end (``ignore_eos``), so the CPU goes to cold starts and
+contention rather than to decoding. The same trace is replayed open loop (asyncio + aiohttp, every
+request sent at its arrival time whatever the others do; 300 s of trace, 40 s with ``--quick``)
+against, one after the other:
+
+* ``thaw``: the platform `thaw serve` starts (`infra.Platform`, in this process, no auth, a local
+  Ray with 2 CPUs, 2 worker slots, 1 engine thread per instance), every model deployed with
+  ``min_instances: 0``, ``max_instances: 1`` and the mode's ``keep_alive_s`` and
+  ``queue_timeout_s``. A model with waiting requests and no free slot evicts the idle instance
+  cheapest to bring back, and past ``max_wait_before_preempt_s`` preempts a busy one;
+* ``thaw-keepalive-wait``: the same with ``slot_sharing=False``: keep-alive is a hard lease and a
+  waiting model gets a slot only once an idle instance's keep-alive has expired (ServerlessLLM);
+* ``rayserve``: what a user builds instead: one Ray Serve application per model, each one
+  deployment (`bench.transformers_replica`) whose replica loads the checkpoint with
+  ``transformers`` and streams greedy tokens, ``min_replicas: 0``, ``max_replicas: 1``, 1 CPU per
+  replica on a Ray with 2 CPUs (so at most 2 replicas, the same 2 slots), tuned in its favour
+  (``upscale_delay_s: 0``, ``downscale_delay_s`` = ``downscale_to_zero_delay_s`` = the same
+  keep-alive, metrics every 0.5 s looked back over 2 s). A request that gets no replica waits as
+  Serve makes it wait.
+
+The platform (or Ray) is stopped fully between policies. For every request the client records
+whether it succeeded (HTTP 200, no error event, the stream ended with ``[DONE]`` and a finish
+reason of ``length``/``stop``) and its time to first token: from sending it to the first ``data:``
+event carrying output (SSE comment lines, Thaw's ``: waiting for a slot`` progress, are skipped).
+Every policy gets the same client deadlines: a first token within ``queue_timeout_s`` + 5 s (Thaw's
+own queue bound, and the grace a client gives it; ``--first-token-deadline-s`` changes it), the
+whole answer within 120 s more. A failed request that never got a token counts in the TTFT
+percentiles as the first-token deadline, or the time it took to fail if longer -- it is at least as
+bad as a request that waited that long -- so a policy cannot improve its P99 by failing requests;
+``ttft_p99_censored`` says when a P99 rests on such a stand-in (a lower bound: a peer's censored P99
+makes Thaw's ratio to it an upper bound, and caps what the ratio can show at Thaw's P99 / deadline).
+
+Once a second a sampler reads which slots hold a ready instance (Thaw: the controller's
+``status()``; Serve: the replicas in state RUNNING); a slot whose model has no request in flight at
+the client counts as idle for that second (``idle_slot_s``). Cold starts by tier come from the
+controller's recent decisions, gathered by the same sampler: every instance that became ready,
+with the tier its placement chose (``repository`` when the node had to fetch the checkpoint) or
+else the tier it loaded from; Serve's replicas log each finished load (``repository``: the local
+checkpoint directory, the only place Serve reads a model from).
+
+Targets (issue 18): no failed request for Thaw's policy; its P99 TTFT at most half of
+keep-alive wait's and at most a fifth of Ray Serve's. One JSON line per policy on stdout (the thaw
+line carries the ratios, thaw P99 / peer P99, and ``targets_met``), printed once every policy has
+run; progress, and whatever Ray and Serve print, on stderr.
+
+    python bench/multimodel.py [--quick] [--seed N] [--duration-s S] [--policies thaw,rayserve]
+                               [--work-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    # Run as a script (`python bench/multimodel.py`): make the repo root importable.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.coldstart import free_port, machine, wait_for  # noqa: E402
+from bench.bursty_trace import BurstyTraceConfig, TraceRequest, bursty_trace  # noqa: E402
+from worker import DemoModelConfig, write_demo_model  # noqa: E402
+
+POLICIES = ("thaw", "thaw-keepalive-wait", "rayserve")
+TARGET_P99_RATIO_TO_KEEPALIVE_WAIT = 0.5
+TARGET_P99_RATIO_TO_RAYSERVE = 0.2
+NUM_SLOTS = 2
+THREADS_PER_INSTANCE = 1
+FIRST_TOKEN_GRACE_S = 5.0  # past the queue timeout, before the client gives up on a first token
+STREAM_DEADLINE_S = 120.0  # after the first token, for the rest of the answer
+SAMPLE_INTERVAL_S = 1.0
+START_TIMEOUT_S = 300.0
+TENANT = "bench"
+
+
+# ---- modes and models ----------------------------------------------------------------------------
+
+
+def _llama(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, seed: int) -> DemoModelConfig:
+    return DemoModelConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                           num_key_value_heads=kv_heads, intermediate_size=intermediate, max_position_embeddings=512,
+                           dtype="bfloat16", init_std=0.1, seed=seed)
+
+
+@dataclass(frozen=True)
+class BenchMode:
+    """One mode's models (by size class), trace and lifetimes; the same for every policy."""
+
+    name: str
+    sizes: dict[str, tuple[int, int, int, int, int]]  # class -> (hidden, layers, heads, kv heads, intermediate)
+    trace: BurstyTraceConfig
+    keep_alive_s: float
+    queue_timeout_s: float
+    first_token_deadline_s: float | None = None  # None: queue_timeout_s + FIRST_TOKEN_GRACE_S
+
+    @property
+    def effective_first_token_deadline_s(self) -> float:
+        """How long the client waits for a first token, the same for every policy."""
+        if self.first_token_deadline_s is not None:
+            return self.first_token_deadline_s
+        return self.queue_timeout_s + FIRST_TOKEN_GRACE_S
+
+
+FULL = BenchMode("full", {"tiny": (512, 4, 8, 2, 1376), "small": (768, 6, 12, 4, 2048),
+                          "medium": (1024, 8, 16, 4, 2816)},
+                 BurstyTraceConfig(num_models=8, duration_s=300.0, mean_rate_per_s=1.0, mean_on_s=15.0,
+                                   mean_off_s=30.0, min_prompt_tokens=16, max_prompt_tokens=64, max_tokens=32),
+                 keep_alive_s=30.0, queue_timeout_s=60.0)
+QUICK = BenchMode("quick", {"tiny": (64, 2, 4, 2, 128), "small": (128, 2, 4, 2, 352), "medium": (256, 4, 8, 2, 688)},
+                  BurstyTraceConfig(num_models=8, duration_s=40.0, mean_rate_per_s=1.5, mean_on_s=6.0,
+                                    mean_off_s=12.0, min_prompt_tokens=8, max_prompt_tokens=32, max_tokens=16),
+                  keep_alive_s=10.0, queue_timeout_s=30.0)
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    index: int
+    name: str  # "m3-small": the Thaw model name and the Serve application name
+    size: str
+    path: Path
+    num_bytes: int
+
+    @property
+    def model_id(self) -> str:
+        return f"{TENANT}/{self.name}"
+
+
+def write_models(mode: BenchMode, root: Path) -> list[BenchModel]:
+    """The mode's models, the size classes taken in turn (3 tiny, 3 small, 2 medium of 8)."""
+    classes = list(mode.sizes)
+    models = []
+    for index in range(mode.trace.num_models):
+        size = classes[index % len(classes)]
+        name = f"m{index}-{size}"
+        path = write_demo_model(root / name, _llama(*mode.sizes[size], seed=index), overwrite=True)
+        models.append(BenchModel(index, name, size, path, sum(p.stat().st_size for p in path.glob("*.safetensors"))))
+    return models
+
+
+def log(message: str) -> None:
+    print(f"[multimodel] {message}", file=sys.stderr, flush=True)
+
+
+# ---- the client ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the client saw of one request; times in seconds from the trace's start."""
+
+    model_index: int
+    arrival_s: float
+    sent_s: float
+    ttft_s: float | None  # None: no output arrived
+    end_s: float
+    failure: str | None  # None: it succeeded
+
+
+async def stream_request(session: Any, url: str, body: dict[str, Any], first_token_deadline_s: float
+                         ) -> tuple[float | None, str | None]:
+    """POSTs one streaming request and reads it to its end; returns (TTFT or None, failure or None)."""
+    import aiohttp
+
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    ttft_s, finish_reason, done, phase = None, None, False, "first-token"
+    try:
+        async with asyncio.timeout_at(start + first_token_deadline_s) as deadline:
+            async with session.post(url, json=body) as response:
+                if response.status != 200:
+                    return None, f"http-{response.status}"
+                async for raw in response.content:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue  # blank separators and ": ..." comments (progress while waiting)
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        done = True
+                        break
+                    event = json.loads(data)
+                    if "error" in event:
+                        error = event["error"]
+                        code = (error.get("code") or error.get("type")) if isinstance(error, dict) else None
+                        return ttft_s, f"error-event:{code or 'unknown'}"
+                    choices = event.get("choices") or []
+                    if ttft_s is None and ("token" in event or choices):
+                        ttft_s = loop.time() - start
+                        phase = "stream"
+                        deadline.reschedule(loop.time() + STREAM_DEADLINE_S)
+                    for choice in choices:
+                        finish_reason = choice.get("finish_reason") or finish_reason
+    except TimeoutError:
+        return ttft_s, f"client-timeout-{phase}"
+    except aiohttp.ClientError as exc:
+        return ttft_s, f"connection-error:{type(exc).__name__}"
+    if not done:
+        return ttft_s, "stream-cut"
+    if ttft_s is None:
+        return None, "no-output"
+    if finish_reason is not None and finish_reason not in ("length", "stop"):
+        return ttft_s, f"finish-{finish_reason}"
+    return ttft_s, None
+
+
+async def replay(trace: list[TraceRequest], send: Callable[[TraceRequest], Awaitable[tuple[float | None, str | None]]],
+                 ready_models: Callable[[], Awaitable[list[int]]]) -> tuple[list[Outcome], float, float]:
+    """Sends every request at its arrival time (open loop) and samples the slots once a second
+    until the last answer; returns (outcomes, idle slot-seconds, seconds from start to last answer)."""
+    loop = asyncio.get_running_loop()
+    in_flight: collections.Counter[int] = collections.Counter()
+    finished: list[Outcome] = []
+    start = loop.time()
+
+    async def one(request: TraceRequest) -> Outcome:
+        await asyncio.sleep(max(0.0, start + request.arrival_s - loop.time()))
+        sent_s = loop.time() - start
+        in_flight[request.model_index] += 1
+        try:
+            ttft_s, failure = await send(request)
+        finally:
+            in_flight[request.model_index] -= 1
+        outcome = Outcome(request.model_index, request.arrival_s, sent_s, ttft_s, loop.time() - start, failure)
+        finished.append(outcome)
+        return outcome
+
+    async def sample(stop: asyncio.Event) -> float:
+        idle_s, last = 0.0, loop.time()
+        next_log = 10.0
+        while not stop.is_set():
+            try:
+                ready = await ready_models()
+            except Exception as exc:  # noqa: BLE001 - a missed sample only loses that second
+                log(f"slot sample failed: {type(exc).__name__}: {exc}")
+                ready = None
+            now = loop.time()
+            if ready is not None:
+                idle_s += sum(1 for m in ready if in_flight[m] == 0) * (now - last)
+            last = now
+            if now - start >= next_log:
+                next_log += 10.0
+                log(f"  t={now - start:5.1f}s: {len(finished)}/{len(trace)} done "
+                    f"({sum(o.failure is not None for o in finished)} failed), {sum(in_flight.values())} in flight, "
+                    f"ready slots: {sorted(ready) if ready is not None else '?'}")
+            try:
+                await asyncio.wait_for(stop.wait(), SAMPLE_INTERVAL_S)
+            except TimeoutError:
+                pass
+        return idle_s
+
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(sample(stop))
+    outcomes = await asyncio.gather(*(one(r) for r in trace))
+    duration_s = loop.time() - start
+    stop.set()
+    return list(outcomes), await sampler, duration_s
+
+
+# ---- Thaw ---------------------------------------------------------------------------------------
+
+
+class ThawSide:
+    """The platform under test, started in this process, and what the sampler gathers from it."""
+
+    def __init__(self, policy: str, mode: BenchMode, models: list[BenchModel], work_dir: Path) -> None:
+        from infra.platform import Platform
+        from infra.platform_config import GIB, PlatformConfig
+
+        self.mode, self.models = mode, models
+        self.index_of = {m.model_id: m.index for m in models}
+        self.port = free_port()
+        largest = max(m.num_bytes for m in models)
+        self.config = PlatformConfig(
+            state_dir=work_dir / policy / "state", port=self.port, namespace=f"multimodel{uuid.uuid4().hex[:8]}",
+            auth=False, num_cpus=NUM_SLOTS, cpu_worker_slots_per_node=NUM_SLOTS, ssd_capacity_bytes=16 * GIB,
+            dram_capacity_bytes=4 * GIB, spare_weight_bytes=-(-largest // (1 << 20)) << 20,
+            slot_sharing=policy == "thaw")
+        self.platform = Platform(self.config)
+        self.decisions: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self.instances: dict[str, dict[str, Any]] = {}  # instance id -> its last view with a tier
+
+    def start(self) -> None:
+        import ray
+
+        self.platform.start()
+        self.controller = ray.get_actor(self.config.controller_name, namespace=self.config.namespace)
+        for model in self.models:
+            ray.get(self.controller.deploy.remote({
+                "tenant": TENANT, "name": model.name, "source": str(model.path),
+                "resources": {"num_cpus": THREADS_PER_INSTANCE},
+                "autoscaling": {"min_instances": 0, "max_instances": 1, "keep_alive_s": self.mode.keep_alive_s,
+                                "upscale_delay_s": 0.0, "downscale_delay_s": 0.0,
+                                "queue_timeout_s": self.mode.queue_timeout_s},
+            }), timeout=START_TIMEOUT_S)
+        wait_for(lambda: any(n["store_connected"] for n in self._status()["nodes"]), "the node store",
+                 START_TIMEOUT_S, 0.2)
+        wait_for(lambda: any(c.get("warm", 0) >= 1 for c in self._status()["spare_workers"].values()),
+                 "a warm spare worker", START_TIMEOUT_S, 0.2)
+
+    def _status(self) -> dict[str, Any]:
+        import ray
+
+        return ray.get(self.controller.status.remote(), timeout=60)
+
+    def _take(self, status: dict[str, Any]) -> list[int]:
+        for decision in status["recent_decisions"]:
+            key = (decision.get("kind"), decision.get("model_id"), decision.get("instance_id"), decision.get("at_s"))
+            self.decisions[key] = decision
+        for instance in status["instances"]:
+            if instance["tier"] is not None or instance["instance_id"] not in self.instances:
+                self.instances[instance["instance_id"]] = instance
+        return [self.index_of[i["model_id"]] for i in status["instances"] if i["state"] == "ready"]
+
+    async def ready_models(self) -> list[int]:
+        return self._take(await self.controller.status.remote())
+
+    def send(self, session: Any) -> Callable[[TraceRequest], Awaitable[tuple[float | None, str | None]]]:
+        url = f"{self.config.url}/v1/completions"
+        deadline_s = self.mode.effective_first_token_deadline_s
+
+        def one(request: TraceRequest) -> Awaitable[tuple[float | None, str | None]]:
+            body = {"model": self.models[request.model_index].model_id, "prompt": list(request.prompt_token_ids),
+                    "max_tokens": request.max_tokens, "temperature": 0.0, "stream": True, "ignore_eos": True}
+            return stream_request(session, url, body, deadline_s)
+
+        return one
+
+    def finish(self) -> dict[str, Any]:
+        """Cold starts by tier and the slot-sharing counters, from a last look at the status."""
+        status = self._status()
+        self._take(status)
+        placed = {d["instance_id"]: d.get("tier") for d in self.decisions.values()
+                  if d.get("kind") == "placement" and d.get("instance_id")}
+        by_tier: collections.Counter[str] = collections.Counter()
+        load_s, num_from_spare = [], 0
+        for decision in self.decisions.values():
+            if decision.get("kind") != "ready":
+                continue
+            instance_id = decision["instance_id"]
+            seen = self.instances.get(instance_id, {})
+            tier = placed.get(instance_id)
+            if tier != "repository":
+                tier = seen.get("tier") or tier or "unknown"
+            by_tier[tier] += 1
+            num_from_spare += bool(seen.get("from_spare"))
+            if seen.get("load_s") is not None:
+                load_s.append(seen["load_s"])
+        kinds = collections.Counter(d.get("kind") for d in self.decisions.values())
+        return {"cold_starts_by_tier": dict(sorted(by_tier.items())), "cold_starts_from_spare": num_from_spare,
+                "cold_start_load_s_median": round(percentile(load_s, 50), 3) if load_s else None,
+                "slot_sharing": status.get("slot_sharing", {}).get("counts", {}),
+                "num_start_failures": kinds.get("start_failed", 0),
+                "decision_kinds": dict(sorted((str(k), v) for k, v in kinds.items())),
+                "last_tick_errors": status.get("last_tick_errors", [])}
+
+    def stop(self) -> None:
+        self.platform.stop()
+
+
+# ---- Ray Serve -----------------------------------------------------------------------------------
+
+
+class ServeSide:
+    """One Ray Serve application per model on a local Ray with the same 2 CPUs."""
+
+    def __init__(self, mode: BenchMode, models: list[BenchModel], work_dir: Path) -> None:
+        self.mode, self.models = mode, models
+        self.port = free_port()
+        self.start_log = work_dir / "rayserve" / "replica-starts.jsonl"
+        self.start_log.parent.mkdir(parents=True, exist_ok=True)
+        self.start_log.unlink(missing_ok=True)
+
+    def start(self) -> None:
+        import logging
+
+        import ray
+        from ray import serve
+
+        from bench.transformers_replica import transformers_replica_app
+
+        ray.init(num_cpus=NUM_SLOTS, namespace=f"multimodel{uuid.uuid4().hex[:8]}", include_dashboard=False,
+                 logging_level=logging.WARNING, log_to_driver=False)
+        serve.start(http_options={"host": "127.0.0.1", "port": self.port})
+        keep_alive_s = self.mode.keep_alive_s
+        autoscaling = {"min_replicas": 0, "max_replicas": 1, "upscale_delay_s": 0,
+                       "downscale_delay_s": keep_alive_s, "downscale_to_zero_delay_s": keep_alive_s,
+                       "metrics_interval_s": 0.5, "look_back_period_s": 2.0}
+        for model in self.models:
+            serve.run(transformers_replica_app(str(model.path), name=model.name, autoscaling=autoscaling,
+                                               num_cpus=THREADS_PER_INSTANCE, start_log=str(self.start_log)),
+                      name=model.name, route_prefix=f"/{model.name}")
+
+    async def ready_models(self) -> list[int]:
+        from ray import serve
+
+        status = await asyncio.to_thread(serve.status)
+        ready = []
+        for model in self.models:
+            app = status.applications.get(model.name)
+            if app is not None and model.name in app.deployments:
+                ready += [model.index] * app.deployments[model.name].replica_states.get("RUNNING", 0)
+        return ready
+
+    def send(self, session: Any) -> Callable[[TraceRequest], Awaitable[tuple[float | None, str | None]]]:
+        deadline_s = self.mode.effective_first_token_deadline_s
+
+        def one(request: TraceRequest) -> Awaitable[tuple[float | None, str | None]]:
+            url = f"http://127.0.0.1:{self.port}/{self.models[request.model_index].name}"
+            return stream_request(session, url, {"prompt": list(request.prompt_token_ids),
+                                                 "max_tokens": request.max_tokens}, deadline_s)
+
+        return one
+
+    def finish(self) -> dict[str, Any]:
+        lines = self.start_log.read_text().splitlines() if self.start_log.exists() else []
+        loads = [json.loads(line) for line in lines if line.strip()]
+        return {"cold_starts_by_tier": {"repository": len(loads)} if loads else {},
+                "cold_start_load_s_median": round(percentile([r["load_s"] for r in loads], 50), 3) if loads
+                else None}
+
+    def stop(self) -> None:
+        import ray
+        from ray import serve
+
+        if ray.is_initialized():
+            try:
+                serve.shutdown()
+            finally:
+                ray.shutdown()
+
+
+# ---- the run --------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    return censored_percentile([(v, False) for v in values], q)[0]
+
+
+def censored_percentile(values: list[tuple[float, bool]], q: float) -> tuple[float, bool]:
+    """The q-th percentile of (value, censored) pairs, and whether it rests on a censored value
+    (a lower bound standing in for a request that never got its token)."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    value = ordered[low][0] + (ordered[high][0] - ordered[low][0]) * (position - low)
+    return value, ordered[low][1] or (ordered[high][1] and position > low)
+
+
+async def drive(side: ThawSide | ServeSide, trace: list[TraceRequest]) -> tuple[list[Outcome], float, float]:
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        return await replay(trace, side.send(session), side.ready_models)
+
+
+def run_policy(policy: str, mode: BenchMode, models: list[BenchModel], trace: list[TraceRequest],
+               work_dir: Path) -> dict[str, Any]:
+    side = ServeSide(mode, models, work_dir) if policy == "rayserve" else ThawSide(policy, mode, models, work_dir)
+    log(f"{policy}: starting")
+    started = time.monotonic()
+    try:
+        side.start()
+        log(f"{policy}: up in {time.monotonic() - started:.1f} s; replaying {len(trace)} requests")
+        outcomes, idle_slot_s, duration_s = asyncio.run(drive(side, trace))
+        extra = side.finish()
+    finally:
+        side.stop()
+    deadline_s = mode.effective_first_token_deadline_s
+    ttfts = [(o.ttft_s, False) if o.ttft_s is not None else (max(deadline_s, o.end_s - o.sent_s), True)
+             for o in outcomes]
+    p99_s, p99_censored = censored_percentile(ttfts, 99)
+    failures = collections.Counter(o.failure for o in outcomes if o.failure is not None)
+    line = {"policy": policy, "num_requests": len(outcomes), "num_failed": sum(failures.values()),
+            "failures": dict(sorted(failures.items())),
+            "ttft_p50_s": round(censored_percentile(ttfts, 50)[0], 4), "ttft_p99_s": round(p99_s, 4),
+            "ttft_p99_censored": p99_censored, "ttft_max_s": round(max(t for t, _ in ttfts), 4), **extra,
+            "idle_slot_s": round(idle_slot_s, 2), "duration_s": round(duration_s, 2),
+            "max_send_lag_s": round(max(o.sent_s - o.arrival_s for o in outcomes), 3)}
+    log(f"{policy}: {line['num_failed']} failed, TTFT p50 {line['ttft_p50_s']} s p99 {line['ttft_p99_s']} s, "
+        f"cold starts {line['cold_starts_by_tier']}, idle slot-s {line['idle_slot_s']}")
+    return line
+
+
+def run(mode: BenchMode, seed: int, policies: list[str], work_dir: Path) -> list[dict[str, Any]]:
+    import torch
+
+    trace = bursty_trace(mode.trace, seed)
+    if not trace:
+        raise ValueError("the trace has no request: choose a longer --duration-s or another --seed")
+    models = write_models(mode, work_dir / "models")
+    sizes = {m.size: m.num_bytes for m in models}
+    per_model = collections.Counter(r.model_index for r in trace)
+    log(f"{len(trace)} requests over {mode.trace.duration_s:g} s; per model "
+        f"{[per_model[m.index] for m in models]}; model bytes {sizes}")
+    results = {policy: run_policy(policy, mode, models, trace, work_dir) for policy in policies}
+    common = {"bench": "multimodel", "mode": mode.name, "trace": mode.trace.describe(), "seed": seed,
+              "num_models": len(models), "num_slots": NUM_SLOTS, "keep_alive_s": mode.keep_alive_s,
+              "queue_timeout_s": mode.queue_timeout_s, "max_tokens": mode.trace.max_tokens,
+              "first_token_deadline_s": mode.effective_first_token_deadline_s,
+              "model_bytes": sizes, "requests_per_model": [per_model[m.index] for m in models],
+              "machine": machine(), "torch": torch.__version__}
+    lines = [{**common, **results[policy]} for policy in POLICIES if policy in results]
+    for line in lines:
+        if line["policy"] == "thaw":
+            line.update(ratios_and_targets(line, results))
+    return lines
+
+
+def ratios_and_targets(thaw: dict[str, Any], results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Thaw's P99 over each peer's measured in the same run, and whether the issue's targets hold
+    (only when both peers ran). A peer's censored P99 is a lower bound, so its ratio an upper one."""
+    figures: dict[str, Any] = {}
+    targets = {"keepalive_wait": ("thaw-keepalive-wait", TARGET_P99_RATIO_TO_KEEPALIVE_WAIT),
+               "rayserve": ("rayserve", TARGET_P99_RATIO_TO_RAYSERVE)}
+    for key, (peer, _) in targets.items():
+        if peer in results:
+            peer_p99 = results[peer]["ttft_p99_s"]
+            figures[f"p99_ratio_to_{key}"] = round(thaw["ttft_p99_s"] / peer_p99, 4) if peer_p99 > 0 else None
+    if all(peer in results for peer, _ in targets.values()):
+        figures["targets"] = {"num_failed": 0,
+                              **{f"p99_ratio_to_{key}": target for key, (_, target) in targets.items()}}
+        figures["targets_met"] = thaw["num_failed"] == 0 and all(
+            figures[f"p99_ratio_to_{key}"] is not None and figures[f"p99_ratio_to_{key}"] <= target
+            for key, (_, target) in targets.items())
+    return figures
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Points file descriptor 1 at stderr meanwhile, so stdout carries only the JSON lines: Ray
+    prints messages of its own there (a retried task at shutdown), and processes it starts
+    inherit the descriptor."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny models, a 40 s trace (CI smoke run)")
+    parser.add_argument("--seed", type=int, default=0, help="the trace's seed (default 0)")
+    parser.add_argument("--duration-s", type=float, default=None, help="trace length (default: 300, quick: 40)")
+    parser.add_argument("--policies", default=",".join(POLICIES),
+                        help=f"comma-separated subset of {','.join(POLICIES)} (default: all)")
+    parser.add_argument("--first-token-deadline-s", type=float, default=None,
+                        help="how long the client waits for a first token, every policy alike (default: the "
+                             "queue timeout + 5 s; longer measures how late a peer serves instead of failing it)")
+    parser.add_argument("--work-dir", type=Path, default=None, help="where models and state go (default: a temp dir)")
+    args = parser.parse_args(argv)
+    mode = QUICK if args.quick else FULL
+    if args.duration_s is not None:
+        if not args.duration_s > 0:
+            parser.error("--duration-s must be > 0")
+        mode = dataclasses.replace(mode, trace=dataclasses.replace(mode.trace, duration_s=args.duration_s))
+    if args.first_token_deadline_s is not None:
+        if not args.first_token_deadline_s > 0:
+            parser.error("--first-token-deadline-s must be > 0")
+        mode = dataclasses.replace(mode, first_token_deadline_s=args.first_token_deadline_s)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = sorted(set(policies) - set(POLICIES))
+    if unknown or not policies:
+        parser.error(f"--policies takes a subset of {','.join(POLICIES)}, got {args.policies!r}")
+    with tempfile.TemporaryDirectory(prefix="thaw-multimodel-", dir=args.work_dir) as tmp:
+        with stdout_to_stderr():
+            lines = run(mode, args.seed, policies, Path(tmp))
+    for line in lines:
+        print(json.dumps(line), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
