@@ -37,6 +37,10 @@ tenant with ``max_instances`` instances loading or ready gets no placement for a
 (the refusal is the model's placement reason) until one stops; ``max_queued_requests`` is the
 gateways' to enforce, from `tenant_quotas`.
 
+The registry (deploy, update, delete, scale, tenants' quotas) is `ModelRegistry`'s; the controller
+forwards to it and gives it what a change means for the cluster (stopping a deleted model's
+instances, dropping stale node copies).
+
 Durable state (specs, tenants, quotas, desired counts, a record per worker) is in the state store; the
 worker record is written before its actor exists, so a crash can leave a record without an
 actor (cleaned up at the next start) but never an actor nobody knows. A new controller on the
@@ -57,13 +61,11 @@ from controller.cluster_client import ActorGoneError, ClusterClient
 from controller.checkpoint_copies import CheckpointCopies
 from controller.cluster_node import ClusterNode, node_view, num_used_slots, plan_nodes
 from controller.controller_config import ControllerConfig
-from controller.controller_errors import (InvalidSpecError, ModelAlreadyDeployedError, UnknownModelError,
-                                         UnknownTenantError)
-from controller.controller_status import event_to_dict, node_to_dict, placement_to_dict, scale_to_dict
+from controller.controller_status import node_to_dict, placement_to_dict, scale_to_dict
 from controller.instance_manager import InstanceManager, stop_order
 from controller.managed_instance import InstancePhase, ManagedInstance
-from controller.model_source import PublishedModel, publish_source, repository_name, repository_name_for
-from controller.model_spec import ModelSpec, SpecError, parse_model_id, validate_name
+from controller.model_registry import ModelRegistry
+from controller.model_spec import ModelSpec
 from controller.model_state import ModelState
 from controller.placement_policy import PlacementDecision, place
 from controller.prefill_helper import PrefillHelper
@@ -75,30 +77,10 @@ from controller.usage_meter import UsageMeter
 from controller.routing_table import Route, RoutingTable
 from controller.spare_pool import SparePool
 from controller.state_store import StateStore, open_state_store
-from controller.tenant_quota import TenantQuota, instances_over_quota
+from controller.tenant_quota import instances_over_quota
 from storage import ModelRepository, open_repository
 
 logger = logging.getLogger(__name__)
-
-def _spec_from(data: Mapping[str, Any] | ModelSpec) -> ModelSpec:
-    """A validated spec; `SpecError` becomes `InvalidSpecError`, which survives pickling."""
-    if isinstance(data, ModelSpec):
-        return data
-    try:
-        return ModelSpec.from_dict(data)
-    except SpecError as exc:
-        raise InvalidSpecError(exc.field, exc.reason) from None
-    except TypeError as exc:
-        raise InvalidSpecError("spec", str(exc)) from None
-
-
-def _checked_model_id(model_id: str) -> str:
-    try:
-        parse_model_id(model_id)
-    except SpecError as exc:
-        raise InvalidSpecError(exc.field, exc.reason) from None
-    return model_id
-
 
 class Controller:
     """See the module docstring. All methods run on one event loop; `start` before anything else."""
@@ -113,7 +95,6 @@ class Controller:
         self._clock = clock
         self._wall_clock = wall_clock
         self._models: dict[str, ModelState] = {}
-        self._quotas: dict[str, TenantQuota] = {}  # tenants with a limit; the store's copy
         self._nodes: dict[str, ClusterNode] = {}
         self._routing = RoutingTable()
         self._routing_changed = asyncio.Event()
@@ -142,18 +123,17 @@ class Controller:
                                   wall_clock=wall_clock, background=self._background)
         self._helper = PrefillHelper(config, cluster, self._instances, draining_nodes=self._draining_nodes,
                                      record=self._record, wall_clock=wall_clock, background=self._background)
+        self._registry = ModelRegistry(self._store, self._repository, self._models, lock=self._tick_lock,
+                                       invalidate_copies=self._invalidate_copies,
+                                       stop_instances=self._stop_deleted, usage_meter=self._usage_meter,
+                                       record=self._record, wall_clock=wall_clock, wake=self._wake.set)
         self._closed = False
 
     # --- life --------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Load the registry, find the nodes, adopt the workers still alive."""
-        desired = self._store.list_desired_instances()
-        for spec in self._store.list_model_specs():
-            self._models[spec.model_id] = ModelState(
-                spec, repository_name_for(spec, self._repository.uri),
-                desired.get(spec.model_id, spec.autoscaling.min_instances), usage=self._usage_meter())
-        self._quotas = self._store.list_tenant_quotas()
+        self._registry.load()
         try:
             await self._refresh_nodes()
         except Exception:  # noqa: BLE001 - the loop tries again; adoption needs no node list
@@ -205,116 +185,35 @@ class Controller:
         if self._closed:
             raise RuntimeError("the controller is shut down")
 
-    # --- registry ----------------------------------------------------------------------------
+    # --- registry (`ModelRegistry`) ------------------------------------------------------------
 
     async def deploy(self, spec_data: Mapping[str, Any] | ModelSpec) -> dict[str, Any]:
-        """Register a model (pushing a local source into the repository once); returns the stored
-        spec. Deploying the same spec again is a no-op; a different one needs `update`."""
+        """See `ModelRegistry.deploy`."""
         self._check_open()
-        spec = _spec_from(spec_data)
-        existing = self._models.get(spec.model_id)
-        if existing is not None:
-            if existing.spec == spec:
-                return spec.to_dict()
-            raise ModelAlreadyDeployedError(spec.model_id)
-        published = await self._publish(spec)
-        async with self._tick_lock:
-            if spec.model_id in self._models:  # deployed while we were pushing
-                if self._models[spec.model_id].spec == spec:
-                    return spec.to_dict()
-                raise ModelAlreadyDeployedError(spec.model_id)
-            self._store.add_tenant(spec.tenant)
-            self._store.put_model_spec(spec)
-            self._store.set_desired_instances(spec.model_id, spec.autoscaling.min_instances)
-            self._models[spec.model_id] = ModelState(spec, published.repository_name, spec.autoscaling.min_instances,
-                                                     num_bytes=published.num_bytes, usage=self._usage_meter())
-        self._record(event_to_dict("deployed", spec.model_id, f"repository model {published.repository_name} "
-                                   f"({published.num_bytes} bytes{', pushed' if published.pushed else ''})",
-                                   self._wall_clock()))
-        self._wake.set()
-        return spec.to_dict()
+        return await self._registry.deploy(spec_data)
 
     async def update(self, spec_data: Mapping[str, Any] | ModelSpec) -> dict[str, Any]:
-        """Replace a deployed model's spec. Running instances keep serving what they loaded;
-        new ones use the new spec and source (no rolling restart)."""
+        """See `ModelRegistry.update`."""
         self._check_open()
-        spec = _spec_from(spec_data)
-        if spec.model_id not in self._models:
-            raise UnknownModelError(spec.model_id)
-        published = await self._publish(spec)
-        async with self._tick_lock:
-            state = self._models.get(spec.model_id)
-            if state is None:
-                raise UnknownModelError(spec.model_id)
-            self._store.put_model_spec(spec)
-            state.spec, state.repository_name, state.num_bytes = spec, published.repository_name, published.num_bytes
-        self._record(event_to_dict("updated", spec.model_id, f"repository model {published.repository_name}"
-                                   f"{' (new content pushed)' if published.pushed else ''}", self._wall_clock()))
-        self._wake.set()
-        return spec.to_dict()
-
-    async def _publish(self, spec: ModelSpec) -> PublishedModel:
-        """Push or find the spec's checkpoint. New content under an existing name makes the nodes'
-        cached copies stale: they are dropped, so the next start fetches the new one."""
-        name = repository_name_for(spec, self._repository.uri)
-        for other in self._models.values():
-            if other.model_id != spec.model_id and other.repository_name == name and name == repository_name(
-                    spec.model_id):
-                raise InvalidSpecError("name", f"{spec.model_id!r} maps to repository model {name!r}, which "
-                                               f"{other.model_id!r} already uses; choose another name")
-        published = await asyncio.to_thread(publish_source, spec, self._repository)
-        if published.replaced:
-            await self._invalidate_copies(published.repository_name)
-        return published
-
-    async def _invalidate_copies(self, name: str) -> None:
-        calls = [self._cluster.invalidate_checkpoint(node.store, name, tier, self.config.report_timeout_s)
-                 for node in self._nodes.values() if node.store is not None
-                 for tier in (("dram", "ssd") if self.config.dram_capacity_bytes > 0 else ("ssd",))]
-        for result in await asyncio.gather(*calls, return_exceptions=True):
-            if isinstance(result, BaseException):
-                logger.warning("dropping a node's stale copy of %s failed: %s", name, result)
+        return await self._registry.update(spec_data)
 
     async def delete(self, model_id: str) -> None:
-        """Remove a model and stop its instances (open requests are aborted). Its repository copy
-        and node caches stay until evicted."""
+        """See `ModelRegistry.delete`."""
         self._check_open()
-        _checked_model_id(model_id)
-        async with self._tick_lock:
-            if self._models.pop(model_id, None) is None:
-                raise UnknownModelError(model_id)
-            self._store.delete_model_spec(model_id)
-            self._reclaimer.forget(model_id, "model deleted")
-            self._sharer.model_deleted(model_id)
-            stops = [self._instances.begin_stop(instance, "model deleted", 0.0)
-                     for instance in self._instances.of_model(model_id)]
-        self._record(event_to_dict("deleted", model_id, f"{len(stops)} instances stopped", self._wall_clock()))
-        await asyncio.gather(*stops, return_exceptions=True)
+        await self._registry.delete(model_id)
 
     async def scale(self, model_id: str, min_instances: int | None = None,
                     max_instances: int | None = None) -> dict[str, Any]:
-        """Change a model's instance bounds; returns the stored spec."""
+        """See `ModelRegistry.scale`."""
         self._check_open()
-        state = self._model(model_id)
-        data = state.spec.to_dict()
-        changes = {key: value for key, value in (("min_instances", min_instances), ("max_instances", max_instances))
-                   if value is not None}
-        data["autoscaling"] = {**data["autoscaling"], **changes}
-        spec = _spec_from(data)
-        async with self._tick_lock:
-            self._store.put_model_spec(spec)
-            state.spec = spec
-        self._wake.set()
-        return spec.to_dict()
+        return await self._registry.scale(model_id, min_instances, max_instances)
 
     def list_models(self, tenant: str | None = None) -> list[dict[str, Any]]:
-        """Stored specs (of one tenant when given), sorted by model id."""
-        return [state.spec.to_dict() for model_id, state in sorted(self._models.items())
-                if tenant is None or state.spec.tenant == tenant]
+        return self._registry.list_models(tenant)
 
     def get_model(self, model_id: str) -> dict[str, Any]:
         """Spec, instances, desired count, queue, last scale decision, last placement with estimates."""
-        state = self._model(model_id)
+        state = self._registry.model(model_id)
         now = self._clock()
         return {
             "model_id": model_id, "spec": state.spec.to_dict(), "repository_name": state.repository_name,
@@ -325,41 +224,33 @@ class Controller:
         }
 
     def set_tenant_quota(self, tenant: str, quota: Mapping[str, Any]) -> dict[str, Any]:
-        """Change a tenant's quota: the fields `quota` names are set (None lifts that limit), the
-        others kept; returns the whole quota. Saved first, then enforced from the next placement
-        (``max_instances``) and by the gateways from their next refresh (``max_queued_requests``).
-        Raises `InvalidSpecError` naming a bad field, `UnknownTenantError`."""
+        """See `ModelRegistry.set_tenant_quota`."""
         self._check_open()
-        try:
-            validate_name("tenant", tenant)
-            updated = self._quotas.get(tenant, TenantQuota()).updated(quota)
-        except SpecError as exc:
-            raise InvalidSpecError(exc.field, exc.reason) from None
-        if tenant not in self._store.list_tenants():
-            raise UnknownTenantError(tenant)
-        self._store.set_tenant_quota(tenant, updated)
-        if updated.unlimited:
-            self._quotas.pop(tenant, None)
-        else:
-            self._quotas[tenant] = updated
-        self._wake.set()  # a raised limit may let a waiting model be placed now
-        return updated.to_dict()
+        return self._registry.set_tenant_quota(tenant, quota)
+
+    def tenant_quotas(self) -> dict[str, dict[str, Any]]:
+        return self._registry.tenant_quotas()
+
+    async def _invalidate_copies(self, name: str) -> None:
+        """Drops every node's copy of repository model `name` (its content changed)."""
+        calls = [self._cluster.invalidate_checkpoint(node.store, name, tier, self.config.report_timeout_s)
+                 for node in self._nodes.values() if node.store is not None
+                 for tier in (("dram", "ssd") if self.config.dram_capacity_bytes > 0 else ("ssd",))]
+        for result in await asyncio.gather(*calls, return_exceptions=True):
+            if isinstance(result, BaseException):
+                logger.warning("dropping a node's stale copy of %s failed: %s", name, result)
+
+    def _stop_deleted(self, model_id: str) -> list[asyncio.Task]:
+        """A deleted model: nothing held for it, its instances stopped (open requests aborted)."""
+        self._reclaimer.forget(model_id, "model deleted")
+        self._sharer.model_deleted(model_id)
+        return [self._instances.begin_stop(instance, "model deleted", 0.0)
+                for instance in self._instances.of_model(model_id)]
 
     def slot_sharing_counts(self) -> dict[str, int]:
         """How often slots changed hands since this controller started (evictions, preemptions,
         suspended and resumed requests...): what the gateways export on ``/metrics``."""
         return self._sharer.counts()
-
-    def tenant_quotas(self) -> dict[str, dict[str, Any]]:
-        """tenant -> quota (`TenantQuota.to_dict`), for the tenants that have a limit."""
-        return {tenant: quota.to_dict() for tenant, quota in sorted(self._quotas.items())}
-
-    def _model(self, model_id: str) -> ModelState:
-        _checked_model_id(model_id)
-        state = self._models.get(model_id)
-        if state is None:
-            raise UnknownModelError(model_id)
-        return state
 
     # --- the gateway's side ------------------------------------------------------------------
 
@@ -376,7 +267,7 @@ class Controller:
                 or not 0 <= oldest_wait_s < float("inf"):
             raise ValueError(f"oldest_wait_s must be a finite number >= 0, got {oldest_wait_s!r}")
         now = self._clock()
-        self._model(model_id).report_queue(str(reporter), num_queued, now, float(oldest_wait_s))
+        self._registry.model(model_id).report_queue(str(reporter), num_queued, now, float(oldest_wait_s))
         if num_queued > 0:
             self._wake.set()
         return self._sharer.outlook(model_id, now)
@@ -574,7 +465,7 @@ class Controller:
         spec = model.spec
         instances = self._instances.all()
         num_tenant_instances = sum(i.serving and i.model_id.partition("/")[0] == spec.tenant for i in instances)
-        refusal = instances_over_quota(spec.tenant, self._quotas.get(spec.tenant, TenantQuota()), num_tenant_instances)
+        refusal = instances_over_quota(spec.tenant, self._registry.quota(spec.tenant), num_tenant_instances)
         if refusal is not None:  # before any eviction or reclaim: a tenant at its quota does not grow
             self._record_unplaced(model, PlacementDecision(None, None, None, (), refusal))
             return False

@@ -1,0 +1,215 @@
+"""The registry: which models are deployed, with what spec, and what each tenant may hold.
+
+`ModelRegistry` is the controller's durable bookkeeping, split out of `Controller`: deploying
+(pushing a local source into the repository once), updating, deleting and scaling models, and
+tenants' quotas (`TenantQuota`). Every change is saved in the state store first, then made in
+the controller's live `ModelState`s (the dict it shares with the controller), under the
+controller's tick lock, so a reconcile tick never sees half of it. What a change means for the
+running instances (stopping a deleted model's, dropping stale node copies) goes through the
+callbacks the controller passes in, so this module knows nothing of the cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from controller.controller_errors import (InvalidSpecError, ModelAlreadyDeployedError, UnknownModelError,
+                                         UnknownTenantError)
+from controller.controller_status import event_to_dict
+from controller.model_source import PublishedModel, publish_source, repository_name, repository_name_for
+from controller.model_spec import ModelSpec, SpecError, parse_model_id, validate_name
+from controller.model_state import ModelState
+from controller.state_store import StateStore
+from controller.tenant_quota import TenantQuota
+from controller.usage_meter import UsageMeter
+from storage import ModelRepository
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ModelRegistry", "checked_model_id", "spec_from"]
+
+
+def spec_from(data: Mapping[str, Any] | ModelSpec) -> ModelSpec:
+    """A validated spec; `SpecError` becomes `InvalidSpecError`, which survives pickling."""
+    if isinstance(data, ModelSpec):
+        return data
+    try:
+        return ModelSpec.from_dict(data)
+    except SpecError as exc:
+        raise InvalidSpecError(exc.field, exc.reason) from None
+    except TypeError as exc:
+        raise InvalidSpecError("spec", str(exc)) from None
+
+
+def checked_model_id(model_id: str) -> str:
+    try:
+        parse_model_id(model_id)
+    except SpecError as exc:
+        raise InvalidSpecError(exc.field, exc.reason) from None
+    return model_id
+
+
+class ModelRegistry:
+    """See the module docstring. `models` is the controller's dict of live model states (shared);
+    `invalidate_copies(name)` drops the nodes' copies of a repository model whose content changed;
+    `stop_instances(model_id)` stops a deleted model's instances (returns their stop tasks);
+    `wake()` starts a reconcile tick; `usage_meter()` makes a new model's usage meter."""
+
+    def __init__(self, store: StateStore, repository: ModelRepository, models: dict[str, ModelState], *,
+                 lock: asyncio.Lock, invalidate_copies: Callable[[str], Awaitable[None]],
+                 stop_instances: Callable[[str], list[asyncio.Task]], usage_meter: Callable[[], UsageMeter],
+                 record: Callable[[dict[str, Any]], None], wall_clock: Callable[[], float],
+                 wake: Callable[[], None]) -> None:
+        self._store = store
+        self._repository = repository
+        self._models = models
+        self._lock = lock
+        self._invalidate_copies = invalidate_copies
+        self._stop_instances = stop_instances
+        self._usage_meter = usage_meter
+        self._record = record
+        self._wall_clock = wall_clock
+        self._wake = wake
+        self._quotas: dict[str, TenantQuota] = {}  # tenants with a limit; the store's copy
+
+    def load(self) -> None:
+        """The models (with their desired counts) and quotas the state store holds."""
+        desired = self._store.list_desired_instances()
+        for spec in self._store.list_model_specs():
+            self._models[spec.model_id] = ModelState(
+                spec, repository_name_for(spec, self._repository.uri),
+                desired.get(spec.model_id, spec.autoscaling.min_instances), usage=self._usage_meter())
+        self._quotas = self._store.list_tenant_quotas()
+
+    # --- models ------------------------------------------------------------------------------
+
+    async def deploy(self, spec_data: Mapping[str, Any] | ModelSpec) -> dict[str, Any]:
+        """Register a model (pushing a local source into the repository once); returns the stored
+        spec. Deploying the same spec again is a no-op; a different one needs `update`."""
+        spec = spec_from(spec_data)
+        existing = self._models.get(spec.model_id)
+        if existing is not None:
+            if existing.spec == spec:
+                return spec.to_dict()
+            raise ModelAlreadyDeployedError(spec.model_id)
+        published = await self._publish(spec)
+        async with self._lock:
+            if spec.model_id in self._models:  # deployed while we were pushing
+                if self._models[spec.model_id].spec == spec:
+                    return spec.to_dict()
+                raise ModelAlreadyDeployedError(spec.model_id)
+            self._store.add_tenant(spec.tenant)
+            self._store.put_model_spec(spec)
+            self._store.set_desired_instances(spec.model_id, spec.autoscaling.min_instances)
+            self._models[spec.model_id] = ModelState(spec, published.repository_name, spec.autoscaling.min_instances,
+                                                     num_bytes=published.num_bytes, usage=self._usage_meter())
+        self._record(event_to_dict("deployed", spec.model_id, f"repository model {published.repository_name} "
+                                   f"({published.num_bytes} bytes{', pushed' if published.pushed else ''})",
+                                   self._wall_clock()))
+        self._wake()
+        return spec.to_dict()
+
+    async def update(self, spec_data: Mapping[str, Any] | ModelSpec) -> dict[str, Any]:
+        """Replace a deployed model's spec. Running instances keep serving what they loaded;
+        new ones use the new spec and source (no rolling restart)."""
+        spec = spec_from(spec_data)
+        if spec.model_id not in self._models:
+            raise UnknownModelError(spec.model_id)
+        published = await self._publish(spec)
+        async with self._lock:
+            state = self._models.get(spec.model_id)
+            if state is None:
+                raise UnknownModelError(spec.model_id)
+            self._store.put_model_spec(spec)
+            state.spec, state.repository_name, state.num_bytes = spec, published.repository_name, published.num_bytes
+        self._record(event_to_dict("updated", spec.model_id, f"repository model {published.repository_name}"
+                                   f"{' (new content pushed)' if published.pushed else ''}", self._wall_clock()))
+        self._wake()
+        return spec.to_dict()
+
+    async def _publish(self, spec: ModelSpec) -> PublishedModel:
+        """Push or find the spec's checkpoint. New content under an existing name makes the nodes'
+        cached copies stale: they are dropped, so the next start fetches the new one."""
+        name = repository_name_for(spec, self._repository.uri)
+        for other in self._models.values():
+            if other.model_id != spec.model_id and other.repository_name == name and name == repository_name(
+                    spec.model_id):
+                raise InvalidSpecError("name", f"{spec.model_id!r} maps to repository model {name!r}, which "
+                                               f"{other.model_id!r} already uses; choose another name")
+        published = await asyncio.to_thread(publish_source, spec, self._repository)
+        if published.replaced:
+            await self._invalidate_copies(published.repository_name)
+        return published
+
+    async def delete(self, model_id: str) -> None:
+        """Remove a model and stop its instances (open requests are aborted). Its repository copy
+        and node caches stay until evicted."""
+        checked_model_id(model_id)
+        async with self._lock:
+            if self._models.pop(model_id, None) is None:
+                raise UnknownModelError(model_id)
+            self._store.delete_model_spec(model_id)
+            stops = self._stop_instances(model_id)
+        self._record(event_to_dict("deleted", model_id, f"{len(stops)} instances stopped", self._wall_clock()))
+        await asyncio.gather(*stops, return_exceptions=True)
+
+    async def scale(self, model_id: str, min_instances: int | None = None,
+                    max_instances: int | None = None) -> dict[str, Any]:
+        """Change a model's instance bounds; returns the stored spec."""
+        state = self.model(model_id)
+        data = state.spec.to_dict()
+        changes = {key: value for key, value in (("min_instances", min_instances), ("max_instances", max_instances))
+                   if value is not None}
+        data["autoscaling"] = {**data["autoscaling"], **changes}
+        spec = spec_from(data)
+        async with self._lock:
+            self._store.put_model_spec(spec)
+            state.spec = spec
+        self._wake()
+        return spec.to_dict()
+
+    def list_models(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        """Stored specs (of one tenant when given), sorted by model id."""
+        return [state.spec.to_dict() for model_id, state in sorted(self._models.items())
+                if tenant is None or state.spec.tenant == tenant]
+
+    def model(self, model_id: str) -> ModelState:
+        """The model's live state; `InvalidSpecError` for a malformed id, `UnknownModelError`."""
+        checked_model_id(model_id)
+        state = self._models.get(model_id)
+        if state is None:
+            raise UnknownModelError(model_id)
+        return state
+
+    # --- tenants' quotas ---------------------------------------------------------------------
+
+    def quota(self, tenant: str) -> TenantQuota:
+        """The tenant's quota (unlimited unless one was set)."""
+        return self._quotas.get(tenant, TenantQuota())
+
+    def set_tenant_quota(self, tenant: str, quota: Mapping[str, Any]) -> dict[str, Any]:
+        """Change a tenant's quota: the fields `quota` names are set (None lifts that limit), the
+        others kept; returns the whole quota. Saved first, then enforced from the next placement
+        (``max_instances``) and by the gateways from their next refresh (``max_queued_requests``).
+        Raises `InvalidSpecError` naming a bad field, `UnknownTenantError`."""
+        try:
+            validate_name("tenant", tenant)
+            updated = self.quota(tenant).updated(quota)
+        except SpecError as exc:
+            raise InvalidSpecError(exc.field, exc.reason) from None
+        if tenant not in self._store.list_tenants():
+            raise UnknownTenantError(tenant)
+        self._store.set_tenant_quota(tenant, updated)
+        if updated.unlimited:
+            self._quotas.pop(tenant, None)
+        else:
+            self._quotas[tenant] = updated
+        self._wake()  # a raised limit may let a waiting model be placed now
+        return updated.to_dict()
+
+    def tenant_quotas(self) -> dict[str, dict[str, Any]]:
+        """tenant -> quota (`TenantQuota.to_dict`), for the tenants that have a limit."""
+        return {tenant: quota.to_dict() for tenant, quota in sorted(self._quotas.items())}
