@@ -279,7 +279,12 @@ class RayGatewayBackend:
                 except InstanceGone as exc:
                     self._mark_broken(route)
                     if attempt == self._config.max_attempts:
-                        raise BackendUnavailable(f"model {model_id!r}: {exc}", self._config.retry_after_s) from exc
+                        # The cause is for the log; the client learns what happened, not how (no
+                        # internal exception text in a response body).
+                        logger.warning("request %s: giving up after %d instance(s): %s", request_id, attempt, exc)
+                        raise BackendUnavailable(
+                            f"model {model_id!r}: the instance serving this request failed ({attempt} tried); "
+                            "retry later", self._config.retry_after_s) from exc
                     if sent_token_ids:
                         logger.warning("request %s: %s; resuming it on another instance after %d tokens",
                                        request_id, exc, len(sent_token_ids))
@@ -319,7 +324,8 @@ class RayGatewayBackend:
         try:
             record = await self._cluster.get_model(model_id)
         except Exception as exc:  # noqa: BLE001 - an unreachable controller is a 503, not a 500
-            raise BackendUnavailable(f"the controller is unreachable: {exc}", self._config.retry_after_s) from exc
+            logger.warning("looking up model %s at the controller failed: %s: %s", model_id, type(exc).__name__, exc)
+            raise BackendUnavailable("the controller is unreachable; retry later", self._config.retry_after_s) from exc
         if record is None:
             raise ModelNotFound(model_id)
         info = model_info_from_record(record)
@@ -483,7 +489,8 @@ class RayGatewayBackend:
         try:
             await asyncio.wait_for(self._refresh(0.0), self._config.call_timeout_s)
         except Exception as exc:  # noqa: BLE001
-            raise BackendUnavailable(f"the controller is unreachable: {exc}", self._config.retry_after_s) from exc
+            logger.warning("refreshing the routing table failed: %s: %s", type(exc).__name__, exc)
+            raise BackendUnavailable("the controller is unreachable; retry later", self._config.retry_after_s) from exc
 
     async def _watch_loop(self) -> None:
         """Long-polls the routing table: a change comes back at once, no change after `long_poll_s`."""

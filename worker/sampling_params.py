@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 # torch.Generator.manual_seed accepts seeds up to 2**64 - 1.
 _MAX_SEED_EXCLUSIVE = 2**64
+# Below this a temperature samples as greedy (see `SamplingParams.is_greedy`).
+MIN_SAMPLING_TEMPERATURE = 1e-5
 
 
 def _is_int(value: object) -> bool:
@@ -35,7 +37,8 @@ class SamplingParams:
 
     Fields:
         max_tokens: most tokens to generate, >= 1.
-        temperature: logits are divided by it before softmax; 0 means greedy (argmax).
+        temperature: logits are divided by it before softmax; 0 (or anything below
+            `MIN_SAMPLING_TEMPERATURE`, 1e-5) means greedy (argmax).
         top_k: keep only the k most likely tokens; 0 disables the filter.
         top_p: nucleus sampling; keep the smallest set of most likely tokens whose
             probability sums to at least top_p. 1.0 disables the filter.
@@ -129,5 +132,9 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        """True when the next token is always the argmax: temperature 0 or top_k 1."""
-        return self.temperature == 0.0 or self.top_k == 1
+        """True when the next token is always the argmax: top_k 1, or a temperature below
+        `MIN_SAMPLING_TEMPERATURE` (0 included). Dividing logits by a temperature that small
+        overflows them to inf and the softmax to NaN (1e-39 did, killing the engine thread); at
+        such a temperature sampling is the argmax anyway, so it is taken as greedy (as vLLM does
+        below its epsilon)."""
+        return self.temperature < MIN_SAMPLING_TEMPERATURE or self.top_k == 1

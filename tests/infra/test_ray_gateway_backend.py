@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -798,3 +799,23 @@ def test_the_controllers_slot_decisions_are_exported_on_metrics():
         await until(lambda: metric(backend, 'thaw_slot_decisions{kind="evictions"}') == "4.0", "the next refresh")
 
     run(test)(cluster)
+
+
+def test_a_503_says_what_failed_but_carries_no_internal_exception_text():
+    """Issue 19: the body of a 503 after the instances failed a request named the engine's own
+    RuntimeError; the cause goes to the log, the client learns what happened."""
+    cluster = FakeCluster()
+    cluster.records[MODEL] = record(MODEL)
+    cluster.set_routes(MODEL, [route("broken")])
+    cluster.fail_before_first = {"broken"}
+
+    async def test(cluster, backend):
+        with pytest.raises(BackendUnavailable) as info:
+            await collect(backend, "doomed")
+        message = str(info.value)
+        assert message == f"model {MODEL!r}: the instance serving this request failed (1 tried); retry later"
+        assert "is gone" not in message  # the fake instance's own exception text
+        error = error_from_backend(info.value)
+        assert error.status_code == 503 and "is gone" not in json.dumps(error.body())
+
+    run(test)(cluster, dataclasses.replace(FAST, max_attempts=1))

@@ -353,3 +353,25 @@ def test_rejects_length_mismatch(num_params, num_gens):
     with pytest.raises(ValueError, match="one SamplingParams and one generator per logits row"):
         Sampler().sample(torch.zeros(2, 10), [SamplingParams()] * num_params, [None] * num_gens)
 
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 5e-324, 1e-6, 9.99e-6])
+def test_a_temperature_too_small_to_divide_by_samples_greedy_not_nan(temperature):
+    """1e-39 passed validation and turned the logits into inf and the softmax into NaN, which
+    killed the engine thread (issue 19): below MIN_SAMPLING_TEMPERATURE the row is greedy."""
+    from worker.sampling_params import MIN_SAMPLING_TEMPERATURE
+
+    assert temperature < MIN_SAMPLING_TEMPERATURE
+    logits = torch.tensor([[0.5, 3.0, -1.0, 2.9], [1.0, 0.0, 4.0, 3.99]], dtype=torch.float32)  # [2, V=4]
+    params = [SamplingParams(temperature=temperature, seed=1), SamplingParams(temperature=temperature)]
+    assert all(p.is_greedy for p in params)
+    assert Sampler().sample(logits, params, [generator(1), None]) == [1, 2]
+
+
+def test_the_smallest_sampling_temperature_still_samples_finitely():
+    from worker.sampling_params import MIN_SAMPLING_TEMPERATURE
+
+    params = SamplingParams(temperature=MIN_SAMPLING_TEMPERATURE, seed=3)
+    assert not params.is_greedy
+    logits = torch.tensor([[0.5, 3.0, -1.0, 2.9]], dtype=torch.float32) * 1e3  # [1, V=4], large logits
+    assert Sampler().sample(logits, [params], [generator(3)]) == [1]  # no NaN: the argmax, effectively

@@ -157,7 +157,8 @@ def test_hashable_and_equal_after_normalisation():
         ({"top_k": 1}, True),
         ({"top_k": 1, "temperature": 2.0}, True),
         ({"top_k": 2}, False),
-        ({"temperature": 1e-6}, False),
+        ({"temperature": 1e-6}, True),  # below MIN_SAMPLING_TEMPERATURE: the argmax (issue 19)
+        ({"temperature": 1e-5}, False),
         ({"top_p": 1e-9}, False),
     ],
 )
