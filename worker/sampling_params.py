@@ -17,6 +17,11 @@ from dataclasses import dataclass
 
 # torch.Generator.manual_seed accepts seeds up to 2**64 - 1.
 _MAX_SEED_EXCLUSIVE = 2**64
+# Bounds on the stop conditions, so one request's stop checks stay cheap (they run on every new
+# token). OpenAI allows 4 stop sequences; ours are looser, but bounded.
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
 # Below this a temperature samples as greedy (see `SamplingParams.is_greedy`).
 MIN_SAMPLING_TEMPERATURE = 1e-5
 
@@ -44,8 +49,9 @@ class SamplingParams:
             probability sums to at least top_p. 1.0 disables the filter.
         seed: when set, the request draws from its own generator seeded with it, so its
             tokens do not depend on which other requests share the batch.
-        stop: strings that end generation when they appear in the output.
-        stop_token_ids: token ids that end generation when sampled.
+        stop: strings that end generation when they appear in the output (at most
+            `MAX_STOP_SEQUENCES`, each at most `MAX_STOP_CHARS` characters).
+        stop_token_ids: token ids that end generation when sampled (at most `MAX_STOP_TOKEN_IDS`).
         ignore_eos: keep generating past the model's end-of-sequence token.
     """
 
@@ -109,9 +115,13 @@ class SamplingParams:
             raise ValueError(
                 f"stop must be a string or a list/tuple of strings, got {type(stop).__name__}"
             )
+        if len(stop) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"stop may hold at most {MAX_STOP_SEQUENCES} sequences, got {len(stop)}")
         for i, item in enumerate(stop):
             if not isinstance(item, str):
                 raise ValueError(f"stop[{i}] must be a string, got {type(item).__name__}")
+            if len(item) > MAX_STOP_CHARS:
+                raise ValueError(f"stop[{i}] may be at most {MAX_STOP_CHARS} characters, got {len(item)}")
             if not item:
                 raise ValueError(f"stop[{i}] must be a non-empty string, got ''")
         return tuple(stop)
@@ -123,6 +133,8 @@ class SamplingParams:
                 f"stop_token_ids must be a list/tuple of integers >= 0, "
                 f"got {type(stop_token_ids).__name__}"
             )
+        if len(stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {len(stop_token_ids)}")
         for i, token_id in enumerate(stop_token_ids):
             if not _is_int(token_id) or token_id < 0:
                 raise ValueError(

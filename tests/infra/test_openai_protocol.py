@@ -207,3 +207,12 @@ def test_completion_renderer_whole_response():
         "choices": [{"index": 0, "text": "abc", "logprobs": None, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7},
     }
+
+
+def test_too_many_or_too_long_stop_sequences_are_a_400_naming_stop():
+    with pytest.raises(InvalidRequest) as info:
+        completion(stop=[f"s{i}" for i in range(17)]).to_sampling_params(16)
+    assert info.value.param == "stop" and "at most 16 sequences" in info.value.message
+    with pytest.raises(InvalidRequest) as info:
+        chat(stop="x" * 300).to_sampling_params(16)
+    assert info.value.param == "stop" and "at most 256 characters, got 300" in info.value.message

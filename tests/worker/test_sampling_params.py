@@ -164,3 +164,17 @@ def test_hashable_and_equal_after_normalisation():
 )
 def test_is_greedy(kwargs, greedy):
     assert SamplingParams(**kwargs).is_greedy is greedy
+
+
+def test_stop_conditions_are_bounded_so_a_request_cannot_make_every_token_expensive():
+    """Issue 19: `stop` had no limit on count or length (they are scanned on every new token)."""
+    from worker.sampling_params import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS
+
+    assert len(SamplingParams(stop=["x"] * MAX_STOP_SEQUENCES).stop) == MAX_STOP_SEQUENCES
+    with pytest.raises(ValueError, match=f"stop may hold at most {MAX_STOP_SEQUENCES} sequences, got 17"):
+        SamplingParams(stop=["x"] * (MAX_STOP_SEQUENCES + 1))
+    assert SamplingParams(stop="y" * MAX_STOP_CHARS).stop == ("y" * MAX_STOP_CHARS,)
+    with pytest.raises(ValueError, match=r"stop\[1\] may be at most 256 characters, got 257"):
+        SamplingParams(stop=["ok", "y" * (MAX_STOP_CHARS + 1)])
+    with pytest.raises(ValueError, match=f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids"):
+        SamplingParams(stop_token_ids=list(range(MAX_STOP_TOKEN_IDS + 1)))
