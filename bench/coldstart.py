@@ -60,6 +60,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.tiers import drop_from_page_cache  # noqa: E402
+from bench.transformers_replica import transformers_replica_app  # noqa: E402
 from worker import DemoModelConfig, write_demo_model  # noqa: E402
 
 MODEL_ID = "bench/cold"
@@ -150,43 +151,15 @@ def time_to_first_token(port: int, path: str, body: dict[str, Any], timeout_s: f
 # ---- the baseline: Ray Serve + transformers ------------------------------------------------------
 
 
+BASELINE_DEPLOYMENT = "TransformersReplica"
+
+
 def baseline_application(model_dir: str, autoscaling: dict[str, Any]):
     """The Ray Serve app a user would write: one replica class that loads the model with
-    ``from_pretrained`` in its constructor and streams greedy tokens as server-sent events."""
-    from ray import serve
-    from starlette.requests import Request
-    from starlette.responses import StreamingResponse
-
-    @serve.deployment(autoscaling_config=autoscaling, ray_actor_options={"num_cpus": NUM_THREADS},
-                      max_ongoing_requests=8)
-    class TransformersReplica:
-        def __init__(self, path: str) -> None:
-            import torch
-            import transformers
-
-            self.torch = torch
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
-
-        async def __call__(self, request: Request) -> StreamingResponse:
-            body = await request.json()
-            torch, model = self.torch, self.model
-            input_ids = torch.tensor([body["prompt"]])  # [1, T]
-            max_tokens = int(body["max_tokens"])
-
-            def events():
-                past, x = None, input_ids
-                with torch.inference_mode():
-                    for _ in range(max_tokens):
-                        out = model(input_ids=x, past_key_values=past, use_cache=True)
-                        past = out.past_key_values
-                        token = int(out.logits[0, -1].argmax())
-                        yield f"data: {json.dumps({'token': token})}\n\n"
-                        x = torch.tensor([[token]])  # [1, 1]
-                yield "data: [DONE]\n\n"
-
-            return StreamingResponse(events(), media_type="text/event-stream")
-
-    return TransformersReplica.bind(model_dir)
+    ``from_pretrained`` in its constructor and streams greedy tokens as server-sent events
+    (`bench.transformers_replica`, shared with bench/multimodel.py)."""
+    return transformers_replica_app(model_dir, name=BASELINE_DEPLOYMENT, autoscaling=autoscaling,
+                                    num_cpus=NUM_THREADS)
 
 
 def measure_baseline(name: str, autoscaling: dict[str, Any], model_dir: Path, port: int, mode: BenchMode,
@@ -198,7 +171,7 @@ def measure_baseline(name: str, autoscaling: dict[str, Any], model_dir: Path, po
     for attempt in range(mode.repeats):
         serve.run(baseline_application(str(model_dir), autoscaling), name=name, route_prefix=f"/{name}")
         status = serve.status().applications[name]
-        replicas = status.deployments["TransformersReplica"].replica_states
+        replicas = status.deployments[BASELINE_DEPLOYMENT].replica_states
         if replicas.get("RUNNING", 0):
             raise RuntimeError(f"{name} started with replicas {replicas}; it must start at zero")
         ttft_s, _ = time_to_first_token(port, f"/{name}", body)

@@ -1,7 +1,8 @@
 """The Ray Serve baseline's model server: `transformers_replica_app`, a deployment whose replica
 loads a Hugging Face checkpoint with ``transformers`` and streams greedy tokens.
 
-This is what a user builds without Thaw, and it is `bench/coldstart.py`'s baseline made general:
+This is what a user builds without Thaw, and the baseline of both `bench/coldstart.py` and
+`bench/multimodel.py`:
 the deployment's name, its replica's CPUs (Ray sets the replica's intra-op threads from them) and
 its autoscaling are parameters, so several models can each have their own deployment on one Ray,
 and a replica may append one JSON line per finished load to a file (``start_log``) so a benchmark
