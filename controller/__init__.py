@@ -14,6 +14,8 @@ Public API (everything else in this folder is private to it):
   `ClusterClient`; `RayClusterClient` is the real one); `ControllerActor`, `start_controller`,
   `get_controller`, `stop_controller`: the same as a detached, named Ray actor.
 - `RoutingTable`, `Route`: the versioned model -> ready instances table the gateway routes from.
+- `SlotOutlook`, `SlotHolder`: what a model waiting for an instance is told (the answer to a
+  gateway's queue report); `SlotSharingSettings`: how slots pass between models on demand.
 - `TenantQuota`, `instances_over_quota`, `queued_over_quota`: a tenant's limits (max instances,
   max queued requests) and the pure checks the controller and the gateway enforce them with.
 - `ControllerError`, `InvalidSpecError`, `UnknownModelError`, `UnknownTenantError`, `ModelAlreadyDeployedError`,
@@ -54,9 +56,11 @@ from controller.placement_policy import (
 )
 from controller.routing_table import Route, RoutingTable
 from controller.state_store import ApiKeyRecord, StateStore, StateStoreError, WorkerRecord, open_state_store
+from controller.slot_outlook import SlotHolder, SlotOutlook
 from controller.tenant_quota import TenantQuota, instances_over_quota, queued_over_quota
 
 _LAZY = {
+    "SlotSharingSettings": "controller.slot_sharing_settings",
     "ActorGoneError": "controller.cluster_client",
     "ClusterClient": "controller.cluster_client",
     "Controller": "controller.controller",
@@ -86,7 +90,7 @@ __all__ = [
     "ControllerActor", "ControllerConfig", "ControllerError", "DEFAULT_CONTROLLER_NAME", "InvalidMigrationError",
     "InvalidSpecError", "LoadSnapshot", "MigrationConflictError", "ModelAlreadyDeployedError", "ModelSpec", "NodeEstimate", "NodeView", "PlacementDecision",
     "RayClusterClient", "RayNodeInfo", "ResourceSpec", "Route", "RoutingTable", "ScaleDecision", "SpecError",
-    "StateStore", "StateStoreError", "TenantQuota", "TierBandwidths", "UnknownInstanceError", "UnknownModelError",
+    "SlotHolder", "SlotOutlook", "SlotSharingSettings", "StateStore", "StateStoreError", "TenantQuota", "TierBandwidths", "UnknownInstanceError", "UnknownModelError",
     "UnknownTenantError",
     "WorkerRecord", "add_model_spec_arguments", "choose_destination", "decide", "get_controller",
     "instances_over_quota", "load_model_spec", "load_model_specs",

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from controller.slot_outlook import SlotOutlook
+from controller import SlotOutlook
 
 
 class ControllerUnavailable(Exception):

@@ -196,7 +196,7 @@ class PlatformConfig:
     def controller_config(self) -> Any:
         """The `controller.ControllerConfig` of this platform (imported here: it brings storage)."""
         from controller import ControllerConfig
-        from controller.slot_sharing_settings import SlotSharingSettings
+        from controller import SlotSharingSettings
         from controller.stream_source_policy import PeerStreamSettings
         from storage import RepositoryConfig
 

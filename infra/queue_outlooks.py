@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from controller.slot_outlook import SlotOutlook
+from controller import SlotOutlook
 from infra.gateway_metrics import QUEUE_WAIT_CAUSES
 
 # What a waiting request hears before the controller has answered (or when it gave no outlook).

@@ -59,13 +59,11 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from controller import TenantQuota, queued_over_quota
 from infra.gateway_backend import (
     BackendUnavailable,
-    ContextLengthExceeded,
     GenerationChunk,
     InvalidRequest,
     ModelCard,
@@ -76,6 +74,8 @@ from infra.gateway_backend import (
     QueueTimeout,
 )
 from infra.gateway_metrics import GatewayMetrics
+from infra.gateway_model_info import ModelInfo, model_info_from_record
+from infra.instance_replies import gateway_chunk, invalid_request
 from infra.queue_outlooks import QueueOutlooks
 from infra.ray_backend_config import RayBackendConfig
 from infra.serving_cluster import InstanceGone, InstanceRoute, ServingCluster
@@ -84,28 +84,6 @@ from worker import SUSPENDED, InvalidRequestError, SamplingParams
 __all__ = ["RayBackendConfig", "RayGatewayBackend", "model_info_from_record"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _ModelInfo:
-    """What the backend keeps of a deployed model: its card and its queue's limits."""
-
-    card: ModelCard
-    max_queued_requests: int
-    queue_timeout_s: float
-
-
-def model_info_from_record(record: Mapping[str, Any]) -> _ModelInfo:
-    """A model record of the controller (its spec, flat or under ``"spec"``) as `_ModelInfo`."""
-    spec = record.get("spec", record)
-    model_id = record.get("model_id") or spec.get("model_id") or f"{spec['tenant']}/{spec['name']}"
-    tenant = model_id.partition("/")[0]
-    autoscaling = spec.get("autoscaling") or {}
-    created = record.get("created_s", record.get("deployed_s", spec.get("created_s", 0))) or 0
-    card = ModelCard(model_id=model_id, owned_by=tenant, created_s=int(created),
-                     max_model_len=record.get("max_model_len") or spec.get("max_model_len"))
-    return _ModelInfo(card=card, max_queued_requests=int(autoscaling.get("max_queued_requests", 100)),
-                      queue_timeout_s=float(autoscaling.get("queue_timeout_s", 60.0)))
 
 
 class _Ticket:
@@ -145,7 +123,7 @@ class RayGatewayBackend:
         self._clock = clock
         self._version = -1
         self._routes: dict[str, list[InstanceRoute]] = {}
-        self._models: dict[str, _ModelInfo] = {}
+        self._models: dict[str, ModelInfo] = {}
         self._models_loaded = False
         self._quotas: dict[str, TenantQuota] = {}  # tenant -> quota, for the tenants with a limit
         self._inflight: dict[str, int] = {}  # instance id -> requests this gateway has on it
@@ -263,10 +241,10 @@ class RayGatewayBackend:
                             if chunk.finish_reason == SUSPENDED:  # the slot went to another model
                                 suspended = True
                                 if chunk.token_ids:
-                                    yield _gateway_chunk(dataclasses.replace(chunk, finish_reason=None), queue_s)
+                                    yield gateway_chunk(dataclasses.replace(chunk, finish_reason=None), queue_s)
                                     first, queue_s = False, None
                                 break
-                            yield _gateway_chunk(chunk, queue_s)
+                            yield gateway_chunk(chunk, queue_s)
                             first, queue_s = False, None
                     if not suspended:
                         return
@@ -291,7 +269,7 @@ class RayGatewayBackend:
                     else:
                         logger.warning("request %s: %s; trying another instance", request_id, exc)
                 except InvalidRequestError as exc:
-                    raise _invalid_request(exc) from None
+                    raise invalid_request(exc) from None
                 finally:
                     request.route = None
                     self._release(model_id, route)
@@ -314,7 +292,7 @@ class RayGatewayBackend:
 
     # ---- models ----------------------------------------------------------------------------
 
-    async def _info(self, model_id: str) -> _ModelInfo:
+    async def _info(self, model_id: str) -> ModelInfo:
         self._ensure_started()
         info = self._models.get(model_id)
         if info is not None:
@@ -334,7 +312,7 @@ class RayGatewayBackend:
 
     # ---- admission -------------------------------------------------------------------------
 
-    def _admit(self, info: _ModelInfo, request: _Request, *, readmitted: bool = False) -> InstanceRoute | _Ticket:
+    def _admit(self, info: ModelInfo, request: _Request, *, readmitted: bool = False) -> InstanceRoute | _Ticket:
         """A reserved instance for the request if one is free and nobody waits, else its ticket
         in the model's queue (also `request.ticket`); `ModelOverloaded` when the queue is full or
         the tenant is at its queued-request quota. A request `readmitted` (back after a suspension
@@ -388,7 +366,7 @@ class RayGatewayBackend:
             await asyncio.wait((ticket.future,), timeout=min(self._config.progress_interval_s, left_s))
         return ticket.future.done() or loop.time() >= ticket.deadline
 
-    def _end_wait(self, info: _ModelInfo, ticket: _Ticket) -> InstanceRoute | None:
+    def _end_wait(self, info: ModelInfo, ticket: _Ticket) -> InstanceRoute | None:
         """Takes a settled or expired ticket out of the queue: the instance it was handed, None
         if the request was aborted; raises what failed it (the model deleted, the gateway
         shutting down), or `QueueTimeout` with the controller's explanation at the deadline."""
@@ -630,20 +608,3 @@ class RayGatewayBackend:
             else:
                 self._reported[model_id] = (num_queued, now)
                 self._outlooks.update(model_id, outlook)
-
-
-def _gateway_chunk(chunk: Any, queue_s: float | None) -> GenerationChunk:
-    """A worker's chunk as the gateway's (`worker.GenerationChunk` names the counts differently)."""
-    return GenerationChunk(request_id=chunk.request_id, text=chunk.text, token_ids=tuple(chunk.token_ids),
-                           finished=chunk.finish_reason is not None, finish_reason=chunk.finish_reason,
-                           num_prompt_tokens=chunk.num_prompt_tokens, num_output_tokens=chunk.num_completion_tokens,
-                           queue_s=queue_s)
-
-
-def _invalid_request(exc: InvalidRequestError) -> InvalidRequest:
-    """The worker's refusal as a 400 naming the field; a prompt over the context gets its own code."""
-    message = getattr(exc, "message", None) or str(exc)
-    field = getattr(exc, "field", None)
-    if field in ("prompt", "messages") and "context" in message:
-        return ContextLengthExceeded(message, field)
-    return InvalidRequest(message, field)

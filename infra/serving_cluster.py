@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from controller import TenantQuota
-from controller.slot_outlook import SlotOutlook
+from controller import SlotOutlook
 from infra.controller_client import ControllerClient
 from worker import SamplingParams
 
