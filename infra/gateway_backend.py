@@ -118,6 +118,13 @@ class BackendUnavailable(BackendError):
         self.retry_after_s = retry_after_s
 
 
+class RequestFailed(BackendError):
+    """The request itself failed on the serving side, and is not retried (500): it failed alone
+    inside an engine that serves on, or an instance died running it twice (a poison pill must not
+    take down instance after instance). The message says so without internal detail; the cause
+    is logged."""
+
+
 class InvalidRequest(BackendError):
     """The request is wrong for this model (400); `param` names the culprit field when known."""
 

@@ -16,6 +16,7 @@ template for messages) and hands the engine token ids, so its output is the engi
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
@@ -29,8 +30,11 @@ from infra.gateway_backend import (
     ModelCard,
     ModelNotFound,
     Prompt,
+    RequestFailed,
 )
-from worker import AsyncEngine, EngineDeadError, InvalidRequestError, SamplingParams
+from worker import AsyncEngine, EngineDeadError, InvalidRequestError, RequestFailedError, SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class LocalEngineBackend:
@@ -79,6 +83,10 @@ class LocalEngineBackend:
             raise InvalidRequest(str(exc), _param_of(str(exc))) from None
         except EngineDeadError as exc:
             raise BackendUnavailable(f"model {model_id!r} is unavailable: its engine stopped") from exc
+        except RequestFailedError as exc:
+            logger.error("request %s on %s failed: %s", request_id, model_id, exc)
+            raise RequestFailed(f"model {model_id!r} could not complete this request; "
+                                "the failure has been logged") from None
 
     @staticmethod
     def _tokenize(engine: AsyncEngine, prompt: Prompt) -> list[int]:

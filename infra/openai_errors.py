@@ -39,6 +39,7 @@ from infra.gateway_backend import (
     ModelNotFound,
     ModelOverloaded,
     QueueTimeout,
+    RequestFailed,
 )
 
 logger = logging.getLogger(__name__)
@@ -123,6 +124,8 @@ def error_from_backend(exc: BackendError) -> OpenAIError:
     if isinstance(exc, QueueTimeout):
         return OpenAIError(503, str(exc), "service_unavailable", None, "queue_timeout",
                            _retry_after(exc.retry_after_s))
+    if isinstance(exc, RequestFailed):
+        return OpenAIError(500, str(exc), "server_error", None, "request_failed")
     if isinstance(exc, BackendUnavailable):
         return OpenAIError(503, str(exc), "service_unavailable", None, "backend_unavailable",
                            _retry_after(exc.retry_after_s))

@@ -36,7 +36,11 @@ tokens were streamed already, the request is *recovered*, not restarted: the nex
 (a ready one, or the first to become ready while the request waits in the model's queue as a
 new one would) continues it from the output tokens the client has received, so the client's
 stream goes on with no token lost or repeated (greedy output is exactly an unbroken run's).
-Up to ``max_attempts`` instances in all; past that the failure is reported in-band. A stream
+Up to ``max_attempts`` instances in all; past that the failure is reported in-band. A request
+whose instance's engine died in a forward pass the request was in is a suspect (it may be a
+poison pill): it is tried on one more instance, and if that one dies on it too it fails with
+`RequestFailed` (500) instead of taking down a third; a request that failed alone on an instance
+that serves on (`worker.RequestFailedError`) is not retried at all. A stream
 that ends with finish reason "suspended" (the controller preempted its instance's slot for
 another model) is no failure: the request goes back into its model's queue the same way, with a
 fresh queue deadline, and its model's next instance continues it from the tokens the client has;
@@ -72,6 +76,7 @@ from infra.gateway_backend import (
     Prompt,
     QueueProgress,
     QueueTimeout,
+    RequestFailed,
 )
 from infra.gateway_metrics import GatewayMetrics
 from infra.gateway_model_info import ModelInfo, model_info_from_record
@@ -79,11 +84,14 @@ from infra.instance_replies import gateway_chunk, invalid_request
 from infra.queue_outlooks import QueueOutlooks
 from infra.ray_backend_config import RayBackendConfig
 from infra.serving_cluster import InstanceGone, InstanceRoute, ServingCluster
-from worker import SUSPENDED, InvalidRequestError, SamplingParams
+from worker import SUSPENDED, InvalidRequestError, RequestFailedError, SamplingParams
 
 __all__ = ["RayBackendConfig", "RayGatewayBackend", "model_info_from_record"]
 
 logger = logging.getLogger(__name__)
+
+# How many more instances a request is tried on after an engine died in a forward pass it was in.
+_MAX_SUSPECT_RETRIES = 1
 
 
 class _Ticket:
@@ -204,6 +212,7 @@ class RayGatewayBackend:
         queue_s: float | None = None
         first = True
         attempt = 0  # instances that failed it; a suspension is no failure and counts none
+        num_suspect_deaths = 0  # engines that died in a forward pass it was in
         admissions = 0
         try:
             while attempt < self._config.max_attempts:
@@ -256,6 +265,13 @@ class RayGatewayBackend:
                                 request_id, len(sent_token_ids), model_id)
                 except InstanceGone as exc:
                     self._mark_broken(route)
+                    num_suspect_deaths += exc.suspect
+                    if num_suspect_deaths > _MAX_SUSPECT_RETRIES:  # a poison pill is not passed on
+                        logger.error("request %s: not retried: %d instances died running it: %s",
+                                     request_id, num_suspect_deaths, exc)
+                        raise RequestFailed(
+                            f"model {model_id!r}: this request failed on {num_suspect_deaths} instances and is not "
+                            "retried; the failure has been logged") from None
                     if attempt == self._config.max_attempts:
                         # The cause is for the log; the client learns what happened, not how (no
                         # internal exception text in a response body).
@@ -270,6 +286,10 @@ class RayGatewayBackend:
                         logger.warning("request %s: %s; trying another instance", request_id, exc)
                 except InvalidRequestError as exc:
                     raise invalid_request(exc) from None
+                except RequestFailedError as exc:  # it failed alone; its instance serves on
+                    logger.error("request %s failed on %s: %s", request_id, route.instance_id, exc)
+                    raise RequestFailed(f"model {model_id!r} could not complete this request; "
+                                        "the failure has been logged") from None
                 finally:
                     request.route = None
                     self._release(model_id, route)

@@ -30,7 +30,16 @@ RoutingTableData = Mapping[str, list[Mapping[str, Any]]]  # model id -> route di
 
 class InstanceGone(Exception):
     """The instance cannot serve (its actor died, it is shutting down, its load failed): the
-    request may be tried on another instance if nothing was streamed yet."""
+    request may be tried on another instance (continuing from what was streamed).
+
+    `suspect`: the instance's engine died in a forward pass this request was in, so the request
+    may be what killed it (`worker.EngineDeadError.suspect`); the backend tries a suspect on one
+    more instance at most. A process that died (killed, node lost) or an instance found gone is
+    no evidence against the request."""
+
+    def __init__(self, message: str, *, suspect: bool = False) -> None:
+        super().__init__(message)
+        self.suspect = suspect
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +97,8 @@ class ServingCluster(Protocol):
         it is. With ``sent_token_ids`` (a recovery: the tokens the client already has from an
         instance that died) the instance continues the request from there and yields only what
         follows. Raises `InstanceGone` when the instance cannot serve (or take the recovery), and
-        the worker's `InvalidRequestError`s as themselves."""
+        the worker's `InvalidRequestError`s and `RequestFailedError` (the request failed alone on
+        an instance that serves on) as themselves."""
         ...
 
     async def abort(self, route: InstanceRoute, request_id: str) -> None:
@@ -192,7 +202,8 @@ class RayServingCluster:
                     yield chunk
         except (EngineDeadError, InstanceLoadError, SpareWorkerError, ray.exceptions.RayActorError) as exc:
             self._handles.pop(route.instance_id, None)
-            raise InstanceGone(f"instance {route.instance_id} cannot serve: {type(exc).__name__}: {exc}") from exc
+            raise InstanceGone(f"instance {route.instance_id} cannot serve: {type(exc).__name__}: {exc}",
+                               suspect=getattr(exc, "suspect", False)) from exc
         except (MigrationRefusedError, UnknownRequestError) as exc:  # cannot take the recovery, or lost track
             raise InstanceGone(f"instance {route.instance_id} cannot continue request {request_id}: {exc}") from exc
 

@@ -5,7 +5,9 @@ Public API (everything else in this folder is private to it):
   ``Engine(model_dir, config, weights=source)`` starts before its weights (a `loader.LayerReadiness`)
   and computes layers as they land; `LayerLoadError` is how it fails when they cannot arrive.
 - `AsyncEngine`: ``async for out in AsyncEngine(engine).generate(prompt, params)``.
-- `SamplingParams`, `RequestOutput`, `Completion`, `InvalidRequestError`.
+- `SamplingParams`, `RequestOutput`, `Completion`, `InvalidRequestError`; `RequestFailedError`: one
+  request failed inside the engine (the others and the engine go on); `EngineDeadError` (with
+  ``suspect``: the request was in the forward pass that killed the engine).
 - `ModelConfig`, `UnsupportedModelError`, `CheckpointError`: what a checkpoint is, and why it was refused.
 - `Tokenizer`: tokenizer + chat template without `transformers`.
 - `DemoModelConfig`, `write_demo_model`: a small Llama checkpoint built locally.
@@ -24,7 +26,7 @@ Public API (everything else in this folder is private to it):
 from worker.async_engine import AsyncEngine, EngineDeadError
 from worker.checkpoint import CheckpointError
 from worker.demo_model import DemoModelConfig, write_demo_model
-from worker.engine import Engine, InvalidRequestError
+from worker.engine import Engine, InvalidRequestError, RequestFailedError
 from worker.engine_config import EngineConfig
 from worker.engine_migration import MigrationRefusedError, UnknownRequestError
 from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
@@ -47,7 +49,8 @@ __all__ = [
     "AsyncEngine", "CheckpointError", "Completion", "DemoModelConfig", "Engine", "EngineConfig",
     "EngineDeadError", "GenerationChunk", "InstanceLoad", "InstanceLoadError", "InstanceState", "InstanceStats",
     "InstanceWorker", "InstanceWorkerActor", "InvalidFieldError", "InvalidRequestError", "LayerLoadError",
-    "MigrationRefusedError", "ModelConfig", "PeerWeights", "RequestOutput", "RequestSnapshot", "SamplingParams",
+    "MigrationRefusedError", "ModelConfig", "PeerWeights", "RequestFailedError", "RequestOutput", "RequestSnapshot",
+    "SamplingParams",
     "SourceUnavailableError", "SpareWorkerError", "Tokenizer", "UnknownRequestError", "UnsupportedModelError",
     "start_instance_worker", "start_spare_worker",
     "stop_instance_worker", "stream_generation", "worker_actor_options", "write_demo_model",

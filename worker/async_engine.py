@@ -5,7 +5,12 @@ a dedicated thread that owns it. Callers never touch the engine directly: `gener
 validates the request in the caller (so a bad request raises right there, alone), then
 posts it to the engine thread's inbox; the engine thread posts each step's outputs back
 to the caller's event loop. Leaving the ``async for`` early — a client that disconnected —
-aborts the request on the engine, which frees its KV blocks at once.
+aborts the request on the engine, which frees its KV blocks at once. A caller that must not
+tokenize on its loop prepares the request in a thread and passes it to `stream`.
+
+One request's failure ends that request's stream alone (`RequestFailedError`); only a failure of
+the engine itself kills the thread, and then every stream ends with `EngineDeadError`, those of the
+requests in the failing forward pass marked ``suspect``.
 
 Work that must see the engine between two steps (live migration: export a request, copy its KV
 blocks, import one) is posted to the same inbox with `call`, so it runs on the engine thread in
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import queue
 import threading
@@ -24,7 +30,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from worker.engine import Engine, InvalidRequestError, Prompt
+from worker.engine import Engine, InvalidRequestError, Prompt, RequestFailedError
 from worker.request_output import RequestOutput
 from worker.sampling_params import SamplingParams
 from worker.sequence import Sequence
@@ -41,7 +47,19 @@ class _Stream:
 
 
 class EngineDeadError(RuntimeError):
-    """The engine thread stopped on an error; every open request fails with it."""
+    """The engine thread stopped on an error (or was shut down); every open request fails with it.
+
+    `suspect` is True for the requests that were in the forward pass that killed the engine (the
+    only ones that can have caused it): a caller that retries requests elsewhere retries a suspect
+    once at most (a poison pill must not take down instance after instance); False for the others
+    and for a clean shutdown. The message is for logs: it may carry internal exception text."""
+
+    def __init__(self, message: str, suspect: bool = False) -> None:
+        super().__init__(message)
+        self.suspect = suspect
+
+    def __reduce__(self):  # keep `suspect` across Ray's pickling
+        return (type(self), (str(self), self.suspect))
 
 
 class AsyncEngine:
@@ -57,12 +75,20 @@ class AsyncEngine:
 
     async def generate(self, prompt: Prompt, params: SamplingParams | None = None,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Streams a request's outputs; raises `InvalidRequestError` before the first one for bad input."""
-        if self._error is not None:
-            raise EngineDeadError(f"engine stopped: {self._error!r}")
-        if self._stopped.is_set():
-            raise EngineDeadError("engine is shut down")
+        """Streams a request's outputs; raises `InvalidRequestError` before the first one for bad input.
+        Tokenizes on the caller's thread: a caller on an event loop with long prompts should
+        `Engine.prepare_request` in a worker thread and use `stream` (as `InstanceWorker` does)."""
+        self._check_alive()
         seq = self.engine.prepare_request(prompt, params, request_id)
+        async with contextlib.aclosing(self.stream(seq)) as outputs:
+            async for out in outputs:
+                yield out
+
+    async def stream(self, seq: Sequence) -> AsyncIterator[RequestOutput]:
+        """Streams the outputs of a request prepared by `Engine.prepare_request` (validated and
+        tokenized already). A request that fails alone (`Engine`'s finish reason "error") raises
+        `RequestFailedError`; if the engine dies, `EngineDeadError`."""
+        self._check_alive()
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         with self._lock:
             if seq.request_id in self._streams:
@@ -164,9 +190,10 @@ class AsyncEngine:
                 if self.engine.has_unfinished_requests():
                     self._deliver(self.engine.step())
         except BaseException as exc:  # noqa: BLE001 - every open stream must hear about it
-            logger.exception("engine thread died")
+            suspects = set(self.engine.request_ids_in_step)
+            logger.exception("engine thread died (requests in the failing step: %s)", sorted(suspects) or "none")
             self._error = exc
-            self._fail_all(EngineDeadError(f"engine stopped: {exc!r}"))
+            self._fail_all(EngineDeadError(f"engine stopped: {exc!r}"), suspects)
             self._fail_calls(EngineDeadError(f"engine stopped: {exc!r}"))
             return
         # Clean stop: nobody may wait forever on a request the engine will never step again.
@@ -200,12 +227,19 @@ class AsyncEngine:
     def _add(self, seq: Sequence) -> None:
         try:
             self.engine.enqueue(seq)
-        except ValueError as exc:
+        except ValueError as exc:  # InvalidRequestError: the id is taken
             self._post(seq.request_id, exc, final=True)
+        except Exception as exc:  # noqa: BLE001 - this request's failure, not the engine's
+            logger.error("request %s failed at admission: %s: %s", seq.request_id, type(exc).__name__, exc)
+            self._post(seq.request_id, RequestFailedError(f"admission failed: {type(exc).__name__}: {exc}"),
+                       final=True)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
-            self._post(out.request_id, out, final=out.finished)
+            if out.error is not None:  # this request alone failed: its stream raises, the others go on
+                self._post(out.request_id, RequestFailedError(out.error), final=True)
+            else:
+                self._post(out.request_id, out, final=out.finished)
 
     def _post(self, request_id: str, item, final: bool) -> None:
         with self._lock:
@@ -223,11 +257,12 @@ class AsyncEngine:
             if kind == "call" and payload[1].set_running_or_notify_cancel():
                 payload[1].set_exception(exc)
 
-    def _fail_all(self, exc: BaseException) -> None:
+    def _fail_all(self, exc: EngineDeadError, suspects: set[str] = frozenset()) -> None:
+        """Ends every open stream with `exc`; those of `suspects` with a copy marked ``suspect``."""
         with self._lock:
             streams, self._streams = self._streams, {}
-        for stream in streams.values():
-            _post_to_loop(stream, exc)
+        for request_id, stream in streams.items():
+            _post_to_loop(stream, EngineDeadError(str(exc), suspect=True) if request_id in suspects else exc)
 
 
 def _post_to_loop(stream: _Stream, item) -> None:

@@ -8,7 +8,11 @@ threaded on purpose; `AsyncEngine` drives it from a thread for asyncio callers.
 
 Validation happens in `prepare_request`, before a request touches shared state, so a bad
 request fails alone with a message naming the problem and the other requests in the batch
-never notice.
+never notice. What can still go wrong for one request after that (its sampling, its stop
+handling, its detokenizing) fails that request alone too: it finishes with reason "error" and
+the cause in its output's ``error``, and the engine keeps serving the others. Only a failure of
+the batch itself (the forward pass) escapes `step`; `request_ids_in_step` then names the
+requests that were in it, the only ones that can have caused it.
 
 An engine can also start before its weights (``Engine(model_dir, config, weights=source)`` with a
 `loader.LayerReadiness` source: the SSD/DRAM loader or a peer stream; `model_dir` then needs only
@@ -57,6 +61,11 @@ Prompt = str | list[int] | list[dict[str, Any]]
 
 class InvalidRequestError(ValueError):
     """A request the engine refuses; the message says what to change."""
+
+
+class RequestFailedError(RuntimeError):
+    """One request failed inside the engine after it was admitted (see the module docstring);
+    the engine is fine and serves the others. The message is for logs: it may carry internals."""
 
 
 @dataclass
@@ -135,6 +144,7 @@ class Engine:
         )
         self.sampler = Sampler()
         self._tracked: dict[str, _Tracked] = {}
+        self._in_step: tuple[str, ...] = ()  # requests of the forward pass under way (see request_ids_in_step)
         self._next_id = itertools.count()
         self._zigzag: ZigzagPrefill | None = None
         if self._gate is not None:
@@ -194,24 +204,37 @@ class Engine:
 
     def prepare_request(self, prompt: Prompt, params: SamplingParams | None = None,
                         request_id: str | None = None) -> Sequence:
-        """Validates and tokenizes a request without touching engine state (thread-safe)."""
+        """Validates and tokenizes a request without touching engine state (thread-safe):
+        `tokenize_prompt`, then `prepare_tokens`."""
+        return self.prepare_tokens(self.tokenize_prompt(prompt), params, request_id)
+
+    def tokenize_prompt(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids, checked alone: well formed, ids in the vocabulary, and room for
+        it plus one output token in the context and the KV pool. Raises `InvalidRequestError`,
+        which is then the prompt's fault. Touches no engine state (thread-safe; long prompts are
+        best tokenized off an event loop)."""
         if self.weights_error is not None:
             raise LayerLoadError(f"this engine cannot serve: its weights failed to load: {self.weights_error}")
-        params = SamplingParams() if params is None else params
-        if not isinstance(params, SamplingParams):
-            raise InvalidRequestError(f"params must be SamplingParams, got {type(params).__name__}")
         prompt_ids = self._tokenize(prompt)
         if len(prompt_ids) >= self.max_model_len:
             raise InvalidRequestError(
                 f"prompt is {len(prompt_ids)} tokens but the model's context is {self.max_model_len} tokens "
                 "(including at least one output token); shorten the prompt"
             )
-        needed = min(len(prompt_ids) + params.max_tokens, self.max_model_len)
-        if needed > self.block_manager.capacity_tokens:
-            raise InvalidRequestError(
-                f"request needs up to {needed} KV-cache slots (prompt + max_tokens) but this instance's cache "
-                f"holds {self.block_manager.capacity_tokens}; lower max_tokens or shorten the prompt"
-            )
+        self._check_kv_room(len(prompt_ids), 1)
+        return prompt_ids
+
+    def prepare_tokens(self, prompt_ids: list[int], params: SamplingParams | None = None,
+                       request_id: str | None = None) -> Sequence:
+        """A request from ids `tokenize_prompt` returned: checks that prompt + ``max_tokens`` fit
+        the KV pool (else `InvalidRequestError`, then ``max_tokens``'s fault) and builds its
+        `Sequence`. Touches no engine state (thread-safe)."""
+        if self.weights_error is not None:
+            raise LayerLoadError(f"this engine cannot serve: its weights failed to load: {self.weights_error}")
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError(f"params must be SamplingParams, got {type(params).__name__}")
+        self._check_kv_room(len(prompt_ids), params.max_tokens)
         generator = torch.Generator(device=self.device)
         if params.seed is not None:
             generator.manual_seed(params.seed)
@@ -224,6 +247,14 @@ class Engine:
             max_model_len=self.max_model_len,
             generator=generator,
         )
+
+    def _check_kv_room(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        needed = min(num_prompt_tokens + max_tokens, self.max_model_len)
+        if needed > self.block_manager.capacity_tokens:
+            raise InvalidRequestError(
+                f"request needs up to {needed} KV-cache slots (prompt + max_tokens) but this instance's cache "
+                f"holds {self.block_manager.capacity_tokens}; lower max_tokens or shorten the prompt"
+            )
 
     def enqueue(self, seq: Sequence) -> None:
         """Admits a prepared request to the scheduler's queue."""
@@ -280,21 +311,65 @@ class Engine:
             return self._step_while_loading()
         return self._step_batch()
 
+    @property
+    def request_ids_in_step(self) -> tuple[str, ...]:
+        """The requests of the forward pass under way, or of the one that raised out of `step`
+        (empty between steps that went well): when a step fails, the suspects."""
+        return self._in_step
+
     def _step_batch(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
+        self._in_step = tuple(seq.request_id for seq in batch.seqs)
         block_tables = [self.block_manager.block_table(seq.request_id) for seq in batch.seqs]
         logits, sample_indices = self.runner.execute(batch, block_tables)
+        self._in_step = ()
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += num_new
         return self._sample(logits, [batch.seqs[i] for i in sample_indices])
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[RequestOutput]:  # logits: [S, V]
+        """One token per sequence, each appended; a sequence whose sampling or appending fails
+        finishes with reason "error" and the rest carry on (see the module docstring)."""
         if not seqs:
             return []
-        token_ids = self.sampler.sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
-        return [self._append(seq, token_id) for seq, token_id in zip(seqs, token_ids)]
+        params, generators = [s.params for s in seqs], [s.generator for s in seqs]
+        # A batch draw that fails half-way has advanced some rows' generators; put them back, so
+        # the rows that redraw one by one below take the same tokens they would have taken.
+        states = [g.get_state() if g is not None and not p.is_greedy else None for p, g in zip(params, generators)]
+        try:
+            token_ids: list[int | BaseException] = list(self.sampler.sample(logits, params, generators))
+        except Exception:  # noqa: BLE001 - find the row at fault, fail it alone
+            token_ids = []
+            for row, (seq, state) in enumerate(zip(seqs, states)):
+                if state is not None:
+                    seq.generator.set_state(state)
+                try:
+                    token_ids.extend(self.sampler.sample(logits[row:row + 1], [seq.params], [seq.generator]))
+                except Exception as exc:  # noqa: BLE001
+                    token_ids.append(exc)
+        outputs = []
+        for seq, token_id in zip(seqs, token_ids):
+            if isinstance(token_id, BaseException):
+                outputs.append(self._fail(seq, "sampling", token_id))
+                continue
+            try:
+                outputs.append(self._append(seq, token_id))
+            except Exception as exc:  # noqa: BLE001 - stop handling or detokenizing: this request's alone
+                outputs.append(self._fail(seq, "stop handling or detokenizing", exc))
+        return outputs
+
+    def _fail(self, seq: Sequence, stage: str, exc: BaseException) -> RequestOutput:
+        """Finishes one request with reason "error" (its output's ``error`` says why), freeing its
+        blocks; the engine and the other requests go on."""
+        logger.error("request %s failed in %s: %s: %s", seq.request_id, stage, type(exc).__name__, exc)
+        if seq.request_id in self._tracked:
+            self._retire(seq, FinishReason.ERROR)
+        return RequestOutput(request_id=seq.request_id, new_token_ids=(), new_text="", finished=True,
+                             finish_reason=FinishReason.ERROR.value, num_prompt_tokens=seq.num_prompt_tokens,
+                             num_output_tokens=seq.num_output_tokens,
+                             error=f"{stage} failed: {type(exc).__name__}: {exc}")
 
     def _step_while_loading(self) -> list[RequestOutput]:
         gate, zigzag = self._gate, self._zigzag

@@ -16,8 +16,10 @@ model; the gateway continues those requests on the model's next instance.
 
 Requests are validated before they touch the engine and refused with `InvalidFieldError`, which
 names the offending field (OpenAI's error ``param``) so the gateway answers 400 pointing at it.
-The prompt is tokenized once; which check failed tells which field is at fault, so no error
-message is ever parsed.
+The prompt is tokenized once, in a worker thread (an 8 MiB prompt must not stall the other
+streams on the actor's event loop); which check failed tells which field is at fault, so no
+error message is ever parsed. A request that fails alone inside the engine (its sampling, stop
+handling or detokenizing) raises `RequestFailedError` from its stream; the instance goes on.
 
 All methods run on one asyncio event loop (the actor's); only the load thread and the engine
 thread run beside it, and they hand results over through futures and `AsyncEngine`'s queues.
@@ -45,6 +47,7 @@ from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
 from worker.peer_weights import PeerWeights, PeerWeightsReceiver, WeightStreams
 from worker.reserved_memory import ReservedMemory
 from worker.sampling_params import SamplingParams
+from worker.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -332,7 +335,8 @@ class InstanceWorker:
         ``prompt`` is a string, a list of token ids, or a list of chat messages (rendered with the
         model's chat template). Raises before the first chunk: `InvalidFieldError` for a bad
         request, `InstanceLoadError` if the model could not be loaded, `EngineDeadError` if the
-        instance is shut down or its engine failed. Leaving early (``aclose``, or the task being
+        instance is shut down or its engine failed; mid-stream, `RequestFailedError` if this
+        request alone failed in the engine (the instance serves on), `EngineDeadError` if the engine died. Leaving early (``aclose``, or the task being
         cancelled, which is what ``ray.cancel`` does) aborts the request and frees its KV blocks.
         """
         async_engine = await self._serving_engine()
@@ -341,16 +345,19 @@ class InstanceWorker:
         if request_id in self._open_streams:
             raise InvalidFieldError(f"request id {request_id!r} is already in use", field="request_id")
         params = as_sampling_params(sampling_params)
-        prompt_token_ids = _validated_prompt_ids(async_engine.engine, prompt, params)
+        # Off the event loop: a long prompt's tokenizing must not stall every other stream here.
+        seq = await asyncio.to_thread(_validated_request, async_engine.engine, request_id, prompt, params)
+        if request_id in self._open_streams:  # taken while it was tokenized
+            raise InvalidFieldError(f"request id {request_id!r} is already in use", field="request_id")
         if self._suspending:  # routed here just before the suspension: it waits for the next slot too
             yield GenerationChunk(request_id=request_id, text="", token_ids=(), finish_reason=SUSPENDED,
-                                  num_prompt_tokens=len(prompt_token_ids), num_completion_tokens=0)
+                                  num_prompt_tokens=seq.num_prompt_tokens, num_completion_tokens=0)
             return
         closed = asyncio.get_running_loop().create_future()
         self._open_streams[request_id] = closed
         self._num_requests_started += 1
         try:
-            outputs = async_engine.generate(prompt_token_ids, params, request_id)
+            outputs = async_engine.stream(seq)
             async with contextlib.aclosing(outputs):
                 async for out in outputs:
                     self._num_generated_tokens += len(out.new_token_ids)
@@ -447,20 +454,17 @@ class InstanceWorker:
         return f"InstanceWorker({self.instance_id!r}, model={self.model_id!r}, state={self.state.value})"
 
 
-def _validated_prompt_ids(engine: Engine, prompt: Prompt, params: SamplingParams) -> list[int]:
-    """Tokenizes the prompt and runs the engine's admission checks, blaming the right field.
-
-    The engine checks the prompt alone first (with one output token: its length against the
-    context and the KV pool), then the prompt with the request's ``max_tokens``; a failure in the
-    second step is ``max_tokens``'s fault. `Engine.prepare_request` touches no engine state.
-    """
+def _validated_request(engine: Engine, request_id: str, prompt: Prompt, params: SamplingParams) -> Sequence:
+    """Tokenizes the prompt once and runs the engine's admission checks, blaming the right field:
+    the prompt alone (`Engine.tokenize_prompt`) is the prompt's (or the messages') fault, the
+    prompt with the request's ``max_tokens`` (`Engine.prepare_tokens`) is ``max_tokens``'s.
+    Touches no engine state, so it runs in a worker thread."""
     prompt_field = "messages" if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) else "prompt"
     try:
-        prompt_ids = engine.prepare_request(prompt, SamplingParams(max_tokens=1)).prompt_token_ids
+        prompt_ids = engine.tokenize_prompt(prompt)
     except InvalidRequestError as exc:
         raise InvalidFieldError(str(exc), field=prompt_field) from exc
     try:
-        engine.prepare_request(prompt_ids, params)
+        return engine.prepare_tokens(prompt_ids, params, request_id)
     except InvalidRequestError as exc:
         raise InvalidFieldError(str(exc), field="max_tokens") from exc
-    return prompt_ids

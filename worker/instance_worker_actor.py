@@ -33,7 +33,7 @@ from typing import Any
 
 from loader import StreamConfig
 from worker.async_engine import EngineDeadError
-from worker.engine import InvalidRequestError, Prompt
+from worker.engine import InvalidRequestError, Prompt, RequestFailedError
 from worker.engine_config import EngineConfig
 from worker.host_allocator import tune_host_allocator
 from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
@@ -52,7 +52,8 @@ class SpareWorkerError(RuntimeError):
 
 
 # Errors the worker raises on purpose: passed to the caller as themselves, not as Ray's wrapper.
-_WORKER_ERRORS = (InvalidRequestError, InstanceLoadError, EngineDeadError, SpareWorkerError, SourceUnavailableError)
+_WORKER_ERRORS = (InvalidRequestError, InstanceLoadError, EngineDeadError, RequestFailedError, SpareWorkerError,
+                  SourceUnavailableError)
 
 
 class InstanceWorkerActor:
@@ -250,7 +251,7 @@ async def stream_generation(handle, request_id: str, prompt: Prompt,
     """The caller's side of ``generate``: yields the chunks; leaving early cancels the request.
 
     The worker's own errors (`InvalidFieldError` and the other `InvalidRequestError`s,
-    `InstanceLoadError`, `EngineDeadError`) are raised as themselves, with Ray's wrapper as their
+    `InstanceLoadError`, `EngineDeadError`, `RequestFailedError`) are raised as themselves, with Ray's wrapper as their
     ``__cause__``; Ray's errors (the actor died, ...) pass through unchanged.
     """
     import ray

@@ -16,9 +16,10 @@ class RequestOutput:
     new_token_ids: tuple[int, ...]
     new_text: str = field(repr=False)
     finished: bool
-    finish_reason: str | None  # "stop", "length", "abort" once finished
+    finish_reason: str | None  # "stop", "length", "abort" once finished ("error": see `error`)
     num_prompt_tokens: int
     num_output_tokens: int
+    error: str | None = None  # why this request alone failed (finish reason "error"); for logs, not clients
 
 
 @dataclass(frozen=True)

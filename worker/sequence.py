@@ -32,6 +32,7 @@ class FinishReason(str, enum.Enum):
     LENGTH = "length"  # max_tokens or the model's context
     ABORT = "abort"  # cancelled by the caller or the client went away
     MIGRATED = "migrated"  # handed over to another instance; the stream continues there
+    ERROR = "error"  # this request alone failed (sampling, stop handling, detokenizing); the engine goes on
 
 
 @dataclass(eq=False)
