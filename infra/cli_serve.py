@@ -1,8 +1,9 @@
 """``thaw serve``: run a platform in the foreground until Ctrl-C (or SIGTERM), then stop it cleanly.
 
-Starts a local Ray (or joins ``--address``), the controller, node stores and the gateway (see
-`infra.platform`), prints where it listens and — on the first start only — the admin key, then
-waits. A signal stops the gateway, the controller with its workers and node stores, and the
+Starts a local Ray bound to loopback (or joins ``--address``), the controller, node stores and
+the gateway (see `infra.platform`), prints where it listens and — on the first start only — the
+admin key, then waits. Flags are checked before anything starts: ``--no-auth`` only with a
+loopback ``--host`` (every caller would be admin), ``--metrics-token-file`` only with keys. A signal stops the gateway, the controller with its workers and node stores, and the
 local Ray, and the command exits 0; a second Ctrl-C while stopping is ignored, so the stop is
 never cut short into leftovers.
 """
@@ -15,7 +16,7 @@ import sys
 import threading
 from pathlib import Path
 
-from infra.platform_config import DEFAULT_PORT, GIB, PlatformConfig, default_state_dir
+from infra.platform_config import DEFAULT_BODY_TIMEOUT_S, DEFAULT_PORT, GIB, PlatformConfig, default_state_dir
 
 
 def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
@@ -27,6 +28,9 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
     if not args.spare_memory_gb >= 0:  # also refuses nan
         raise UsageError(f"--spare-memory-gb must be 0 or more (GB each spare faults ahead for a model's weights), "
                          f"got {args.spare_memory_gb:g}")
+    if not 0 < args.body_timeout_s < float("inf"):
+        raise UsageError(f"--body-timeout-s must be more than 0 (seconds a request body may take to arrive), "
+                         f"got {args.body_timeout_s:g}")
     if not 0 <= args.peer_link_gbps < float("inf"):
         raise UsageError(f"--peer-link-gbps must be 0 or more (GB/s assumed for streaming weights from a running "
                          f"instance; 0: never), got {args.peer_link_gbps:g}")
@@ -35,6 +39,9 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
             state_dir=Path(args.state).expanduser().absolute(), state_store=args.state_store,
             repository_uri=args.repository, repository_endpoint_url=args.endpoint_url, ray_address=args.address,
             host=args.host, port=args.port, namespace=args.namespace, auth=not args.no_auth, num_cpus=args.num_cpus,
+            metrics_token_file=(Path(args.metrics_token_file).expanduser().absolute()
+                                if args.metrics_token_file is not None else None),
+            gateway_body_timeout_s=args.body_timeout_s,
             cpu_worker_slots_per_node=args.worker_slots, ssd_capacity_bytes=int(args.ssd_capacity_gb * GIB),
             dram_capacity_bytes=int(args.dram_capacity_gb * GIB), calibrate=not args.no_calibrate,
             num_gateway_replicas=args.gateway_replicas, spare_workers_per_node=args.spare_workers,
@@ -73,7 +80,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _print_banner(config: PlatformConfig, started) -> None:
     lines = [f"[thaw] serving at {started.url} (OpenAI-compatible: {started.url}/v1), state in {config.state_dir}"]
     if not config.auth:
-        lines.append("[thaw] --no-auth: no API key needed, every caller is admin; do not expose this port")
+        lines.append("[thaw] --no-auth: no API key needed, every caller is admin; answering only requests "
+                     "addressed to 127.0.0.1, localhost or [::1]")
     elif started.new_admin_key is not None:
         lines.append(f"[thaw] admin key (shown once; also saved to {config.admin_key_file}, mode 0600):")
         lines.append(f"    {started.new_admin_key}")
@@ -94,7 +102,8 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--demo", action="store_true",
                        help="write the demo model into the state directory (if missing) and deploy it as demo/tiny")
     serve.add_argument("--address", default=None, help="join this Ray cluster instead of starting a local Ray")
-    serve.add_argument("--host", default="127.0.0.1", help="address the gateway listens on (0.0.0.0: all)")
+    serve.add_argument("--host", default="127.0.0.1", help="address the gateway listens on (0.0.0.0: all; "
+                                                            "with --no-auth only a loopback address)")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT)
     serve.add_argument("--state", default=str(default_state_dir()),
                        help="state directory: SQLite state, SSD cache, admin key, demo model "
@@ -105,7 +114,14 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
                                                            "(default: STATE/repository)")
     serve.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint of the repository")
     serve.add_argument("--namespace", default="thaw", help="Ray namespace of this platform's actors")
-    serve.add_argument("--no-auth", action="store_true", help="no API keys: anyone may call anything (local only)")
+    serve.add_argument("--no-auth", action="store_true",
+                       help="no API keys: anyone on this machine may call anything; only with a loopback --host, "
+                            "and only requests addressed to 127.0.0.1, localhost or [::1] are answered")
+    serve.add_argument("--metrics-token-file", default=None,
+                       help="file holding a token (e.g. `openssl rand -hex 32`) that may read /metrics, for "
+                            "Prometheus; without it /metrics needs the admin key")
+    serve.add_argument("--body-timeout-s", type=float, default=DEFAULT_BODY_TIMEOUT_S,
+                       help="seconds a request body may take to arrive before the gateway answers 408")
     serve.add_argument("--reset-admin-key", action="store_true", help="revoke the admin key and print a new one")
     serve.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     serve.add_argument("--worker-slots", type=int, default=1, help="model instances per CPU-only node")

@@ -15,12 +15,17 @@ Routes (``{model}`` is ``tenant/name``, slash included):
 - ``GET /v1/models``, ``GET /v1/models/{model}``: the models the caller's key may use;
 - the same under ``/models/{model}/v1/...``, where the model is in the URL and a body's
   ``model`` is optional (and must match when given);
-- ``GET /healthz`` (process up), ``GET /readyz`` (backend ready), ``GET /metrics``.
+- ``GET /healthz`` (process up), ``GET /readyz`` (backend ready): open to anyone;
+- ``GET /metrics`` (Prometheus): the admin key or the metrics scrape token;
+- ``GET /openapi.json``: any valid key; ``/docs`` and ``/redoc`` only in no-auth mode.
 
-Order of checks on a generation request: the key (401), the body (400, each field named), the
-model's tenant (403), the model's existence (404), then the backend's own verdicts (400 prompt
-over context, 429/503 for a cold model's queue). A bad request fails on its own: nothing is
-shared between requests but the backend, which validates before admitting.
+Order of checks on a generation request: the key (401, before a byte of the body is read:
+`gateway_access.AccessGate`; in no-auth mode the ``Host`` instead, 421 unless a loopback
+name), the body's size and arrival time (413, 408: `gateway_body_limit.BodyLimit`), the body
+(400, each field named), the model's tenant (403), the model's existence (404), then the
+backend's own verdicts (400 prompt over context, 429/503 for a cold model's queue). A bad
+request fails on its own: nothing is shared between requests but the backend, which validates
+before admitting.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the route functions' annotations,
@@ -35,9 +40,10 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from controller import parse_model_id
+from infra.gateway_access import AccessGate, principal_of
 from infra.gateway_auth import GatewayAuth, Principal
 from infra.gateway_backend import GatewayBackend, ModelCard
-from infra.gateway_body_limit import BodySizeLimit
+from infra.gateway_body_limit import DEFAULT_BODY_TIMEOUT_S, BodyLimit
 from infra.gateway_metrics import UNKNOWN_MODEL, GatewayMetrics
 from infra.gateway_stream import GenerationResponse, GenerationStream, RequestInfo
 from infra.openai_errors import OpenAIError, bad_request, install_error_handlers, model_forbidden, model_not_found
@@ -61,7 +67,8 @@ _ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 _ERROR_RESPONSES = {
     status: {"description": text, "content": {"application/json": {}}}
     for status, text in ((400, "bad request"), (401, "no or unknown API key"), (403, "model of another tenant"),
-                         (404, "unknown model"), (413, "body too large"), (429, "model queue full"),
+                         (404, "unknown model"), (408, "body not received in time"), (413, "body too large"),
+                         (429, "model queue full"),
                          (503, "queue deadline passed or backend unavailable"))
 }
 
@@ -72,6 +79,8 @@ def build_gateway_app(
     metrics: GatewayMetrics | None = None,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    http_port: int | None = None,
     chat_default_max_tokens: int | None = None,
     clock: Callable[[], float] = time.monotonic,
     title: str = "Thaw gateway",
@@ -81,6 +90,9 @@ def build_gateway_app(
     metrics: where request metrics go (a fresh `GatewayMetrics` when None; pass one to share it
         with the code that records cold starts and instance counts).
     max_body_bytes: larger request bodies get 413.
+    body_timeout_s: a body not complete this long after the request arrived gets 408.
+    http_port: the port clients reach the gateway on; with auth off, a request's ``Host`` must
+        name it (None: any port on a loopback name).
     chat_default_max_tokens: a chat's limit when it gives none; None means up to the model's context.
     clock: monotonic seconds, for latency metrics.
     """
@@ -88,8 +100,9 @@ def build_gateway_app(
     if chat_default_max_tokens is not None and (not isinstance(chat_default_max_tokens, int)
                                                 or chat_default_max_tokens < 1):
         raise ValueError(f"chat_default_max_tokens must be None or an integer >= 1, got {chat_default_max_tokens!r}")
-    app = FastAPI(title=title, version="1", description="OpenAI-compatible serving of Thaw's models.")
-    app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
+    # With keys on, the interactive docs stay off: their page fetches the schema without a key.
+    docs = {} if not auth.enabled else {"docs_url": None, "redoc_url": None}
+    app = FastAPI(title=title, version="1", description="OpenAI-compatible serving of Thaw's models.", **docs)
     bearer = HTTPBearer(auto_error=False, description="an API key: `Authorization: Bearer thaw_...`")
 
     def observe_error(request: Request, error: OpenAIError) -> None:
@@ -99,9 +112,15 @@ def build_gateway_app(
             metrics.record_request(model_id, endpoint, error.status_code)
 
     install_error_handlers(app, observe_error)
+    # Added last, so outermost: the key (or the Host) is checked before the body is read.
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s)
+    app.add_middleware(AccessGate, auth=auth, http_port=http_port, on_refused=observe_error)
 
     async def principal(request: Request,
                         _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:
+        checked = principal_of(request)  # the gate verified the key already
+        if checked is not None:
+            return checked
         # The raw header, not HTTPBearer's parse: a malformed one gets its own message.
         return await auth.authenticate(request.headers.get("authorization"))
 
@@ -213,8 +232,10 @@ def build_gateway_app(
         return OpenAIError(503, "the serving backend is not ready", "service_unavailable", None,
                            "backend_unavailable", {"Retry-After": "1"}).to_response()
 
-    @app.get("/metrics")
-    async def metrics_endpoint() -> Response:
+    @app.get("/metrics", responses={401: _ERROR_RESPONSES[401],
+                                    403: {"description": "neither the admin key nor the scrape token",
+                                          "content": {"application/json": {}}}})
+    async def metrics_endpoint() -> Response:  # who may read it: AccessGate
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 

@@ -12,18 +12,27 @@ locks do not pickle.
 A replica takes no CPU (``num_cpus=0``): on a CPU-only node the CPUs are the model instances'
 worker slots, and the gateway only relays tokens. Serve's default ``max_ongoing_requests``
 (5 per replica) would queue streams in the proxy; the gateway has its own per-model queue with
-a bound and a deadline, so the replica's limit is set high instead.
+a bound and a deadline, so the replica's limit is set high instead. Past it, requests wait in
+each proxy's queue, which is bounded too (``max_queued_requests``; Serve's default is no
+bound): beyond it the proxy answers 503 with ``Retry-After`` at once, rather than piling up
+connections the gateway will never get to. Requests that hold a slot without making progress
+are cut short by the app itself: a body not complete within ``body_timeout_s`` gets 408, and
+an anonymous request is refused before its body is read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from ray import serve
+from ray.serve.config import BackpressureConfig
 
+from infra.gateway_body_limit import DEFAULT_BODY_TIMEOUT_S
+from infra.metrics_token import MetricsToken
 from infra.ray_backend_config import RayBackendConfig
 
 
@@ -38,6 +47,14 @@ class GatewayDeploymentConfig:
         auth: False is ``--no-auth``: no keys, every caller is admin.
         num_replicas: gateway replicas; each keeps its own routing-table cache and queue.
         max_ongoing_requests: requests one replica takes at once (streams included).
+        max_queued_requests: requests each Serve proxy holds waiting for a replica slot; beyond
+            it the proxy answers 503 with Retry-After `retry_after_s` at once.
+        retry_after_s: the Retry-After of that 503.
+        body_timeout_s: a request body not complete this long after the request arrived gets 408.
+        http_port: the port clients reach the gateway on; with auth off, a request's ``Host``
+            must name a loopback address at this port (None: any port).
+        metrics_token_sha256: the hex SHA-256 of the metrics scrape token that may read
+            ``/metrics`` besides the admin key (`infra.metrics_token`); None: the admin key only.
         controller_wait_s: how long a starting replica waits for the controller actor to exist.
         backend: the routing and queueing settings.
     """
@@ -48,6 +65,11 @@ class GatewayDeploymentConfig:
     auth: bool = True
     num_replicas: int = 1
     max_ongoing_requests: int = 4096
+    max_queued_requests: int = 1024
+    retry_after_s: float = 1.0
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    http_port: int | None = None
+    metrics_token_sha256: str | None = None
     controller_wait_s: float = 60.0
     backend: RayBackendConfig = field(default_factory=RayBackendConfig)
 
@@ -58,10 +80,24 @@ class GatewayDeploymentConfig:
                 raise ValueError(f"GatewayDeploymentConfig.{name} must be a non-empty string, got {value!r}")
         if not isinstance(self.auth, bool):
             raise ValueError("GatewayDeploymentConfig.auth must be True or False")
-        for name in ("num_replicas", "max_ongoing_requests"):
+        for name in ("num_replicas", "max_ongoing_requests", "max_queued_requests"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"GatewayDeploymentConfig.{name} must be an integer >= 1, got {value!r}")
+        for name in ("retry_after_s", "body_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"GatewayDeploymentConfig.{name} must be a finite number of seconds > 0, "
+                                 f"got {value!r}")
+        if self.http_port is not None and (isinstance(self.http_port, bool) or not isinstance(self.http_port, int)
+                                           or not 0 < self.http_port < 65536):
+            raise ValueError(f"GatewayDeploymentConfig.http_port must be None or a port in 1..65535, "
+                             f"got {self.http_port!r}")
+        if self.metrics_token_sha256 is not None:
+            MetricsToken(self.metrics_token_sha256)  # validates the digest's form
+            if not self.auth:
+                raise ValueError("GatewayDeploymentConfig.metrics_token_sha256 needs auth: without keys, /metrics "
+                                 "is open to loopback callers anyway")
         if not isinstance(self.controller_wait_s, (int, float)) or not self.controller_wait_s > 0:
             raise ValueError(f"GatewayDeploymentConfig.controller_wait_s must be > 0, got {self.controller_wait_s!r}")
         if not isinstance(self.backend, RayBackendConfig):
@@ -111,11 +147,14 @@ class GatewayReplica:
         from infra.gateway_app import build_gateway_app
         from infra.gateway_auth import GatewayAuth
 
-        if self._config.auth:
-            auth: GatewayAuth = AdminKeyAuth(verify_api_key=self._store.verify_api_key)
+        config = self._config
+        if config.auth:
+            token = MetricsToken(config.metrics_token_sha256) if config.metrics_token_sha256 is not None else None
+            auth: GatewayAuth = AdminKeyAuth(verify_api_key=self._store.verify_api_key, metrics_token=token)
         else:
             auth = GatewayAuth.no_auth()
-        app = build_gateway_app(self._backend, auth, self._metrics)
+        app = build_gateway_app(self._backend, auth, self._metrics, body_timeout_s=config.body_timeout_s,
+                                http_port=config.http_port)
         app.include_router(build_admin_router(self._controller, self._store, auth))
         return app
 
@@ -126,13 +165,18 @@ class GatewayReplica:
             self._store.close()
 
 
-def gateway_application(config: GatewayDeploymentConfig) -> serve.Application:
-    """The gateway deployment, bound to `config`, ready for ``serve.run``."""
-    deployment = serve.deployment(
+def gateway_deployment(config: GatewayDeploymentConfig) -> serve.Deployment:
+    """The gateway's Serve deployment with `config`'s limits (not yet bound to it)."""
+    return serve.deployment(
         GatewayReplica, name="gateway", num_replicas=config.num_replicas,
-        max_ongoing_requests=config.max_ongoing_requests,
+        max_ongoing_requests=config.max_ongoing_requests, max_queued_requests=config.max_queued_requests,
+        backpressure_config=BackpressureConfig(status_code=503, retry_after_s=config.retry_after_s),
         ray_actor_options={"num_cpus": 0},
         # The proxy's health check must not wait on the controller; the app's own /readyz does.
         health_check_period_s=10, graceful_shutdown_timeout_s=5,
     )
-    return deployment.bind(config)
+
+
+def gateway_application(config: GatewayDeploymentConfig) -> serve.Application:
+    """The gateway deployment, bound to `config`, ready for ``serve.run``."""
+    return gateway_deployment(config).bind(config)

@@ -19,6 +19,9 @@ before its model was known), never a string from the request body, so a client c
 the number of series by sending made-up model names; ``cause`` and ``outcome`` take only the
 values listed in `QUEUE_WAIT_CAUSES` and `QUEUE_WAIT_OUTCOMES`. Metric names follow vLLM's
 where they mean the same (``time_to_first_token_seconds``, ``e2e_request_latency_seconds``).
+
+``GET /metrics`` is not public, since its labels name every tenant's models: it answers the
+admin key or the metrics scrape token (`infra.gateway_access`, `infra.metrics_token`).
 """
 
 from __future__ import annotations

@@ -237,7 +237,8 @@ def install_error_handlers(app: FastAPI, observe: ErrorObserver | None = None) -
     async def on_http_exception(request: Request, exc: Exception) -> JSONResponse:
         # Starlette's own errors (no such route, wrong method, body too large) in OpenAI's shape too.
         assert isinstance(exc, StarletteHTTPException)
-        kinds = {404: ("not_found_error", None), 413: ("invalid_request_error", "request_too_large")}
+        kinds = {404: ("not_found_error", None), 408: ("invalid_request_error", "request_timeout"),
+                 413: ("invalid_request_error", "request_too_large")}
         kind, code = kinds.get(exc.status_code, ("invalid_request_error", None))
         return respond(request, OpenAIError(exc.status_code, str(exc.detail), kind, None, code,
                                             dict(exc.headers or {})))

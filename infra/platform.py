@@ -1,7 +1,8 @@
 """Starting and stopping a whole platform: `Platform`, what ``thaw serve`` runs.
 
-`start` brings up, in order: Ray (a local instance owned by this process, or an existing
-cluster joined with ``ray_address``), the admin key (first start only), the controller actor
+`start` brings up, in order: Ray (a local single-node instance owned by this process and
+listening on loopback only, `infra.local_ray`; or an existing cluster joined with
+``ray_address``), the admin key (first start only), the controller actor
 (which starts the node stores and, as models get traffic, the workers), the gateway as a Ray
 Serve application, and — for ``--demo`` — the demo model deployed as ``demo/tiny``. It returns
 once the gateway answers ``/readyz``. `stop` takes it down in the reverse order: the gateway
@@ -59,6 +60,7 @@ class Platform:
               ) -> StartedPlatform:
         """Starts everything; on any failure stops what was started and raises `PlatformError`."""
         config = self.config
+        metrics_token = self._read_metrics_token()
         if config.ray_address is None:
             _check_port_free(config.host, config.port)
         config.state_dir.mkdir(parents=True, exist_ok=True)
@@ -68,13 +70,24 @@ class Platform:
         try:
             self._start_ray()
             self._start_controller(ready_timeout_s)
-            self._start_gateway(ready_timeout_s)
+            self._start_gateway(ready_timeout_s, metrics_token)
             demo_model_id = self._deploy_demo() if demo else None
         except BaseException:
             self.stop()
             raise
         config.gateway_url_file.write_text(config.url + "\n", encoding="utf-8")
         return StartedPlatform(url=config.url, new_admin_key=new_key, demo_model_id=demo_model_id)
+
+    def _read_metrics_token(self) -> str | None:
+        """The digest of the scrape token in ``metrics_token_file`` (read before anything starts)."""
+        from infra.metrics_token import read_metrics_token_file
+
+        if self.config.metrics_token_file is None:
+            return None
+        try:
+            return read_metrics_token_file(self.config.metrics_token_file).sha256_hex
+        except ValueError as exc:
+            raise PlatformError(f"--metrics-token-file: {exc}") from None
 
     def _prepare_admin_key(self, reset: bool) -> str | None:
         from controller import open_state_store
@@ -93,10 +106,11 @@ class Platform:
         options: dict[str, Any] = {"namespace": self.config.namespace, "include_dashboard": False,
                                    "logging_level": logging.WARNING, "log_to_driver": False}
         if self.config.ray_address is None:
-            options["num_cpus"] = self.config.num_cpus
+            from infra.local_ray import init_local_ray
+
+            init_local_ray(num_cpus=self.config.num_cpus, **options)  # nobody else joins it: loopback only
         else:
-            options["address"] = self.config.ray_address
-        ray.init(**options)
+            ray.init(address=self.config.ray_address, **options)
         self._owns_ray = True
 
     def _start_controller(self, timeout_s: float) -> None:
@@ -120,7 +134,7 @@ class Platform:
         except ray.exceptions.RayError as exc:
             raise PlatformError(f"the controller failed to start: {exc}") from None
 
-    def _start_gateway(self, timeout_s: float) -> None:
+    def _start_gateway(self, timeout_s: float, metrics_token_sha256: str | None) -> None:
         from ray import serve
 
         from infra.gateway_deployment import gateway_application
@@ -128,7 +142,8 @@ class Platform:
         config = self.config
         serve.start(http_options={"host": config.host, "port": config.port})
         self._serve_started = True
-        serve.run(gateway_application(config.gateway_config()), name=config.gateway_app_name, route_prefix="/")
+        serve.run(gateway_application(config.gateway_config(metrics_token_sha256)), name=config.gateway_app_name,
+                  route_prefix="/")
         self._wait_ready(timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> None:

@@ -12,6 +12,11 @@ reads the environment; the dataclass itself only validates what it is given.
 
 The derived configurations (`controller_config`, `gateway_config`) are built here so the CLI,
 the platform and the tests agree on every path.
+
+``--no-auth`` (``auth=False``) makes every caller admin, so it is refused unless the gateway
+listens on a loopback address (`LOOPBACK_HOSTS`); the gateway then also answers only requests
+addressed to a loopback name (`infra.gateway_access`), which keeps a web page from reaching it
+through DNS rebinding.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ GATEWAY_URL_FILE = "gateway_url"  # where the running platform listens, while it
 DEMO_MODEL_DIR = "demo-model"
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,47}")
 _HOST_RE = re.compile(r"[A-Za-z0-9.:\-\[\]]+")
+# Where a no-auth gateway may listen; the same names `infra.gateway_access.LOOPBACK_NAMES` accepts in Host.
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+DEFAULT_BODY_TIMEOUT_S = 30.0
 
 
 def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -65,7 +73,13 @@ class PlatformConfig:
             local Ray for this process and stop it on exit.
         host / port: where the gateway listens (Ray Serve's HTTP proxy).
         namespace: Ray namespace of this platform's actors; also its shared-memory id.
-        auth: False is ``--no-auth``: no keys, everyone is admin (local experiments only).
+        auth: False is ``--no-auth``: no keys, everyone is admin (local experiments only; needs
+            a loopback `host`).
+        metrics_token_file: a file holding the Prometheus scrape token that may read
+            ``/metrics`` besides the admin key (`infra.metrics_token`); None: the admin key only.
+            Needs `auth`. Read by `Platform.start`, not here.
+        gateway_body_timeout_s: a request body not complete this long after the request
+            arrived gets 408 (so slow bodies cannot hold the gateway's request slots).
         num_cpus: CPUs a local Ray offers; None: all of the machine's.
         cpu_worker_slots_per_node: model instances a CPU-only node runs at once.
         ssd_capacity_bytes / dram_capacity_bytes: each node store's tiers.
@@ -93,6 +107,8 @@ class PlatformConfig:
     port: int = DEFAULT_PORT
     namespace: str = "thaw"
     auth: bool = True
+    metrics_token_file: Path | None = None
+    gateway_body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     num_cpus: int | None = None
     cpu_worker_slots_per_node: int = 1
     ssd_capacity_bytes: int = 64 * GIB
@@ -131,6 +147,21 @@ class PlatformConfig:
         for name in ("auth", "calibrate"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"PlatformConfig.{name} must be True or False")
+        if not self.auth and self.host.lower() not in LOOPBACK_HOSTS:
+            raise ValueError(f"--no-auth (PlatformConfig.auth=False) makes every caller admin, so the gateway may then "
+                             f"listen only on a loopback address: --host must be 127.0.0.1, localhost or ::1, got "
+                             f"{self.host!r}; to serve other machines, drop --no-auth and give clients API keys")
+        if self.metrics_token_file is not None:
+            if not isinstance(self.metrics_token_file, (str, Path)) or not str(self.metrics_token_file):
+                raise ValueError(f"PlatformConfig.metrics_token_file must be None or a path, "
+                                 f"got {self.metrics_token_file!r}")
+            object.__setattr__(self, "metrics_token_file", Path(self.metrics_token_file))
+            if not self.auth:
+                raise ValueError("--metrics-token-file needs API keys: with --no-auth, /metrics is open to callers "
+                                 "on this machine already; drop one of the two")
+        value = self.gateway_body_timeout_s
+        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"PlatformConfig.gateway_body_timeout_s must be a number of seconds > 0, got {value!r}")
         if self.num_cpus is not None:
             _int("num_cpus", self.num_cpus, 1)
         _int("cpu_worker_slots_per_node", self.cpu_worker_slots_per_node, 1)
@@ -212,10 +243,13 @@ class PlatformConfig:
             peer_stream=peer_stream, slot_sharing=SlotSharingSettings() if self.slot_sharing else None,
         )
 
-    def gateway_config(self) -> Any:
-        """The `GatewayDeploymentConfig` of this platform's gateway."""
+    def gateway_config(self, metrics_token_sha256: str | None = None) -> Any:
+        """The `GatewayDeploymentConfig` of this platform's gateway; `metrics_token_sha256` is the
+        digest of the token in `metrics_token_file` (`Platform.start` reads it)."""
         from infra.gateway_deployment import GatewayDeploymentConfig
 
         return GatewayDeploymentConfig(namespace=self.namespace, controller_name=self.controller_name,
                                        state_store=self.state_location, auth=self.auth,
-                                       num_replicas=self.num_gateway_replicas)
+                                       num_replicas=self.num_gateway_replicas, http_port=self.port,
+                                       body_timeout_s=self.gateway_body_timeout_s,
+                                       metrics_token_sha256=metrics_token_sha256)

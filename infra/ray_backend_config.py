@@ -36,6 +36,8 @@ class RayBackendConfig:
             routing table drops it sooner).
         max_attempts: instances one request is tried on before it fails, counting those it is
             recovered on after an instance died mid-stream.
+        unknown_model_ttl_s: how long a model name the controller did not know is answered 404
+            without asking it again (0: ask every time); forgotten early once a refresh lists it.
     """
 
     long_poll_s: float = 5.0
@@ -49,6 +51,7 @@ class RayBackendConfig:
     call_timeout_s: float = 5.0
     broken_instance_s: float = 10.0
     max_attempts: int = 3
+    unknown_model_ttl_s: float = 3.0
 
     def __post_init__(self) -> None:
         for name in ("long_poll_s", "retry_interval_s", "retry_after_s", "max_retry_after_s",
@@ -61,6 +64,10 @@ class RayBackendConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"RayBackendConfig.{name} must be an integer >= 1, got {value!r}")
+        value = self.unknown_model_ttl_s
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"RayBackendConfig.unknown_model_ttl_s must be a finite number >= 0 (0: no caching of "
+                             f"unknown model names), got {value!r}")
         if self.stale_after_s <= self.long_poll_s:
             raise ValueError(f"RayBackendConfig.stale_after_s ({self.stale_after_s:g}) must be longer than "
                              f"long_poll_s ({self.long_poll_s:g}), or an idle gateway would look stale")

@@ -8,7 +8,8 @@ with the version it holds: the controller answers at once when the table changes
 became ready) and otherwise after a few seconds, and the model records are re-read with each
 answer. A request for a model with a ready instance below its concurrency cap goes straight to
 the least-loaded one (the gateway's own in-flight count first, the controller's last report as
-tie-break).
+tie-break). A model name not in the copy is looked up at the controller once; a "not found" is
+remembered for ``unknown_model_ttl_s`` (`NegativeCache`), until a refresh lists the model.
 
 When no instance can take it (scaled to zero, or all at the cap), the request joins the model's
 FIFO queue, bounded by the spec's ``max_queued_requests`` and by its tenant's quota of the same
@@ -81,6 +82,7 @@ from infra.gateway_backend import (
 from infra.gateway_metrics import GatewayMetrics
 from infra.gateway_model_info import ModelInfo, model_info_from_record
 from infra.instance_replies import gateway_chunk, invalid_request
+from infra.negative_cache import NegativeCache
 from infra.queue_outlooks import QueueOutlooks
 from infra.ray_backend_config import RayBackendConfig
 from infra.serving_cluster import InstanceGone, InstanceRoute, ServingCluster
@@ -140,6 +142,7 @@ class RayGatewayBackend:
         self._requests: dict[str, _Request] = {}
         self._reported: dict[str, tuple[int, float]] = {}  # model id -> (queue length, when) last told
         self._outlooks = QueueOutlooks(self._config.retry_after_s, self._config.max_retry_after_s)
+        self._unknown = NegativeCache(self._config.unknown_model_ttl_s, clock=clock)  # names found not deployed
         self._raw_table: Mapping[str, Any] | None = None
         self._raw_records: list[Mapping[str, Any]] | None = None
         self._last_refresh_ok: float | None = None
@@ -318,13 +321,17 @@ class RayGatewayBackend:
         if info is not None:
             return info
         # Not in the cache: deployed since the last refresh, or not at all. Only this path asks
-        # the controller on the request path, and only for a model nobody has served yet.
+        # the controller on the request path, and only for a model nobody has served yet; a "no"
+        # is remembered briefly, so repeating an unknown name does not cost a call each time.
+        if model_id in self._unknown:
+            raise ModelNotFound(model_id)
         try:
             record = await self._cluster.get_model(model_id)
         except Exception as exc:  # noqa: BLE001 - an unreachable controller is a 503, not a 500
             logger.warning("looking up model %s at the controller failed: %s: %s", model_id, type(exc).__name__, exc)
             raise BackendUnavailable("the controller is unreachable; retry later", self._config.retry_after_s) from exc
         if record is None:
+            self._unknown.add(model_id)
             raise ModelNotFound(model_id)
         info = model_info_from_record(record)
         self._models[model_id] = info
@@ -586,6 +593,7 @@ class RayGatewayBackend:
             for model_id in models:
                 self._metrics.set_instances(model_id, len(routes.get(model_id, ())))
         self._version, self._routes, self._models, self._models_loaded = version, routes, models, True
+        self._unknown.discard(models)  # deployed after a miss: no longer unknown
         for model_id in list(self._queues):
             if model_id not in models:  # deleted while requests waited for it
                 self._drop_model(model_id)

@@ -102,6 +102,22 @@ def test_serve_refuses_bad_spare_or_stream_settings_by_flag_before_starting_anyt
     assert not (tmp_path / "state").exists()  # nothing was set up
 
 
+def test_serve_refuses_no_auth_on_a_public_host_before_starting_anything(tmp_path):
+    result = thaw("serve", "--state", str(tmp_path / "state"), "--no-auth", "--host", "0.0.0.0", timeout=60)
+    assert result.returncode == 2
+    assert "--no-auth" in result.stderr and "--host must be 127.0.0.1, localhost or ::1, got '0.0.0.0'" in result.stderr
+    assert not (tmp_path / "state").exists()
+
+
+def test_serve_names_an_unusable_metrics_token_file_before_starting_anything(tmp_path):
+    result = thaw("serve", "--state", str(tmp_path / "state"), "--metrics-token-file", str(tmp_path / "none"),
+                  timeout=60)
+    assert result.returncode == 1
+    assert "--metrics-token-file: cannot read the metrics token file" in result.stderr
+    assert "openssl rand -hex 32" in result.stderr
+    assert not (tmp_path / "state").exists()
+
+
 def test_status_table_says_where_each_instance_takes_its_weights_from(capsys):
     from infra.cli_admin import print_status
     base = {"model_id": "acme/m", "node_id": "n1", "state": "ready", "estimate_s": 0.5, "load_s": 0.2,

@@ -38,6 +38,7 @@ KEYS = {"key-acme": "acme", "key-other": "other"}
 ADMIN_KEY = "admin-key-0123456789"
 ACME = {"Authorization": "Bearer key-acme"}
 CHAT = [{"role": "user", "content": "hi"}]
+LOOPBACK = "http://localhost"  # a no-auth gateway answers only loopback names in Host
 DEADLINE_S = 10.0
 SLOT_LINE = "waiting for a slot: position 2, about 1.4 s"
 
@@ -220,7 +221,8 @@ def test_per_model_routes(client, backend):
 
 
 def test_a_gateway_wide_chat_default_replaces_the_model_context(backend):
-    with TestClient(build_gateway_app(backend, GatewayAuth.no_auth(), chat_default_max_tokens=5)) as client:
+    with TestClient(build_gateway_app(backend, GatewayAuth.no_auth(), chat_default_max_tokens=5),
+                    base_url=LOOPBACK) as client:
         client.post("/v1/chat/completions", json={"model": "acme/m", "messages": CHAT})
         client.post("/v1/chat/completions", json={"model": "acme/m", "messages": CHAT, "max_tokens": 9})
     assert [call[3].max_tokens for call in backend.calls] == [5, 9]
@@ -240,7 +242,7 @@ def test_model_listing_is_per_tenant(client):
 
 
 def test_no_auth_mode_lets_anyone_use_everything(backend):
-    with TestClient(build_gateway_app(backend, GatewayAuth.no_auth())) as client:
+    with TestClient(build_gateway_app(backend, GatewayAuth.no_auth()), base_url=LOOPBACK) as client:
         assert len(client.get("/v1/models").json()["data"]) == 3
         assert client.post("/v1/completions", json={"model": "other/m", "prompt": "x"}).status_code == 200
 
@@ -427,7 +429,8 @@ def test_unexpected_backend_failure_outside_generation_is_a_500_without_details(
         raise RuntimeError("secret internals")
 
     backend.describe_model = broken
-    with TestClient(build_gateway_app(backend, GatewayAuth.no_auth()), raise_server_exceptions=False) as client:
+    with TestClient(build_gateway_app(backend, GatewayAuth.no_auth()), raise_server_exceptions=False,
+                    base_url=LOOPBACK) as client:
         error = error_of(client.get("/v1/models/acme/m"), 500)
         assert error["type"] == "server_error" and "secret" not in error["message"]
 
@@ -451,7 +454,7 @@ def test_metrics_count_requests_per_model_and_status(client, metrics):
     client.post("/v1/chat/completions", json={"model": "acme/m", "messages": CHAT}, headers={})
     metrics.record_cold_start("acme/m", "dram", 0.2)
     metrics.set_instances("acme/m", 2)
-    text = client.get("/metrics").text
+    text = client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).text
 
     def value(line_start: str) -> float:
         (line,) = [line for line in text.splitlines() if line.startswith(line_start)]

@@ -45,8 +45,8 @@ MODEL = "demo/tiny"
 TENANT = "demo"
 MAX_MODEL_LEN = 64
 MAX_EXAMPLES = 25
-# Routes anyone may call; every other one needs a key.
-PUBLIC_PATHS = {"/healthz", "/readyz", "/metrics"}
+# Routes anyone may call; every other one needs a key (/metrics the admin key or the scrape token).
+PUBLIC_PATHS = {"/healthz", "/readyz"}
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,9 @@ def gateway(tmp_path_factory) -> Iterator[tuple[Any, Any, dict[str, str]]]:
     app = build_gateway_app(LocalEngineBackend({MODEL: async_engine}), auth)
     app.include_router(build_admin_router(FakeController(store), store, auth))
     try:
-        yield schemathesis.openapi.from_asgi("/openapi.json", app), app, keys
+        schema = schemathesis.openapi.from_asgi("/openapi.json", app,  # the schema needs a key too
+                                                headers={"Authorization": f"Bearer {keys['tenant']}"})
+        yield schema, app, keys
     finally:
         async_engine.shutdown()
         store.close()

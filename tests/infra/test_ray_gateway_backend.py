@@ -819,3 +819,68 @@ def test_a_503_says_what_failed_but_carries_no_internal_exception_text():
         assert error.status_code == 503 and "is gone" not in json.dumps(error.body())
 
     run(test)(cluster, dataclasses.replace(FAST, max_attempts=1))
+
+
+def test_an_unknown_model_costs_one_controller_lookup_per_ttl_and_a_deploy_clears_its_miss():
+    """Issue 19: every request for an unknown name asked the controller. A miss is remembered
+    for ``unknown_model_ttl_s`` on the backend's clock, and forgotten once a refresh lists it."""
+    cluster = FakeCluster()
+    cluster.records[MODEL] = record(MODEL)
+    now = [100.0]
+    missing = "acme/missing"
+
+    async def listed() -> list[str]:
+        return [card.model_id for card in await backend.list_models(None)]
+
+    async def until_listed(expected: list[str]) -> None:
+        deadline = asyncio.get_running_loop().time() + DEADLINE_S
+        while await listed() != expected:
+            assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for the listing {expected}"
+            await asyncio.sleep(0.001)
+
+    async def main() -> None:
+        await backend.start()
+        try:
+            for _ in range(3):
+                with pytest.raises(ModelNotFound):
+                    await backend.describe_model(missing)
+            assert cluster.get_model_calls == [missing]  # the 2nd and 3rd came from the cache
+            now[0] += 2.9
+            with pytest.raises(ModelNotFound):
+                await backend.describe_model(missing)
+            assert cluster.get_model_calls == [missing]
+            now[0] += 0.2  # past the 3 s TTL: ask again
+            with pytest.raises(ModelNotFound):
+                await backend.describe_model(missing)
+            assert cluster.get_model_calls == [missing, missing]
+            # Deployed, seen by a refresh (the miss is dropped), deleted, seen again: then deployed
+            # once more, not yet refreshed. Within the TTL, the lookup must still reach the
+            # controller; a miss kept from before the first deploy would answer 404.
+            cluster.records[missing] = record(missing)
+            cluster.bump()
+            await until_listed([missing, MODEL])
+            del cluster.records[missing]
+            cluster.bump()
+            await until_listed([MODEL])
+            cluster.records[missing] = record(missing)
+            assert (await backend.describe_model(missing)).model_id == missing
+            assert cluster.get_model_calls == [missing, missing, missing]
+        finally:
+            await backend.close()
+
+    backend = RayGatewayBackend(cluster, FAST, GatewayMetrics(), clock=lambda: now[0])
+    asyncio.run(asyncio.wait_for(main(), DEADLINE_S * 2))
+
+
+def test_unknown_model_ttl_zero_asks_the_controller_every_time():
+    cluster = FakeCluster()
+
+    async def test(cluster, backend):
+        for _ in range(2):
+            with pytest.raises(ModelNotFound):
+                await backend.describe_model("acme/missing")
+        assert cluster.get_model_calls == ["acme/missing", "acme/missing"]
+
+    run(test)(cluster, dataclasses.replace(FAST, unknown_model_ttl_s=0.0))
+    with pytest.raises(ValueError, match="unknown_model_ttl_s must be a finite number >= 0"):
+        RayBackendConfig(unknown_model_ttl_s=-1)
