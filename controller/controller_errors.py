@@ -58,6 +58,20 @@ class ModelAlreadyDeployedError(ControllerError, ValueError):
         return type(self), (self.model_id,)
 
 
+class DeployConflictError(ModelAlreadyDeployedError):
+    """A deploy or update that lost a race: another deploy or update of the same model (or of
+    the same repository model) is pushing right now, or a concurrent push into the repository
+    won. Exactly one of racing deploys succeeds; this is the other's answer (HTTP 409)."""
+
+    def __init__(self, model_id: str, reason: str) -> None:
+        ControllerError.__init__(self, f"model {model_id!r}: {reason}")
+        self.model_id = model_id
+        self.reason = reason
+
+    def __reduce__(self):
+        return type(self), (self.model_id, self.reason)
+
+
 class InvalidMigrationError(ControllerError, ValueError):
     """A migration request refused as malformed: `field` names the culprit, `reason` says why."""
 

@@ -7,17 +7,25 @@ the controller's live `ModelState`s (the dict it shares with the controller), un
 controller's tick lock, so a reconcile tick never sees half of it. What a change means for the
 running instances (stopping a deleted model's, dropping stale node copies) goes through the
 callbacks the controller passes in, so this module knows nothing of the cluster.
+
+One deploy or update per model at a time: each claims the model id (and the repository name it
+pushes to) before its first ``await`` -- the check and the claim run with no suspension point
+between them, on the controller's one event loop -- so of two racing deploys exactly one pushes
+and wins, and the other is refused at once with `DeployConflictError` (a 409), instead of both
+pushing into the same repository model. The repository's own conditional manifest write covers
+pushes from outside the controller (``thaw models push``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
-from controller.controller_errors import (InvalidSpecError, ModelAlreadyDeployedError, UnknownModelError,
-                                         UnknownTenantError)
+from controller.controller_errors import (DeployConflictError, InvalidSpecError, ModelAlreadyDeployedError,
+                                         UnknownModelError, UnknownTenantError)
 from controller.controller_status import event_to_dict
 from controller.model_source import PublishedModel, publish_source, repository_name, repository_name_for
 from controller.model_spec import ModelSpec, SpecError, parse_model_id, validate_name
@@ -25,7 +33,7 @@ from controller.model_state import ModelState
 from controller.state_store import StateStore
 from controller.tenant_quota import TenantQuota
 from controller.usage_meter import UsageMeter
-from storage import ModelRepository
+from storage import ModelRepository, PushConflictError
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +82,7 @@ class ModelRegistry:
         self._wall_clock = wall_clock
         self._wake = wake
         self._quotas: dict[str, TenantQuota] = {}  # tenants with a limit; the store's copy
+        self._publishing: dict[str, str] = {}  # model id -> repository name, of deploys/updates in flight
 
     def load(self) -> None:
         """The models (with their desired counts) and quotas the state store holds."""
@@ -95,17 +104,15 @@ class ModelRegistry:
             if existing.spec == spec:
                 return spec.to_dict()
             raise ModelAlreadyDeployedError(spec.model_id)
-        published = await self._publish(spec)
-        async with self._lock:
-            if spec.model_id in self._models:  # deployed while we were pushing
-                if self._models[spec.model_id].spec == spec:
-                    return spec.to_dict()
-                raise ModelAlreadyDeployedError(spec.model_id)
-            self._store.add_tenant(spec.tenant)
-            self._store.put_model_spec(spec)
-            self._store.set_desired_instances(spec.model_id, spec.autoscaling.min_instances)
-            self._models[spec.model_id] = ModelState(spec, published.repository_name, spec.autoscaling.min_instances,
-                                                     num_bytes=published.num_bytes, usage=self._usage_meter())
+        with self._claim(spec):
+            published = await self._publish(spec)
+            async with self._lock:
+                self._store.add_tenant(spec.tenant)
+                self._store.put_model_spec(spec)
+                self._store.set_desired_instances(spec.model_id, spec.autoscaling.min_instances)
+                self._models[spec.model_id] = ModelState(spec, published.repository_name,
+                                                         spec.autoscaling.min_instances,
+                                                         num_bytes=published.num_bytes, usage=self._usage_meter())
         self._record(event_to_dict("deployed", spec.model_id, f"repository model {published.repository_name} "
                                    f"({published.num_bytes} bytes{', pushed' if published.pushed else ''})",
                                    self._wall_clock()))
@@ -118,28 +125,51 @@ class ModelRegistry:
         spec = spec_from(spec_data)
         if spec.model_id not in self._models:
             raise UnknownModelError(spec.model_id)
-        published = await self._publish(spec)
-        async with self._lock:
-            state = self._models.get(spec.model_id)
-            if state is None:
-                raise UnknownModelError(spec.model_id)
-            self._store.put_model_spec(spec)
-            state.spec, state.repository_name, state.num_bytes = spec, published.repository_name, published.num_bytes
+        with self._claim(spec):
+            published = await self._publish(spec)
+            async with self._lock:
+                state = self._models.get(spec.model_id)
+                if state is None:  # deleted while we were pushing
+                    raise UnknownModelError(spec.model_id)
+                self._store.put_model_spec(spec)
+                state.spec, state.repository_name, state.num_bytes = (spec, published.repository_name,
+                                                                      published.num_bytes)
         self._record(event_to_dict("updated", spec.model_id, f"repository model {published.repository_name}"
                                    f"{' (new content pushed)' if published.pushed else ''}", self._wall_clock()))
         self._wake()
         return spec.to_dict()
 
+    @contextmanager
+    def _claim(self, spec: ModelSpec) -> Iterator[None]:
+        """Hold the model id for one deploy or update (see the module docstring); `DeployConflictError`
+        if another holds it. Synchronous on purpose: no other call runs between check and claim."""
+        if spec.model_id in self._publishing:
+            raise DeployConflictError(spec.model_id, "another deploy or update of it is in progress; wait for it "
+                                                     "to finish (thaw list shows the result), then try again")
+        self._publishing[spec.model_id] = repository_name_for(spec, self._repository.uri)
+        try:
+            yield
+        finally:
+            del self._publishing[spec.model_id]
+
     async def _publish(self, spec: ModelSpec) -> PublishedModel:
-        """Push or find the spec's checkpoint. New content under an existing name makes the nodes'
-        cached copies stale: they are dropped, so the next start fetches the new one."""
+        """Push or find the spec's checkpoint (the caller holds `_claim`). New content under an
+        existing name makes the nodes' cached copies stale: they are dropped, so the next start
+        fetches the new one."""
         name = repository_name_for(spec, self._repository.uri)
-        for other in self._models.values():
-            if other.model_id != spec.model_id and other.repository_name == name and name == repository_name(
-                    spec.model_id):
+        if name == repository_name(spec.model_id):  # a local source, pushed under that name
+            users = [other.model_id for other in self._models.values()
+                     if other.model_id != spec.model_id and other.repository_name == name]
+            users += [model_id for model_id, other_name in self._publishing.items()
+                      if model_id != spec.model_id and other_name == name]
+            if users:
                 raise InvalidSpecError("name", f"{spec.model_id!r} maps to repository model {name!r}, which "
-                                               f"{other.model_id!r} already uses; choose another name")
-        published = await asyncio.to_thread(publish_source, spec, self._repository)
+                                               f"{users[0]!r} already uses; choose another name")
+        try:
+            published = await asyncio.to_thread(publish_source, spec, self._repository)
+        except PushConflictError:
+            raise DeployConflictError(spec.model_id, f"repository model {name!r} was pushed or deleted by someone "
+                                                     f"else while this call was pushing it; try again") from None
         if published.replaced:
             await self._invalidate_copies(published.repository_name)
         return published

@@ -9,7 +9,10 @@ deploy turns the spec's ``source`` into such a name:
   mix);
 - a location inside the repository itself (``<repository uri>/<model>``, e.g. pushed earlier
   with ``thaw models push``) is used as it is, under that name;
-- any other ``s3://`` location is refused: copying between buckets is not the controller's job.
+- any other ``s3://`` location is refused: copying between buckets is not the controller's job;
+- a local directory that names files outside itself (a symlink, a safetensors index entry such
+  as ``../other``) is refused before anything is read (`loader.model_dir_files`): a deploy never
+  pulls in someone else's weights.
 
 ``tenant--name`` is unambiguous within one platform only if no two deployed ids map to the same
 string (``a--b/c`` and ``a/b--c`` would); the controller refuses the second such deploy.
@@ -25,6 +28,7 @@ import xxhash
 
 from controller.controller_errors import InvalidSpecError
 from controller.model_spec import ModelSpec, parse_model_id
+from loader import model_dir_files
 from storage import LocalModelRepository, ModelManifest, ModelNotFoundError, ModelRepository
 
 _HASH_BLOCK_BYTES = 8 << 20
@@ -67,15 +71,8 @@ def repository_name_for(spec: ModelSpec, repository_uri: str) -> str:
 
 
 def _local_files(src_dir: Path) -> dict[str, Path]:
-    """Relative '/'-path -> file, as a repository push sees the dir: regular files, hidden
-    entries skipped, symlinks followed."""
-    files = {}
-    for path in sorted(src_dir.rglob("*")):
-        rel = path.relative_to(src_dir)
-        if any(part.startswith(".") for part in rel.parts) or not path.is_file():
-            continue
-        files[rel.as_posix()] = path
-    return files
+    """Relative '/'-path -> file, as a repository push sees the dir (`loader.model_dir_files`)."""
+    return dict(model_dir_files(src_dir))
 
 
 def _xxh3_64(path: Path) -> str:
@@ -114,6 +111,10 @@ def publish_source(spec: ModelSpec, repository: ModelRepository) -> PublishedMod
     src = Path(spec.source)
     if not src.is_dir():
         raise InvalidSpecError("source", f"{spec.source!r} is not a directory on the controller's machine")
+    try:
+        model_dir_files(src)
+    except ValueError as exc:  # loader.UnsafeModelDirError: it names files outside itself; a broken index
+        raise InvalidSpecError("source", str(exc)) from None
     name = repository_name(spec.model_id)
     # A local repository's directory appears with its first push; until then it holds nothing.
     fresh = isinstance(repository, LocalModelRepository) and not repository.root.is_dir()

@@ -11,11 +11,16 @@ Why this shape:
 - The server is pinged when the store opens, so a wrong address fails at start-up with the
   address in the message, not at the first deploy. Later Redis failures surface as
   `StateStoreError` with the same address, never a bare socket error.
+- Its persistence is checked then too (``CONFIG GET appendonly`` / ``save``): a server that keeps
+  the data only in memory loses it on restart -- API keys and their revocations (a revoked key
+  must stay revoked), tenants, deployed models -- so that is a logged warning naming the setting
+  to change. A server that refuses CONFIG (a managed service, an ACL) gets a softer note.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -40,10 +45,31 @@ from controller.state_store import (
 )
 from controller.tenant_quota import TenantQuota
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_PREFIX = "thaw"
 _PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 _MAX_WATCH_RETRIES = 50
 T = TypeVar("T")
+
+
+def log_persistence(client: redis.Redis, shown: str) -> None:
+    """Warn if the server at `shown` persists nothing (no append-only file, no snapshot schedule);
+    a note if it will not say (CONFIG refused)."""
+    try:
+        appendonly = client.config_get("appendonly").get("appendonly")
+        save = client.config_get("save").get("save")
+    except redis.ResponseError as exc:  # CONFIG renamed away, or not allowed to this user
+        logger.info("could not check whether Redis at %s persists its data (CONFIG GET refused: %s); make sure it "
+                    "does (appendonly yes, or a save schedule): without it a restart of Redis loses API keys and "
+                    "their revocations, tenants and deployed models", shown, exc)
+        return
+    if appendonly != "yes" and not save:
+        logger.warning("Redis at %s does not persist its data (appendonly no, save \"\"): a restart of Redis loses "
+                       "API keys and their revocations, tenants and deployed models. Turn persistence on: "
+                       "appendonly yes in redis.conf (or CONFIG SET appendonly yes, then CONFIG REWRITE), which "
+                       "keeps every write; a save schedule (e.g. save 60 1) keeps what was written until its last "
+                       "snapshot", shown)
 
 
 class RedisStateStore(StateStore):
@@ -102,6 +128,7 @@ class RedisStateStore(StateStore):
         except redis.RedisError as exc:
             client.close()
             raise StateStoreError(f"cannot reach Redis at {shown}: {exc}") from exc
+        log_persistence(client, shown)
         try:
             return cls(client, prefix, shown)
         except BaseException:

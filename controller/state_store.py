@@ -239,8 +239,8 @@ def open_state_store(location: str | os.PathLike[str]) -> StateStore:
     """Open (creating if needed) the state store at `location`.
 
     - ``redis://[:password@]host:port/db`` or ``rediss://...``: a Redis server, which must be
-      reachable now (checked with a PING); optional ``?prefix=NAME`` namespaces the keys
-      (default ``thaw``) so two platforms can share one server.
+      reachable now (checked with a PING; a warning is logged if it persists nothing); optional
+      ``?prefix=NAME`` namespaces the keys (default ``thaw``) so two platforms can share one server.
     - ``sqlite:///abs/path.sqlite3`` (everything after ``sqlite://`` is the path) or a plain path:
       a SQLite file. A path to an existing directory, or ending in a separator, means
       ``<dir>/state.sqlite3`` (the state directory); missing parent directories are created.

@@ -15,9 +15,11 @@ the state store (the controller has no say in them); a quota is set through the 
 enforces it and saves it in the store, and listed from the store. Specs (and quotas) are validated
 here with `ModelSpec.from_dict` (`TenantQuota`) before they travel, so a bad field is a 400 naming
 it. Errors have the same OpenAI-style body as the rest of the gateway: 400 bad input (``param``
-names the field), 401 no/unknown key, 403 a key that is not the admin's, 404 unknown
-model/tenant/key/instance/node, 409 a conflicting deploy, a tenant that still has models or a
-migration with no destination, 503 the controller not answering.
+names the field; a deploy whose source directory names files outside itself is a 400 on
+``source``), 401 no/unknown key, 403 a key that is not the admin's, 404 unknown
+model/tenant/key/instance/node, 409 a conflicting deploy (another spec under that id, or another
+deploy or update of it in flight: exactly one of racing deploys wins), a tenant that still has
+models or a migration with no destination, 503 the controller not answering.
 
 State-store calls block (SQLite, Redis) and run on a worker thread, never on the loop that
 streams everyone's tokens.
@@ -133,7 +135,7 @@ def build_admin_router(controller: AdminController, store: StateStore, auth: Gat
             raise bad_request(str(exc), exc.field) from None
         except LookupError as exc:  # UnknownModelError, UnknownInstanceError, an unknown node
             raise _not_found(str(exc).strip("'\"")) from None
-        except (ModelAlreadyDeployedError, MigrationConflictError) as exc:
+        except (ModelAlreadyDeployedError, MigrationConflictError) as exc:  # incl. DeployConflictError
             raise _conflict(str(exc)) from None
         except ValueError as exc:  # InvalidSpecError and InvalidMigrationError name the field
             raise bad_request(str(exc), getattr(exc, "field", None)) from None

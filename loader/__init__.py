@@ -5,23 +5,56 @@
 `ThawCheckpointLoader` reads it on a thread pool into one pre-faulted `HostMemoryPool` buffer,
 verifying each chunk, and hands out each layer as soon as its bytes are in. Nothing here imports
 the worker, controller, storage or infra: the worker builds on this, not the other way round.
+
+Two small, torch-free pieces serve every reader of model directories, here and in `storage`:
+`model_dir_files` / `shard_paths` / `contained_path` refuse a directory that names files outside
+itself (`UnsafeModelDirError`), and `make_private_dirs` / `open_private` / `write_private` /
+`copy_private` / `make_private_tree` make checkpoint files only their owner can read. They are imported eagerly;
+everything else on first use (PEP 562 `__getattr__`), because it brings torch (seconds to
+import), which pushing a model to the repository or checking a directory does not need.
 """
 
-from loader.checkpoint_loader import LoaderConfig, LoadStats, ThawCheckpointLoader, load_checkpoint
-from loader.converter import convert_checkpoint
-from loader.format import (FORMAT_VERSION, CheckpointFormatError, ChecksumMismatchError, ThawIndex,
-                           TruncatedCheckpointError, is_thaw_checkpoint)
-from loader.fallback_layers import FallbackLayers
-from loader.layer_readiness import LayerReadiness
-from loader.layer_stream import StreamConfig, StreamRendezvous, StreamStats
-from loader.layer_stream_receiver import LayerStreamReceiver
-from loader.layer_stream_source import LayerStreamSource
-from loader.memory_pool import HostMemoryPool
-from loader.peer_link import PeerStreamError
-from loader.stream_plan import StreamPlan
+import importlib
+
+from loader.model_dir import UnsafeModelDirError, contained_path, model_dir_files, shard_paths
+from loader.private_files import (PRIVATE_DIR_MODE, PRIVATE_FILE_MODE, copy_private, make_private_dirs,
+                                  make_private_tree, open_private, write_private)
+
+_LAZY = {
+    "FORMAT_VERSION": "loader.format",
+    "CheckpointFormatError": "loader.format",
+    "ChecksumMismatchError": "loader.format",
+    "FallbackLayers": "loader.fallback_layers",
+    "HostMemoryPool": "loader.memory_pool",
+    "LayerReadiness": "loader.layer_readiness",
+    "LayerStreamReceiver": "loader.layer_stream_receiver",
+    "LayerStreamSource": "loader.layer_stream_source",
+    "LoadStats": "loader.checkpoint_loader",
+    "LoaderConfig": "loader.checkpoint_loader",
+    "PeerStreamError": "loader.peer_link",
+    "StreamConfig": "loader.layer_stream",
+    "StreamPlan": "loader.stream_plan",
+    "StreamRendezvous": "loader.layer_stream",
+    "StreamStats": "loader.layer_stream",
+    "ThawCheckpointLoader": "loader.checkpoint_loader",
+    "ThawIndex": "loader.format",
+    "TruncatedCheckpointError": "loader.format",
+    "convert_checkpoint": "loader.converter",
+    "is_thaw_checkpoint": "loader.format",
+    "load_checkpoint": "loader.checkpoint_loader",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'loader' has no attribute {name!r}")
+
 
 __all__ = [
     "FORMAT_VERSION",
+    "PRIVATE_DIR_MODE",
+    "PRIVATE_FILE_MODE",
     "CheckpointFormatError",
     "ChecksumMismatchError",
     "FallbackLayers",
@@ -39,7 +72,16 @@ __all__ = [
     "ThawCheckpointLoader",
     "ThawIndex",
     "TruncatedCheckpointError",
+    "UnsafeModelDirError",
+    "contained_path",
     "convert_checkpoint",
+    "copy_private",
     "is_thaw_checkpoint",
     "load_checkpoint",
+    "make_private_dirs",
+    "make_private_tree",
+    "model_dir_files",
+    "open_private",
+    "shard_paths",
+    "write_private",
 ]

@@ -10,6 +10,10 @@ Crash safety: everything is written into a hidden sibling ``.{name}.tmp-{pid}``;
 written last and fsynced, then the directory is renamed to `out_dir` in one step. An exception
 removes the temporary directory; a hard crash leaves only the hidden one behind. Either way no
 `out_dir` that looks complete but is not can exist.
+
+The source is read through `loader.model_dir`: an index entry or a symlink that leads outside
+`hf_dir` is refused (`UnsafeModelDirError`) before anything is read. The output is the owner's
+only (`loader.private_files`: directory 0700, files 0600) -- it is a tenant's weights.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from safetensors import safe_open
 
 from loader.format import (ALIGNMENT_BYTES, INDEX_FILE, PARTITION_FILE_TEMPLATE, PartitionEntry, TensorEntry,
                            ThawIndex, layer_of_tensor)
+from loader.model_dir import SAFETENSORS_INDEX_FILE, contained_path, model_dir_files, shard_paths
 from loader.partition_writer import PartitionWriter
+from loader.private_files import PRIVATE_DIR_MODE, copy_private, open_private
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -44,7 +50,6 @@ DEFAULT_PARTITION_BYTES = 10 * GIB
 DEFAULT_CHUNK_BYTES = 64 * MIB
 CAST_DTYPES = ("float32", "float16", "bfloat16")
 SAFETENSORS_FILE = "model.safetensors"
-SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
 COPIED_SUFFIXES = (".json", ".txt", ".model", ".jinja")  # config, tokenizer, vocab, chat template
 _SAFETENSORS_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
@@ -74,20 +79,21 @@ class _SourceTensor:
 
 
 def safetensors_files(hf_dir: Path) -> list[Path]:
-    """The weight files of a Hugging Face model dir: its index's shards, else model.safetensors."""
+    """The weight files of a Hugging Face model dir: its index's shards, else model.safetensors
+    (each inside `hf_dir`: `UnsafeModelDirError` otherwise)."""
     index_path = hf_dir / SAFETENSORS_INDEX_FILE
     if index_path.is_file():
         try:
             weight_map = json.loads(index_path.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
             raise ValueError(f"{index_path} is not a valid safetensors index: {exc!r}") from None
-        files = [hf_dir / name for name in sorted(set(weight_map.values()))]
+        files = shard_paths(hf_dir, weight_map)
         for f in files:
             if not f.is_file():
                 raise FileNotFoundError(f"shard {f} listed in {index_path} is missing")
         return files
     if (hf_dir / SAFETENSORS_FILE).is_file():
-        return [hf_dir / SAFETENSORS_FILE]
+        return [contained_path(hf_dir, SAFETENSORS_FILE, "the weights file")]
     raise FileNotFoundError(f"no weights in {hf_dir}: expected {SAFETENSORS_FILE} or {SAFETENSORS_INDEX_FILE}")
 
 
@@ -156,13 +162,14 @@ def _plan(sources: list[_SourceTensor],
     return num_layers, placed, total_bytes
 
 
-def _copy_extra_files(hf_dir: Path, out_dir: Path) -> list[str]:
+def _copy_extra_files(source_files: list[tuple[str, Path]], out_dir: Path) -> list[str]:
+    """Copy the top-level config/tokenizer files (`COPIED_SUFFIXES`) of the checked source listing."""
     copied = []
-    for path in sorted(hf_dir.iterdir()):
-        if (path.is_file() and path.suffix in COPIED_SUFFIXES and not path.name.endswith(".safetensors.index.json")
-                and path.name != INDEX_FILE):
-            shutil.copyfile(path, out_dir / path.name)
-            copied.append(path.name)
+    for rel, path in source_files:
+        if ("/" not in rel and path.suffix in COPIED_SUFFIXES and not rel.endswith(".safetensors.index.json")
+                and rel != INDEX_FILE):
+            copy_private(path, out_dir / rel)
+            copied.append(rel)
     return copied
 
 
@@ -245,16 +252,17 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, *, dtype: str | 
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not overwrite:
         raise FileExistsError(f"{out_dir} exists and is not empty; pass overwrite=True to replace it")
 
+    source_files = model_dir_files(hf_dir)  # refuses a symlink or an index entry leading outside hf_dir
     files = safetensors_files(hf_dir)
     num_layers, placed, total_bytes = _plan(_scan(files, dtype), partition_bytes)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp_dir = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
     if tmp_dir.exists():
         shutil.rmtree(tmp_dir)  # left by a crashed run of a process with our pid
-    tmp_dir.mkdir()
+    tmp_dir.mkdir(mode=PRIVATE_DIR_MODE)
     try:
         partitions = _write_partitions(tmp_dir, placed, chunk_bytes, _Progress(progress, total_bytes))
-        copied = _copy_extra_files(hf_dir, tmp_dir)
+        copied = _copy_extra_files(source_files, tmp_dir)
         for name in copied:
             _fsync_path(tmp_dir / name)
         index = ThawIndex(num_layers=num_layers, chunk_bytes=chunk_bytes, partitions=tuple(partitions),
@@ -270,7 +278,7 @@ def convert_checkpoint(hf_dir: str | Path, out_dir: str | Path, *, dtype: str | 
 
 
 def _write_index(tmp_dir: Path, index: ThawIndex) -> None:
-    with open(tmp_dir / INDEX_FILE, "w") as f:
+    with os.fdopen(open_private(tmp_dir / INDEX_FILE), "w") as f:
         f.write(index.to_json())
         f.flush()
         os.fsync(f.fileno())

@@ -18,6 +18,7 @@ import numpy as np
 import xxhash
 
 from loader.format import ALIGNMENT_BYTES, ChunkEntry, PartitionEntry
+from loader.private_files import PRIVATE_FILE_MODE
 
 DEFAULT_STAGING_BYTES = 64 << 20
 
@@ -35,7 +36,7 @@ class PartitionWriter:
         self._staged = 0  # bytes in the staging buffer
         self._flushed = 0  # bytes already in the file
         self._chunks: list[ChunkEntry] = []
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)  # a tenant's weights
 
     @property
     def offset(self) -> int:

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from loader.format import INDEX_FILE
+from loader.private_files import write_private
 
 RECORD_FILE = ".thaw-verified.json"
 RECORD_FORMAT = 1
@@ -116,7 +117,7 @@ def record_verified(ckpt_dir: str | Path, versions: dict[str, FileVersion], *,
     body = json.dumps({"format": RECORD_FORMAT, "index": asdict(index_version), "files": files}, sort_keys=True)
     tmp = ckpt_dir / f"{RECORD_FILE}.{os.getpid()}.{time.monotonic_ns()}.tmp"
     try:
-        tmp.write_text(body)
+        write_private(tmp, body.encode())  # 0600, as every file of a cached checkpoint
         os.replace(tmp, ckpt_dir / RECORD_FILE)
     except OSError:
         try:

@@ -1,11 +1,14 @@
 """Model storage tiers: the repository (local directory or S3), and each node's SSD and DRAM caches.
 
 `ModelRepository` (open one with `open_repository(RepositoryConfig(uri))`) is the source of
-truth: push, list, describe, fetch with parallel ranged reads. `NodeStore` (as a Ray actor:
+truth: push (staged, made visible in one conditional manifest write: of two racing pushes
+exactly one wins, `PushConflictError` for the other), list, describe, fetch with parallel ranged
+reads. `NodeStore` (as a Ray actor:
 `start_node_store`) keeps thaw-format copies on the node's SSD and in shared memory within byte
 capacities, fills a miss once however many ask, evicts least recently used (never pinned or
 loading) entries, re-fetches a corrupt copy, measures the node's bandwidths and reports what it
-holds (`NodeStoreReport`). Depends on `loader` only.
+holds (`NodeStoreReport`). Every checkpoint file it writes is the owner's only (directories 0700,
+files 0600). Depends on `loader` only.
 
 The node-store names are imported on first use (PEP 562 `__getattr__`): they need the loader and
 so torch, seconds to import, which the repository side (``thaw models ls``, the controller reading
@@ -17,7 +20,7 @@ import importlib
 from storage.local_repository import LocalModelRepository
 from storage.model_name import InvalidModelNameError, validate_model_name
 from storage.model_repository import (FetchResult, FetchVerificationError, ModelExistsError, ModelNotFoundError,
-                                      ModelRepository, ObjectNotFoundError, RepositoryError)
+                                      ModelRepository, ObjectNotFoundError, PushConflictError, RepositoryError)
 from storage.repository_config import RepositoryConfig, open_repository
 from storage.repository_manifest import ManifestError, ManifestFile, ModelManifest
 from storage.s3_repository import S3ModelRepository
@@ -58,6 +61,7 @@ __all__ = [
     "NodeStoreConfig",
     "NodeStoreReport",
     "ObjectNotFoundError",
+    "PushConflictError",
     "RepositoryConfig",
     "RepositoryError",
     "S3ModelRepository",

@@ -6,20 +6,21 @@ thread holds one small buffer, not a 64 MiB chunk): a bit flipped on the SSD is 
 promotion, raised as the loader's own `ChecksumMismatchError`, and the store re-fetches the
 model instead of spreading the corruption into shared memory. Chunks are copied on a small thread
 pool (``preadv``/``pwrite`` release the GIL; xxh3 too). The index is written last, so a copy
-that stops early is never a readable checkpoint.
+that stops early is never a readable checkpoint. The copy is the owner's only (directories 0700,
+files 0600), as every tier's files are.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import xxhash
 
-from loader import ChecksumMismatchError, ThawIndex, TruncatedCheckpointError
+from loader import (PRIVATE_DIR_MODE, ChecksumMismatchError, ThawIndex, TruncatedCheckpointError, copy_private,
+                    make_private_dirs, open_private)
 from loader.verification_record import RECORD_FILE
 from storage.model_repository import THAW_INDEX_FILE
 
@@ -60,15 +61,16 @@ def copy_checkpoint(src_dir: Path, dst_dir: Path, *, verify: bool = True, num_th
     Raises the loader's `ChecksumMismatchError` / `TruncatedCheckpointError` /
     `CheckpointFormatError` if the source is damaged; `dst_dir` is then incomplete (no index)."""
     index = ThawIndex.read(src_dir)
-    dst_dir.mkdir(parents=True)
+    make_private_dirs(dst_dir.parent)
+    dst_dir.mkdir(mode=PRIVATE_DIR_MODE)
     partition_files = {p.file for p in index.partitions}
     for path in sorted(src_dir.rglob("*")):
         rel = path.relative_to(src_dir)
         # Not the source's verification record: it names the source's files (see loader.verification_record).
         if (path.is_file() and rel.as_posix() not in partition_files and rel.as_posix() != THAW_INDEX_FILE
                 and rel.name != RECORD_FILE):
-            (dst_dir / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, dst_dir / rel)
+            make_private_dirs((dst_dir / rel).parent)
+            copy_private(path, dst_dir / rel)
     fds: list[int] = []
     try:
         tasks = []
@@ -82,7 +84,7 @@ def copy_checkpoint(src_dir: Path, dst_dir: Path, *, verify: bool = True, num_th
             if os.fstat(src_fd).st_size < p.size:
                 raise TruncatedCheckpointError(f"{src_path} is truncated: {os.fstat(src_fd).st_size} bytes, "
                                                f"the index expects {p.size}")
-            dst_fd = os.open(dst_dir / p.file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            dst_fd = open_private(dst_dir / p.file)
             fds.append(dst_fd)
             os.ftruncate(dst_fd, p.size)
             tasks += [(src_fd, dst_fd, src_path, p_idx, c) for c in range(len(p.chunks))]
@@ -95,5 +97,5 @@ def copy_checkpoint(src_dir: Path, dst_dir: Path, *, verify: bool = True, num_th
     finally:
         for fd in fds:
             os.close(fd)
-    shutil.copyfile(src_dir / THAW_INDEX_FILE, dst_dir / THAW_INDEX_FILE)
+    copy_private(src_dir / THAW_INDEX_FILE, dst_dir / THAW_INDEX_FILE)
     return index

@@ -15,6 +15,8 @@ so both are a `CheckpointTier`; only what fills them differs, and the node store
 - At start, a persistent tier (the SSD) adopts the checkpoints it finds, in their last-use order
   (each use touches the directory's mtime), and deletes everything else (staging leftovers of a
   crash, foreign files).
+- The tier's directory and everything in it are the owner's only (0700 directories, 0600 files:
+  tenants' weights), including entries adopted from before that rule.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loader import is_thaw_checkpoint
+from loader import PRIVATE_DIR_MODE, is_thaw_checkpoint, make_private_dirs, make_private_tree
 from storage.checkpoint_copy import checkpoint_bytes
 from storage.model_name import InvalidModelNameError, validate_model_name
 from storage.store_report import TierEntryReport, TierReport
@@ -67,10 +69,11 @@ class CheckpointTier:
         self._flights: dict[str, _Flight] = {}
         self._trash_serial = 0
         self._last_touch_ns = 0
-        root.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(root)
+        os.chmod(root, PRIVATE_DIR_MODE)  # the tier owns its directory (it deletes whatever else it finds there)
         for hidden in (STAGING_DIR, TRASH_DIR):
             shutil.rmtree(root / hidden, ignore_errors=True)
-            (root / hidden).mkdir()
+            (root / hidden).mkdir(mode=PRIVATE_DIR_MODE)
         self._adopt_existing()
 
     def _adopt_existing(self) -> None:
@@ -80,10 +83,11 @@ class CheckpointTier:
                 continue
             try:
                 validate_model_name(path.name)
-                valid = self.persistent and path.is_dir() and is_thaw_checkpoint(path)
+                valid = self.persistent and path.is_dir() and not path.is_symlink() and is_thaw_checkpoint(path)
             except InvalidModelNameError:
                 valid = False
             if valid:
+                make_private_tree(path)  # chmod leaves mtime (the last use) alone
                 found.append((path.stat().st_mtime_ns, path.name, checkpoint_bytes(path)))
             elif path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)

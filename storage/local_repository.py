@@ -4,18 +4,31 @@ Keys map to paths under the root. Objects are written to a hidden temporary file
 renamed into place, so a reader sees a whole object or none; ranged reads are
 ``os.copy_file_range`` (in-kernel, no copy through Python), so a fetch from a local repository
 runs at the disk's speed on the same thread pool as an S3 fetch.
+
+A conditional write (`_swap_object`, how a push makes its manifest visible) holds an exclusive
+``flock`` on a per-key lock file under ``<root>/.locks/`` while it compares and replaces, so two
+pushes -- threads or processes, on this machine or through a file system that honours locks --
+cannot both win. What it writes is the owner's only: directories 0700, files 0600.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
-import shutil
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import xxhash
+
+from loader import copy_private, make_private_dirs, open_private, write_private
 from storage.model_repository import (DEFAULT_MAX_CONCURRENCY, DEFAULT_PART_BYTES, ModelRepository,
                                       ObjectNotFoundError, RepositoryError)
+
+
+_CREATE_ATTEMPTS = 5
 
 
 class LocalModelRepository(ModelRepository):
@@ -41,7 +54,7 @@ class LocalModelRepository(ModelRepository):
             raise RepositoryError(f"repository directory {self.root} does not exist (push a model to create it)")
 
     def _prepare_for_push(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(self.root)
 
     def _read_object(self, key: str) -> bytes | None:
         self._check_root()
@@ -58,22 +71,62 @@ class LocalModelRepository(ModelRepository):
             os.fsync(f.fileno())
         os.replace(tmp, path)
 
+    @staticmethod
+    def _create(tmp: Path, write: Callable[[Path], None]) -> None:
+        """Create `tmp` with `write`, making its directories first. Another push's deletions prune
+        directories they empty, so one may vanish between mkdir and create: then again (once the
+        file is there, its directory is not empty and stays)."""
+        for attempt in range(_CREATE_ATTEMPTS):
+            make_private_dirs(tmp.parent)
+            try:
+                write(tmp)
+                return
+            except FileNotFoundError:
+                if attempt == _CREATE_ATTEMPTS - 1:
+                    raise
+
     def _write_object(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._temp_path(path)
         try:
-            tmp.write_bytes(data)
+            self._create(tmp, lambda p: write_private(p, data))
             self._install(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
 
+    @staticmethod
+    def _tag(data: bytes) -> str:
+        # Manifests carry a unique revision and push time, so their bytes identify them.
+        return xxhash.xxh3_128(data).hexdigest()
+
+    def _read_object_tagged(self, key: str) -> tuple[bytes, str] | None:
+        data = self._read_object(key)
+        return None if data is None else (data, self._tag(data))
+
+    @contextmanager
+    def _key_lock(self, key: str) -> Iterator[None]:
+        lock_dir = self.root / ".locks"
+        make_private_dirs(lock_dir)
+        fd = open_private(lock_dir / (key.replace("/", "%") + ".lock"), os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _swap_object(self, key: str, data: bytes, expected_tag: str | None) -> bool:
+        with self._key_lock(key):
+            current = self._read_object_tagged(key)
+            if (current[1] if current is not None else None) != expected_tag:
+                return False
+            self._write_object(key, data)
+            return True
+
     def _upload_file(self, key: str, path: Path) -> None:
         dest = self._path(key)
-        dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._temp_path(dest)
         try:
-            shutil.copyfile(path, tmp)
+            self._create(tmp, lambda p: copy_private(path, p))
             self._install(tmp, dest)
         finally:
             tmp.unlink(missing_ok=True)
@@ -81,13 +134,17 @@ class LocalModelRepository(ModelRepository):
     def _list_objects(self, prefix: str) -> list[tuple[str, int]]:
         self._check_root()
         base = self._path(prefix)
-        if not base.is_dir():
-            return []
         found = []
-        for path in sorted(base.rglob("*")):
-            if path.is_file():
-                found.append((f"{prefix}/{path.relative_to(base).as_posix()}", path.stat().st_size))
-        return found
+        # os.walk, not rglob: files and directories another push deletes meanwhile are skipped.
+        for root, _, names in os.walk(base):
+            for name in names:
+                path = Path(root) / name
+                try:
+                    size = path.stat().st_size
+                except FileNotFoundError:
+                    continue
+                found.append((f"{prefix}/{path.relative_to(base).as_posix()}", size))
+        return sorted(found)
 
     def _delete_objects(self, keys: list[str]) -> None:
         parents = set()

@@ -5,13 +5,26 @@ backends that only move bytes: `LocalModelRepository` (a directory, the embedded
 `S3ModelRepository` (any S3-speaking store). Everything that makes the repository trustworthy
 lives here, once, on top of a handful of object primitives:
 
-- layout: a model's files under ``<model>/``, its manifest at ``_manifests/<model>.json``,
-  calibration probes under ``_probes/`` (names cannot start with ``_``, so these never collide);
-- completeness: a push deletes the old manifest, clears stale objects, uploads the files and
-  writes the manifest *last*; listings read manifests only, so an interrupted push is invisible;
+- layout: a model's manifest at ``_manifests/<model>.json``, the files of each push under a
+  prefix of their own, ``<model>/.revisions/<revision>/`` (older repositories: directly under
+  ``<model>/``, which the manifest's version says); calibration probes under ``_probes/`` (names
+  cannot start with ``_``, so these never collide);
+- staged pushes, made visible in one step: a push uploads into its own fresh revision, which no
+  reader and no other push touches, and then writes the manifest *conditionally* -- create it
+  only if absent (no overwrite), or replace it only if it still is the one the push started from
+  (overwrite). Of two pushes of one name racing, exactly one wins; the other gets
+  `PushConflictError` and deletes what it staged. Listings read manifests only, so an
+  interrupted push is invisible, and readers see the old version whole until the new manifest
+  replaces it; only then are the replaced version's files deleted. (The condition is a lock file
+  locally, ``If-None-Match``/``If-Match`` on S3.) Revisions left by a crashed push are deleted by
+  the next push or delete of that model once `ABANDONED_PUSH_S` old;
+- the source directory is read through `loader.model_dir_files`: a symlink or index entry
+  leading outside it is refused (`loader.UnsafeModelDirError`, a ValueError), so a push never
+  uploads someone else's files;
 - fetch: every file split into ``part_bytes`` ranges, all ranges of all files downloaded on one
   pool of ``max_concurrency`` threads straight into their place in the destination files
   (parallel ranged GETs on S3, ``copy_file_range`` locally), then sizes and xxh3_64 verified.
+  What it writes is the owner's only (directories 0700, files 0600).
 
 A fetch writes into the directory it is given; making the result appear atomically (temp dir +
 rename) is the caller's job -- the node store does exactly that.
@@ -31,8 +44,10 @@ from pathlib import Path
 
 import xxhash
 
+from loader import make_private_dirs, model_dir_files, open_private
 from storage.model_name import validate_model_name
-from storage.repository_manifest import ManifestFile, ModelManifest
+from storage.repository_manifest import (REVISIONS_DIR, ManifestError, ManifestFile, ModelManifest, new_revision,
+                                         revision_started_s, validate_revision)
 
 MIB = 1 << 20
 DEFAULT_PART_BYTES = 64 * MIB  # one ranged GET; big enough to amortise request latency, small enough to spread
@@ -40,6 +55,7 @@ DEFAULT_MAX_CONCURRENCY = 8
 MANIFEST_PREFIX = "_manifests"
 PROBE_PREFIX = "_probes"
 THAW_INDEX_FILE = "thaw_index.json"  # what marks a thaw checkpoint dir (loader.format)
+ABANDONED_PUSH_S = 24 * 3600.0  # a revision no manifest names, older than this, is a crashed push's
 _HASH_BLOCK_BYTES = 8 * MIB
 _MAX_NAMES_IN_ERROR = 10
 
@@ -58,6 +74,11 @@ class ObjectNotFoundError(RepositoryError, LookupError):
 
 class ModelExistsError(RepositoryError):
     """A push would replace a complete model, and overwrite was not asked for."""
+
+
+class PushConflictError(RepositoryError):
+    """Another push of the same model became visible while this one was uploading; this one was
+    discarded (exactly one of two racing pushes wins)."""
 
 
 class FetchVerificationError(RepositoryError):
@@ -89,23 +110,11 @@ def file_xxh3_64(path: Path) -> str:
     return digest.hexdigest()
 
 
-def source_files(src_dir: Path) -> list[tuple[str, Path]]:
-    """(relative '/'-path, path) of every regular file under `src_dir`, sorted, hidden entries
-    (any segment starting with '.', e.g. a Hugging Face ``.cache``) skipped, symlinks followed."""
-    found = []
-    for path in sorted(src_dir.rglob("*")):
-        rel = path.relative_to(src_dir)
-        if any(part.startswith(".") for part in rel.parts) or not path.is_file():
-            continue
-        found.append((rel.as_posix(), path))
-    return found
-
-
 def model_kind(src_dir: Path, rel_paths: list[str]) -> str:
     """'thaw' for a thaw checkpoint, 'hf' for a dir with safetensors weights; anything else is refused."""
     if THAW_INDEX_FILE in rel_paths:
-        # Imported here: the loader brings torch (seconds to import), which listing or pushing a
-        # Hugging Face dir does not need.
+        # Imported here: it brings the loader's format module and so torch (seconds to import),
+        # which listing or pushing a Hugging Face dir does not need.
         from loader import is_thaw_checkpoint
 
         if is_thaw_checkpoint(src_dir):
@@ -145,6 +154,15 @@ class ModelRepository(ABC):
     @abstractmethod
     def _write_object(self, key: str, data: bytes) -> None:
         """Create or replace an object; readers see the old or the new bytes, never a part."""
+
+    @abstractmethod
+    def _read_object_tagged(self, key: str) -> tuple[bytes, str] | None:
+        """The object's bytes and a tag that changes whenever it is replaced, or None if absent."""
+
+    @abstractmethod
+    def _swap_object(self, key: str, data: bytes, expected_tag: str | None) -> bool:
+        """Atomically write the object if it is still as expected: absent (`expected_tag` None) or
+        with that tag. False, writing nothing, if someone else created or replaced it first."""
 
     @abstractmethod
     def _upload_file(self, key: str, path: Path) -> None:
@@ -207,41 +225,94 @@ class ModelRepository(ABC):
     def push(self, src_dir: str | Path, model: str, *, overwrite: bool = False) -> ModelManifest:
         """Upload a Hugging Face or thaw-format model dir as `model`; returns its manifest.
 
-        The manifest goes last, so until this returns the model is absent from listings (with
-        `overwrite`, the old version disappears first: readers never see a mix of the two)."""
+        Staged: the files go under a fresh revision and the manifest is swapped in last (see the
+        module docstring), so until this returns readers see the previous version whole (or no
+        model). Raises `ModelExistsError` if the model exists and not `overwrite`,
+        `PushConflictError` if a concurrent push of `model` won, `loader.UnsafeModelDirError`
+        (a ValueError) if the dir names files outside itself."""
         validate_model_name(model)
         src = Path(src_dir)
         if not src.is_dir():
             raise FileNotFoundError(f"model directory {src} does not exist")
-        files = source_files(src)
+        files = model_dir_files(src)
         kind = model_kind(src, [rel for rel, _ in files])
         self._prepare_for_push()
         manifest_key = self._manifest_key(model)
-        if self._read_object(manifest_key) is not None:
-            if not overwrite:
-                raise ModelExistsError(f"model {model!r} already exists in {self.uri}; pass overwrite to replace it")
-            self._delete_objects([manifest_key])
-        stale = [key for key, _ in self._list_objects(model)]  # an old version or an interrupted push
-        if stale:
-            self._delete_objects(stale)
+        current = self._read_object_tagged(manifest_key)
+        if current is not None and not overwrite:
+            raise ModelExistsError(f"model {model!r} already exists in {self.uri}; pass overwrite to replace it")
+        revision = new_revision()
+        prefix = f"{model}/{REVISIONS_DIR}/{revision}"
 
         def upload(rel: str, path: Path) -> ManifestFile:
             size = path.stat().st_size
             digest = file_xxh3_64(path)
-            self._upload_file(f"{model}/{rel}", path)
+            self._upload_file(f"{prefix}/{rel}", path)
             return ManifestFile(path=rel, size=size, xxh3_64=digest)
 
-        with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="thaw-push") as pool:
-            entries = list(pool.map(lambda item: upload(*item), files))
-        manifest = ModelManifest(model=model, kind=kind, files=tuple(entries), pushed_at=time.time())
-        self._write_object(manifest_key, manifest.to_json().encode())
+        try:
+            with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="thaw-push") as pool:
+                entries = list(pool.map(lambda item: upload(*item), files))
+            manifest = ModelManifest(model=model, kind=kind, files=tuple(entries), pushed_at=time.time(),
+                                     revision=revision)
+            if not self._swap_object(manifest_key, manifest.to_json().encode(), current[1] if current else None):
+                again = "push again to replace it" if overwrite else "push again with overwrite to replace it"
+                raise PushConflictError(f"model {model!r} in {self.uri} was pushed (or deleted) by someone else "
+                                        f"while this push was uploading; this push was discarded and the repository "
+                                        f"keeps theirs ({again})")
+        except BaseException:
+            self._discard_revision(model, revision)
+            raise
+        if current is not None:  # the replaced version: nothing names its files any more
+            try:
+                replaced = ModelManifest.from_json(current[0], origin=self._key_uri(manifest_key))
+                self._delete_objects([replaced.object_key(f.path) for f in replaced.files])
+            except ManifestError:
+                pass  # not ours to read; the sweep below removes what it can
+        self._sweep(model, keep=revision)
         return manifest
 
+    def _discard_revision(self, model: str, revision: str) -> None:
+        """After a failed push: delete what it staged -- unless its manifest did get written (an
+        error after the store applied the write), and best effort: a leftover is swept later."""
+        try:
+            data = self._read_object(self._manifest_key(model))
+            if data is not None and ModelManifest.from_json(data, origin="").revision == revision:
+                return
+            self._delete_objects([key for key, _ in self._list_objects(f"{model}/{REVISIONS_DIR}/{revision}")])
+        except Exception:  # noqa: BLE001 -- the push's own error is the one to raise
+            pass
+
+    def _sweep(self, model: str, keep: str | None, now_s: float | None = None) -> None:
+        """Delete objects under ``<model>/`` no manifest names: files of the unrevisioned layout
+        (the current manifest has a revision) and revisions other than `keep` older than
+        `ABANDONED_PUSH_S` (younger ones may be pushes in progress)."""
+        now_s = time.time() if now_s is None else now_s
+        doomed = []
+        for key, _ in self._list_objects(model):
+            parts = key.split("/")
+            if len(parts) < 3 or parts[1] != REVISIONS_DIR:
+                doomed.append(key)
+                continue
+            revision = parts[2]
+            if revision == keep:
+                continue
+            try:
+                abandoned = now_s - revision_started_s(validate_revision(revision)) > ABANDONED_PUSH_S
+            except ManifestError:
+                abandoned = True  # not a revision any push of ours makes
+            if abandoned:
+                doomed.append(key)
+        if doomed:
+            self._delete_objects(doomed)
+
     def delete(self, model: str) -> None:
-        """Remove a model: its manifest first (it stops being listed), then its files."""
-        self.describe(model)
+        """Remove a model: its manifest first (it stops being listed), then its files, then
+        leftovers of crashed pushes (a push still in progress keeps its files)."""
+        manifest = self.describe(model)
         self._delete_objects([self._manifest_key(model)])
-        self._delete_objects([key for key, _ in self._list_objects(model)])
+        self._delete_objects([manifest.object_key(f.path) for f in manifest.files])
+        self._sweep(model, keep=None)
 
     def fetch(self, model: str, dest_dir: str | Path, *, verify: bool = True) -> FetchResult:
         """Download a complete model into `dest_dir` (absent or empty) with parallel ranged reads.
@@ -254,38 +325,39 @@ class ModelRepository(ABC):
         dest = Path(dest_dir)
         if dest.exists() and any(dest.iterdir()):
             raise FileExistsError(f"fetch destination {dest} is not empty")
-        dest.mkdir(parents=True, exist_ok=True)
-        num_requests = self._download_files(model, [(f.path, f.size) for f in manifest.files], dest)
+        make_private_dirs(dest)
+        num_requests = self._download_files([(manifest.object_key(f.path), f.path, f.size) for f in manifest.files],
+                                            dest)
         if verify:
             with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="thaw-verify") as pool:
-                list(pool.map(lambda f: self._verify_file(model, f, dest / f.path), manifest.files))
+                list(pool.map(lambda f: self._verify_file(manifest.object_key(f.path), f, dest / f.path),
+                              manifest.files))
         return FetchResult(model=model, kind=manifest.kind, num_files=len(manifest.files),
                            num_bytes=manifest.total_bytes, num_requests=num_requests,
                            elapsed_s=time.perf_counter() - start)
 
-    def _verify_file(self, model: str, entry: ManifestFile, path: Path) -> None:
+    def _verify_file(self, key: str, entry: ManifestFile, path: Path) -> None:
         size = path.stat().st_size
         if size != entry.size:
-            raise FetchVerificationError(f"{self._key_uri(f'{model}/{entry.path}')}: downloaded {size} bytes, "
+            raise FetchVerificationError(f"{self._key_uri(key)}: downloaded {size} bytes, "
                                          f"the manifest says {entry.size}")
         digest = file_xxh3_64(path)
         if digest != entry.xxh3_64:
-            raise FetchVerificationError(f"{self._key_uri(f'{model}/{entry.path}')}: downloaded bytes have xxh3_64 "
-                                         f"{digest}, the manifest says {entry.xxh3_64}; push the model again")
+            raise FetchVerificationError(f"{self._key_uri(key)}: downloaded bytes have xxh3_64 {digest}, the manifest "
+                                         f"says {entry.xxh3_64}; push the model again")
 
-    def _download_files(self, prefix: str, files: list[tuple[str, int]], dest: Path) -> int:
-        """Download ``prefix/<rel>`` to ``dest/<rel>`` for each (rel, size), all ranges on one pool."""
+    def _download_files(self, files: list[tuple[str, str, int]], dest: Path) -> int:
+        """Download each (key, rel, size) to ``dest/<rel>`` (0600), all ranges on one pool."""
         fds: list[int] = []
         parts: list[tuple[str, int, int, int]] = []  # key, start, length, fd
         try:
-            for rel, size in files:
+            for key, rel, size in files:
                 path = dest / rel
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                make_private_dirs(path.parent)
+                fd = open_private(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
                 fds.append(fd)
                 os.ftruncate(fd, size)
-                parts += [(f"{prefix}/{rel}", off, min(self.part_bytes, size - off), fd)
-                          for off in range(0, size, self.part_bytes)]
+                parts += [(key, off, min(self.part_bytes, size - off), fd) for off in range(0, size, self.part_bytes)]
             failed = threading.Event()
 
             def run(part: tuple[str, int, int, int]) -> None:
@@ -319,7 +391,7 @@ class ModelRepository(ABC):
         scratch = Path(tempfile.mkdtemp(prefix=".probe-", dir=scratch_dir))
         try:
             start = time.perf_counter()
-            self._download_files(key, [("probe.bin", num_bytes)], scratch)
+            self._download_files([(f"{key}/probe.bin", "probe.bin", num_bytes)], scratch)
             elapsed = time.perf_counter() - start
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

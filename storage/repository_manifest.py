@@ -5,19 +5,29 @@ listing -- which reads only manifests -- never shows a model whose upload was in
 fetch downloads exactly the files the manifest names (never a stale object left beside them).
 Each file carries its size and an xxh3_64 of its bytes, so a fetch verifies what it downloaded
 whatever the transport did (ranged parts written out of order, a truncated response).
+
+Version 2 adds the push's `revision`: a push uploads its files under a prefix of their own,
+``<model>/.revisions/<revision>/``, so a push in progress never touches the files a current
+manifest names (nor another push's), and replacing the manifest -- one object, written
+conditionally -- is what makes a new version visible. Version 1 manifests (files directly under
+``<model>/``, no revision) are still read.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from storage.model_name import validate_model_name
 
 MANIFEST_FORMAT = "thaw-repository-manifest"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: no revision, files directly under <model>/
+REVISIONS_DIR = ".revisions"  # hidden: a pushed dir's own files never start with '.'
 MODEL_KINDS = ("thaw", "hf")  # a thaw checkpoint (loader format) or a Hugging Face safetensors dir
 
 
@@ -32,6 +42,26 @@ def validate_relative_path(path: str) -> str:
     if any(part in ("", ".", "..") for part in path.split("/")):
         raise ManifestError(f"file path {path!r} has an empty, '.' or '..' segment")
     return path
+
+
+_REVISION_RE = re.compile(r"[0-9]{13}-[0-9a-f]{12}")
+
+
+def new_revision(now_s: float | None = None) -> str:
+    """A fresh push revision: its start time in ms (13 digits, so revisions sort by age) and 48
+    random bits (two pushes started in the same millisecond still differ)."""
+    return f"{int((time.time() if now_s is None else now_s) * 1000):013d}-{uuid.uuid4().hex[:12]}"
+
+
+def revision_started_s(revision: str) -> float:
+    """When the push of `revision` started (Unix time)."""
+    return int(revision.split("-", 1)[0]) / 1000
+
+
+def validate_revision(revision: str) -> str:
+    if not isinstance(revision, str) or not _REVISION_RE.fullmatch(revision):
+        raise ManifestError(f"revision {revision!r} is not <13 digits>-<12 hex digits>")
+    return revision
 
 
 @dataclass(frozen=True)
@@ -52,12 +82,14 @@ class ManifestFile:
 
 @dataclass(frozen=True)
 class ModelManifest:
-    """A complete model in a repository: its name, kind, files and when it was pushed (Unix time)."""
+    """A complete model in a repository: its name, kind, files, when it was pushed (Unix time) and
+    the push's revision (where its files are; None: a version 1 manifest, files under ``<model>/``)."""
 
     model: str
     kind: str
     files: tuple[ManifestFile, ...]
     pushed_at: float
+    revision: str | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -69,17 +101,31 @@ class ModelManifest:
         paths = [f.path for f in self.files]
         if len(set(paths)) != len(paths):
             raise ManifestError(f"model {self.model!r}: a file is listed twice")
+        if self.revision is not None:
+            validate_revision(self.revision)
+
+    @property
+    def files_prefix(self) -> str:
+        """The repository key prefix its files are under."""
+        if self.revision is None:
+            return self.model
+        return f"{self.model}/{REVISIONS_DIR}/{self.revision}"
+
+    def object_key(self, path: str) -> str:
+        """The repository key of one of its files."""
+        return f"{self.files_prefix}/{path}"
 
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
     def to_json(self) -> str:
-        return json.dumps({
-            "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, "model": self.model, "kind": self.kind,
-            "pushed_at": self.pushed_at,
-            "files": [{"path": f.path, "size": f.size, "xxh3_64": f.xxh3_64} for f in self.files],
-        }, indent=1)
+        data = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION if self.revision else 1, "model": self.model,
+                "kind": self.kind, "pushed_at": self.pushed_at}
+        if self.revision is not None:
+            data["revision"] = self.revision
+        data["files"] = [{"path": f.path, "size": f.size, "xxh3_64": f.xxh3_64} for f in self.files]
+        return json.dumps(data, indent=1)
 
     @classmethod
     def from_json(cls, text: str | bytes, origin: str) -> ModelManifest:
@@ -89,15 +135,18 @@ class ModelManifest:
             raise ManifestError(f"{origin} is not valid JSON: {exc}") from None
         if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
             raise ManifestError(f"{origin} is not a thaw repository manifest")
-        if data.get("version") != MANIFEST_VERSION:
-            raise ManifestError(f"{origin}: manifest version {data.get('version')!r} is not supported "
-                                f"(this Thaw reads version {MANIFEST_VERSION})")
+        version = data.get("version")
+        if version not in READABLE_VERSIONS or isinstance(version, bool):
+            raise ManifestError(f"{origin}: manifest version {version!r} is not supported "
+                                f"(this Thaw reads versions {', '.join(map(str, READABLE_VERSIONS))})")
         try:
             files = tuple(ManifestFile(path=f["path"], size=f["size"], xxh3_64=f["xxh3_64"]) for f in data["files"])
             pushed_at = data["pushed_at"]
             if not isinstance(pushed_at, (int, float)) or isinstance(pushed_at, bool):
                 raise ManifestError(f"pushed_at {pushed_at!r} is not a number")
-            return cls(model=data["model"], kind=data["kind"], files=files, pushed_at=float(pushed_at))
+            revision = validate_revision(data["revision"]) if version >= 2 else None  # version 2 has one
+            return cls(model=data["model"], kind=data["kind"], files=files, pushed_at=float(pushed_at),
+                       revision=revision)
         except (KeyError, TypeError) as exc:
             raise ManifestError(f"{origin}: missing or malformed field {exc}") from None
         except ManifestError as exc:

@@ -10,6 +10,12 @@ parts land out of order with no reassembly and at most one buffer per thread. (A
 stream is bounded by one TCP connection's throughput; several in flight is how S3 is read fast,
 the same reason ServerlessLLM and the AWS CRT split objects into ranges.) Uploads use boto3's
 managed multipart transfer. Every boto error surfaces as a `RepositoryError` naming the object.
+
+A push's manifest is written conditionally (`_swap_object`): ``If-None-Match: *`` to create it,
+``If-Match: <ETag>`` to replace the version the push started from; the store answers 412 (or
+409 for a conditional write racing another) to the loser. AWS S3, MinIO and R2 honour these
+headers; a store that ignores them degrades to last-writer-wins, where each manifest still names
+only its own push's complete files.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ S3_SCHEME = "s3://"
 _MIN_MULTIPART_BYTES = 5 * MIB  # S3's smallest multipart part
 _STREAM_BUFFER_BYTES = 1 * MIB
 _MISSING_CODES = ("NoSuchKey", "404", "NotFound")
+_PRECONDITION_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
 _DELETE_BATCH = 1000  # DeleteObjects' limit per request
 
 
@@ -108,6 +115,27 @@ class S3ModelRepository(ModelRepository):
     def _write_object(self, key: str, data: bytes) -> None:
         with self._errors("writing", key):
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def _read_object_tagged(self, key: str) -> tuple[bytes, str] | None:
+        try:
+            with self._errors("reading", key):
+                response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
+                return response["Body"].read(), response["ETag"]
+        except ObjectNotFoundError:
+            return None
+
+    def _swap_object(self, key: str, data: bytes, expected_tag: str | None) -> bool:
+        condition = {"IfNoneMatch": "*"} if expected_tag is None else {"IfMatch": expected_tag}
+        with self._errors("writing", key):
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **condition)
+            except botocore.exceptions.ClientError as exc:
+                code = str(exc.response.get("Error", {}).get("Code", ""))
+                # If-Match on an object deleted meanwhile answers "missing": the expectation failed too.
+                if code in _PRECONDITION_CODES or (expected_tag is not None and code in _MISSING_CODES):
+                    return False
+                raise
+        return True
 
     def _upload_file(self, key: str, path: Path) -> None:
         with self._errors("uploading to", key):

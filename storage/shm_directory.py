@@ -12,7 +12,9 @@ stays in RAM until reboot. So the directory is owned:
   interpreter exits normally (atexit);
 - a process killed outright (SIGKILL, OOM) cannot clean up, so every new owner first sweeps the
   directories of *its own platform* whose owner process is gone (checked on this boot and in this
-  pid namespace only -- a directory it cannot judge is left alone).
+  pid namespace only -- a directory it cannot judge is left alone);
+- it is the owner's only (0700, its owner record 0600): tmpfs is shared by every user of the
+  node, and what the DRAM tier keeps in it is tenants' weights.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import os
 import shutil
 import weakref
 from pathlib import Path
+
+from loader import PRIVATE_DIR_MODE, write_private
 
 OWNER_FILE = ".owner.json"
 
@@ -110,9 +114,9 @@ class ShmDirectory:
             _remove(self.path)
         tmp = root / f".{name}.tmp-{os.getpid()}"
         _remove(tmp)
-        tmp.mkdir(mode=0o755)
+        tmp.mkdir(mode=PRIVATE_DIR_MODE)
         try:
-            (tmp / OWNER_FILE).write_text(json.dumps(owner_record()))
+            write_private(tmp / OWNER_FILE, json.dumps(owner_record()).encode())
             os.rename(tmp, self.path)  # fails if a racing store created it first
         except BaseException:
             _remove(tmp)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from loader import HostMemoryPool, is_thaw_checkpoint, load_checkpoint
+from loader import HostMemoryPool, contained_path, is_thaw_checkpoint, load_checkpoint, shard_paths
 from worker.llama import LlamaForCausalLM
 from worker.model_config import ModelConfig
 
@@ -45,9 +45,9 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
             weight_map = json.loads(index_path.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError) as exc:
             raise CheckpointError(f"{index_path} is not a valid safetensors index: {exc}") from exc
-        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+        files = shard_paths(model_dir, weight_map)  # refuses entries (and symlinks) leading outside model_dir
     elif (model_dir / SINGLE_FILE).is_file():
-        files = [model_dir / SINGLE_FILE]
+        files = [contained_path(model_dir, SINGLE_FILE, "the weights file")]
     else:
         raise FileNotFoundError(f"no weights in {model_dir}: expected {SINGLE_FILE} or {INDEX_FILE}")
     missing = [str(f) for f in files if not f.is_file()]

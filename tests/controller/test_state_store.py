@@ -1,8 +1,10 @@
 """Tests for the state store: the same tests on SQLite and on a real redis-server, plus the
-factory's URL handling and each backend's schema-version guard."""
+factory's URL handling, each backend's schema-version guard, and the warning about a Redis
+server that persists nothing."""
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 
@@ -20,7 +22,7 @@ from controller import (
 from controller.redis_state_store import RedisStateStore
 from controller.sqlite_state_store import SqliteStateStore
 from controller.state_store import SCHEMA_VERSION
-from tests.controller.redis_server import _free_port
+from tests.controller.redis_server import RedisServer, _free_port, find_redis_server
 
 
 def _spec(model_id: str, max_instances: int = 1) -> ModelSpec:
@@ -341,6 +343,60 @@ def test_redis_schema_version_guard(redis_server):
     finally:
         client.delete("future:schema_version", "garbage:schema_version")
         client.close()
+
+
+def _persistence_records(caplog) -> list[tuple[int, str]]:
+    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "controller.redis_state_store"]
+
+
+@pytest.fixture
+def own_redis_server(tmp_path):
+    """A redis-server of this test's own (started, like the session's, with persistence off), so
+    changing its configuration touches no other test."""
+    server = RedisServer(find_redis_server(), tmp_path)
+    yield server
+    server.stop()
+
+
+def test_redis_without_persistence_is_warned_about_at_open(own_redis_server, caplog):
+    caplog.set_level(logging.INFO, logger="controller.redis_state_store")
+    with open_state_store(own_redis_server.url):
+        pass
+    [(level, message)] = _persistence_records(caplog)
+    assert level == logging.WARNING
+    assert message.startswith(f"Redis at {own_redis_server.url} does not persist its data (appendonly no, "
+                              f"save \"\"): a restart of Redis loses API keys and their revocations")
+    assert "appendonly yes in redis.conf" in message and "save 60 1" in message
+
+    client = own_redis_server.client()
+    try:
+        for setting, value in (("save", "60 1"), ("appendonly", "yes")):  # either one is persistence
+            client.config_set("save", "")
+            client.config_set("appendonly", "no")
+            client.config_set(setting, value)
+            caplog.clear()
+            with open_state_store(own_redis_server.url):
+                pass
+            assert _persistence_records(caplog) == [], setting
+    finally:
+        client.close()
+
+
+def test_redis_refusing_config_gets_a_softer_note(own_redis_server, caplog):
+    caplog.set_level(logging.INFO, logger="controller.redis_state_store")
+    client = own_redis_server.client()
+    try:  # a user the server denies CONFIG, as managed services and ACLs do
+        client.acl_setuser("thaw", enabled=True, passwords=["+secret"], keys=["*"], commands=["+@all", "-config"])
+    finally:
+        client.close()
+    url = f"redis://thaw:secret@127.0.0.1:{own_redis_server.port}/0"
+    with open_state_store(url) as store:
+        store.add_tenant("acme")  # the store works all the same
+    [(level, message)] = _persistence_records(caplog)
+    assert level == logging.INFO
+    assert message.startswith(f"could not check whether Redis at redis://thaw:***@127.0.0.1:{own_redis_server.port}/0 "
+                              f"persists its data (CONFIG GET refused: ")
+    assert "secret" not in message and "appendonly yes, or a save schedule" in message
 
 
 def test_redis_unreachable_is_a_clear_error():

@@ -30,6 +30,7 @@ import uvicorn
 from controller import (InvalidMigrationError, InvalidSpecError, MigrationConflictError, ModelAlreadyDeployedError,
                         ModelSpec, SpecError, TenantQuota, UnknownInstanceError, UnknownModelError, UnknownTenantError,
                         open_state_store)
+from controller.controller_errors import DeployConflictError
 from infra.admin_api import build_admin_router
 from infra.admin_client import AdminApiError, AdminClient, resolve_endpoint
 from infra.admin_key import ADMIN_TENANT, AdminKeyAuth, ensure_admin_key, read_key_file, reset_admin_key
@@ -76,6 +77,7 @@ class FakeController:
         self.drained: list[str] = []
         self.migrations: list[tuple] = []
         self.unavailable = False
+        self.refusals: dict[str, Exception] = {}  # source -> what the real controller raises for it
 
     def _check(self) -> None:
         if self.unavailable:
@@ -88,6 +90,8 @@ class FakeController:
 
     async def deploy(self, spec: dict[str, Any]) -> dict[str, Any]:
         self._check()
+        if spec["source"] in self.refusals:
+            raise self.refusals[spec["source"]]
         model_id = f"{spec['tenant']}/{spec['name']}"
         if model_id in self.specs and self.specs[model_id] != spec:
             raise ModelAlreadyDeployedError(model_id)
@@ -327,6 +331,30 @@ def test_models_deploy_get_update_scale_delete(server):
     with pytest.raises(AdminApiError) as info:
         server.call(lambda c: c.delete("acme/m"))
     assert info.value.status == 404
+
+
+def test_an_unsafe_source_is_400_on_source_and_a_lost_deploy_race_is_409(server):
+    # What the controller raises for a source dir with a symlink out of it, and for the loser of
+    # two racing deploys of one name (tests/controller/test_controller.py shows it does).
+    unsafe = InvalidSpecError("source", "/models/unsafe: 'model.safetensors' is a symlink to /other/model.safetensors, "
+                                        "outside the directory; copy the real files into the directory")
+    raced = DeployConflictError("acme/raced", "another deploy or update of it is in progress; wait for it to "
+                                              "finish (thaw list shows the result), then try again")
+    server.controller.refusals = {"/models/unsafe": unsafe, "/models/raced": raced}
+    try:
+        with pytest.raises(AdminApiError) as info:
+            server.call(lambda c: c.deploy({**spec("acme/unsafe"), "source": "/models/unsafe"}))
+        assert (info.value.status, info.value.param, info.value.message) == (400, "source", str(unsafe))
+        with pytest.raises(AdminApiError) as info:
+            server.call(lambda c: c.deploy({**spec("acme/raced"), "source": "/models/raced"}))
+        assert (info.value.status, info.value.message) == (409, str(raced))
+        result = server.thaw("deploy", "--name", "acme/unsafe", "--source", "/models/unsafe")
+        assert result.returncode == 2 and "is a symlink to /other/model.safetensors" in result.stderr
+        result = server.thaw("deploy", "--name", "acme/raced", "--source", "/models/raced")
+        assert result.returncode == 1 and "another deploy or update of it is in progress" in result.stderr
+    finally:
+        server.controller.refusals = {}
+    assert "acme/unsafe" not in server.controller.specs and "acme/raced" not in server.controller.specs
 
 
 def test_migrate_route_validates_and_maps_refusals_to_statuses(server):

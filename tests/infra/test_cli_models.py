@@ -69,3 +69,17 @@ def test_runtime_errors_exit_1_with_one_line(s3_endpoint, tmp_path):  # noqa: F8
         f"thaw models: error: bucket 'no-such-bucket' does not exist at {s3_endpoint}"]
     missing_dir = thaw("models", "ls", str(tmp_path / "nope"))
     assert missing_dir.returncode == 1 and "does not exist" in missing_dir.stderr
+
+
+def test_push_of_a_directory_naming_files_outside_itself_exits_2(hf_model_dir, tmp_path):  # noqa: F811
+    src = tmp_path / "src"
+    src.mkdir()
+    for path in hf_model_dir.iterdir():
+        (src / path.name).write_bytes(path.read_bytes())
+    (src / "model.safetensors").unlink()
+    (src / "model.safetensors").symlink_to(hf_model_dir / "model.safetensors")  # someone else's weights
+    result = thaw("models", "push", str(src), str(tmp_path / "repo"), "--name", "linked")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (f"'model.safetensors' is a symlink to {hf_model_dir / 'model.safetensors'}, outside the directory; "
+            f"copy the real files into the directory") in result.stderr
+    assert not (tmp_path / "repo").exists()

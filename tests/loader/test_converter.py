@@ -1,14 +1,17 @@
-"""Converter: layer-ordered aligned layout, partition splits, chunk coverage, copied files, crash safety."""
+"""Converter: layer-ordered aligned layout, partition splits, chunk coverage, copied files, crash safety,
+sources that name files outside themselves, owner-only output."""
 
+import json
 import os
 import re
+import stat
 
 import pytest
 import torch
 import xxhash
 
 import loader.converter
-from loader import ThawIndex, convert_checkpoint
+from loader import ThawIndex, UnsafeModelDirError, convert_checkpoint
 from tests.loader.hf_checkpoint_builder import CONFIG_TEXT, TOKENIZER_TEXT, llama_tensors, write_hf_checkpoint
 
 EXPECTED_ORDER = [  # layer order; inside a layer the projections the engine fuses come first, back to
@@ -185,3 +188,35 @@ def test_missing_shard_is_named(tmp_path):
         convert_checkpoint(src, tmp_path / "thaw")
     assert f"shard {src / 'model-00002-of-00002.safetensors'} listed in" in str(err.value)
     assert not (tmp_path / "thaw").exists()
+
+
+@pytest.mark.parametrize("case", ["index-dotdot", "index-absolute", "weights-symlink", "config-symlink"])
+def test_a_source_naming_files_outside_itself_is_refused(tmp_path, case):
+    other = write_hf_checkpoint(tmp_path / "other-tenant", llama_tensors(2, torch.float16, seed=9), num_shards=2)
+    src = write_hf_checkpoint(tmp_path / "hf", llama_tensors(2, torch.float16), num_shards=2)
+    index_path = src / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    tensor = sorted(index["weight_map"])[0]
+    if case.startswith("index"):
+        shard = (f"../other-tenant/{index['weight_map'][tensor]}" if case == "index-dotdot"
+                 else str(other / index["weight_map"][tensor]))
+        index["weight_map"][tensor] = shard
+        index_path.write_text(json.dumps(index))
+        expected = f"weight_map entry {tensor!r} ({shard!r}) is not a relative path inside the directory"
+    else:
+        name = "model-00001-of-00002.safetensors" if case == "weights-symlink" else "config.json"
+        (src / name).unlink()
+        (src / name).symlink_to(other / name)
+        expected = f"{name!r} is a symlink to {other / name}, outside the directory"
+    with pytest.raises(UnsafeModelDirError) as info:
+        convert_checkpoint(src, tmp_path / "thaw", progress=False)
+    assert expected in str(info.value)
+    assert sorted(os.listdir(tmp_path)) == ["hf", "other-tenant"]  # nothing written
+
+
+def test_output_is_the_owners_only(hf_dirs, tmp_path):
+    convert_checkpoint(hf_dirs[1], tmp_path / "out" / "thaw", progress=False)
+    out = tmp_path / "out" / "thaw"
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {
+        "config.json": 0o600, "partition_000.bin": 0o600, "thaw_index.json": 0o600, "tokenizer.json": 0o600}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import filecmp
 import shutil
+import stat
 
 import pytest
 
@@ -18,6 +19,14 @@ def test_copy_is_bit_identical(thaw_model_dir, tmp_path):
     assert all(filecmp.cmp(thaw_model_dir / n, tmp_path / "copy" / n, shallow=False) for n in names)
     assert checkpoint_bytes(tmp_path / "copy") == checkpoint_bytes(thaw_model_dir)
     assert len(index.partitions[0].chunks) > 1
+
+
+def test_copy_is_the_owners_only(thaw_model_dir, tmp_path):
+    copy_checkpoint(thaw_model_dir, tmp_path / "tier" / "copy")
+    assert stat.S_IMODE((tmp_path / "tier").stat().st_mode) == 0o700  # a parent it created, too
+    assert stat.S_IMODE((tmp_path / "tier" / "copy").stat().st_mode) == 0o700
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "tier" / "copy").iterdir()} == {
+        p.name: 0o600 for p in thaw_model_dir.iterdir()}
 
 
 def test_flipped_bit_is_caught_and_no_index_is_written(thaw_model_dir, tmp_path):

@@ -1,9 +1,12 @@
 """The node store on the real filesystem and the real /dev/shm: misses fetched once, exact LRU
 in both tiers, pins and loads that survive pressure, corruption detected and re-fetched,
-interrupted downloads that leave nothing behind, restarts that adopt what is complete."""
+interrupted downloads that leave nothing behind, restarts that adopt what is complete, and tier
+files only their owner can read."""
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 import time
 
@@ -11,6 +14,7 @@ import pytest
 import torch
 
 from loader import ChecksumMismatchError, load_checkpoint
+from loader.verification_record import RECORD_FILE
 from storage import (InvalidModelNameError, LocalModelRepository, ModelNotFoundError, NodeStore, RepositoryError,
                      TierFullError)
 from storage.checkpoint_copy import checkpoint_bytes
@@ -341,3 +345,38 @@ def test_report_and_calibration(store_config, repository, model_bytes):
         assert report.best_tier("m1") == "dram" and report.best_tier("m0") == "ssd" and report.best_tier("m2") is None
         assert report.estimate_load_s("m1", 10**9) == pytest.approx(10**9 / bandwidth.dram_bytes_per_s)
         assert list(config.ssd_dir.glob(".bandwidth-probe*")) == [] and repository._list_objects("_probes") == []
+
+
+def _tree_modes(root) -> tuple[set[int], set[int]]:
+    """(modes of the directories, modes of the files) in `root`, `root` itself included."""
+    dirs = {stat.S_IMODE(root.stat().st_mode)}
+    files = set()
+    for path in root.rglob("*"):
+        (dirs if path.is_dir() else files).add(stat.S_IMODE(path.stat().st_mode))
+    return dirs, files
+
+
+def test_tier_files_are_the_owners_only(store_config, repository, tmp_path):
+    config = store_config(ssd_dir=tmp_path / "fresh" / "ssd")
+    with NodeStore(config, repository) as store:
+        store.load_checkpoint("hf", "ssd")  # downloaded and converted
+        store.load_checkpoint("hf", "dram")  # copied into shared memory
+        ssd, shm = config.ssd_dir, config.shm_dir
+        assert sorted(p.name for p in (ssd / "hf").iterdir() if p.name != RECORD_FILE) == [
+            "config.json", "partition_000.bin", "thaw_index.json", "tokenizer.json"]
+        assert _tree_modes(ssd) == ({0o700}, {0o600})
+        assert _tree_modes(shm) == ({0o700}, {0o600})  # the DRAM tier, and the owner record beside it
+        assert (shm / "checkpoints" / "hf" / "partition_000.bin").is_file()
+
+
+def test_a_restart_makes_adopted_entries_the_owners_only(store_config, repository):
+    config = store_config()
+    with NodeStore(config, repository) as store:
+        store.ensure("m0", "ssd")
+    os.chmod(config.ssd_dir, 0o755)  # as an older version left them
+    os.chmod(config.ssd_dir / "m0", 0o755)
+    for path in (config.ssd_dir / "m0").iterdir():
+        os.chmod(path, 0o644)
+    with NodeStore(config, repository) as store:
+        assert store.report().tier("ssd").models == ("m0",)
+        assert _tree_modes(config.ssd_dir) == ({0o700}, {0o600})

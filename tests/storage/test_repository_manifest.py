@@ -1,10 +1,13 @@
-"""Repository manifests: round trip, and refusal of anything a fetch could be tricked by."""
+"""Repository manifests: round trip, revisions (and the version 1 layout without), and refusal of
+anything a fetch could be tricked by."""
 
 import json
+import re
 
 import pytest
 
 from storage import ManifestError, ManifestFile, ModelManifest
+from storage.repository_manifest import new_revision, revision_started_s
 
 
 def manifest(**overrides) -> ModelManifest:
@@ -51,3 +54,20 @@ def test_malformed_json_names_the_origin(text, message):
     with pytest.raises(ManifestError, match=message) as info:
         ModelManifest.from_json(text, "s3://b/_manifests/m.json")
     assert "s3://b/_manifests/m.json" in str(info.value)
+
+
+def test_a_revision_places_the_files_and_round_trips():
+    revision = new_revision(1_700_000_000.25)
+    assert re.fullmatch(r"1700000000250-[0-9a-f]{12}", revision) and revision_started_s(revision) == 1_700_000_000.25
+    revised = manifest(revision=revision)
+    assert json.loads(revised.to_json())["version"] == 2
+    assert ModelManifest.from_json(revised.to_json(), "x") == revised
+    assert revised.object_key("sub/model.safetensors") == f"m/.revisions/{revision}/sub/model.safetensors"
+    legacy = manifest()  # as version 1 wrote it: files directly under the model's name
+    assert json.loads(legacy.to_json())["version"] == 1 and "revision" not in json.loads(legacy.to_json())
+    assert legacy.object_key("config.json") == "m/config.json"
+    with pytest.raises(ManifestError, match="revision '../x' is not"):
+        manifest(revision="../x")
+    text = json.dumps({**json.loads(revised.to_json()), "revision": None})
+    with pytest.raises(ManifestError, match="s3://b/_manifests/m.json: revision None is not"):
+        ModelManifest.from_json(text, "s3://b/_manifests/m.json")

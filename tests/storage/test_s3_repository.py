@@ -20,7 +20,7 @@ def test_fetch_issues_exact_ranged_gets_in_parallel(s3_repository, s3_events, th
 
     def record(params, **_):
         with lock:
-            ranges.setdefault(params["Key"].split("/", 2)[-1], []).append(params.get("Range"))
+            ranges.setdefault(params["Key"].rsplit("/", 1)[-1], []).append(params.get("Range"))  # by file name
 
     s3_events("before-parameter-build.s3.GetObject", record)
     # The first two ranges wait for each other: a sequential download would break the barrier.

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import uuid
@@ -31,6 +32,9 @@ def prefix() -> str:
 def test_created_with_owner_record_and_removed_on_close(prefix):
     shm = ShmDirectory(SHM_ROOT, prefix + "a")
     assert json.loads((shm.path / OWNER_FILE).read_text())["pid"] == os.getpid()
+    # tmpfs is shared by every user of the node: the directory is the owner's only.
+    assert stat.S_IMODE(shm.path.stat().st_mode) == 0o700
+    assert stat.S_IMODE((shm.path / OWNER_FILE).stat().st_mode) == 0o600
     (shm.path / "data.bin").write_bytes(b"x" * 4096)
     with pytest.raises(FileExistsError, match="in use"):
         ShmDirectory(SHM_ROOT, prefix + "a")

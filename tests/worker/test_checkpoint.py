@@ -1,15 +1,16 @@
-"""Checkpoint loading refuses incomplete or foreign weights by name."""
+"""Checkpoint loading refuses incomplete or foreign weights by name, and files outside the model dir."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from loader import convert_checkpoint
+from loader import UnsafeModelDirError, convert_checkpoint
 from worker.checkpoint import CheckpointError, checkpoint_files, concat_rows, load_model
 from worker.model_config import ModelConfig
 
@@ -90,6 +91,21 @@ def test_missing_files_are_named(model_copy):
         json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors"}}))
     with pytest.raises(FileNotFoundError, match="model-00001-of-00002.safetensors"):
         checkpoint_files(model_copy)
+
+
+def test_files_outside_the_model_dir_are_refused(model_copy, tmp_path):
+    other = tmp_path / "other-tenant"
+    other.mkdir()
+    shutil.copy(model_copy / "model.safetensors", other / "model.safetensors")
+    (model_copy / "model.safetensors").unlink()
+    (model_copy / "model.safetensors").symlink_to(other / "model.safetensors")
+    with pytest.raises(UnsafeModelDirError, match=r"the weights file \('model.safetensors'\) leads to .*other-tenant"):
+        checkpoint_files(model_copy)
+    for shard in ("../other-tenant/model.safetensors", str(other / "model.safetensors")):
+        (model_copy / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"lm_head.weight": shard}}))
+        expected = f"weight_map entry 'lm_head.weight' ({shard!r}) is not a relative path"
+        with pytest.raises(UnsafeModelDirError, match=re.escape(expected)):
+            checkpoint_files(model_copy)
 
 
 def test_truncated_file_is_refused(model_copy):
