@@ -308,6 +308,7 @@ class InstanceManager:
         if model is not None and started > instance.num_requests_started:
             model.usage.add(started - instance.num_requests_started, now)  # the eviction policy's frequency
         instance.num_requests_started = started
+        instance.pid = getattr(stats, "pid", 0)
         instance.num_ongoing_requests = stats.num_ongoing_requests
         instance.num_generated_tokens = stats.num_generated_tokens
         resident = getattr(stats, "weights_resident", True)
@@ -466,6 +467,7 @@ class InstanceManager:
                 instance.num_ongoing_requests = stats.num_ongoing_requests
                 instance.num_generated_tokens = stats.num_generated_tokens
                 instance.load_s = stats.load_s
+                instance.pid = getattr(stats, "pid", 0)
             if record.state != "ready":
                 self._store.put_worker(self._worker_record(instance))
             self._on_routes_changed(instance.model_id)

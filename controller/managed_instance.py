@@ -47,6 +47,7 @@ class ManagedInstance:
         weights_resident: every layer is in (False while a peer's stream still delivers them:
             such an instance serves, but is no source for another).
         prefills_at_frontier: its requests waiting for a layer still on its way (last report).
+        pid: the worker's process id on its node (last report; 0 until one).
     """
 
     instance_id: str
@@ -71,6 +72,7 @@ class ManagedInstance:
     load_path: Any = None  # a controller.stream_source_policy.LoadPath
     weights_resident: bool = True
     prefills_at_frontier: tuple[str, ...] = ()
+    pid: int = 0
 
     @property
     def serving(self) -> bool:
@@ -91,5 +93,5 @@ class ManagedInstance:
             "num_ongoing_requests": self.num_ongoing_requests, "num_generated_tokens": self.num_generated_tokens,
             "last_error": self.last_error, "from_spare": self.from_spare,
             "load_path": self.load_path.to_dict() if self.load_path is not None else None,
-            "weights_resident": self.weights_resident,
+            "weights_resident": self.weights_resident, "pid": self.pid,
         }

@@ -72,6 +72,7 @@ class InstanceStats:
     # Prefills waiting for a layer still on its way (ids): a fully loaded helper could finish them.
     prefills_at_frontier: tuple[str, ...] = ()
     num_requests_started: int = 0  # requests given to it since it started (a running total)
+    pid: int = 0  # the worker's process id on its node (for an operator, and for chaos tests)
 
     @property
     def kv_cache_usage(self) -> float:

@@ -32,6 +32,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -443,6 +444,7 @@ class InstanceWorker:
             num_weight_streams=self._streams.num_active,
             prefills_at_frontier=tuple(engine.movable_prefill_ids()) if engine else (),
             num_requests_started=self._num_requests_started,
+            pid=os.getpid(),
         )
 
     def _weights_read(self, engine: Engine | None) -> str:

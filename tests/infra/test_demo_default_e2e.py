@@ -7,15 +7,10 @@ turns on the slot: each idle instance is evicted for the other's waiting request
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import uuid
-
 import pytest
 
-from tests.infra.test_platform_e2e import (CHAT, DEADLINE_S, START_DEADLINE_S, THAW, RunningPlatform, _free_port,
-                                           wait_for)
+from tests.infra.running_platform import DEADLINE_S, start_platform
+from tests.infra.test_platform_e2e import CHAT
 from worker import DemoModelConfig, write_demo_model
 
 pytestmark = pytest.mark.slow
@@ -29,25 +24,10 @@ def platform(tmp_path_factory):
     model_dir = write_demo_model(root / "second", DemoModelConfig(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
         max_position_embeddings=512, init_std=0.1, seed=9))
-    state_dir, port, namespace = root / "state", _free_port(), f"dd{uuid.uuid4().hex[:8]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("THAW_", "RAY_ADDRESS"))}
-    process = subprocess.Popen(  # the defaults but for where it keeps its state and listens
-        [THAW, "serve", "--demo", "--state", str(state_dir), "--port", str(port), "--namespace", namespace,
-         "--num-cpus", "2", "--no-calibrate", "--ssd-capacity-gb", "1", "--dram-capacity-gb", "0.25"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    running = RunningPlatform(process, f"http://127.0.0.1:{port}", state_dir, namespace, env, model_dir)
-    try:
-        wait_for(lambda: any("Ctrl-C stops" in line for line in running.output) or process.poll() is not None,
-                 "thaw serve to start", START_DEADLINE_S)
-        assert process.poll() is None, "thaw serve exited:\n" + "".join(running.output)
+    # The defaults but for where it keeps its state and listens (and no bandwidth calibration).
+    with start_platform(root, model_dir, "--num-cpus", "2", "--no-calibrate", "--ssd-capacity-gb", "1",
+                        "--dram-capacity-gb", "0.25", prefix="dd") as running:
         yield running
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(DEADLINE_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
 
 
 def test_a_second_model_on_the_default_single_slot_takes_turns_with_the_demo_model(platform):

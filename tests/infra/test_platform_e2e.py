@@ -12,97 +12,27 @@ shared-memory directory. Every wait is a poll with a deadline.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
 import urllib.request
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import openai
 import psutil
 import pytest
 
+from tests.infra.running_platform import DEADLINE_S, RunningPlatform, start_platform, wait_for
 from worker import DemoModelConfig, Engine, SamplingParams, write_demo_model
 
 pytestmark = pytest.mark.slow
 
-THAW = str(Path(sys.executable).parent / "thaw")
 MODEL = "acme/tiny"
 PROMPT = "Once upon a time"
 CHAT = [{"role": "user", "content": "What is the capital?"}]
 MAX_TOKENS = 10
 MAX_MODEL_LEN = 2048
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-START_DEADLINE_S = 180.0
-DEADLINE_S = 90.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(predicate: Callable[[], Any], what: str, timeout_s: float = DEADLINE_S, interval_s: float = 0.1) -> Any:
-    """Polls until `predicate()` is truthy and returns it; fails after the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
-        time.sleep(interval_s)
-
-
-class RunningPlatform:
-    """The ``thaw serve`` subprocess, its output, and helpers to operate and call it."""
-
-    def __init__(self, process: subprocess.Popen, url: str, state_dir: Path, namespace: str, env: dict[str, str],
-                 model_dir: Path) -> None:
-        self.process, self.url, self.state_dir, self.namespace, self.env = process, url, state_dir, namespace, env
-        self.model_dir = model_dir
-        self.output: list[str] = []
-        self.tenant_keys: dict[str, str] = {}
-        self.references: dict[str, Any] = {}
-        self.pids: set[int] = set()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            self.output.append(line)
-
-    @property
-    def admin_key(self) -> str:
-        return (self.state_dir / "admin_key").read_text().strip()
-
-    def thaw(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        """Runs a ``thaw`` admin command; the URL and key come from the state directory, as for a user."""
-        result = subprocess.run([THAW, *args, "--state", str(self.state_dir)], capture_output=True, text=True,
-                                timeout=DEADLINE_S, env=self.env)
-        if check:
-            assert result.returncode == 0, f"thaw {' '.join(args)}: {result.stderr}"
-        return result
-
-    def status(self) -> dict[str, Any]:
-        return json.loads(self.thaw("status", "--json").stdout)
-
-    def model_status(self, model_id: str) -> dict[str, Any]:
-        return next(m for m in self.status()["models"] if m["model_id"] == model_id)
-
-    def client(self, api_key: str | None = None, timeout_s: float = DEADLINE_S) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key or self.admin_key, max_retries=0,
-                             timeout=timeout_s)
-
-    def note_processes(self) -> None:
-        """Remembers every process the platform runs now, to check at the end that none is left."""
-        self.pids |= {p.pid for p in psutil.Process(self.process.pid).children(recursive=True)}
 
 
 @pytest.fixture(scope="module")
@@ -111,29 +41,12 @@ def platform(tmp_path_factory) -> Iterator[RunningPlatform]:
     model_dir = write_demo_model(root / "tiny", DemoModelConfig(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
         max_position_embeddings=MAX_MODEL_LEN, init_std=0.1, seed=5))
-    state_dir, port, namespace = root / "state", _free_port(), f"e2e{uuid.uuid4().hex[:8]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("THAW_", "RAY_ADDRESS"))}
-    process = subprocess.Popen(
-        [THAW, "serve", "--demo", "--state", str(state_dir), "--port", str(port), "--namespace", namespace,
-         "--num-cpus", "2", "--worker-slots", "2", "--no-calibrate", "--ssd-capacity-gb", "1",
-         "--dram-capacity-gb", "0.25"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    running = RunningPlatform(process, f"http://127.0.0.1:{port}", state_dir, namespace, env, model_dir)
-    try:
-        wait_for(lambda: any("Ctrl-C stops" in line for line in running.output) or process.poll() is not None,
-                 "thaw serve to start", START_DEADLINE_S)
-        assert process.poll() is None, "thaw serve exited:\n" + "".join(running.output)
+    with start_platform(root, model_dir, "--num-cpus", "2", "--worker-slots", "2", "--no-calibrate",
+                        "--ssd-capacity-gb", "1", "--dram-capacity-gb", "0.25") as running:
         engine = Engine(model_dir)  # the references: the engine run directly, one request at a time
         running.references = {"completion": engine.generate([PROMPT], GREEDY)[0],
                               "chat": engine.generate([CHAT], GREEDY)[0], "tokenizer": engine.tokenizer}
         yield running
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(DEADLINE_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
 
 
 def test_serve_prints_the_admin_key_once_and_the_demo_model_answers(platform):
@@ -211,7 +124,9 @@ def test_status_shows_models_instances_checkpoints_and_estimates(platform):
     instance = next(i for i in status["instances"] if i["model_id"] == MODEL)
     tiers = {t["tier"]: [e["model"] for e in t["entries"]] for n in status["nodes"] for t in n["tiers"]}
     assert "acme--tiny" in tiers["ssd"] and instance["tier"] in ("dram", "ssd")
-    metrics = urllib.request.urlopen(f"{platform.url}/metrics", timeout=10).read().decode()
+    request = urllib.request.Request(f"{platform.url}/metrics",  # needs the admin key (or the scrape token)
+                                     headers={"Authorization": f"Bearer {platform.admin_key}"})
+    metrics = urllib.request.urlopen(request, timeout=10).read().decode()
     assert f'thaw_model_instances{{model="{MODEL}"}} 1.0' in metrics
     assert f'thaw_gateway_requests_total{{endpoint="completions",model="{MODEL}",status="200"}}' in metrics
 
@@ -245,7 +160,9 @@ def test_scale_to_zero_then_a_request_waits_for_the_cold_start_and_succeeds(plat
         model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, extra_body={"ignore_eos": True})
     assert got.choices[0].text == platform.references["completion"].text
     assert time.monotonic() - start < DEADLINE_S
-    metrics = urllib.request.urlopen(f"{platform.url}/metrics", timeout=10).read().decode()
+    request = urllib.request.Request(f"{platform.url}/metrics",  # needs the admin key (or the scrape token)
+                                     headers={"Authorization": f"Bearer {platform.admin_key}"})
+    metrics = urllib.request.urlopen(request, timeout=10).read().decode()
     queued = [line for line in metrics.splitlines()
               if line.startswith(f'thaw_queue_time_seconds_sum{{model="{MODEL}"}}')]
     assert queued and float(queued[0].split()[-1]) > 0  # it waited in the cold model's queue
