@@ -81,9 +81,11 @@ from infra.gateway_backend import (
 )
 from infra.gateway_metrics import GatewayMetrics
 from infra.gateway_model_info import ModelInfo, model_info_from_record
+from infra.instance_picker import InstancePicker
 from infra.instance_replies import gateway_chunk, invalid_request
 from infra.negative_cache import NegativeCache
 from infra.queue_outlooks import QueueOutlooks
+from infra.queue_ticket import QueueTicket, RequestPlace, prune_settled
 from infra.ray_backend_config import RayBackendConfig
 from infra.serving_cluster import InstanceGone, InstanceRoute, ServingCluster
 from worker import SUSPENDED, InvalidRequestError, RequestFailedError, SamplingParams
@@ -94,31 +96,6 @@ logger = logging.getLogger(__name__)
 
 # How many more instances a request is tried on after an engine died in a forward pass it was in.
 _MAX_SUSPECT_RETRIES = 1
-
-
-class _Ticket:
-    """A request's place in a model's queue: the future a free instance is handed through (None
-    when the request was aborted meanwhile), when it joined (the backend's clock, for the oldest
-    wait reported) and when it must leave (the loop's clock, which asyncio's timeouts use)."""
-
-    __slots__ = ("future", "enqueued_s", "deadline")
-
-    def __init__(self, future: asyncio.Future[InstanceRoute | None], enqueued_s: float, deadline: float) -> None:
-        self.future = future
-        self.enqueued_s = enqueued_s
-        self.deadline = deadline
-
-
-class _Request:
-    """One request's whereabouts, for `abort`: its queue ticket or the instance serving it."""
-
-    __slots__ = ("model_id", "ticket", "route", "aborted")
-
-    def __init__(self, model_id: str) -> None:
-        self.model_id = model_id
-        self.ticket: _Ticket | None = None
-        self.route: InstanceRoute | None = None
-        self.aborted = False
 
 
 class RayGatewayBackend:
@@ -136,10 +113,10 @@ class RayGatewayBackend:
         self._models: dict[str, ModelInfo] = {}
         self._models_loaded = False
         self._quotas: dict[str, TenantQuota] = {}  # tenant -> quota, for the tenants with a limit
-        self._inflight: dict[str, int] = {}  # instance id -> requests this gateway has on it
-        self._broken: dict[str, float] = {}  # instance id -> skipped until (clock)
-        self._queues: dict[str, deque[_Ticket]] = {}
-        self._requests: dict[str, _Request] = {}
+        self._picker = InstancePicker(self._config.max_ongoing_requests_per_instance,
+                                      self._config.broken_instance_s, clock)
+        self._queues: dict[str, deque[QueueTicket]] = {}
+        self._requests: dict[str, RequestPlace] = {}
         self._reported: dict[str, tuple[int, float]] = {}  # model id -> (queue length, when) last told
         self._outlooks = QueueOutlooks(self._config.retry_after_s, self._config.max_retry_after_s)
         self._unknown = NegativeCache(self._config.unknown_model_ttl_s, clock=clock)  # names found not deployed
@@ -208,7 +185,7 @@ class RayGatewayBackend:
         payload: Any = prompt if isinstance(prompt, str) else [dict(p) if isinstance(p, Mapping) else p for p in prompt]
         if request_id in self._requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use", "request_id")
-        request = _Request(model_id)
+        request = RequestPlace(model_id)
         self._requests[request_id] = request
         arrival = self._clock()
         sent_token_ids: list[int] = []  # what the client has received: a recovery continues from it
@@ -222,9 +199,9 @@ class RayGatewayBackend:
                 attempt += 1
                 admitted = self._admit(info, request, readmitted=admissions > 0)
                 admissions += 1
-                if isinstance(admitted, _Ticket):  # in the model's queue: news about every interval
+                if isinstance(admitted, QueueTicket):  # in the model's queue: news about every interval
                     try:
-                        while not await self._wait_a_while(admitted):
+                        while not await admitted.wait_a_while(self._config.progress_interval_s):
                             yield QueueProgress(text=self._outlooks.progress_line(model_id))
                     except BaseException:  # cancelled, or closed at a progress record: the client left
                         self._leave_queue(model_id, admitted, "aborted")
@@ -262,12 +239,12 @@ class RayGatewayBackend:
                         return
                     # Back in the model's queue with what the client has: its next instance continues
                     # it from there (`recover`). Not a failure: the attempt is given back.
-                    self._mark_broken(route)
+                    self._picker.mark_broken(route)
                     attempt -= 1
                     logger.info("request %s: suspended after %d tokens; it waits for %s's next slot",
                                 request_id, len(sent_token_ids), model_id)
                 except InstanceGone as exc:
-                    self._mark_broken(route)
+                    self._picker.mark_broken(route)
                     num_suspect_deaths += exc.suspect
                     if num_suspect_deaths > _MAX_SUSPECT_RETRIES:  # a poison pill is not passed on
                         logger.error("request %s: not retried: %d instances died running it: %s",
@@ -339,7 +316,7 @@ class RayGatewayBackend:
 
     # ---- admission -------------------------------------------------------------------------
 
-    def _admit(self, info: ModelInfo, request: _Request, *, readmitted: bool = False) -> InstanceRoute | _Ticket:
+    def _admit(self, info: ModelInfo, request: RequestPlace, *, readmitted: bool = False) -> InstanceRoute | QueueTicket:
         """A reserved instance for the request if one is free and nobody waits, else its ticket
         in the model's queue (also `request.ticket`); `ModelOverloaded` when the queue is full or
         the tenant is at its queued-request quota. A request `readmitted` (back after a suspension
@@ -348,7 +325,7 @@ class RayGatewayBackend:
         model_id = info.card.model_id
         queue = self._queues.get(model_id)
         if queue is not None:
-            self._prune(queue)
+            prune_settled(queue)
         if not queue:  # nobody waits: no line to jump
             route = self._pick(model_id)
             if route is not None:
@@ -370,7 +347,7 @@ class RayGatewayBackend:
                 del self._queues[model_id]
             raise ModelOverloaded(refusal, self._config.retry_after_s)
         loop = asyncio.get_running_loop()
-        ticket = _Ticket(loop.create_future(), self._clock(), loop.time() + info.queue_timeout_s)
+        ticket = QueueTicket(loop.create_future(), self._clock(), loop.time() + info.queue_timeout_s)
         queue.append(ticket)
         request.ticket = ticket
         assert self._wake is not None
@@ -382,18 +359,7 @@ class RayGatewayBackend:
         return sum(not ticket.future.done() for model_id, queue in self._queues.items()
                    if model_id.partition("/")[0] == tenant for ticket in queue)
 
-    async def _wait_a_while(self, ticket: _Ticket) -> bool:
-        """Waits until the ticket is settled or its deadline passed (True), or for at most
-        ``progress_interval_s`` (False: time for news). The deadline is the ticket's own, so
-        waiting in steps does not move it."""
-        loop = asyncio.get_running_loop()
-        left_s = ticket.deadline - loop.time()
-        if left_s > 0 and not ticket.future.done():
-            # asyncio.wait, unlike wait_for, leaves the future alone when it returns or is cancelled.
-            await asyncio.wait((ticket.future,), timeout=min(self._config.progress_interval_s, left_s))
-        return ticket.future.done() or loop.time() >= ticket.deadline
-
-    def _end_wait(self, info: ModelInfo, ticket: _Ticket) -> InstanceRoute | None:
+    def _end_wait(self, info: ModelInfo, ticket: QueueTicket) -> InstanceRoute | None:
         """Takes a settled or expired ticket out of the queue: the instance it was handed, None
         if the request was aborted; raises what failed it (the model deleted, the gateway
         shutting down), or `QueueTimeout` with the controller's explanation at the deadline."""
@@ -414,7 +380,7 @@ class RayGatewayBackend:
         self._leave_queue(model_id, ticket, "served" if route is not None else "aborted")
         return route
 
-    def _leave_queue(self, model_id: str, ticket: _Ticket, outcome: str) -> None:
+    def _leave_queue(self, model_id: str, ticket: QueueTicket, outcome: str) -> None:
         """Removes the ticket from the model's queue (giving back an instance handed to it if the
         request will not use it), tells the controller the queue got shorter, and counts the wait
         by the outlook's status now."""
@@ -436,46 +402,25 @@ class RayGatewayBackend:
         elif not waiter.done():
             waiter.cancel()
 
-    @staticmethod
-    def _prune(queue: deque[_Ticket]) -> None:
-        while queue and queue[0].future.done():
-            queue.popleft()
-
     def _pick(self, model_id: str) -> InstanceRoute | None:
-        """The least-loaded usable instance under the concurrency cap, or None."""
-        now, cap = self._clock(), self._config.max_ongoing_requests_per_instance
-        best: tuple[int, int, str] | None = None
-        chosen = None
-        for route in self._routes.get(model_id, ()):
-            if self._broken.get(route.instance_id, 0.0) > now:
-                continue
-            load = self._inflight.get(route.instance_id, 0)
-            if load >= cap:
-                continue
-            key = (load, route.num_ongoing_requests, route.instance_id)
-            if best is None or key < best:
-                best, chosen = key, route
-        return chosen
+        return self._picker.pick(self._routes.get(model_id, ()))
 
     def _reserve(self, route: InstanceRoute) -> None:
-        self._inflight[route.instance_id] = self._inflight.get(route.instance_id, 0) + 1
+        self._picker.reserve(route)
 
     def _release(self, model_id: str, route: InstanceRoute) -> None:
-        left = self._inflight.get(route.instance_id, 0) - 1
-        if left > 0:
-            self._inflight[route.instance_id] = left
-        else:
-            self._inflight.pop(route.instance_id, None)
+        self._picker.release(route)
         self._dispatch(model_id)
 
-    def _mark_broken(self, route: InstanceRoute) -> None:
-        self._broken[route.instance_id] = self._clock() + self._config.broken_instance_s
+    def inflight(self) -> dict[str, int]:
+        """Requests this gateway has on each instance now (for tests and diagnostics)."""
+        return self._picker.inflight()
 
     def _dispatch(self, model_id: str) -> None:
         """Hands free instance slots to the model's queue, oldest request first."""
         queue = self._queues.get(model_id)
         while queue:
-            self._prune(queue)
+            prune_settled(queue)
             if not queue:
                 break
             route = self._pick(model_id)
@@ -582,7 +527,7 @@ class RayGatewayBackend:
         known = {route.instance_id for entries in self._routes.values() for route in entries}
         appeared = {model_id: ids for model_id, entries in routes.items()
                     if (ids := {r.instance_id for r in entries} - known)}
-        self._broken = {i: until for i, until in self._broken.items() if i in live}
+        self._picker.keep_only(live)
         forget = getattr(self._cluster, "forget", None)
         if forget is not None:
             forget(live)

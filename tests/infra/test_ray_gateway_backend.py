@@ -268,7 +268,7 @@ def test_warm_model_goes_to_the_least_loaded_instance_without_asking_the_control
         assert chunks[0].queue_s is not None and chunks[0].queue_s < 0.5 and chunks[1].queue_s is None
         assert cluster.get_model_calls == [] and cluster.demand == []
         assert cluster.num_table_calls - calls_before <= 2  # only the background long poll, no call per request
-        assert backend._inflight == {}
+        assert backend.inflight() == {}
 
     run(test)(cluster)
 
@@ -423,9 +423,9 @@ def test_a_client_leaving_closes_the_instance_stream_and_frees_the_slot():
         cluster.hold = True
         stream = backend.generate(MODEL, "left", "hello", PARAMS)
         first = await stream.__anext__()
-        assert first.text == "t0 " and backend._inflight == {"a": 1}
+        assert first.text == "t0 " and backend.inflight() == {"a": 1}
         await stream.aclose()
-        assert cluster.closed_early == ["left"] and backend._inflight == {}
+        assert cluster.closed_early == ["left"] and backend.inflight() == {}
         # A cancelled waiter (the client left while queued) gives its place back too.
         cluster.set_routes(MODEL, [])
         await until(lambda: backend._routes.get(MODEL) is None, "the instance gone from the cache")
@@ -463,7 +463,7 @@ def test_a_gone_instance_is_skipped_and_a_request_it_dropped_midway_resumes_else
         assert "".join(c.text for c in chunks) == "".join(f"t{i} " for i in range(PARAMS.max_tokens))
         assert [c.num_output_tokens for c in chunks] == list(range(1, PARAMS.max_tokens + 1))
         assert chunks[0].queue_s is not None and all(c.queue_s is None for c in chunks[1:])
-        assert chunks[-1].finish_reason == "length" and backend._inflight == {}
+        assert chunks[-1].finish_reason == "length" and backend.inflight() == {}
 
         # With no instance left to take it, the failure is reported in-band, after what was sent.
         cluster.fail_after_first = {"spare"}
@@ -473,7 +473,7 @@ def test_a_gone_instance_is_skipped_and_a_request_it_dropped_midway_resumes_else
         assert (await stream.__anext__()).text == "t0 "
         with pytest.raises(QueueTimeout):  # waited in the model's queue for an instance that never came
             await stream.__anext__()
-        assert backend._inflight == {}
+        assert backend.inflight() == {}
 
     run(test)(cluster, dataclasses.replace(FAST, max_attempts=2))
 
@@ -506,7 +506,7 @@ def test_a_suspended_request_waits_for_the_models_next_instance_and_continues_fr
         # Exactly the uninterrupted output: no token lost or repeated, no "suspended" reaching the client.
         assert [c.token_ids for c in chunks] == [(100 + i,) for i in range(PARAMS.max_tokens)]
         assert [c.finish_reason for c in chunks] == [None] * (PARAMS.max_tokens - 1) + ["length"]
-        assert backend._inflight == {}
+        assert backend.inflight() == {}
 
     # one attempt allowed: two suspensions are no failures
     run(test)(cluster, dataclasses.replace(FAST, max_attempts=1))
@@ -527,7 +527,7 @@ def test_worker_refusals_name_the_field_and_a_long_prompt_is_context_length_exce
         with pytest.raises(InvalidRequest) as bad:
             await collect(backend, "big")
         assert bad.value.param == "max_tokens" and not isinstance(bad.value, ContextLengthExceeded)
-        assert backend._inflight == {}
+        assert backend.inflight() == {}
 
     run(test)(cluster)
 
@@ -702,9 +702,9 @@ def test_a_client_leaving_at_a_progress_record_gives_back_its_place_and_any_inst
         stream = backend.generate(MODEL, "late", "hello", PARAMS)
         assert isinstance(await stream.__anext__(), QueueProgress)
         cluster.set_routes(MODEL, [route("a")])
-        await until(lambda: backend._inflight == {"a": 1}, "the instance handed to the waiting request")
+        await until(lambda: backend.inflight() == {"a": 1}, "the instance handed to the waiting request")
         await stream.aclose()
-        assert backend._inflight == {} and backend._requests == {} and cluster.served == []
+        assert backend.inflight() == {} and backend._requests == {} and cluster.served == []
         sample = f'thaw_queue_wait_seconds_count{{cause="unknown",model="{MODEL}",outcome="aborted"}}'
         assert metric(backend, sample) == "2.0"
 
