@@ -188,7 +188,7 @@ class RayServingCluster:
                        sent_token_ids: Sequence[int] = ()) -> AsyncIterator[Any]:
         import ray
 
-        from migration import MigrationRefusedError, UnknownRequestError, follow_generation
+        from migration import MigrationRefusedError, StreamIdleTimeout, UnknownRequestError, follow_generation
         from worker import EngineDeadError, InstanceLoadError, SpareWorkerError
 
         handle = await self._handle(route)
@@ -206,6 +206,9 @@ class RayServingCluster:
                                suspect=getattr(exc, "suspect", False)) from exc
         except (MigrationRefusedError, UnknownRequestError) as exc:  # cannot take the recovery, or lost track
             raise InstanceGone(f"instance {route.instance_id} cannot continue request {request_id}: {exc}") from exc
+        except StreamIdleTimeout as exc:  # quiet with no progress (e.g. frozen by a driver that died): go elsewhere
+            self._handles.pop(route.instance_id, None)
+            raise InstanceGone(f"instance {route.instance_id}: request {request_id} made no progress: {exc}") from exc
 
     async def abort(self, route: InstanceRoute, request_id: str) -> None:
         handle = self._handles.get(route.instance_id)

@@ -22,7 +22,10 @@ Public API:
   `RayEndpoint` (a `MigratableInstanceActor`).
 - `MigratableInstanceActor`, `start_migratable_instance`, `start_migratable_spare`: an instance
   actor that can migrate (with a model, or a spare assigned one later);
-  `follow_generation`: the client's stream across hand-offs.
+  `follow_generation`: the client's stream across hand-offs, with an idle timeout
+  (`StreamIdleTimeout`, `DEFAULT_STREAM_IDLE_TIMEOUT_S`).
+- `DEFAULT_LEASE_S`: how long an instance keeps a frozen request or a paused import without word
+  from the migration's driver (then it undoes it alone; ``lease_s`` in each method's config).
 - `KVTransport`, `KVPayload`, `InProcessKVTransport`, `RayObjectKVTransport`: how blocks travel.
 - `ParkingEndpoint`, `ParkedRequest`, `replay`, `PARKED`: a request suspended with its KV kept in
   memory (a KV migration into memory) and later replayed into its model's next instance.
@@ -31,6 +34,7 @@ Public API:
 
 from migration.engine_endpoint import EngineEndpoint
 from migration.following_stream import follow_generation
+from migration.lease_book import DEFAULT_LEASE_S
 from migration.kv_migration import KVMigrationConfig, migrate_by_kv
 from migration.kv_transport import InProcessKVTransport, KVPayload, KVTransport, RayObjectKVTransport
 from migration.migratable_instance_actor import (
@@ -42,10 +46,12 @@ from migration.migration_outcome import MigrationMethod, MigrationOutcome, Migra
 from migration.parking_endpoint import PARKED, ParkedRequest, ParkingEndpoint, replay
 from migration.prefill_handoff import PartialPrefillPayload, hand_over_prefill
 from migration.ray_endpoint import RayEndpoint
+from migration.stream_idle_timeout import DEFAULT_STREAM_IDLE_TIMEOUT_S, StreamIdleTimeout
 from migration.token_migration import TokenMigrationConfig, migrate_by_tokens
 from worker import MigrationRefusedError, RequestSnapshot, UnknownRequestError
 
 __all__ = [
+    "DEFAULT_LEASE_S", "DEFAULT_STREAM_IDLE_TIMEOUT_S", "StreamIdleTimeout",
     "PARKED", "ParkedRequest", "ParkingEndpoint", "replay",
     "EngineEndpoint", "InProcessKVTransport", "KVMigrationConfig", "KVPayload", "KVTransport",
     "MigratableInstanceActor", "MigrationEndpoint", "MigrationMethod", "MigrationOutcome", "MigrationRefusedError",

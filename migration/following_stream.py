@@ -18,21 +18,30 @@ request whose tokens were suspended does: the caller queues it for its model's n
 The same stream also carries a request on after its instance *died* (``sent_token_ids``): the
 new instance's ``recover`` continues it from the tokens the client already has, and any later
 migration is followed as usual.
+
+No wait is unbounded: a stream that sends nothing for ``idle_timeout_s`` while its instance shows
+no progress for the request (`migration.stream_idle_timeout`: queued or loading counts as waiting
+its turn, a growing prefill as progress, a frozen or unknown request or a silent instance as
+nothing) is cancelled where it runs and raises `StreamIdleTimeout`; so does an old instance that
+does not say within ``idle_timeout_s`` where a migrated request went.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from migration.parking_endpoint import PARKED
+from migration.stream_idle_timeout import (DEFAULT_STREAM_IDLE_TIMEOUT_S, StreamIdleTimeout, guard_idle,
+                                           validate_idle_timeout_s)
 from worker import (
-    SUSPENDED, EngineDeadError, GenerationChunk, InstanceLoadError, InvalidRequestError, MigrationRefusedError, SamplingParams,
-    SpareWorkerError, UnknownRequestError, stream_generation,
+    SUSPENDED, EngineDeadError, GenerationChunk, InstanceLoadError, InvalidRequestError, MigrationRefusedError,
+    RequestProgress, SamplingParams, SpareWorkerError, UnknownRequestError, stream_generation,
 )
 
-__all__ = ["follow_generation"]
+__all__ = ["StreamIdleTimeout", "follow_generation"]
 
 MIGRATED = "migrated"
 
@@ -44,29 +53,38 @@ _INSTANCE_ERRORS = (UnknownRequestError, MigrationRefusedError, InvalidRequestEr
 async def follow_generation(handle: Any, request_id: str, prompt: str | list,
                             sampling_params: Mapping[str, Any] | SamplingParams | None = None, *,
                             resolve: Callable[[str], Awaitable[Any]],
-                            sent_token_ids: Sequence[int] = ()) -> AsyncIterator[GenerationChunk]:
+                            sent_token_ids: Sequence[int] = (),
+                            idle_timeout_s: float = DEFAULT_STREAM_IDLE_TIMEOUT_S) -> AsyncIterator[GenerationChunk]:
     """`stream_generation` that follows the request across live migrations (module docstring).
 
     With ``sent_token_ids`` (output tokens a client already received from an instance that died)
     the request is not started but continued on ``handle`` from there (its ``recover``), and
     only what comes after them is yielded. Raises `UnknownRequestError` if a stream ended
-    "migrated" but its instance cannot say where to; the instance's refusals
-    (`MigrationRefusedError`, `InvalidRequestError`, `EngineDeadError`, ...) as themselves."""
+    "migrated" but its instance cannot say where to; `StreamIdleTimeout` if nothing came for
+    ``idle_timeout_s`` while the request made no progress (the request is then cancelled on its
+    instance); the instance's refusals (`MigrationRefusedError`, `InvalidRequestError`,
+    `EngineDeadError`, ...) as themselves."""
+    idle_timeout_s = validate_idle_timeout_s(idle_timeout_s)
     if sent_token_ids:
         chunks = _actor_stream(handle, "recover", request_id, prompt, sampling_params, list(sent_token_ids))
     else:
         chunks = stream_generation(handle, request_id, prompt, sampling_params)
     while True:
         migrated = False
-        async with contextlib.aclosing(chunks):
-            async for chunk in chunks:
+        guarded = guard_idle(chunks, _progress_probe(handle, request_id), request_id=request_id,
+                             idle_timeout_s=idle_timeout_s)
+        async with contextlib.aclosing(guarded):
+            async for chunk in guarded:
                 if chunk.finish_reason == MIGRATED:
                     migrated = True
                     break
                 yield chunk
         if not migrated:
             return
-        target = await handle.handoff_target.remote(request_id)
+        try:
+            target = await asyncio.wait_for(handle.handoff_target.remote(request_id), idle_timeout_s)
+        except TimeoutError:
+            raise StreamIdleTimeout(request_id, idle_timeout_s, None) from None
         if target == PARKED:
             yield GenerationChunk(request_id=request_id, text="", token_ids=(), finish_reason=SUSPENDED,
                                   num_prompt_tokens=chunk.num_prompt_tokens,
@@ -76,6 +94,14 @@ async def follow_generation(handle: Any, request_id: str, prompt: str | list,
             raise UnknownRequestError(f"request {request_id!r} left its instance for an unknown one")
         handle = await resolve(target)
         chunks = _actor_stream(handle, "resume", request_id)
+
+
+def _progress_probe(handle: Any, request_id: str) -> Callable[[], Awaitable[RequestProgress]]:
+    """Asks ``handle`` where the request stands (`MigratableInstanceActor.request_progress`)."""
+    async def probe() -> RequestProgress:
+        return await handle.request_progress.remote(request_id)
+
+    return probe
 
 
 async def _actor_stream(handle: Any, method: str, *args: Any) -> AsyncIterator[GenerationChunk]:

@@ -27,12 +27,15 @@ destination counts which positions it holds KV for; if a stage came up short (th
 preempted and recomputed meanwhile), the gap is recomputed after the commit instead of being
 wrong. Any failure before 5 undoes the migration (`MigrationAttempt.undo`): the destination
 frees every block it reserved and the source unfreezes the request, which finishes there whole.
+If the driver itself dies, both instances do the same alone once ``lease_s`` passes without word
+from it (`migration.lease_book`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from migration.lease_book import DEFAULT_LEASE_S, validate_lease_s
 from migration.migration_attempt import MigrationAttempt
 from migration.migration_endpoint import MigrationEndpoint
 from migration.migration_outcome import MigrationMethod, MigrationOutcome
@@ -46,6 +49,9 @@ class KVMigrationConfig:
     max_final_blocks: int = 1
     # A source filling blocks faster than they ship never gets there; stop anyway.
     max_stages: int = 8
+    # How long either instance keeps what this migration left there (a frozen source request, a
+    # paused import) without hearing from the driver (migration.lease_book); renewed every third.
+    lease_s: float = DEFAULT_LEASE_S
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_final_blocks, int) or isinstance(self.max_final_blocks, bool) \
@@ -53,17 +59,18 @@ class KVMigrationConfig:
             raise ValueError(f"max_final_blocks must be an integer >= 0, got {self.max_final_blocks!r}")
         if not isinstance(self.max_stages, int) or isinstance(self.max_stages, bool) or self.max_stages < 1:
             raise ValueError(f"max_stages must be an integer >= 1, got {self.max_stages!r}")
+        validate_lease_s(self.lease_s, "KVMigrationConfig.lease_s")
 
 
 async def migrate_by_kv(source: MigrationEndpoint, dest: MigrationEndpoint, request_id: str,
                         config: KVMigrationConfig = KVMigrationConfig()) -> MigrationOutcome:
     """Moves one generating request from ``source`` to ``dest`` (see the module docstring).
     Never raises for a failed migration: the outcome says what happened."""
-    attempt = MigrationAttempt(source, dest, request_id, MigrationMethod.KV)
+    attempt = MigrationAttempt(source, dest, request_id, MigrationMethod.KV, config.lease_s)
 
     async def steps() -> None:
         snapshot = await attempt.on_source(source.export_request(request_id))
-        await attempt.on_dest(dest.begin_import(snapshot, snapshot.num_tokens))
+        await attempt.on_dest(dest.begin_import(snapshot, snapshot.num_tokens, config.lease_s))
         num_blocks_shipped = 0
         for _ in range(config.max_stages):
             attempt.num_rounds += 1
@@ -73,7 +80,8 @@ async def migrate_by_kv(source: MigrationEndpoint, dest: MigrationEndpoint, requ
             num_blocks_shipped += payload.num_blocks
             if payload.num_blocks <= config.max_final_blocks:
                 break
-        final, payload = await attempt.stop_source(source.send_kv(request_id, num_blocks_shipped, freeze=True))
+        final, payload = await attempt.stop_source(source.send_kv(request_id, num_blocks_shipped, freeze=True,
+                                                                      lease_s=config.lease_s))
         num_tokens_with_kv = await attempt.on_dest(dest.receive_kv(final, num_blocks_shipped, payload))
         attempt.copied(payload)
         await attempt.on_dest(dest.commit_import(final))

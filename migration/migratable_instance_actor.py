@@ -10,7 +10,20 @@ and the two methods a client needs to follow a request that moved:
   first token after the hand-off, read like ``generate``'s (cancel it and the request is aborted).
 
 and one for a request whose instance died: ``recover(request_id, prompt, params, sent_token_ids)``
-continues it here from the tokens its client already received (the gateway's failure recovery).
+continues it here from the tokens its client already received (the gateway's failure recovery),
+and one for a client whose stream went quiet: ``request_progress(request_id)`` (loading, queued,
+running, frozen; `follow_generation`'s idle check).
+
+Checkpoints. A live migration moves a request only between instances of the same checkpoint
+(`worker.checkpoint_identity`; the destination refuses any other, and the request finishes on its
+source). A recovery is different: its source is dead, so refusing it fails the client's stream.
+It is therefore *not* refused when this instance serves another checkpoint of the model than the
+dead one did (the model was deployed again meanwhile): the new weights continue from the tokens
+the client already has -- the output is the old version's beginning and the new version's rest,
+exactly what the client would get by sending its partial answer to the new version as a prompt.
+What cannot be continued is still refused: token ids outside this checkpoint's vocabulary
+(`MigrationRefusedError`), and KV parked by another checkpoint (its replay is refused, so the
+recovery recomputes the KV from the tokens instead of mixing another checkpoint's KV in).
 
 KV blocks travel through Ray's object store by default (`RayObjectKVTransport`): the source puts
 them there once, the destination reads them, the driver only passes the reference.
@@ -31,10 +44,11 @@ from typing import Any
 
 from migration.engine_endpoint import EngineEndpoint
 from migration.kv_transport import KVPayload, KVTransport, RayObjectKVTransport
+from migration.lease_book import DEFAULT_LEASE_S
 from migration.prefill_handoff import PartialPrefillPayload
 from worker import (
-    EngineConfig, GenerationChunk, InstanceStats, InstanceWorkerActor, InvalidRequestError, PeerWeights,
-    RequestSnapshot, SamplingParams, worker_actor_options,
+    EngineConfig, GenerationChunk, InstanceState, InstanceStats, InstanceWorkerActor, InvalidRequestError, PeerWeights,
+    RequestProgress, RequestSnapshot, RequestState, SamplingParams, checkpoint_identity, worker_actor_options,
 )
 
 Prompt = str | list  # text, token ids, or chat messages: what ``generate`` takes
@@ -60,8 +74,11 @@ class MigratableInstanceActor(InstanceWorkerActor):
             worker = self._model_worker()  # a spare has nothing to migrate: SpareWorkerError
             # The instance's running engine (waits for the load; raises like ``generate``).
             async_engine = await worker._serving_engine()
+            # The checkpoint's identity reads the model dir's small files: off the event loop.
+            checkpoint_id = await asyncio.to_thread(checkpoint_identity, async_engine.engine.model_dir)
             if self._endpoint is None:  # another call may have built it while this one waited
-                self._endpoint = EngineEndpoint(async_engine, self._transport, worker.instance_id)
+                self._endpoint = EngineEndpoint(async_engine, self._transport, worker.instance_id,
+                                                checkpoint_id=checkpoint_id)
         return self._endpoint
 
     # ---- the endpoint (see MigrationEndpoint) --------------------------------------------------
@@ -69,8 +86,8 @@ class MigratableInstanceActor(InstanceWorkerActor):
     async def export_request(self, request_id: str) -> RequestSnapshot:
         return await (await self._migration()).export_request(request_id)
 
-    async def freeze_request(self, request_id: str) -> RequestSnapshot:
-        return await (await self._migration()).freeze_request(request_id)
+    async def freeze_request(self, request_id: str, lease_s: float = DEFAULT_LEASE_S) -> RequestSnapshot:
+        return await (await self._migration()).freeze_request(request_id, lease_s)
 
     async def unfreeze_request(self, request_id: str) -> None:
         await (await self._migration()).unfreeze_request(request_id)
@@ -78,11 +95,13 @@ class MigratableInstanceActor(InstanceWorkerActor):
     async def release_request(self, request_id: str, destination_id: str) -> None:
         await (await self._migration()).release_request(request_id, destination_id)
 
-    async def send_kv(self, request_id: str, first_block: int, freeze: bool) -> tuple[RequestSnapshot, KVPayload]:
-        return await (await self._migration()).send_kv(request_id, first_block, freeze=freeze)
+    async def send_kv(self, request_id: str, first_block: int, freeze: bool,
+                      lease_s: float = DEFAULT_LEASE_S) -> tuple[RequestSnapshot, KVPayload]:
+        return await (await self._migration()).send_kv(request_id, first_block, freeze=freeze, lease_s=lease_s)
 
-    async def begin_import(self, snapshot: RequestSnapshot, num_reserved_tokens: int) -> None:
-        await (await self._migration()).begin_import(snapshot, num_reserved_tokens)
+    async def begin_import(self, snapshot: RequestSnapshot, num_reserved_tokens: int,
+                           lease_s: float = DEFAULT_LEASE_S) -> None:
+        await (await self._migration()).begin_import(snapshot, num_reserved_tokens, lease_s)
 
     async def extend_import(self, snapshot: RequestSnapshot) -> None:
         await (await self._migration()).extend_import(snapshot)
@@ -99,8 +118,12 @@ class MigratableInstanceActor(InstanceWorkerActor):
     async def cancel_import(self, request_id: str) -> None:
         await (await self._migration()).cancel_import(request_id)
 
-    async def export_partial_prefill(self, request_id: str) -> PartialPrefillPayload:
-        return await (await self._migration()).export_partial_prefill(request_id)
+    async def renew_lease(self, request_id: str, lease_s: float = DEFAULT_LEASE_S) -> bool:
+        return await (await self._migration()).renew_lease(request_id, lease_s)
+
+    async def export_partial_prefill(self, request_id: str, lease_s: float = DEFAULT_LEASE_S
+                                     ) -> PartialPrefillPayload:
+        return await (await self._migration()).export_partial_prefill(request_id, lease_s)
 
     async def take_over_prefill(self, payload: PartialPrefillPayload) -> None:
         await (await self._migration()).take_over_prefill(payload)
@@ -109,6 +132,16 @@ class MigratableInstanceActor(InstanceWorkerActor):
 
     def handoff_target(self, request_id: str) -> str | None:
         return None if self._endpoint is None else self._endpoint.handoff_target(request_id)
+
+    async def request_progress(self, request_id: str) -> RequestProgress:
+        """Where the request stands here (`worker.RequestProgress`): ``loading`` while the model
+        is, else as the engine sees it. What a client whose stream went quiet asks
+        (`follow_generation`); never waits for the load."""
+        if self.health() is InstanceState.LOADING:
+            return RequestProgress(request_id, RequestState.LOADING)
+        if self.health() is not InstanceState.READY:  # a spare, failed or stopped: nothing runs here
+            return RequestProgress(request_id, RequestState.UNKNOWN)
+        return await (await self._migration()).request_progress(request_id)
 
     async def resume(self, request_id: str) -> AsyncIterator[GenerationChunk]:
         async for chunk in self._adopted_chunks(request_id):
@@ -207,6 +240,7 @@ class MigratableInstanceActor(InstanceWorkerActor):
         if self._endpoint is not None:
             for request_id in self._imported_request_ids():
                 self._endpoint.async_engine.abort(request_id)
+            self._endpoint.close()
         self._endpoint = None
         self._resumed.clear()
         await super().release_model(timeout_s)
@@ -223,6 +257,7 @@ class MigratableInstanceActor(InstanceWorkerActor):
         if self._endpoint is not None:
             for request_id in self._imported_request_ids():
                 self._endpoint.async_engine.abort(request_id)
+            self._endpoint.close()
         await super().shutdown(timeout_s)
 
     def abort(self, request_id: str) -> bool:

@@ -8,6 +8,14 @@ are done whenever in doubt (a call whose answer was lost may or may not have hap
 failure *means* depends on where it happened: the source not knowing the request means it
 finished there first; either side declining (`MigrationRefusedError`: no room, a request that
 cannot move yet) is a refusal; anything else is a failure.
+
+The driver's liveness lives here too. What the stop leaves on the source (a frozen request) and
+what the handshake leaves on the destination (a paused import) is leased (`migration.lease_book`):
+while `drive` runs, a task renews both every ``lease_s / 3``, so a slow step never loses them; if
+this process dies, the renewals stop and each instance undoes its side alone within ``lease_s``.
+A source whose lease ran out anyway (this driver stalled past it) has resumed the request: the
+hand-off is then refused, the copy on the destination cancelled, and the request goes on whole on
+its source (``FAILED``, saying so).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from migration.kv_transport import KVPayload
+from migration.lease_book import DEFAULT_LEASE_S, validate_lease_s
 from migration.migration_endpoint import MigrationEndpoint
 from migration.migration_outcome import MigrationMethod, MigrationOutcome, MigrationStatus
 from worker import MigrationRefusedError, RequestSnapshot, UnknownRequestError
@@ -39,11 +48,12 @@ class StepFailed(Exception):
 
 class MigrationAttempt:
     def __init__(self, source: MigrationEndpoint, dest: MigrationEndpoint, request_id: str,
-                 method: MigrationMethod) -> None:
+                 method: MigrationMethod, lease_s: float = DEFAULT_LEASE_S) -> None:
         self.source = source
         self.dest = dest
         self.request_id = request_id
         self.method = method
+        self.lease_s = validate_lease_s(lease_s)
         self.num_rounds = 0
         self.num_blocks_copied = 0
         self.num_bytes_copied = 0
@@ -90,6 +100,13 @@ class MigrationAttempt:
             # Aborted on the source while stopped (its client left): nobody will read the copy.
             await self._quietly(self.dest.cancel_import(self.request_id))
             return self._outcome(MigrationStatus.FINISHED, f"ended on the source during the hand-off: {exc}")
+        except MigrationRefusedError as exc:
+            # Its freeze ran out (this driver stalled past lease_s): it runs on the source again,
+            # whose stream the client still reads; the copy on the destination must go.
+            await self._quietly(self.dest.cancel_import(self.request_id))
+            return self._outcome(MigrationStatus.FAILED,
+                                 f"the source resumed the request before the hand-off (its {self.lease_s:g} s freeze "
+                                 f"lease ran out); it carries on there: {exc}")
         except Exception as exc:  # noqa: BLE001 - the destination has it; the source's stream broke
             logger.warning("migration of %s: source %s failed to release it: %r",
                            self.request_id, self.source.instance_id, exc)
@@ -119,15 +136,31 @@ class MigrationAttempt:
     async def drive(self, steps: Callable[[], Awaitable[None]]) -> MigrationOutcome:
         """Runs a protocol's `steps` (up to the destination running the request), then the hand-off;
         any failed step, or the driver's cancellation, is undone instead. The one place every
-        protocol's abort safety goes through."""
+        protocol's abort safety goes through. The leases on both instances are renewed meanwhile."""
+        renewing = asyncio.create_task(self._renew_leases())
         try:
-            await steps()
-        except StepFailed as failure:
-            return await self.undo(failure)
-        except asyncio.CancelledError:
-            await self.undo_cancelled()
-            raise
-        return await self.hand_over()
+            try:
+                await steps()
+            except StepFailed as failure:
+                return await self.undo(failure)
+            except asyncio.CancelledError:
+                await self.undo_cancelled()
+                raise
+            return await self.hand_over()
+        finally:
+            renewing.cancel()
+
+    async def _renew_leases(self) -> None:
+        """Every ``lease_s / 3``: tells both instances this driver is alive. One after the other, so
+        an instance that hangs stops the renewals of both (and its peer undoes its side in time)."""
+        while True:
+            await asyncio.sleep(self.lease_s / 3)  # the renewal period, not a synchronisation
+            for endpoint in (self.source, self.dest):
+                try:
+                    await endpoint.renew_lease(self.request_id, self.lease_s)
+                except Exception as exc:  # noqa: BLE001 - the next step meets the same failure
+                    logger.info("migration of %s: renewing its lease on %s: %r", self.request_id,
+                                endpoint.instance_id, exc)
 
     async def undo_cancelled(self) -> None:
         """The driver was cancelled mid-way: undo, then let the cancellation go on."""

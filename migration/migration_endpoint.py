@@ -11,6 +11,10 @@ but the import), `UnknownRequestError` (the request is not on that instance any 
 source it simply finished) and anything else (the instance failed). Source-side methods name the
 request; destination-side ones take the source's snapshot, so a destination needs no state from
 the driver beyond what each call carries.
+
+The steps that leave state waiting for the driver's next step -- a freeze on the source, an import
+begun on the destination -- take a ``lease_s``: if the driver sends nothing for that long (no
+step, no ``renew_lease``), the instance undoes that state alone (`migration.lease_book`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Protocol
 from typing import TYPE_CHECKING
 
 from migration.kv_transport import KVPayload
+from migration.lease_book import DEFAULT_LEASE_S
 from worker import RequestSnapshot
 
 if TYPE_CHECKING:  # prefill_handoff imports this module
@@ -38,8 +43,9 @@ class MigrationEndpoint(Protocol):
         """The request's state now; it keeps decoding."""
         ...
 
-    async def freeze_request(self, request_id: str) -> RequestSnapshot:
-        """Stops decoding the request (its KV and stream stay); the final snapshot."""
+    async def freeze_request(self, request_id: str, lease_s: float = DEFAULT_LEASE_S) -> RequestSnapshot:
+        """Stops decoding the request (its KV and stream stay) for ``lease_s`` unless renewed; the
+        final snapshot."""
         ...
 
     async def unfreeze_request(self, request_id: str) -> None:
@@ -50,16 +56,19 @@ class MigrationEndpoint(Protocol):
         """Handed over: frees the request here; its stream ends with ``finish_reason="migrated"``."""
         ...
 
-    async def send_kv(self, request_id: str, first_block: int, *, freeze: bool
-                      ) -> tuple[RequestSnapshot, KVPayload]:
+    async def send_kv(self, request_id: str, first_block: int, *, freeze: bool,
+                      lease_s: float = DEFAULT_LEASE_S) -> tuple[RequestSnapshot, KVPayload]:
         """Ships the request's KV blocks from table index ``first_block``: the full ones while it
-        decodes, or (``freeze``) stops it first and ships the partial last block too."""
+        decodes, or (``freeze``) stops it first (leased, as by ``freeze_request``) and ships the
+        partial last block too."""
         ...
 
     # ---- destination side --------------------------------------------------------------------
 
-    async def begin_import(self, snapshot: RequestSnapshot, num_reserved_tokens: int) -> None:
-        """The handshake: takes the request in, paused, with blocks reserved (refusable)."""
+    async def begin_import(self, snapshot: RequestSnapshot, num_reserved_tokens: int,
+                           lease_s: float = DEFAULT_LEASE_S) -> None:
+        """The handshake: takes the request in, paused, with blocks reserved, until the commit or
+        for ``lease_s`` unless renewed (refusable: no room, another checkpoint, ...)."""
         ...
 
     async def extend_import(self, snapshot: RequestSnapshot) -> None:
@@ -82,10 +91,19 @@ class MigrationEndpoint(Protocol):
         """Drops the import wherever it got to and frees its blocks. Idempotent."""
         ...
 
+    # ---- either side -------------------------------------------------------------------------
+
+    async def renew_lease(self, request_id: str, lease_s: float = DEFAULT_LEASE_S) -> bool:
+        """The driver is alive: extends what this instance holds leased for the request (a freeze,
+        an import) to ``lease_s`` from now. False if it holds nothing leased for it."""
+        ...
+
     # ---- a prefill moving at a layer (migration.prefill_handoff) -----------------------------
 
-    async def export_partial_prefill(self, request_id: str) -> PartialPrefillPayload:
-        """Source, still loading: takes the request out of its layer-wise pass and freezes it."""
+    async def export_partial_prefill(self, request_id: str, lease_s: float = DEFAULT_LEASE_S
+                                     ) -> PartialPrefillPayload:
+        """Source, still loading: takes the request out of its layer-wise pass and freezes it
+        (leased, as by ``freeze_request``)."""
         ...
 
     async def take_over_prefill(self, payload: PartialPrefillPayload) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from migration.kv_transport import KVPayload
+from migration.lease_book import DEFAULT_LEASE_S
 from migration.migration_endpoint import MigrationEndpoint
 from worker import MigrationRefusedError, RequestSnapshot
 
@@ -83,7 +84,9 @@ class ParkingEndpoint:
         """KV held: parked requests and imports under way."""
         return sum(p.num_bytes for p in self.parked.values()) + sum(p.num_bytes for p in self._imports.values())
 
-    async def begin_import(self, snapshot: RequestSnapshot, num_reserved_tokens: int) -> None:
+    async def begin_import(self, snapshot: RequestSnapshot, num_reserved_tokens: int,
+                           lease_s: float = DEFAULT_LEASE_S) -> None:
+        # No lease: this endpoint lives in its driver's process, and an import dies with it.
         if snapshot.request_id in self._imports or snapshot.request_id in self.parked:
             raise MigrationRefusedError(f"request {snapshot.request_id!r} is parked already")
         self._imports[snapshot.request_id] = ParkedRequest(snapshot.request_id, snapshot)
@@ -110,6 +113,9 @@ class ParkingEndpoint:
     async def cancel_import(self, request_id: str) -> None:
         self._imports.pop(request_id, None)
         self.parked.pop(request_id, None)
+
+    async def renew_lease(self, request_id: str, lease_s: float = DEFAULT_LEASE_S) -> bool:
+        return request_id in self._imports
 
     async def extend_import(self, snapshot: RequestSnapshot) -> None:
         raise MigrationRefusedError("parking takes KV blocks, not a token-based migration")

@@ -15,6 +15,7 @@ from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from migration.kv_transport import KVPayload
+from migration.lease_book import DEFAULT_LEASE_S
 from migration.prefill_handoff import PartialPrefillPayload
 from worker import EngineDeadError, MigrationRefusedError, RequestSnapshot, UnknownRequestError
 
@@ -39,8 +40,8 @@ class RayEndpoint:
     async def export_request(self, request_id: str) -> RequestSnapshot:
         return await _unwrap(self.handle.export_request.remote(request_id))
 
-    async def freeze_request(self, request_id: str) -> RequestSnapshot:
-        return await _unwrap(self.handle.freeze_request.remote(request_id))
+    async def freeze_request(self, request_id: str, lease_s: float = DEFAULT_LEASE_S) -> RequestSnapshot:
+        return await _unwrap(self.handle.freeze_request.remote(request_id, lease_s))
 
     async def unfreeze_request(self, request_id: str) -> None:
         await _unwrap(self.handle.unfreeze_request.remote(request_id))
@@ -48,12 +49,13 @@ class RayEndpoint:
     async def release_request(self, request_id: str, destination_id: str) -> None:
         await _unwrap(self.handle.release_request.remote(request_id, destination_id))
 
-    async def send_kv(self, request_id: str, first_block: int, *, freeze: bool
-                      ) -> tuple[RequestSnapshot, KVPayload]:
-        return await _unwrap(self.handle.send_kv.remote(request_id, first_block, freeze))
+    async def send_kv(self, request_id: str, first_block: int, *, freeze: bool,
+                      lease_s: float = DEFAULT_LEASE_S) -> tuple[RequestSnapshot, KVPayload]:
+        return await _unwrap(self.handle.send_kv.remote(request_id, first_block, freeze, lease_s))
 
-    async def begin_import(self, snapshot: RequestSnapshot, num_reserved_tokens: int) -> None:
-        await _unwrap(self.handle.begin_import.remote(snapshot, num_reserved_tokens))
+    async def begin_import(self, snapshot: RequestSnapshot, num_reserved_tokens: int,
+                           lease_s: float = DEFAULT_LEASE_S) -> None:
+        await _unwrap(self.handle.begin_import.remote(snapshot, num_reserved_tokens, lease_s))
 
     async def extend_import(self, snapshot: RequestSnapshot) -> None:
         await _unwrap(self.handle.extend_import.remote(snapshot))
@@ -70,8 +72,12 @@ class RayEndpoint:
     async def cancel_import(self, request_id: str) -> None:
         await _unwrap(self.handle.cancel_import.remote(request_id))
 
-    async def export_partial_prefill(self, request_id: str) -> PartialPrefillPayload:
-        return await _unwrap(self.handle.export_partial_prefill.remote(request_id))
+    async def renew_lease(self, request_id: str, lease_s: float = DEFAULT_LEASE_S) -> bool:
+        return await _unwrap(self.handle.renew_lease.remote(request_id, lease_s))
+
+    async def export_partial_prefill(self, request_id: str, lease_s: float = DEFAULT_LEASE_S
+                                     ) -> PartialPrefillPayload:
+        return await _unwrap(self.handle.export_partial_prefill.remote(request_id, lease_s))
 
     async def take_over_prefill(self, payload: PartialPrefillPayload) -> None:
         await _unwrap(self.handle.take_over_prefill.remote(payload))

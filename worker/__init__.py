@@ -21,10 +21,13 @@ Public API (everything else in this folder is private to it):
 - Live migration hooks: `RequestSnapshot` (a request without its KV), the functions of
   `worker.engine_migration` (export/freeze/release a request, read/write its KV blocks, import
   one), `MigrationRefusedError`, `UnknownRequestError`; `AsyncEngine.call` runs them between steps.
+  `checkpoint_identity`: which checkpoint a model dir holds (a request moves only between equals);
+  `RequestProgress`, `RequestState`: where a request stands, for a client whose stream went quiet.
 """
 
 from worker.async_engine import AsyncEngine, EngineDeadError
 from worker.checkpoint import CheckpointError
+from worker.checkpoint_identity import checkpoint_identity
 from worker.demo_model import DemoModelConfig, write_demo_model
 from worker.engine import Engine, InvalidRequestError, RequestFailedError
 from worker.engine_config import EngineConfig
@@ -40,6 +43,7 @@ from worker.layer_gate import LayerLoadError
 from worker.peer_weights import PeerWeights
 from worker.model_config import ModelConfig, UnsupportedModelError
 from worker.request_output import Completion, RequestOutput
+from worker.request_progress import RequestProgress, RequestState
 from worker.request_snapshot import RequestSnapshot
 from worker.sampling_params import SamplingParams
 from worker.tokenizer import Tokenizer
@@ -50,8 +54,8 @@ __all__ = [
     "EngineDeadError", "GenerationChunk", "InstanceLoad", "InstanceLoadError", "InstanceState", "InstanceStats",
     "InstanceWorker", "InstanceWorkerActor", "InvalidFieldError", "InvalidRequestError", "LayerLoadError",
     "MigrationRefusedError", "ModelConfig", "PeerWeights", "RequestFailedError", "RequestOutput", "RequestSnapshot",
-    "SamplingParams",
+    "RequestProgress", "RequestState", "SamplingParams",
     "SourceUnavailableError", "SpareWorkerError", "Tokenizer", "UnknownRequestError", "UnsupportedModelError",
-    "start_instance_worker", "start_spare_worker",
+    "checkpoint_identity", "start_instance_worker", "start_spare_worker",
     "stop_instance_worker", "stream_generation", "worker_actor_options", "write_demo_model",
 ]

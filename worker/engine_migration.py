@@ -8,16 +8,24 @@ either finishes its change or raises before making one, so a failed call leaves 
 it was.
 
 Source side: `export_request` (read-only), `freeze_request` (stop scheduling it, keep its KV),
-`unfreeze_request` (the migration failed: carry on), `release_request` (handed over: retire it
-as ``"migrated"`` and free its blocks), `export_kv` (a snapshot and the KV blocks that match it,
-taken at the same instant).
+`unfreeze_request` (the migration failed, or its driver went silent: carry on), `release_request`
+(handed over: retire it as ``"migrated"`` and free its blocks; refused if the request runs again),
+`export_kv` (a snapshot and the KV blocks that match it, taken at the same instant). Nothing here
+keeps time: how long a freeze may last is the caller's lease (`migration.engine_endpoint`).
 
 Destination side, in order: `begin_import` (the handshake: creates the request *paused*,
 holding reserved blocks, or raises `MigrationRefusedError`), then any of `extend_import` (newer
 tokens), `prefill_import` (recompute KV for tokens it has: token-based migration) and
 `import_kv` (write copied KV blocks: KV migration), then `commit_import` (last tokens, the
 sampler's generator) and `unfreeze_request` (schedule it). `cancel_import` undoes all of it and
-frees every block. `import_request` does the whole thing in one call.
+frees every block. `import_request` does the whole thing in one call. The handshake compares
+the snapshot's checkpoint (`RequestSnapshot.checkpoint_id`) with this instance's, given by the
+caller (`worker.checkpoint_identity`): a request computed by other weights is refused, whatever
+its shapes and vocabulary. A snapshot with no checkpoint (rebuilt from a client's transcript) is
+only checked against the vocabulary.
+
+`request_progress` reads where a request stands (queued, running, frozen, how far computed) for
+a client whose stream went quiet.
 
 A paused request (`SequenceStatus.PAUSED`) is tracked by the engine and owns KV blocks, but sits
 in neither of the scheduler's queues: it is never scheduled and never chosen for preemption, so
@@ -36,20 +44,22 @@ import torch
 from worker.engine import Engine
 from worker.model_runner import kv_bytes_per_block
 from worker.request_output import RequestOutput
+from worker.request_progress import RequestProgress, RequestState
 from worker.request_snapshot import RequestSnapshot
 from worker.scheduler import ScheduledBatch
 from worker.sequence import FinishReason, Sequence, SequenceStatus
 
 __all__ = [
-    "MigrationRefusedError", "UnknownRequestError", "begin_import", "cancel_import", "commit_import",
-    "export_kv", "export_request", "extend_import", "freeze_request", "import_kv", "import_request",
-    "kv_blocks_per_call", "prefill_import", "read_kv_blocks", "release_request", "reserve_blocks",
-    "unfreeze_request", "write_kv_blocks",
+    "MigrationRefusedError", "UnknownRequestError", "begin_import", "cancel_import", "check_checkpoint",
+    "commit_import", "export_kv", "export_request", "extend_import", "freeze_request", "import_kv", "import_request",
+    "kv_blocks_per_call", "prefill_import", "read_kv_blocks", "release_request", "request_progress",
+    "reserve_blocks", "unfreeze_request", "write_kv_blocks",
 ]
 
 
 class MigrationRefusedError(RuntimeError):
-    """The destination cannot take the request (KV blocks, id in use, incompatible cache).
+    """The destination cannot take the request (KV blocks, id in use, incompatible cache, another
+    checkpoint), or the source no longer holds it stopped (it runs there again).
     The refusing call changed nothing; the message says why."""
 
 
@@ -89,8 +99,9 @@ def release_request(engine: Engine, request_id: str) -> RequestOutput:
     """Retires a frozen request as handed over: its blocks are freed and the returned final
     output (no new tokens, ``finish_reason="migrated"``) ends its stream here."""
     seq = _seq(engine, request_id)
-    if seq.status is not SequenceStatus.PAUSED:
-        raise ValueError(f"request {request_id!r} is {seq.status.value}; freeze it before releasing it")
+    if seq.status is not SequenceStatus.PAUSED:  # never frozen, or unfrozen since (its freeze lapsed)
+        raise MigrationRefusedError(f"request {request_id!r} is {seq.status.value} here, not frozen: it carries on "
+                                    "on this instance and cannot be handed over")
     engine._retire(seq, FinishReason.MIGRATED)
     return engine._output(seq, (), "")
 
@@ -143,14 +154,17 @@ def write_kv_blocks(engine: Engine, block_ids: list[int], kv: torch.Tensor) -> N
 # ---- destination side ----------------------------------------------------------------------
 
 
-def begin_import(engine: Engine, snapshot: RequestSnapshot, num_reserved_tokens: int = 0) -> None:
+def begin_import(engine: Engine, snapshot: RequestSnapshot, num_reserved_tokens: int = 0, *,
+                 checkpoint_id: str | None = None) -> None:
     """The handshake: admits the request paused, with blocks reserved for ``num_reserved_tokens``
     tokens, and replays its output through a fresh detokenizer (no text is emitted: the source
-    delivered it). Raises `MigrationRefusedError`, changing nothing, if it cannot."""
+    delivered it). ``checkpoint_id``: this instance's checkpoint identity, which a snapshot that
+    names one must match. Raises `MigrationRefusedError`, changing nothing, if it cannot."""
     _check_resident(engine)
     request_id = snapshot.request_id
     if request_id in engine._tracked:
         raise MigrationRefusedError(f"request id {request_id!r} is already in use on this instance")
+    check_checkpoint(snapshot, checkpoint_id)
     _check_fits(engine, snapshot)
     manager = engine.block_manager
     if not manager.can_allocate(request_id, num_reserved_tokens):
@@ -253,12 +267,14 @@ def cancel_import(engine: Engine, request_id: str) -> RequestOutput | None:
     return engine.abort(request_id)
 
 
-def import_request(engine: Engine, snapshot: RequestSnapshot, kv: torch.Tensor | None = None) -> None:
+def import_request(engine: Engine, snapshot: RequestSnapshot, kv: torch.Tensor | None = None, *,
+                   checkpoint_id: str | None = None) -> None:
     """The whole import in one call: with ``kv`` ([L, 2, n, block_size, Hkv, D], the request's
     first n blocks) the KV is written into reserved blocks; without, the request is queued and the
     scheduler recomputes prompt + output in a prefill. Either way it continues exactly where the
-    snapshot stands. Raises `MigrationRefusedError` and leaves nothing behind if it cannot."""
-    begin_import(engine, snapshot, snapshot.num_tokens)
+    snapshot stands. Raises `MigrationRefusedError` and leaves nothing behind if it cannot
+    (``checkpoint_id`` as for `begin_import`)."""
+    begin_import(engine, snapshot, snapshot.num_tokens, checkpoint_id=checkpoint_id)
     try:
         if kv is not None:
             import_kv(engine, snapshot, 0, kv)
@@ -267,6 +283,34 @@ def import_request(engine: Engine, snapshot: RequestSnapshot, kv: torch.Tensor |
         cancel_import(engine, snapshot.request_id)
         raise
     unfreeze_request(engine, snapshot.request_id)
+
+
+def check_checkpoint(snapshot: RequestSnapshot, checkpoint_id: str | None) -> None:
+    """Raises `MigrationRefusedError` if the snapshot names a checkpoint other than ``checkpoint_id``
+    (an instance's own); a snapshot or an instance that names none is not compared."""
+    if snapshot.checkpoint_id is not None and checkpoint_id is not None and snapshot.checkpoint_id != checkpoint_id:
+        raise MigrationRefusedError(
+            f"request {snapshot.request_id!r} was computed by checkpoint {snapshot.checkpoint_id} and this instance "
+            f"serves checkpoint {checkpoint_id} (the model was deployed again with other weights); it can only move "
+            "between instances of the same checkpoint"
+        )
+
+
+def request_progress(engine: Engine, request_id: str) -> RequestProgress:
+    """Where the request stands here (`RequestProgress`); ``unknown`` if it is not here."""
+    tracked = engine._tracked.get(request_id)
+    if tracked is None:
+        return RequestProgress(request_id, RequestState.UNKNOWN)
+    seq = tracked.seq
+    state = _PROGRESS_STATES.get(seq.status, RequestState.UNKNOWN)
+    return RequestProgress(request_id, state, seq.num_tokens, seq.num_computed_tokens)
+
+
+_PROGRESS_STATES = {
+    SequenceStatus.WAITING: RequestState.QUEUED,
+    SequenceStatus.RUNNING: RequestState.RUNNING,
+    SequenceStatus.PAUSED: RequestState.FROZEN,
+}
 
 
 # ---- helpers -------------------------------------------------------------------------------

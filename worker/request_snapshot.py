@@ -14,7 +14,9 @@ What continuing *exactly* takes, and where it is in here:
 * the text already streamed: not stored as text. The detokenizer is deterministic in the token
   ids, so the destination rebuilds its state (the held-back bytes of an incomplete character,
   the held-back prefix of a stop string, the decode window) by replaying the output ids without
-  emitting them. Text deltas then continue with no character lost or repeated.
+  emitting them. Text deltas then continue with no character lost or repeated;
+* the weights it was computed with (``checkpoint_id``): KV and tokens of one version of a model
+  are not continued by another (`worker.engine_migration.begin_import` refuses them).
 
 Every output token in a snapshot has already been delivered to the engine's caller: the engine
 emits each token in the step that samples it. The snapshot is engine-agnostic data (ids, params,
@@ -45,6 +47,9 @@ class RequestSnapshot:
     generator_state: bytes | None = field(default=None, repr=False)
     # "cpu" or "cuda": a generator's state only fits a generator of the same device type.
     generator_device_type: str = "cpu"
+    # The checkpoint it was taken on (`worker.checkpoint_identity`), which a destination compares
+    # with its own; None: not known (a request rebuilt from its client's transcript).
+    checkpoint_id: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -60,6 +65,8 @@ class RequestSnapshot:
                 f"num_computed_tokens must be in [0, {self.num_tokens}) (the last token's KV is computed by the "
                 f"next step), got {self.num_computed_tokens}"
             )
+        if self.checkpoint_id is not None and (not isinstance(self.checkpoint_id, str) or not self.checkpoint_id):
+            raise ValueError(f"checkpoint_id must be None or a non-empty string, got {self.checkpoint_id!r}")
         if self.generator_device_type not in ("cpu", "cuda"):
             raise ValueError(f"generator_device_type must be 'cpu' or 'cuda', got {self.generator_device_type!r}")
 

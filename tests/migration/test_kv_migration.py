@@ -127,8 +127,8 @@ class ClientLeavesWhenStopped:
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
 
-    async def send_kv(self, request_id, first_block, *, freeze):
-        result = await self.inner.send_kv(request_id, first_block, freeze=freeze)
+    async def send_kv(self, request_id, first_block, *, freeze, **kwargs):
+        result = await self.inner.send_kv(request_id, first_block, freeze=freeze, **kwargs)
         if freeze:
             self.inner.async_engine.abort(request_id)
         return result

@@ -1,11 +1,15 @@
 """Migration between two real Ray actors, read the way the gateway will read it: a client streaming
 with `follow_generation` gets exactly the unmoved output (seeded sampling, both methods) while the
 request moves under it, the KV blocks going through Ray's object store; a destination killed
-mid-migration (a real `ray.kill`) leaves the request finishing on the source, whole."""
+mid-migration (a real `ray.kill`) leaves the request finishing on the source, whole; a request
+frozen by a driver that died streams on from its source once the freeze's lease runs out; a stream
+that stays quiet with no progress ends with `StreamIdleTimeout` and its request is cancelled; and a
+recovery continues on another checkpoint of the model (a live migration would be refused)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import pytest
@@ -155,3 +159,86 @@ def test_a_spare_takes_a_model_with_assign_and_then_takes_migrated_requests_unde
         assert idle(instances["inst-a"]) and idle(spare)
     finally:
         stop_instance_worker(spare)
+
+
+def test_a_request_frozen_by_a_driver_that_died_streams_on_from_its_source(instances):
+    # The controller driving a migration dies right after the stop: nobody releases or unfreezes
+    # the request. Its freeze lease runs out and the client's stream goes on from the source.
+    source = RayEndpoint(instances["inst-a"], "inst-a")
+
+    async def main():
+        expected, _ = await read_following(instances, "alone-orphan")
+        orphaned, _ = await read_following(instances, "orphan", migrate_after=5,
+                                           migrate=lambda: source.freeze_request("orphan", lease_s=1.0))
+        return expected, orphaned
+
+    expected, orphaned = asyncio.run(asyncio.wait_for(main(), 120))
+    assert whole(orphaned) == whole(expected) and len(whole(orphaned)[0]) == 150
+    assert [c.num_completion_tokens for c in orphaned] == list(range(1, 151))
+    assert idle(instances["inst-a"])
+
+
+def test_a_stream_that_stays_quiet_with_no_progress_ends_with_an_idle_timeout(instances):
+    from migration import StreamIdleTimeout
+    from worker import RequestState
+
+    source = RayEndpoint(instances["inst-a"], "inst-a")
+
+    async def resolve(instance_id):
+        return instances[instance_id]
+
+    async def main():
+        chunks = []
+        stream = follow_generation(instances["inst-a"], "stuck", PROMPT, SEEDED, resolve=resolve, idle_timeout_s=2.0)
+        with pytest.raises(StreamIdleTimeout) as raised:
+            async for chunk in stream:
+                chunks.append(chunk)
+                if len(chunks) == 3:  # a driver holds it frozen for longer than the client waits
+                    await source.freeze_request("stuck", lease_s=600.0)
+        return chunks, raised.value
+
+    chunks, timeout = asyncio.run(asyncio.wait_for(main(), 120))
+    assert 3 <= len(chunks) < 150 and timeout.last_state is RequestState.FROZEN
+    assert timeout.request_id == "stuck" and timeout.idle_s >= 2.0
+    # Leaving the stream cancelled the request where it was: nothing is left running.
+    deadline = time.monotonic() + 60
+    while not idle(instances["inst-a"]):
+        assert time.monotonic() < deadline, "the timed-out request was not cancelled on its instance"
+        time.sleep(0.05)  # a poll interval, bounded by the deadline
+    progress = ray.get(instances["inst-a"].request_progress.remote("stuck"))
+    assert progress.state is RequestState.UNKNOWN
+
+
+def test_a_recovery_continues_on_another_checkpoint_of_the_model(instances, tmp_path):
+    # The decision documented in migratable_instance_actor: a live migration never crosses
+    # checkpoints, but a recovery (its instance is dead) continues on the redeployed weights rather
+    # than failing the client's stream.
+    import dataclasses
+
+    from loader import convert_checkpoint
+    from tests.migration.conftest import TINY_DEMO
+    from worker import write_demo_model
+
+    retrained = write_demo_model(tmp_path / "hf-retrained", dataclasses.replace(TINY_DEMO, seed=1))
+    convert_checkpoint(retrained, tmp_path / "v2", progress=False)
+    redeployed = start("inst-v2", tmp_path / "v2")
+    ray.get(redeployed.ready.remote(), timeout=120)
+    handles = {**instances, "inst-v2": redeployed}
+
+    async def resolve(instance_id):
+        return handles[instance_id]
+
+    async def main():
+        expected, _ = await read_following(instances, "alone-v1")
+        sent = [t for c in expected[:10] for t in c.token_ids]  # what the client had when v1 died
+        rest = [c async for c in follow_generation(redeployed, "recovered", PROMPT, SEEDED, resolve=resolve,
+                                                   sent_token_ids=sent)]
+        return expected, sent, rest
+
+    try:
+        expected, sent, rest = asyncio.run(asyncio.wait_for(main(), 120))
+        assert len(sent) == 10 and rest[-1].finish_reason == "length"
+        assert [c.num_completion_tokens for c in rest] == list(range(11, 151))  # usage goes on from the 10 sent
+        assert idle(redeployed)
+    finally:
+        stop_instance_worker(redeployed)

@@ -11,6 +11,7 @@ import pytest
 
 from migration import MigrationRefusedError, MigrationStatus, TokenMigrationConfig, migrate_by_tokens
 from tests.migration.migration_client import GREEDY, PROMPTS, SEEDED, FaultyEndpoint, stream_following
+from worker import SamplingParams
 
 
 def run(coro):
@@ -40,8 +41,10 @@ def test_output_with_a_migration_at_a_random_point_equals_the_output_without(
 def test_the_last_round_leaves_at_most_the_delta_to_recompute(endpoints):
     source, dest = endpoints
     config = TokenMigrationConfig(max_delta_tokens=2, max_rounds=50)
+    # 200 tokens: time for the rounds to converge before the request ends, on a loaded machine too.
+    long = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
     received = run(stream_following(
-        source, {"dst": dest}, "moving", PROMPTS[2], GREEDY, migrate_after=5,
+        source, {"dst": dest}, "moving", PROMPTS[2], long, migrate_after=5,
         migrate=lambda: migrate_by_tokens(source, dest, "moving", config)))
     assert received.outcome.status is MigrationStatus.MIGRATED
     # The source decodes during the freeze call too, so the stop may find one more token.

@@ -3,20 +3,24 @@ so every migration point is exact: a request moved at any step — by recompute 
 blocks, in one go or in stages while the source keeps decoding — finishes with the very tokens and
 text it would have produced unmoved, greedy or seeded; what a client saw from the source before the
 hand-off and from the destination after is exactly the unmoved output; refusals and failures leave
-both engines as they were, down to the free-block count."""
+both engines as they were, down to the free-block count. A snapshot of another checkpoint is
+refused (one naming none, rebuilt from a client's tokens, is not); a request running again is not
+released; `request_progress` says where a request stands."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 import torch
 
 from worker import DemoModelConfig, Engine, EngineConfig, SamplingParams, write_demo_model
+from worker import RequestProgress, RequestState
 from worker.engine_migration import (
     MigrationRefusedError, UnknownRequestError, begin_import, cancel_import, commit_import, export_kv,
     export_request, extend_import, freeze_request, import_kv, import_request, prefill_import, release_request,
-    unfreeze_request,
+    request_progress, unfreeze_request,
 )
 from worker.request_snapshot import RequestSnapshot
 
@@ -195,7 +199,7 @@ def test_export_leaves_the_request_and_its_random_stream_alone(source, unmoved):
     assert snapshot.num_computed_tokens == snapshot.num_tokens - 1 and len(snapshot.generator_state) > 0
     assert repr(snapshot) == (  # no token ids: logs never carry prompts or completions
         f"RequestSnapshot(request_id='moving', num_computed_tokens={snapshot.num_computed_tokens}, "
-        "generator_device_type='cpu')")
+        "generator_device_type='cpu', checkpoint_id=None)")
     finish(source, rid, client)
     assert client.token_ids == expected.token_ids
 
@@ -255,3 +259,45 @@ def test_refusals_name_the_reason(model_dir, source, dest):
     with pytest.raises(UnknownRequestError, match="not on this instance"):
         export_request(source, rid)
     assert cancel_import(dest, rid) is None
+
+
+def test_a_snapshot_of_another_checkpoint_is_refused_and_one_naming_none_is_not(source, dest):
+    client = Client()
+    rid = start(source, GREEDY, 3, client)
+    snapshot = export_request(source, rid)
+    v1 = dataclasses.replace(snapshot, checkpoint_id="ckpt-00000000000000v1")
+    free = dest.block_manager.num_free_blocks
+    with pytest.raises(MigrationRefusedError, match="request 'moving' was computed by checkpoint ckpt-00000000000000v1 "
+                                                    "and this instance serves checkpoint ckpt-00000000000000v2"):
+        begin_import(dest, v1, v1.num_tokens, checkpoint_id="ckpt-00000000000000v2")
+    assert not dest._tracked and dest.block_manager.num_free_blocks == free  # the refusal changed nothing
+    # The same checkpoint is taken; so is a snapshot naming none (a recovery from a client's tokens).
+    for taken in (v1, snapshot):
+        begin_import(dest, taken, taken.num_tokens, checkpoint_id="ckpt-00000000000000v1")
+        cancel_import(dest, rid)
+    source.abort(rid)
+
+
+def test_a_request_running_again_cannot_be_released(source):
+    client = Client()
+    rid = start(source, GREEDY, 2, client)
+    freeze_request(source, rid)
+    unfreeze_request(source, rid)  # its freeze lapsed: it runs here again
+    with pytest.raises(MigrationRefusedError, match="request 'moving' is waiting here, not frozen: it carries on"):
+        release_request(source, rid)
+    finish(source, rid, client)
+    assert client.finish_reason == "length" and len(client.token_ids) == GREEDY.max_tokens
+
+
+def test_progress_says_where_a_request_stands(source):
+    rid = source.add_request(PROMPT, GREEDY, request_id="moving")
+    queued = request_progress(source, rid)
+    num_prompt_tokens = queued.num_tokens
+    assert (queued.state, queued.num_computed_tokens) == (RequestState.QUEUED, 0)
+    source.step()  # a prefill chunk of at most 16 tokens
+    running = request_progress(source, rid)
+    assert running.state is RequestState.RUNNING and running.num_computed_tokens == min(16, num_prompt_tokens)
+    freeze_request(source, rid)
+    assert request_progress(source, rid).state is RequestState.FROZEN
+    source.abort(rid)
+    assert request_progress(source, rid) == RequestProgress(rid, RequestState.UNKNOWN, 0, 0)
