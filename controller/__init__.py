@@ -19,8 +19,9 @@ Public API (everything else in this folder is private to it):
 - `TenantQuota`, `instances_over_quota`, `queued_over_quota`: a tenant's limits (max instances,
   max queued requests) and the pure checks the controller and the gateway enforce them with.
 - `ControllerError`, `InvalidSpecError`, `UnknownModelError`, `UnknownTenantError`, `ModelAlreadyDeployedError`,
-  `InvalidMigrationError`, `UnknownInstanceError`, `MigrationConflictError`: what the controller's
-  API refuses with (they pickle across Ray with their fields).
+  `DeployConflictError` (another deploy of the name is in flight), `InvalidMigrationError`,
+  `UnknownInstanceError`, `MigrationConflictError`: what the controller's API refuses with (they
+  pickle across Ray with their fields).
 - `choose_destination`: where ``migrate`` and a drain send an instance's requests (pure policy).
 - `repository_name`, `worker_actor_name`, `node_store_actor_name`: how models and actors are named.
 
@@ -32,7 +33,7 @@ validates specs or reads the routing table (the gateway, the CLI) does not need.
 import importlib
 
 from controller.autoscale_policy import AutoscaleState, LoadSnapshot, ScaleDecision, decide
-from controller.controller_errors import (ControllerError, InvalidMigrationError, InvalidSpecError,
+from controller.controller_errors import (ControllerError, DeployConflictError, InvalidMigrationError, InvalidSpecError,
                                          MigrationConflictError, ModelAlreadyDeployedError, UnknownInstanceError,
                                          UnknownModelError, UnknownTenantError)
 from controller.model_spec import (
@@ -88,7 +89,7 @@ def __getattr__(name: str):
 __all__ = [
     "ActorGoneError", "ApiKeyRecord", "AutoscaleState", "AutoscalingPolicy", "ClusterClient", "Controller",
     "ControllerActor", "ControllerConfig", "ControllerError", "DEFAULT_CONTROLLER_NAME", "InvalidMigrationError",
-    "InvalidSpecError", "LoadSnapshot", "MigrationConflictError", "ModelAlreadyDeployedError", "ModelSpec", "NodeEstimate", "NodeView", "PlacementDecision",
+    "DeployConflictError", "InvalidSpecError", "LoadSnapshot", "MigrationConflictError", "ModelAlreadyDeployedError", "ModelSpec", "NodeEstimate", "NodeView", "PlacementDecision",
     "RayClusterClient", "RayNodeInfo", "ResourceSpec", "Route", "RoutingTable", "ScaleDecision", "SpecError",
     "SlotHolder", "SlotOutlook", "SlotSharingSettings", "StateStore", "StateStoreError", "TenantQuota", "TierBandwidths", "UnknownInstanceError", "UnknownModelError",
     "UnknownTenantError",

@@ -39,6 +39,7 @@ from controller import (
 )
 from infra.admin_key import ADMIN_TENANT
 from infra.controller_client import ControllerUnavailable
+from infra.gateway_access import principal_of
 from infra.gateway_auth import GatewayAuth, Principal
 from infra.openai_errors import OpenAIError, bad_request
 
@@ -112,7 +113,9 @@ def build_admin_router(controller: AdminController, store: StateStore, auth: Gat
     """The ``/admin`` routes over `controller` and `store`; every one needs an admin caller."""
 
     async def require_admin(request: Request) -> Principal:
-        principal = await auth.authenticate(request.headers.get("authorization"))
+        # The gateway's AccessGate verified the key already (its Principal rides in the scope);
+        # a router mounted without the gate verifies it here.
+        principal = principal_of(request) or await auth.authenticate(request.headers.get("authorization"))
         if not principal.is_admin:
             raise OpenAIError(403, "the admin API needs the admin key (printed by `thaw serve` on first start, "
                               "and kept in the state directory's admin_key file)", "permission_error", None,

@@ -20,7 +20,7 @@ import pytest
 from controller import (Controller, ControllerConfig, InvalidSpecError, ModelAlreadyDeployedError, RoutingTable,
                         UnknownModelError, open_state_store)
 from controller.cluster_node import RayNodeInfo, plan_nodes
-from controller.controller_errors import DeployConflictError
+from controller import DeployConflictError
 from controller.routing_table import Route
 from storage import LocalModelRepository, RepositoryConfig
 from tests.controller.fake_cluster import FakeCluster

@@ -30,7 +30,7 @@ import uvicorn
 from controller import (InvalidMigrationError, InvalidSpecError, MigrationConflictError, ModelAlreadyDeployedError,
                         ModelSpec, SpecError, TenantQuota, UnknownInstanceError, UnknownModelError, UnknownTenantError,
                         open_state_store)
-from controller.controller_errors import DeployConflictError
+from controller import DeployConflictError
 from infra.admin_api import build_admin_router
 from infra.admin_client import AdminApiError, AdminClient, resolve_endpoint
 from infra.admin_key import ADMIN_TENANT, AdminKeyAuth, ensure_admin_key, read_key_file, reset_admin_key
