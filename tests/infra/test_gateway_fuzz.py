@@ -32,8 +32,7 @@ from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from controller import SpecError, open_state_store
-from controller.model_spec import validate_name
+from controller import open_state_store
 from infra.admin_api import build_admin_router
 from infra.admin_key import AdminKeyAuth, ensure_admin_key
 from infra.gateway_app import build_gateway_app

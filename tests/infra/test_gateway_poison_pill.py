@@ -1,7 +1,7 @@
 """Issue 19: one request must not take down instance after instance, and a request that failed
 alone on a healthy instance is not retried.
 
-`RayGatewayBackend` against the fake `ServingCluster` of test_ray_gateway_backend.py, whose
+`RayGatewayBackend` against the fake `ServingCluster` (tests/infra/fake_serving_cluster.py), whose
 instances here die (or refuse) the moment a request reaches them: what is checked is how many
 instances the backend sends the request to, and what the client is told (a 500 naming no
 internals when the request is at fault, a 503 when the instances are).
@@ -19,7 +19,7 @@ import pytest
 from infra.gateway_backend import BackendUnavailable, RequestFailed
 from infra.openai_errors import error_from_backend
 from infra.serving_cluster import InstanceGone, InstanceRoute
-from tests.infra.test_ray_gateway_backend import FAST, MODEL, FakeCluster, collect, record, route, run
+from tests.infra.fake_serving_cluster import FAST, MODEL, FakeCluster, collect, record, route, run
 from worker import RequestFailedError, SamplingParams
 
 INTERNALS = "CUDA error: device-side assert triggered"  # what an engine's exception might say
