@@ -4,10 +4,14 @@ Decode steps dominate a continuous-batching engine, and on CPU the reference's d
 spends most of its time copying each sequence's context out of the block pool for SDPA.
 `cpu_decode_attention.cpp` reads K/V through the block table instead (float32, exact
 two-pass softmax, parallel over sequence x KV head). It is compiled on first use with
-PyTorch's extension builder (g++ and ninja; cached under ``TORCH_EXTENSIONS_DIR``, by
-default ``~/.cache/torch_extensions``) — ``infra/setup.sh`` builds it once at install. If the
-build is impossible (no compiler), `build_cpu_decode_extension` says why and the engine uses
-the reference everywhere: slower, same results.
+PyTorch's extension builder (g++ and ninja) — ``infra/setup.sh`` builds it once at install. The
+build is cached in the checkout (``kernels/.build/``, ignored by git), not in the user-wide
+``~/.cache/torch_extensions``: two checkouts sharing that directory rebuild it for each other in
+turn, and a process killed during such a rebuild (a chaos test's SIGKILL) leaves PyTorch's build
+lock behind, on which every later load waits for ever. Where the checkout is not writable the
+user-wide directory is used. If the build is impossible (no compiler),
+`build_cpu_decode_extension` says why and the engine uses the reference everywhere: slower, same
+results.
 """
 
 from __future__ import annotations
@@ -38,8 +42,20 @@ def build_cpu_decode_extension(verbose: bool = False):
         sources=[str(SOURCE)],
         extra_cflags=["-O3", "-march=native", "-fopenmp"],
         extra_ldflags=["-fopenmp"],
+        build_directory=_build_directory(),
         verbose=verbose,
     )
+
+
+def _build_directory() -> str | None:
+    """This checkout's build cache for the kernel (per torch version), or None (PyTorch's default)
+    when the checkout is read-only."""
+    directory = SOURCE.parent / ".build" / f"torch-{torch.__version__}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return str(directory)
 
 
 @functools.cache
