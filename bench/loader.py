@@ -323,13 +323,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loaders", default=None,
                         help="comma-separated subset of the loaders to measure (the limit is always measured): "
                              + ", ".join(ALL_LOADERS))
-    parser.add_argument("--_measure", help=argparse.SUPPRESS)
-    parser.add_argument("--_paths", help=argparse.SUPPRESS)
-    parser.add_argument("--_state", help=argparse.SUPPRESS)
+    # The flags run_child gives the measuring child process, hidden from --help.
+    parser.add_argument("--_measure", dest="child_loader", help=argparse.SUPPRESS)
+    parser.add_argument("--_paths", dest="child_paths", help=argparse.SUPPRESS)
+    parser.add_argument("--_state", dest="child_state", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args._measure:
-        paths = {k: Path(v) for k, v in json.loads(args._paths).items()}
-        print(json.dumps(measure(args._measure, paths, args.threads, args._state)))
+    if args.child_loader:
+        paths = {k: Path(v) for k, v in json.loads(args.child_paths).items()}
+        print(json.dumps(measure(args.child_loader, paths, args.threads, args.child_state)))
         return 0
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")

@@ -73,7 +73,7 @@ class MigratableInstanceActor(InstanceWorkerActor):
         if self._endpoint is None:
             worker = self._model_worker()  # a spare has nothing to migrate: SpareWorkerError
             # The instance's running engine (waits for the load; raises like ``generate``).
-            async_engine = await worker._serving_engine()
+            async_engine = await worker.serving_engine()
             # The checkpoint's identity reads the model dir's small files: off the event loop.
             checkpoint_id = await asyncio.to_thread(checkpoint_identity, async_engine.engine.model_dir)
             if self._endpoint is None:  # another call may have built it while this one waited
@@ -222,8 +222,7 @@ class MigratableInstanceActor(InstanceWorkerActor):
 
     def request_ids(self) -> list[str]:
         """Every request open here, started here or taken in: what a drain must move."""
-        # The base's open streams (InstanceWorker keeps them privately; read, never changed here).
-        started = set(self._worker._open_streams) if self._worker is not None else set()
+        started = set(self._worker.open_request_ids()) if self._worker is not None else set()
         return sorted(started | self._imported_request_ids())
 
     def stats(self) -> InstanceStats:

@@ -1,6 +1,6 @@
 """The inference worker: a paged-KV, continuous-batching engine for Llama-family models.
 
-Public API (everything else in this folder is private to it):
+Public API (the rest of this folder is private to it, but for the two migration modules named below):
 - `Engine`, `EngineConfig`: load a Hugging Face model dir; ``add_request`` / ``step`` / ``abort``.
   ``Engine(model_dir, config, weights=source)`` starts before its weights (a `loader.LayerReadiness`)
   and computes layers as they land; `LayerLoadError` is how it fails when they cannot arrive.
@@ -13,14 +13,18 @@ Public API (everything else in this folder is private to it):
 - `DemoModelConfig`, `write_demo_model`: a small Llama checkpoint built locally.
 - `InstanceWorker`: one model instance (load, ``generate`` streams of `GenerationChunk`, ``abort``,
   ``stats`` -> `InstanceStats`, ``ready`` -> `InstanceLoad`, ``health`` -> `InstanceState`,
-  ``shutdown``); `InvalidFieldError` names the refused field, `InstanceLoadError` a failed load.
+  ``shutdown``; ``serving_engine`` and ``open_request_ids`` for a caller serving more than
+  ``generate`` from it); `InvalidFieldError` names the refused field, `InstanceLoadError` a failed load.
 - `InstanceWorkerActor`, `start_instance_worker`, `stop_instance_worker`, `stream_generation`:
   the instance as a Ray actor, and the caller's side of its stream; `start_spare_worker`: a worker
   process started ahead of demand that a model is later ``assign``-ed to (`SpareWorkerError`);
   `worker_actor_options`: the Ray options every worker actor starts with (for subclasses' starters).
 - Live migration hooks: `RequestSnapshot` (a request without its KV), the functions of
   `worker.engine_migration` (export/freeze/release a request, read/write its KV blocks, import
-  one), `MigrationRefusedError`, `UnknownRequestError`; `AsyncEngine.call` runs them between steps.
+  one) and `worker.layer_handoff` (a prefill moved at a layer), `MigrationRefusedError`,
+  `UnknownRequestError`; `AsyncEngine.call` runs them between steps. Both modules are built only
+  on ``Engine.requests`` (`RequestLifecycle`: pause, resume, snapshot, adopt, replay, retire, KV
+  blocks in and out), the engine's public surface for moving requests.
   `checkpoint_identity`: which checkpoint a model dir holds (a request moves only between equals);
   `RequestProgress`, `RequestState`: where a request stands, for a client whose stream went quiet.
 """
@@ -43,6 +47,7 @@ from worker.layer_gate import LayerLoadError
 from worker.peer_weights import PeerWeights
 from worker.model_config import ModelConfig, UnsupportedModelError
 from worker.request_output import Completion, RequestOutput
+from worker.request_lifecycle import RequestLifecycle
 from worker.request_progress import RequestProgress, RequestState
 from worker.request_snapshot import RequestSnapshot
 from worker.sampling_params import SamplingParams
@@ -53,7 +58,8 @@ __all__ = [
     "AsyncEngine", "CheckpointError", "Completion", "DemoModelConfig", "Engine", "EngineConfig",
     "EngineDeadError", "GenerationChunk", "InstanceLoad", "InstanceLoadError", "InstanceState", "InstanceStats",
     "InstanceWorker", "InstanceWorkerActor", "InvalidFieldError", "InvalidRequestError", "LayerLoadError",
-    "MigrationRefusedError", "ModelConfig", "PeerWeights", "RequestFailedError", "RequestOutput", "RequestSnapshot",
+    "MigrationRefusedError", "ModelConfig", "PeerWeights", "RequestFailedError", "RequestLifecycle", "RequestOutput",
+    "RequestSnapshot",
     "RequestProgress", "RequestState", "SamplingParams",
     "SourceUnavailableError", "SpareWorkerError", "Tokenizer", "UnknownRequestError", "UnsupportedModelError",
     "checkpoint_identity", "start_instance_worker", "start_spare_worker",

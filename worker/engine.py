@@ -1,10 +1,13 @@
 """The inference engine: requests in, tokens out, one continuous-batching step at a time.
 
 `Engine` wires the parts together — tokenizer, `Scheduler` over a `BlockManager`,
-`ModelRunner` with its KV pool and attention backend, `Sampler`, one
-`IncrementalDetokenizer` per request — and owns the request lifecycle: validate and admit
-(`add_request`), advance everything one step (`step`), cancel (`abort`). It is single
-threaded on purpose; `AsyncEngine` drives it from a thread for asyncio callers.
+`ModelRunner` with its KV pool and attention backend, `Sampler`, and ``requests``, the
+`RequestLifecycle` that holds each admitted request with its `IncrementalDetokenizer` — and
+drives the request lifecycle: validate and admit (`add_request`), advance everything one step
+(`step`), cancel (`abort`). It is single threaded on purpose; `AsyncEngine` drives it from a
+thread for asyncio callers. ``requests`` is also the public surface that moving a request to
+another engine is built on (pause, snapshot, adopt, retire, KV blocks in and out:
+`worker.engine_migration`, `worker.layer_handoff`).
 
 Validation happens in `prepare_request`, before a request touches shared state, so a bad
 request fails alone with a message naming the problem and the other requests in the batch
@@ -28,7 +31,6 @@ import itertools
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +41,12 @@ from kernels.cpu_linear import cpu_prepack_unavailable_reason
 from loader import LayerReadiness
 from worker.block_manager import BlockManager
 from worker.checkpoint import load_model
-from worker.detokenizer import IncrementalDetokenizer
 from worker.engine_config import EngineConfig
 from worker.layer_gate import LayerGate, LayerLoadError
 from worker.llama import LlamaForCausalLM
 from worker.model_config import ModelConfig
 from worker.model_runner import ModelRunner, kv_bytes_per_block
+from worker.request_lifecycle import RequestLifecycle, request_output
 from worker.request_output import Completion, RequestOutput
 from worker.reserved_memory import ReservedMemory
 from worker.sampler import Sampler
@@ -66,12 +68,6 @@ class InvalidRequestError(ValueError):
 class RequestFailedError(RuntimeError):
     """One request failed inside the engine after it was admitted (see the module docstring);
     the engine is fine and serves the others. The message is for logs: it may carry internals."""
-
-
-@dataclass
-class _Tracked:
-    seq: Sequence
-    detokenizer: IncrementalDetokenizer
 
 
 class Engine:
@@ -143,7 +139,6 @@ class Engine:
             backend=get_attention_backend(self.device, config.attention_backend), device=self.device,
         )
         self.sampler = Sampler()
-        self._tracked: dict[str, _Tracked] = {}
         self._in_step: tuple[str, ...] = ()  # requests of the forward pass under way (see request_ids_in_step)
         self._next_id = itertools.count()
         self._zigzag: ZigzagPrefill | None = None
@@ -152,6 +147,8 @@ class Engine:
                 self._zigzag = ZigzagPrefill(self.runner, self._gate, self.scheduler,
                                              max_num_tokens=config.max_num_batched_tokens)
             self._gate.start_background()
+        # Every request held, admission to retirement; the public surface migration is built on.
+        self.requests = RequestLifecycle(self.scheduler, self.runner, self.tokenizer, layer_prefill=self._zigzag)
         logger.info(
             "engine ready: %s (%s, %.1fM params) %s [%s]; %d KV blocks x %d tokens; attention=%s",
             self.model_dir.name, self.model_config.architecture, self.model_config.num_params / 1e6,
@@ -165,6 +162,12 @@ class Engine:
     def weights_resident(self) -> bool:
         """Whether every layer's weights are in (always, for an engine that loaded them up front)."""
         return self._gate is None or self._gate.complete
+
+    @property
+    def steps_layer_by_layer(self) -> bool:
+        """Whether steps still compute layer by layer: the weights are arriving, or prefill passes
+        begun before the last layer landed are finishing. A request mid-pass cannot be migrated."""
+        return self.runner.model.layer_gate is not None
 
     def movable_prefill_ids(self) -> list[str]:
         """Requests whose layer-by-layer prefill waits for a layer still on its way (see
@@ -258,11 +261,9 @@ class Engine:
 
     def enqueue(self, seq: Sequence) -> None:
         """Admits a prepared request to the scheduler's queue."""
-        if seq.request_id in self._tracked:
+        if seq.request_id in self.requests:
             raise InvalidRequestError(f"request id {seq.request_id!r} is already in use")
-        detokenizer = IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids, stop=seq.params.stop)
-        self._tracked[seq.request_id] = _Tracked(seq, detokenizer)
-        self.scheduler.add(seq)
+        self.requests.admit(seq)
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
@@ -300,14 +301,14 @@ class Engine:
 
     @property
     def num_unfinished_requests(self) -> int:
-        return len(self._tracked)
+        return len(self.requests)
 
     def step(self) -> list[RequestOutput]:
         """Schedules, runs one forward pass, samples; returns news for requests that got a token.
         While weights are arriving, a step may instead advance prefills through the layers that are
         in and then wait for the next layer (at most ``layer_timeout_s``); it raises
         `LayerLoadError`, after failing every request, if the weights cannot arrive."""
-        if self.runner.model.layer_gate is not None:
+        if self.steps_layer_by_layer:
             return self._step_while_loading()
         return self._step_batch()
 
@@ -364,8 +365,8 @@ class Engine:
         """Finishes one request with reason "error" (its output's ``error`` says why), freeing its
         blocks; the engine and the other requests go on."""
         logger.error("request %s failed in %s: %s: %s", seq.request_id, stage, type(exc).__name__, exc)
-        if seq.request_id in self._tracked:
-            self._retire(seq, FinishReason.ERROR)
+        if seq.request_id in self.requests:
+            self.requests.retire(seq.request_id, FinishReason.ERROR)
         return RequestOutput(request_id=seq.request_id, new_token_ids=(), new_text="", finished=True,
                              finish_reason=FinishReason.ERROR.value, num_prompt_tokens=seq.num_prompt_tokens,
                              num_output_tokens=seq.num_output_tokens,
@@ -383,53 +384,33 @@ class Engine:
                 return self._sample(*zigzag.step())
             return self._step_batch()  # one batch, blocking at each missing layer inside the forward pass
         except LayerLoadError:
-            for tracked in list(self._tracked.values()):
-                self._retire(tracked.seq, FinishReason.ABORT)
+            for request_id in self.requests.request_ids():
+                self.requests.retire(request_id, FinishReason.ABORT)
             raise
 
     def _append(self, seq: Sequence, token_id: int) -> RequestOutput:
-        tracked = self._tracked[seq.request_id]
+        detokenizer = self.requests.detokenizer(seq.request_id)
         seq.append_token(token_id)
-        text = tracked.detokenizer.append(token_id)
+        text = detokenizer.append(token_id)
         params = seq.params
         reason: FinishReason | None = None
-        if tracked.detokenizer.stopped:
+        if detokenizer.stopped:
             reason = FinishReason.STOP
         elif token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
             reason = FinishReason.STOP
         elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             reason = FinishReason.LENGTH
         if reason is not None:
-            if not tracked.detokenizer.stopped:
-                text += tracked.detokenizer.flush()
-            self._retire(seq, reason)
-        return self._output(seq, (token_id,), text)
+            if not detokenizer.stopped:
+                text += detokenizer.flush()
+            self.requests.retire(seq.request_id, reason)
+        return request_output(seq, (token_id,), text)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Cancels a request wherever it is; its KV blocks are freed at once. None if unknown."""
-        tracked = self._tracked.get(request_id)
-        if tracked is None:
+        if request_id not in self.requests:
             return None
-        self._retire(tracked.seq, FinishReason.ABORT)
-        return self._output(tracked.seq, (), "")
-
-    def _retire(self, seq: Sequence, reason: FinishReason) -> None:
-        if self._zigzag is not None:
-            self._zigzag.drop(seq)
-        self.scheduler.finish(seq, reason)
-        del self._tracked[seq.request_id]
-
-    @staticmethod
-    def _output(seq: Sequence, new_token_ids: tuple[int, ...], text: str) -> RequestOutput:
-        return RequestOutput(
-            request_id=seq.request_id,
-            new_token_ids=new_token_ids,
-            new_text=text,
-            finished=seq.is_finished,
-            finish_reason=seq.finish_reason.value if seq.finish_reason else None,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_output_tokens=seq.num_output_tokens,
-        )
+        return self.requests.retire(request_id, FinishReason.ABORT)
 
     def generate(self, prompts: list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
                  ) -> list[Completion]:
@@ -442,7 +423,7 @@ class Engine:
             self.enqueue(seq)
         texts = {seq.request_id: [] for seq in seqs}
         wanted = set(texts)
-        while wanted & set(self._tracked):
+        while any(request_id in self.requests for request_id in wanted):
             for out in self.step():
                 if out.request_id in texts:
                     texts[out.request_id].append(out.new_text)

@@ -2,10 +2,13 @@
 move its KV blocks — all without disturbing the other requests in the batch.
 
 These are plain functions over an `Engine`, not methods on it, so the engine stays about serving
-and this file is the one place that knows migration. They touch the engine's state, so they run
-on the thread that steps it, between two steps (`AsyncEngine.call` does that); a function here
-either finishes its change or raises before making one, so a failed call leaves the engine as
-it was.
+and this file is the one place that knows the migration protocol. They are built only on the
+engine's public surface for moving requests (``engine.requests``, a
+`worker.request_lifecycle.RequestLifecycle`: snapshot, pause, resume, adopt, replay, retire, KV
+blocks in and out) and its block manager's check/commit pair. They change the engine's state, so
+they run on the thread that steps it, between two steps (`AsyncEngine.call` does that); a
+function here either finishes its change or raises before making one, so a failed call leaves
+the engine as it was.
 
 Source side: `export_request` (read-only), `freeze_request` (stop scheduling it, keep its KV),
 `unfreeze_request` (the migration failed, or its driver went silent: carry on), `release_request`
@@ -42,11 +45,10 @@ from __future__ import annotations
 import torch
 
 from worker.engine import Engine
-from worker.model_runner import kv_bytes_per_block
+from worker.request_lifecycle import UnknownRequestError
 from worker.request_output import RequestOutput
 from worker.request_progress import RequestProgress, RequestState
 from worker.request_snapshot import RequestSnapshot
-from worker.scheduler import ScheduledBatch
 from worker.sequence import FinishReason, Sequence, SequenceStatus
 
 __all__ = [
@@ -63,47 +65,38 @@ class MigrationRefusedError(RuntimeError):
     The refusing call changed nothing; the message says why."""
 
 
-class UnknownRequestError(LookupError):
-    """The request is not in this engine (any more): it finished, was aborted, or never came."""
-
-
 # ---- source side ---------------------------------------------------------------------------
 
 
 def export_request(engine: Engine, request_id: str) -> RequestSnapshot:
     """The request's state now; the request carries on untouched (the generator is copied)."""
     _check_resident(engine)
-    return _snapshot(_seq(engine, request_id))
+    return engine.requests.snapshot(request_id)
 
 
 def freeze_request(engine: Engine, request_id: str) -> RequestSnapshot:
     """Stops scheduling the request, keeping its KV blocks; returns its final snapshot.
     Idempotent. Its stream stays open: `unfreeze_request` or `release_request` decides."""
     _check_resident(engine)
-    seq = _seq(engine, request_id)
-    _pause(engine, seq)
-    return _snapshot(seq)
+    engine.requests.pause(request_id)
+    return engine.requests.snapshot(request_id)
 
 
 def unfreeze_request(engine: Engine, request_id: str) -> None:
     """Schedules a paused request again, first in line (a frozen source request after a failed
     migration, or an imported one after `commit_import`). The scheduler grows its existing block
     table and computes whatever KV it lacks. A request that is not paused is left alone."""
-    seq = _seq(engine, request_id)
-    if seq.status is SequenceStatus.PAUSED:
-        seq.status = SequenceStatus.WAITING
-        engine.scheduler.waiting.appendleft(seq)
+    engine.requests.resume(request_id)
 
 
 def release_request(engine: Engine, request_id: str) -> RequestOutput:
     """Retires a frozen request as handed over: its blocks are freed and the returned final
     output (no new tokens, ``finish_reason="migrated"``) ends its stream here."""
-    seq = _seq(engine, request_id)
+    seq = engine.requests.sequence(request_id)
     if seq.status is not SequenceStatus.PAUSED:  # never frozen, or unfrozen since (its freeze lapsed)
         raise MigrationRefusedError(f"request {request_id!r} is {seq.status.value} here, not frozen: it carries on "
                                     "on this instance and cannot be handed over")
-    engine._retire(seq, FinishReason.MIGRATED)
-    return engine._output(seq, (), "")
+    return engine.requests.retire(request_id, FinishReason.MIGRATED)
 
 
 def export_kv(engine: Engine, request_id: str, first_block: int, *, include_partial: bool,
@@ -114,41 +107,36 @@ def export_kv(engine: Engine, request_id: str, first_block: int, *, include_part
     so a long context is read over several calls and no single one stalls the engine for long; the
     caller sees it got them all when ``first_block + n`` reaches the snapshot's full blocks.
     Returns kv: [L, 2, n, block_size, Hkv, D]."""
-    seq = _seq(engine, request_id)
+    seq = engine.requests.sequence(request_id)
     block_size = engine.block_manager.block_size
     computed = seq.num_computed_tokens
     end_block = -(-computed // block_size) if include_partial else computed // block_size
     if max_bytes is not None:
         end_block = min(end_block, first_block + kv_blocks_per_call(engine, max_bytes))
-    block_ids = engine.block_manager.block_table(request_id)[first_block:end_block]
-    return _snapshot(seq), read_kv_blocks(engine, block_ids)
+    block_ids = engine.requests.block_table(request_id)[first_block:end_block]
+    return engine.requests.snapshot(request_id), read_kv_blocks(engine, block_ids)
 
 
 def kv_blocks_per_call(engine: Engine, max_bytes: int) -> int:
     """How many KV blocks fit in ``max_bytes`` (at least one): the slice one engine call copies."""
-    block_bytes = kv_bytes_per_block(engine.model_config, engine.block_manager.block_size,
-                                     engine.runner.kv_pool.dtype)
-    return max(1, max_bytes // block_bytes)
+    return max(1, max_bytes // engine.requests.kv_block_bytes)
 
 
 def read_kv_blocks(engine: Engine, block_ids: list[int]) -> torch.Tensor:
     """A copy of the given blocks of the KV pool: [L, 2, len(block_ids), block_size, Hkv, D]."""
-    pool = engine.runner.kv_pool  # [L, 2, num_blocks, block_size, Hkv, D]
-    index = torch.tensor(block_ids, dtype=torch.long, device=pool.device)  # [n]
-    return pool.index_select(2, index)
+    return engine.requests.read_kv(block_ids)
 
 
 def write_kv_blocks(engine: Engine, block_ids: list[int], kv: torch.Tensor) -> None:
     """Writes kv [L, 2, len(block_ids), block_size, Hkv, D] into those blocks of the KV pool."""
-    pool = engine.runner.kv_pool  # [L, 2, num_blocks, block_size, Hkv, D]
-    expected = (pool.shape[0], pool.shape[1], len(block_ids), *pool.shape[3:])
+    pool_shape = engine.requests.kv_pool_shape  # [L, 2, num_blocks, block_size, Hkv, D]
+    expected = (pool_shape[0], pool_shape[1], len(block_ids), *pool_shape[3:])
     if tuple(kv.shape) != expected:
         raise MigrationRefusedError(
             f"KV blocks of shape {tuple(kv.shape)} do not fit this cache, which takes {expected} "
             "(a different model, block size or head layout)"
         )
-    index = torch.tensor(block_ids, dtype=torch.long, device=pool.device)  # [n]
-    pool.index_copy_(2, index, kv.to(device=pool.device, dtype=pool.dtype))
+    engine.requests.write_kv(block_ids, kv)
 
 
 # ---- destination side ----------------------------------------------------------------------
@@ -162,7 +150,7 @@ def begin_import(engine: Engine, snapshot: RequestSnapshot, num_reserved_tokens:
     names one must match. Raises `MigrationRefusedError`, changing nothing, if it cannot."""
     _check_resident(engine)
     request_id = snapshot.request_id
-    if request_id in engine._tracked:
+    if request_id in engine.requests:
         raise MigrationRefusedError(f"request id {request_id!r} is already in use on this instance")
     check_checkpoint(snapshot, checkpoint_id)
     _check_fits(engine, snapshot)
@@ -178,8 +166,7 @@ def begin_import(engine: Engine, snapshot: RequestSnapshot, num_reserved_tokens:
         params=snapshot.params,
         max_model_len=engine.max_model_len,
     )
-    engine.enqueue(seq)  # tracks it with a detokenizer built the way every request's is
-    _pause(engine, seq)
+    engine.requests.adopt(seq)  # tracked paused, with a detokenizer built the way every request's is
     manager.allocate(request_id, num_reserved_tokens)
     _append_outputs(engine, seq, snapshot)
 
@@ -213,11 +200,8 @@ def prefill_import(engine: Engine, request_id: str, max_num_tokens: int) -> int:
     if num_new <= 0:
         return seq.num_computed_tokens
     reserve_blocks(engine, request_id, seq.num_computed_tokens + num_new)
-    batch = ScheduledBatch(seqs=[seq], num_new_tokens=[num_new])
-    # The batch ends before the last token, so the runner samples nothing (no logits are made).
-    engine.runner.execute(batch, [engine.block_manager.block_table(request_id)])
-    seq.num_computed_tokens += num_new
-    return seq.num_computed_tokens
+    # The span ends before the last token, so nothing is sampled (no logits are made).
+    return engine.requests.compute_kv(request_id, num_new)
 
 
 def import_kv(engine: Engine, snapshot: RequestSnapshot, first_block: int, kv: torch.Tensor) -> int:
@@ -232,7 +216,7 @@ def import_kv(engine: Engine, snapshot: RequestSnapshot, first_block: int, kv: t
             f"{seq.num_computed_tokens} tokens"
         )
     _check_extends(seq, snapshot)
-    pool_shape = engine.runner.kv_pool.shape  # [L, 2, num_blocks, block_size, Hkv, D]
+    pool_shape = engine.requests.kv_pool_shape  # [L, 2, num_blocks, block_size, Hkv, D]
     if kv.dim() != 6 or kv.shape[:2] != pool_shape[:2] or kv.shape[3:] != pool_shape[3:]:
         raise MigrationRefusedError(
             f"KV blocks of shape {tuple(kv.shape)} do not fit this cache of {tuple(pool_shape)} "
@@ -241,7 +225,7 @@ def import_kv(engine: Engine, snapshot: RequestSnapshot, first_block: int, kv: t
     end_block = first_block + kv.shape[2]
     reserve_blocks(engine, snapshot.request_id, max(snapshot.num_tokens, end_block * block_size))
     _append_outputs(engine, seq, snapshot)
-    table = engine.block_manager.block_table(snapshot.request_id)
+    table = engine.requests.block_table(snapshot.request_id)
     write_kv_blocks(engine, table[first_block:end_block], kv)
     covered = min(snapshot.num_computed_tokens, end_block * block_size)
     seq.num_computed_tokens = max(seq.num_computed_tokens, covered)
@@ -298,10 +282,9 @@ def check_checkpoint(snapshot: RequestSnapshot, checkpoint_id: str | None) -> No
 
 def request_progress(engine: Engine, request_id: str) -> RequestProgress:
     """Where the request stands here (`RequestProgress`); ``unknown`` if it is not here."""
-    tracked = engine._tracked.get(request_id)
-    if tracked is None:
+    seq = engine.requests.find(request_id)
+    if seq is None:
         return RequestProgress(request_id, RequestState.UNKNOWN)
-    seq = tracked.seq
     state = _PROGRESS_STATES.get(seq.status, RequestState.UNKNOWN)
     return RequestProgress(request_id, state, seq.num_tokens, seq.num_computed_tokens)
 
@@ -319,54 +302,23 @@ _PROGRESS_STATES = {
 def _check_resident(engine: Engine) -> None:
     """A request on an instance whose weights are still arriving may be mid-way through a
     layer-by-layer prefill pass (`worker.zigzag_prefill`), which migration cannot capture."""
-    if engine.runner.model.layer_gate is not None:  # cleared once every layer is in and no pass is left
+    if engine.steps_layer_by_layer:
         raise MigrationRefusedError("this instance's weights are still arriving layer by layer; "
                                     "migrate its requests once it is fully loaded")
 
 
-def _seq(engine: Engine, request_id: str) -> Sequence:
-    tracked = engine._tracked.get(request_id)
-    if tracked is None:
-        raise UnknownRequestError(f"request {request_id!r} is not on this instance (finished, aborted or never here)")
-    return tracked.seq
-
-
 def _paused(engine: Engine, request_id: str) -> Sequence:
-    seq = _seq(engine, request_id)
+    seq = engine.requests.sequence(request_id)
     if seq.status is not SequenceStatus.PAUSED:
         raise ValueError(f"request {request_id!r} is {seq.status.value}, not a paused import")
     return seq
-
-
-def _pause(engine: Engine, seq: Sequence) -> None:
-    if seq.status is SequenceStatus.RUNNING:
-        engine.scheduler.running.remove(seq)
-    elif seq.status is SequenceStatus.WAITING:
-        engine.scheduler.waiting.remove(seq)
-    seq.status = SequenceStatus.PAUSED
-
-
-def _snapshot(seq: Sequence) -> RequestSnapshot:
-    generator = seq.generator
-    return RequestSnapshot(
-        request_id=seq.request_id,
-        prompt_token_ids=tuple(seq.prompt_token_ids),
-        output_token_ids=tuple(seq.output_token_ids),
-        params=seq.params,
-        num_computed_tokens=seq.num_computed_tokens,
-        generator_state=None if generator is None else generator.get_state().numpy().tobytes(),
-        generator_device_type="cpu" if generator is None else generator.device.type,
-    )
 
 
 def _append_outputs(engine: Engine, seq: Sequence, snapshot: RequestSnapshot) -> None:
     """Brings a paused import up to the snapshot's tokens, replaying new ones through its
     detokenizer (the text was streamed by the source)."""
     _check_extends(seq, snapshot)
-    detokenizer = engine._tracked[seq.request_id].detokenizer
-    for token_id in snapshot.token_ids[seq.num_tokens:]:
-        seq.append_token(token_id)
-        detokenizer.append(token_id)
+    engine.requests.replay(seq.request_id, snapshot.token_ids[seq.num_tokens:])
 
 
 def _check_extends(seq: Sequence, snapshot: RequestSnapshot) -> None:

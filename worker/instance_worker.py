@@ -340,7 +340,7 @@ class InstanceWorker:
         request alone failed in the engine (the instance serves on), `EngineDeadError` if the engine died. Leaving early (``aclose``, or the task being
         cancelled, which is what ``ray.cancel`` does) aborts the request and frees its KV blocks.
         """
-        async_engine = await self._serving_engine()
+        async_engine = await self.serving_engine()
         if not isinstance(request_id, str) or not request_id:
             raise InvalidFieldError(f"request_id must be a non-empty string, got {request_id!r}", field="request_id")
         if request_id in self._open_streams:
@@ -381,13 +381,21 @@ class InstanceWorker:
             del self._open_streams[request_id]
             closed.set_result(None)
 
-    async def _serving_engine(self) -> AsyncEngine:
+    async def serving_engine(self) -> AsyncEngine:
+        """The instance's running engine, once loaded (waits for the load); raises as ``generate``
+        does when the load failed (`InstanceLoadError`) or the engine is dead or shut down
+        (`EngineDeadError`). For a caller that serves more than ``generate`` from the same
+        engine (the migration endpoint of `migration.MigratableInstanceActor`)."""
         async_engine = await asyncio.wrap_future(self._loaded)
         if self._stopped:
             raise EngineDeadError(f"instance {self.instance_id} is shut down")
         if self._engine_error is not None:
             raise EngineDeadError(f"instance {self.instance_id} failed: {self._engine_error}")
         return async_engine
+
+    def open_request_ids(self) -> list[str]:
+        """The requests whose ``generate`` stream is open here, sorted."""
+        return sorted(self._open_streams)
 
     def suspend(self, other_request_ids: Iterable[str] = ()) -> list[str]:
         """Ends every open request's stream with finish reason "suspended" (`SUSPENDED`), and

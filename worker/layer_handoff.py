@@ -7,7 +7,9 @@ layer k and the KV of layers < k. The helper runs layers k..N-1 from that hidden
 their KV, and from then on the request is one of its own -- decoding continues there, with the
 full KV cache in one place.
 
-Functions over engines, on the thread that steps each (as `worker.engine_migration`'s):
+Functions over engines, on the thread that steps each (as `worker.engine_migration`'s), built on
+the engine's public request surface (``engine.requests``: `RequestLifecycle.layer_pass`, ``pause``,
+``snapshot``, KV blocks in and out) and the migration import:
 
 - `export_partial_prefill` (the new instance): takes the request out of its layer-wise pass at
   the layer it reached and freezes it, returning a `PartialPrefill`. Its stream stays open and its
@@ -34,10 +36,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import AttentionMetadata
 from worker.engine import Engine
-from worker.engine_migration import (MigrationRefusedError, _pause, _seq, _snapshot, begin_import, cancel_import,
-                                     commit_import, release_request, unfreeze_request)
+from worker.engine_migration import (MigrationRefusedError, begin_import, cancel_import, commit_import,
+                                     release_request, unfreeze_request)
 from worker.request_output import RequestOutput
 from worker.request_snapshot import RequestSnapshot
 
@@ -66,23 +67,21 @@ def export_partial_prefill(engine: Engine, request_id: str) -> PartialPrefill:
     """Takes `request_id` out of its layer-wise prefill on `engine` and freezes it (see the module
     docstring). Raises `MigrationRefusedError`, changing nothing, when the request is not in such
     a pass or its prompt spans several passes."""
-    seq = _seq(engine, request_id)
-    zigzag = engine._zigzag
-    p = next((p for p in zigzag._passes if p.seq is seq), None) if zigzag is not None else None
+    seq = engine.requests.sequence(request_id)
+    p = engine.requests.layer_pass(request_id)
     if p is None:
         raise MigrationRefusedError(f"request {request_id!r} is not in a layer-by-layer prefill pass")
-    if seq.num_computed_tokens != 0 or not p.samples:
+    if seq.num_computed_tokens != 0 or not p.whole_prompt:
         raise MigrationRefusedError(f"request {request_id!r}'s prompt ({seq.num_prompt_tokens} tokens) spans "
                                     "several passes; it cannot move at a layer")
     num_layers = engine.model_config.num_hidden_layers
     done = max(0, min(p.next_layer, num_layers))
-    pool = engine.runner.kv_pool  # [L, 2, num_blocks, block_size, Hkv, D]
-    index = torch.tensor(engine.block_manager.block_table(request_id), dtype=torch.long, device=pool.device)
-    kv = pool[:done].index_select(2, index)  # [done, 2, n, block_size, Hkv, D]
+    table = engine.requests.block_table(request_id)
+    kv = engine.requests.read_kv(table, num_layers=done)  # [done, 2, n, block_size, Hkv, D]
     hidden = p.hidden.clone() if p.hidden is not None and p.next_layer >= 0 else None
-    partial = PartialPrefill(_snapshot(seq), p.next_layer if hidden is not None else -1, hidden, kv)
-    zigzag.drop(seq)
-    _pause(engine, seq)
+    partial = PartialPrefill(engine.requests.snapshot(request_id), p.next_layer if hidden is not None else -1,
+                             hidden, kv)
+    engine.requests.pause(request_id)  # out of its pass and the scheduler's queues, its blocks kept
     return partial
 
 
@@ -111,30 +110,20 @@ def take_over_prefill(engine: Engine, partial: PartialPrefill, *, schedule: bool
 def _compute_from_layer(engine: Engine, partial: PartialPrefill, num_rows: int) -> None:
     """Writes the KV of every layer for the first `num_rows` prompt tokens: layers < k copied,
     layers k..N-1 computed from the hidden state (causal: those rows never look at later ones)."""
-    runner, model = engine.runner, engine.runner.model
     request_id = partial.snapshot.request_id
     num_layers = engine.model_config.num_hidden_layers
     first = max(0, min(partial.next_layer, num_layers))
-    pool = runner.kv_pool  # [L, 2, num_blocks, block_size, Hkv, D]
-    table = engine.block_manager.block_table(request_id)
-    expected = (first, *pool.shape[1:2], len(table), *pool.shape[3:])
+    pool_shape = engine.requests.kv_pool_shape  # [L, 2, num_blocks, block_size, Hkv, D]
+    table = engine.requests.block_table(request_id)
+    expected = (first, *pool_shape[1:2], len(table), *pool_shape[3:])
     if tuple(partial.kv.shape) != expected:
         raise MigrationRefusedError(f"KV of shape {tuple(partial.kv.shape)} does not fit this cache, which takes "
                                     f"{expected} (a different model, block size or head layout)")
     if partial.hidden.shape != (num_rows + 1, engine.model_config.hidden_size):
         raise MigrationRefusedError(f"hidden state of shape {tuple(partial.hidden.shape)} does not match a "
                                     f"{num_rows + 1}-token prompt of hidden size {engine.model_config.hidden_size}")
-    index = torch.tensor(table, dtype=torch.long, device=pool.device)  # [n]
     if first:
-        pool[:first].index_copy_(2, index, partial.kv.to(device=pool.device, dtype=pool.dtype))
+        engine.requests.write_kv(table, partial.kv)  # layers < first
     if num_rows == 0:
         return
-    ids = torch.tensor(partial.snapshot.prompt_token_ids[:num_rows], dtype=torch.int64, device=runner.device)
-    positions = torch.arange(num_rows, dtype=torch.int64, device=runner.device)  # [T-1]
-    _, cos, sin = model.embed(ids, positions)  # the rope tables; the embedding itself is the hidden state's past
-    hidden = partial.hidden[:num_rows].to(device=runner.device, dtype=engine.model_config.torch_dtype)  # [T-1, H]
-    metadata = AttentionMetadata.build(block_tables=[table], query_lens=[num_rows], seq_lens=[num_rows],
-                                       block_size=runner.block_size, device=runner.device)
-    for layer in range(first, num_layers):
-        hidden = model.decoder_layer(layer, hidden, cos, sin, runner.kv_caches[layer], metadata, runner.backend)
-    _seq(engine, request_id).num_computed_tokens = num_rows
+    engine.requests.compute_kv_from_layer(request_id, first, partial.hidden[:num_rows])  # [T-1, H]

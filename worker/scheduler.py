@@ -8,6 +8,9 @@ the most recently admitted running sequence is preempted: its blocks are freed a
 back to the front of the queue to be recomputed later (recompute beats swapping on CPU, and
 it keeps the block pool the single source of truth). Preemption victims are always the
 youngest, so the oldest requests keep making progress and the system cannot livelock.
+
+A sequence can also be paused (`pause`: out of both queues, its blocks kept) and resumed at the
+front of the queue (`resume`): what a live migration holds still (`worker.request_lifecycle`).
 """
 
 from __future__ import annotations
@@ -143,12 +146,29 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    def pause(self, seq: Sequence) -> None:
+        """Takes ``seq`` out of both queues, keeping its blocks: it is neither scheduled nor chosen
+        for preemption until `resume` (a request held by a live migration). Idempotent."""
+        self._dequeue(seq)
+        seq.status = SequenceStatus.PAUSED
+
+    def resume(self, seq: Sequence) -> None:
+        """Queues a paused ``seq`` again, first in line; `schedule` grows its block table and
+        computes whatever KV it lacks."""
+        if seq.status is not SequenceStatus.PAUSED:
+            raise ValueError(f"request {seq.request_id!r} is {seq.status.value}, not paused")
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
-        """Retires ``seq`` (running or waiting) and frees its blocks."""
+        """Retires ``seq`` (running, waiting or paused) and frees its blocks."""
+        self._dequeue(seq)
+        self.block_manager.free(seq.request_id)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def _dequeue(self, seq: Sequence) -> None:
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
-        self.block_manager.free(seq.request_id)
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = reason

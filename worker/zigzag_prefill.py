@@ -16,11 +16,11 @@ Only then does it wait, for the lowest missing layer that a pass needs, and retu
 that arrived meanwhile join at the next step and catch up while the older ones wait. The wait is
 cut into slices of `FRONTIER_POLL_S`: a step that found nothing to run returns empty after one
 slice, so the engine's thread serves its pending calls in between -- among them a hand-over of a
-waiting prefill to a fully loaded helper (`worker.layer_handoff`), which must not wait for the
-very layer it is meant to avoid waiting for. Passes finish
-(final norm, head, a token to sample) in the step where the last layer is in; the engine then goes
-back to the scheduler's ordinary batched steps, and the rest of a long prompt, past its first
-chunk, is prefilled there.
+waiting prefill to a fully loaded helper (`worker.layer_handoff`, which reads where the pass
+stands through `layer_pass`), which must not wait for the very layer it is meant to avoid waiting
+for. Passes finish (final norm, head, a token to sample) in the step where the last layer is in;
+the engine then goes back to the scheduler's ordinary batched steps, and the rest of a long
+prompt, past its first chunk, is prefilled there.
 
 Per-request passes run smaller GEMMs than one batched pass would; that is the price of letting
 requests that arrive mid-load catch up instead of waiting for the load to finish. Greedy outputs
@@ -43,6 +43,20 @@ from worker.sequence import Sequence
 # calls and admits new requests, and steps again). Short next to a layer's transfer, long next to
 # a loop iteration.
 FRONTIER_POLL_S = 0.05
+
+
+@dataclass(frozen=True, eq=False)
+class LayerPass:
+    """Where one request's pass stands, for a helper that would finish it (`worker.layer_handoff`).
+
+    ``next_layer``: the layer it runs next, -1 (not embedded yet) .. N (the final norm and head).
+    ``hidden``: [T, H] the state entering ``next_layer`` (None before the embedding); the pass's
+    own tensor, so clone it to keep it. ``whole_prompt``: the pass holds the whole prompt (its
+    last row is sampled), so computing its remaining layers finishes the prefill."""
+
+    next_layer: int
+    hidden: torch.Tensor | None
+    whole_prompt: bool
 
 
 @dataclass(eq=False)
@@ -100,8 +114,14 @@ class ZigzagPrefill:
                 if p.samples and p.seq.num_computed_tokens == 0 and p.next_layer <= self.num_layers
                 and not self.gate.is_assigned(p.next_layer)]
 
+    def layer_pass(self, seq: Sequence) -> LayerPass | None:
+        """Where `seq`'s pass stands (`LayerPass`); None if it is in none. Engine thread only."""
+        p = next((p for p in self._passes if p.seq is seq), None)
+        return None if p is None else LayerPass(p.next_layer, p.hidden, p.samples)
+
     def drop(self, seq: Sequence) -> None:
-        """Forgets `seq`'s pass (it was aborted; the scheduler frees its blocks)."""
+        """Forgets `seq`'s pass (it was aborted, or paused to be handed over; its blocks are the
+        scheduler's to free or keep)."""
         self._passes = [p for p in self._passes if p.seq is not seq]
 
     def _admit(self) -> None:

@@ -53,7 +53,7 @@ def idle_afterwards(request):
         return
     for endpoint in request.getfixturevalue("endpoints"):
         tracked, free = asyncio.run(endpoint.async_engine.call(
-            lambda engine: (list(engine._tracked), engine.block_manager.num_free_blocks)))
+            lambda engine: (engine.requests.request_ids(), engine.block_manager.num_free_blocks)))
         assert (tracked, free) == ([], NUM_KV_BLOCKS), f"{endpoint.instance_id} was left busy"
 
 

@@ -43,7 +43,7 @@ async def poll(condition, what: str) -> None:
 
 async def idle(endpoint: EngineEndpoint) -> bool:
     tracked, free = await endpoint.async_engine.call(
-        lambda engine: (list(engine._tracked), engine.block_manager.num_free_blocks))
+        lambda engine: (engine.requests.request_ids(), engine.block_manager.num_free_blocks))
     return tracked == [] and free == NUM_KV_BLOCKS
 
 

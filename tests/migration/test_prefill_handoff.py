@@ -44,9 +44,8 @@ def unmoved(model_dir, params) -> list[int]:
 async def at_frontier(endpoint: EngineEndpoint, request_id: str, layer: int) -> None:
     """Returns once `request_id`'s pass waits at `layer` (polled between engine steps)."""
     def waiting(engine) -> bool:
-        zigzag = engine._zigzag
-        return zigzag is not None and any(p.seq.request_id == request_id and p.next_layer == layer
-                                          for p in zigzag._passes)
+        layer_pass = engine.requests.layer_pass(request_id) if request_id in engine.requests else None
+        return layer_pass is not None and layer_pass.next_layer == layer
 
     deadline = time.monotonic() + DEADLINE_S
     while not await endpoint.async_engine.call(waiting):
@@ -56,7 +55,7 @@ async def at_frontier(endpoint: EngineEndpoint, request_id: str, layer: int) -> 
 
 async def idle(endpoint: EngineEndpoint) -> tuple[list[str], int, int]:
     return await endpoint.async_engine.call(lambda engine: (
-        list(engine._tracked), engine.block_manager.num_free_blocks, engine.block_manager.num_blocks))
+        engine.requests.request_ids(), engine.block_manager.num_free_blocks, engine.block_manager.num_blocks))
 
 
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])

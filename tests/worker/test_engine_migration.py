@@ -64,7 +64,8 @@ def unmoved(source):
 def idle_engines(source, dest):
     yield
     for engine in (source, dest):  # every test must leave both engines empty, every block free
-        assert not engine._tracked and engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+        manager = engine.block_manager
+        assert not engine.requests.request_ids() and manager.num_free_blocks == manager.num_blocks
 
 
 class Client:
@@ -116,7 +117,7 @@ def test_one_shot_migration_at_a_random_step_changes_nothing(source, dest, param
     kv = export_kv(source, rid, 0, include_partial=True)[1] if with_kv else None
     import_request(dest, snapshot, kv)
     client.take([release_request(source, rid)], rid)
-    assert client.finish_reason == "migrated" and not source._tracked
+    assert client.finish_reason == "migrated" and not source.requests.request_ids()
     client.finish_reason = None  # the client follows the request to the destination
     finish(dest, rid, client)
     assert (client.token_ids, client.text, client.finish_reason) == (
@@ -159,13 +160,13 @@ def test_token_rounds_prefill_while_the_source_decodes(source, dest, unmoved):
     rid = start(source, GREEDY, 2, client)
     begin_import(dest, export_request(source, rid), 0)
     for _ in range(3):  # a round: the destination catches up on what it has, the source moves on
-        while prefill_import(dest, rid, max_num_tokens=5) < dest._tracked[rid].seq.num_tokens - 1:
+        while prefill_import(dest, rid, max_num_tokens=5) < dest.requests.sequence(rid).num_tokens - 1:
             pass
         for _ in range(4):
             client.take(source.step(), rid)
         extend_import(dest, export_request(source, rid))
     final = freeze_request(source, rid)
-    assert dest._tracked[rid].seq.num_computed_tokens == final.num_tokens - 5  # the last round's delta
+    assert dest.requests.sequence(rid).num_computed_tokens == final.num_tokens - 5  # the last round's delta
     commit_import(dest, final)
     unfreeze_request(dest, rid)
     client.take([release_request(source, rid)], rid)
@@ -217,7 +218,7 @@ def test_a_refused_handshake_changes_nothing(model_dir, source, unmoved):
     free_before = small.block_manager.num_free_blocks
     with pytest.raises(MigrationRefusedError, match="KV blocks"):
         begin_import(small, snapshot, snapshot.num_tokens)
-    assert small.block_manager.num_free_blocks == free_before and set(small._tracked) == {blocker}
+    assert small.block_manager.num_free_blocks == free_before and set(small.requests.request_ids()) == {blocker}
     unfreeze_request(source, rid)  # the source carries on, as if nothing happened
     finish(source, rid, client)
     assert client.token_ids == expected.token_ids and client.text == expected.text
@@ -234,7 +235,7 @@ def test_a_migration_failing_after_blocks_were_copied_frees_them_and_the_source_
     assert dest.block_manager.num_free_blocks < dest.block_manager.num_blocks
     out = cancel_import(dest, rid)  # the destination gave up after the copy
     assert out.finish_reason == "abort"
-    assert dest.block_manager.num_free_blocks == dest.block_manager.num_blocks and not dest._tracked
+    assert dest.block_manager.num_free_blocks == dest.block_manager.num_blocks and not dest.requests.request_ids()
     unfreeze_request(source, rid)
     finish(source, rid, client)
     assert (client.token_ids, client.text) == (expected.token_ids, expected.text)
@@ -270,7 +271,7 @@ def test_a_snapshot_of_another_checkpoint_is_refused_and_one_naming_none_is_not(
     with pytest.raises(MigrationRefusedError, match="request 'moving' was computed by checkpoint ckpt-00000000000000v1 "
                                                     "and this instance serves checkpoint ckpt-00000000000000v2"):
         begin_import(dest, v1, v1.num_tokens, checkpoint_id="ckpt-00000000000000v2")
-    assert not dest._tracked and dest.block_manager.num_free_blocks == free  # the refusal changed nothing
+    assert not dest.requests.request_ids() and dest.block_manager.num_free_blocks == free  # the refusal changed nothing
     # The same checkpoint is taken; so is a snapshot naming none (a recovery from a client's tokens).
     for taken in (v1, snapshot):
         begin_import(dest, taken, taken.num_tokens, checkpoint_id="ckpt-00000000000000v1")

@@ -1,4 +1,6 @@
-"""Scheduler decisions with plain numbers: budgets, chunking, admission, preemption order."""
+"""Scheduler decisions with plain numbers: budgets, chunking, admission, preemption order, pause and resume."""
+
+import pytest
 
 from worker.block_manager import BlockManager
 from worker.sampling_params import SamplingParams
@@ -105,3 +107,37 @@ def test_abort_from_waiting_and_running_frees_blocks():
     s.finish(a, FinishReason.ABORT)
     assert not s.has_unfinished() and bm.num_free_blocks == 10
     assert a.finish_reason is FinishReason.ABORT and a.is_finished
+
+
+def test_a_paused_sequence_keeps_its_blocks_is_never_scheduled_and_resumes_first_in_line():
+    s = Scheduler(BlockManager(100, 4), max_num_seqs=8, max_num_batched_tokens=100)
+    a, b, c = make_seq("a", 6), make_seq("b", 3), make_seq("c", 5)
+    s.add(a)
+    s.add(b)
+    run_step(s, s.schedule())  # a: 6 tokens of KV in blocks [0, 1]; b: 3 in [2]
+    s.add(c)
+    s.pause(a)
+    s.pause(a)  # idempotent
+    assert a.status is SequenceStatus.PAUSED and s.running == [b] and list(s.waiting) == [c]
+    batch = s.schedule()
+    assert [x.request_id for x in batch.seqs] == ["b", "c"] and batch.num_new_tokens == [1, 5]
+    run_step(s, batch)
+    assert s.block_manager.block_table("a") == [0, 1] and a.num_computed_tokens == 6
+    s.resume(a)
+    assert a.status is SequenceStatus.WAITING and list(s.waiting) == [a]
+    batch = s.schedule()  # a's last token is computed into its own blocks
+    assert [x.request_id for x in batch.seqs] == ["b", "c", "a"] and batch.num_new_tokens == [1, 1, 1]
+    assert s.block_manager.block_table("a") == [0, 1]
+
+
+def test_only_a_paused_sequence_resumes_and_a_paused_one_finishes_freeing_its_blocks():
+    s = Scheduler(BlockManager(10, 4), max_num_seqs=8, max_num_batched_tokens=100)
+    a = make_seq("a", 6)
+    s.add(a)
+    run_step(s, s.schedule())
+    with pytest.raises(ValueError, match=r"^request 'a' is running, not paused$"):
+        s.resume(a)
+    s.pause(a)
+    s.finish(a, FinishReason.MIGRATED)
+    assert a.status is SequenceStatus.FINISHED and a.finish_reason is FinishReason.MIGRATED
+    assert s.block_manager.num_free_blocks == 10 and not s.has_unfinished()

@@ -1,0 +1,184 @@
+"""No module reaches into another module's underscore attributes (STYLE.md rule 12).
+
+Walks the AST of every source file under the project's folders (not the tests) and fails on:
+
+* ``expr._name`` (one leading underscore, not a dunder) where ``expr`` is not ``self``, ``cls``
+  or ``super()`` and ``_name`` is not defined in the same file -- as ``self._name``/``cls._name``,
+  a class attribute, a module-level name, a ``def``/``class`` or an import there. A name the file
+  defines is its own object's (``other._x`` on another instance of the same class), so a module
+  may read its own privates wherever they live; ``getattr``/``setattr``/``hasattr``/``delattr``
+  with such a name spelled out count the same;
+* ``from a.b import _name`` and ``from a._b import name``: a private name or module imported
+  from elsewhere.
+
+A component that needs another's internals gets a public method for it instead. The few
+deliberate exceptions -- private APIs of Ray, torch and the standard library that we rely on
+knowingly, each with no public equivalent -- are listed in `ALLOWED` with the reason; an entry
+that no longer matches anything fails too, so the list only shrinks.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# Not source: the tests themselves (they may open up what they test), and what is not ours.
+NOT_SOURCE = {"tests", "build", "dist"}
+
+# (file relative to the repository root, the flagged expression as `ast.unparse` writes it): why.
+ALLOWED: dict[tuple[str, str], str] = {
+    ("infra/local_ray.py", "from ray._private import ray_constants"):
+        "Ray has no public switch for ENABLE_RAY_CLUSTER, which keeps a local Ray on loopback; guarded by ImportError",
+    ("infra/cli_admin.py", "argparse._SubParsersAction"):
+        "a type annotation: the standard library's only name for what add_subparsers returns",
+    ("infra/cli_serve.py", "argparse._SubParsersAction"):
+        "a type annotation: the standard library's only name for what add_subparsers returns",
+    ("kernels/cpu_linear.py", "torch.ops.mkldnn._reorder_linear_weight"):
+        "oneDNN's weight pre-packing exists only as a private torch op; probed with hasattr, falls back when absent",
+    ("kernels/cpu_linear.py", "torch.ops.mkldnn._linear_pointwise"):
+        "oneDNN's pre-packed linear exists only as a private torch op; probed with hasattr, falls back when absent",
+    ("kernels/cpu_linear.py", "hasattr(torch.ops.mkldnn, '_reorder_linear_weight')"):
+        "the probe for the private op above: without it the fp32 CPU path falls back to plain linear layers",
+    ("kernels/cpu_linear.py", "hasattr(torch.ops.mkldnn, '_linear_pointwise')"):
+        "the probe for the private op above: without it the fp32 CPU path falls back to plain linear layers",
+    ("loader/peer_link.py", "options._timeout"):
+        "a ProcessGroupNCCL built directly takes its timeout only through Options._timeout (torch has no public field)",
+}
+
+
+def _source_folders() -> list[str]:
+    """Every top-level folder of the repository holding Python source (a new one is walked too)."""
+    return sorted(p.name for p in ROOT.iterdir()
+                  if p.is_dir() and p.name not in NOT_SOURCE and not p.name.startswith(".")
+                  and not p.name.endswith(".egg-info") and any(p.rglob("*.py")))
+
+
+def _source_files() -> list[Path]:
+    return sorted(p for folder in _source_folders() for p in (ROOT / folder).rglob("*.py"))
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _own_names(tree: ast.Module) -> set[str]:
+    """The underscore names this file defines: on self/cls, in a class body, at module level,
+    as a def or class, or as an import."""
+    names: set[str] = set()
+
+    def add_target(target: ast.expr, *, bare: bool) -> None:
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
+                and target.value.id in ("self", "cls"):
+            names.add(target.attr)
+        elif bare and isinstance(target, ast.Name):
+            names.add(target.id)
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for element in target.elts:
+                add_target(element, bare=bare)
+
+    def visit(node: ast.AST, *, bare: bool) -> None:
+        """``bare``: a plain ``_name = ...`` here defines a name others can reach (module level,
+        class body), unlike a local variable inside a function."""
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(child.name)
+            elif isinstance(child, (ast.Import, ast.ImportFrom)):
+                names.update((alias.asname or alias.name).split(".")[0] for alias in child.names)
+            elif isinstance(child, ast.Assign):
+                for target in child.targets:
+                    add_target(target, bare=bare)
+            elif isinstance(child, (ast.AnnAssign, ast.AugAssign)):
+                add_target(child.target, bare=bare)
+            visit(child, bare=isinstance(child, ast.ClassDef))
+
+    visit(tree, bare=True)
+    return {name for name in names if _is_private(name)}
+
+
+_ATTRIBUTE_FUNCTIONS = ("getattr", "setattr", "hasattr", "delattr")
+
+
+def _named_attribute(node: ast.Call) -> tuple[ast.expr, str] | None:
+    """(object, name) of ``getattr(obj, "name", ...)`` and its siblings with the name spelled out."""
+    if isinstance(node.func, ast.Name) and node.func.id in _ATTRIBUTE_FUNCTIONS and len(node.args) >= 2 \
+            and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+        return node.args[0], node.args[1].value
+    return None
+
+
+def _is_own_object(node: ast.expr) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id in ("self", "cls")
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
+
+
+def _violations(path: Path, root: Path = ROOT) -> list[tuple[str, int, str]]:
+    """(file relative to `root`, line, expression) for each reach into another module's privates in `path`."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    own = _own_names(tree)
+    rel = path.relative_to(root).as_posix()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr) and node.attr not in own \
+                and not _is_own_object(node.value):
+            found.append((rel, node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call) and (named := _named_attribute(node)) is not None:
+            obj, name = named
+            if _is_private(name) and name not in own and not _is_own_object(obj):
+                found.append((rel, node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.module != "__future__":
+            private_module = any(_is_private(part) for part in node.module.split("."))
+            for alias in node.names:
+                if private_module or _is_private(alias.name):
+                    found.append((rel, node.lineno, f"from {node.module} import {alias.name}"))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if any(_is_private(part) for part in alias.name.split(".")):
+                    found.append((rel, node.lineno, f"import {alias.name}"))
+    return sorted(found)
+
+
+def test_the_walk_covers_the_source():
+    folders = set(_source_folders())
+    assert {"bench", "controller", "infra", "kernels", "loader", "migration", "storage", "worker"} <= folders
+    assert not folders & {"tests", ".venv"}
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("engine._tracked", [(1, "engine._tracked")]),
+    ("self._x\ncls._y\nsuper()._z\nobj.__dict__\nobj.public", []),
+    ("class A:\n    def __init__(self):\n        self._x = 1\n"
+     "    def same(self, other):\n        return other._x\n", []),
+    ("class A:\n    _limit = 3\nA._limit\nB._other", [(4, "B._other")]),
+    ("def f():\n    _local = 1\n    return obj._local", [(3, "obj._local")]),
+    ("from worker.engine_migration import _pause, freeze_request",
+     [(1, "from worker.engine_migration import _pause")]),
+    ("from ray._private import services", [(1, "from ray._private import services")]),
+    ("import ray._private.services", [(1, "import ray._private.services")]),
+    ("import os\nos._exit(1)", [(2, "os._exit")]),
+    ("from worker.engine import _Tracked\nx._Tracked", [(1, "from worker.engine import _Tracked")]),
+    ("getattr(engine, '_zigzag', None)\nsetattr(self, '_x', 1)\nhasattr(obj, 'public')",
+     [(1, "getattr(engine, '_zigzag', None)")]),
+])
+def test_the_check_flags_exactly_foreign_privates(tmp_path, source, expected):
+    path = tmp_path / "m.py"
+    path.write_text(source)
+    assert _violations(path, tmp_path) == [("m.py", line, expr) for line, expr in expected]
+
+
+def test_no_module_reads_another_modules_private_attributes():
+    found = [v for path in _source_files() for v in _violations(path)]
+    unexplained = [f"{file}:{line}: {expr}" for file, line, expr in found if (file, expr) not in ALLOWED]
+    assert unexplained == [], (
+        "these reach into another module's underscore attributes; add a public method to the owner "
+        "(or, for a deliberate exception, an entry with its reason in ALLOWED):\n" + "\n".join(unexplained)
+    )
+
+
+def test_every_exception_is_still_needed():
+    found = {(file, expr) for path in _source_files() for file, _, expr in _violations(path)}
+    stale = sorted(set(ALLOWED) - found)
+    assert stale == [], f"these ALLOWED entries no longer match anything; remove them: {stale}"
