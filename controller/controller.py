@@ -39,7 +39,8 @@ gateways' to enforce, from `tenant_quotas`.
 
 The registry (deploy, update, delete, scale, tenants' quotas) is `ModelRegistry`'s; the controller
 forwards to it and gives it what a change means for the cluster (stopping a deleted model's
-instances, dropping stale node copies).
+instances, dropping stale node copies). What the gateway reads of the models is `model_records`
+(`wire.ModelRecord`: queue limits, the deploy time, how each instance was loaded).
 
 Durable state (specs, tenants, quotas, desired counts, a record per worker) is in the state store; the
 worker record is written before its actor exists, so a crash can leave a record without an
@@ -79,6 +80,7 @@ from controller.spare_pool import SparePool
 from controller.state_store import StateStore, open_state_store
 from controller.tenant_quota import instances_over_quota
 from storage import ModelRepository, open_repository
+from wire import InstanceLoadRecord, ModelRecord
 
 logger = logging.getLogger(__name__)
 
@@ -210,6 +212,19 @@ class Controller:
 
     def list_models(self, tenant: str | None = None) -> list[dict[str, Any]]:
         return self._registry.list_models(tenant)
+
+    def model_records(self) -> list[ModelRecord]:
+        """Every deployed model as the gateway reads it (`wire.ModelRecord`: its queue limits,
+        when it was deployed, how its instances were loaded), sorted by model id."""
+        return [self._model_record(state) for _, state in sorted(self._models.items())]
+
+    def model_record(self, model_id: str) -> ModelRecord:
+        """One model's `wire.ModelRecord`; `InvalidSpecError` for a malformed id, `UnknownModelError`."""
+        return self._model_record(self._registry.model(model_id))
+
+    def _model_record(self, state: ModelState) -> ModelRecord:
+        return state.record(InstanceLoadRecord(instance_id=i.instance_id, tier=i.tier, load_s=i.load_s)
+                            for i in self._instances.of_model(state.model_id))
 
     def get_model(self, model_id: str) -> dict[str, Any]:
         """Spec, instances, desired count, queue, last scale decision, last placement with estimates."""

@@ -33,6 +33,7 @@ from controller.controller import Controller
 from controller.controller_config import ControllerConfig
 from controller.ray_cluster_client import RayClusterClient
 from controller.slot_outlook import SlotOutlook
+from wire import ModelRecord
 
 DEFAULT_CONTROLLER_NAME = "thaw-controller"
 logger = logging.getLogger(__name__)
@@ -67,6 +68,12 @@ class ControllerActor:
 
     async def get_model(self, model_id: str) -> dict[str, Any]:
         return self._controller.get_model(model_id)
+
+    async def model_records(self) -> list[ModelRecord]:
+        return self._controller.model_records()
+
+    async def model_record(self, model_id: str) -> ModelRecord:
+        return self._controller.model_record(model_id)
 
     async def set_tenant_quota(self, tenant: str, quota: dict[str, Any]) -> dict[str, Any]:
         return self._controller.set_tenant_quota(tenant, quota)

@@ -112,7 +112,8 @@ class ModelRegistry:
                 self._store.set_desired_instances(spec.model_id, spec.autoscaling.min_instances)
                 self._models[spec.model_id] = ModelState(spec, published.repository_name,
                                                          spec.autoscaling.min_instances,
-                                                         num_bytes=published.num_bytes, usage=self._usage_meter())
+                                                         num_bytes=published.num_bytes, usage=self._usage_meter(),
+                                                         deployed_s=self._wall_clock())
         self._record(event_to_dict("deployed", spec.model_id, f"repository model {published.repository_name} "
                                    f"({published.num_bytes} bytes{', pushed' if published.pushed else ''})",
                                    self._wall_clock()))

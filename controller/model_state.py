@@ -4,7 +4,9 @@ Durable: the spec and the desired count (`num_desired_instances`, saved in the s
 every change so a restarted controller resumes at the same scale). Volatile, rebuilt after a
 restart: the autoscaler's `AutoscaleState` (a lost one only makes the next move wait its delay
 again), when a request was last seen, the gateways' queue reports, the model's size, the last
-scale and placement decisions, and the back-off after failed starts.
+scale and placement decisions, the back-off after failed starts, and when the model was deployed
+(`deployed_s`, which the state store does not keep yet: None for a model a restarted controller
+loaded from it). `record` is the model as the gateway reads it (`wire.ModelRecord`).
 
 Queue reports are levels per reporter (one per gateway replica), not increments: a gateway
 reports how many requests wait for the model now and how long the oldest of them has waited,
@@ -15,12 +17,14 @@ with age: the frequency the eviction policy weighs.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from controller.autoscale_policy import AutoscaleState
 from controller.model_spec import ModelSpec
 from controller.usage_meter import UsageMeter
+from wire import InstanceLoadRecord, ModelRecord
 
 DEFAULT_USAGE_HALF_LIFE_S = 300.0
 
@@ -42,10 +46,18 @@ class ModelState:
     last_placement: dict[str, Any] | None = None
     num_failed_starts: int = 0
     next_start_s: float = 0.0
+    deployed_s: float | None = None  # Unix time of the deploy; None when unknown (see the module docstring)
 
     @property
     def model_id(self) -> str:
         return self.spec.model_id
+
+    def record(self, instances: Iterable[InstanceLoadRecord] = ()) -> ModelRecord:
+        """The model as the gateway reads it, with its `instances` (how each was loaded)."""
+        autoscaling = self.spec.autoscaling
+        return ModelRecord(model_id=self.model_id, deployed_s=self.deployed_s, max_model_len=self.spec.max_model_len,
+                           max_queued_requests=autoscaling.max_queued_requests,
+                           queue_timeout_s=autoscaling.queue_timeout_s, instances=tuple(instances))
 
     def report_queue(self, reporter: str, num_queued: int, now: float, oldest_wait_s: float = 0.0) -> None:
         self.queue_reports[reporter] = (num_queued, max(0.0, oldest_wait_s), now)

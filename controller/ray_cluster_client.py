@@ -8,45 +8,31 @@ Every worker, spares included, is a `migration.MigratableInstanceActor`: an inst
 can also hand its requests to another and take theirs in, so drain, rebalancing and the
 gateway's recovery can move any request the platform serves.
 
-Ray's errors are translated here and nowhere else: a dead actor (`RayActorError`) becomes
-`ActorGoneError`, an actor that is only unreachable for now (`ActorUnavailableError`) or slow
-becomes `TimeoutError`, and an error the actor raised on purpose (`RayTaskError`, e.g. a
-failed load) is raised as its cause. Blocking Ray calls (name lookups, node listing) run in a
-thread so they never stall the controller's event loop.
+Every actor call is awaited through `wire.call`, which translates Ray's errors the way every
+other Ray caller in thaw does: a dead actor becomes `ActorGoneError`, an actor that is only
+unreachable for now (`wire.ActorUnreachableError`) or slow becomes a `TimeoutError`, and an error
+the actor raised on purpose (e.g. a failed load, a full tier) is raised as itself. Blocking Ray
+calls (name lookups, node listing) run in a thread so they never stall the controller's event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
-from controller.cluster_client import (NODE_STORE_ACTOR_PREFIX, WORKER_ACTOR_PREFIX, ActorGoneError, ClusterClient,
-                                       node_store_actor_name)
+from controller.cluster_client import (NODE_STORE_ACTOR_PREFIX, WORKER_ACTOR_PREFIX, ActorGoneError, ActorHandle,
+                                       ClusterClient, node_store_actor_name)
 from controller.cluster_node import RayNodeInfo
 from storage import NodeStoreConfig, NodeStoreReport, RepositoryConfig
+from wire import call
+
+if TYPE_CHECKING:
+    from loader import StreamConfig
+    from migration import MigrationOutcome, ParkedRequest
+    from worker import EngineConfig, InstanceLoad, InstanceStats, PeerWeights
 
 logger = logging.getLogger(__name__)
-
-
-async def _call(ref: Any, timeout_s: float) -> Any:
-    """Await one actor call with a deadline, translating Ray's errors (see the module docstring)."""
-    import ray
-
-    async def wait() -> Any:
-        return await ref
-
-    try:
-        return await asyncio.wait_for(wait(), timeout_s)
-    except ray.exceptions.ActorUnavailableError as exc:
-        raise TimeoutError(f"actor unavailable: {exc}") from exc
-    except ray.exceptions.RayActorError as exc:
-        raise ActorGoneError(str(exc)) from exc
-    except ray.exceptions.RayTaskError as exc:
-        cause = exc.cause
-        if isinstance(cause, BaseException):
-            raise cause from exc
-        raise
 
 
 class RayClusterClient(ClusterClient):
@@ -63,7 +49,7 @@ class RayClusterClient(ClusterClient):
         return [RayNodeInfo(ray_node_id=node["NodeID"], num_gpus=int(node.get("Resources", {}).get("GPU", 0)))
                 for node in nodes if node.get("Alive")]
 
-    async def _find(self, name: str) -> Any | None:
+    async def _find(self, name: str) -> ActorHandle | None:
         import ray
 
         try:
@@ -73,7 +59,7 @@ class RayClusterClient(ClusterClient):
 
     # --- node stores ------------------------------------------------------------------------
 
-    async def connect_node_store(self, node_id: str, ray_node_id: str, config: NodeStoreConfig) -> Any:
+    async def connect_node_store(self, node_id: str, ray_node_id: str, config: NodeStoreConfig) -> ActorHandle:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -94,26 +80,26 @@ class RayClusterClient(ClusterClient):
         logger.info("started node store %s on Ray node %s", name, ray_node_id)
         return handle
 
-    async def node_store_report(self, store: Any, timeout_s: float) -> NodeStoreReport:
-        return await _call(store.report.remote(), timeout_s)
+    async def node_store_report(self, store: ActorHandle, timeout_s: float) -> NodeStoreReport:
+        return await call(store.report.remote(), timeout_s)
 
-    async def pin_checkpoint(self, store: Any, model: str, tier: str, timeout_s: float) -> str:
-        return await _call(store.pin.remote(model, tier), timeout_s)
+    async def pin_checkpoint(self, store: ActorHandle, model: str, tier: str, timeout_s: float) -> str:
+        return await call(store.pin.remote(model, tier), timeout_s)
 
-    async def prefetch_checkpoint(self, store: Any, model: str, tier: str, timeout_s: float) -> str:
-        return await _call(store.ensure.remote(model, tier), timeout_s)
+    async def prefetch_checkpoint(self, store: ActorHandle, model: str, tier: str, timeout_s: float) -> str:
+        return await call(store.ensure.remote(model, tier), timeout_s)
 
-    async def unpin_checkpoint(self, store: Any, model: str, tier: str, timeout_s: float) -> bool:
-        return await _call(store.unpin.remote(model, tier), timeout_s)
+    async def unpin_checkpoint(self, store: ActorHandle, model: str, tier: str, timeout_s: float) -> bool:
+        return await call(store.unpin.remote(model, tier), timeout_s)
 
-    async def invalidate_checkpoint(self, store: Any, model: str, tier: str, timeout_s: float) -> bool:
-        return await _call(store.invalidate.remote(model, tier), timeout_s)
+    async def invalidate_checkpoint(self, store: ActorHandle, model: str, tier: str, timeout_s: float) -> bool:
+        return await call(store.invalidate.remote(model, tier), timeout_s)
 
-    async def stop_node_store(self, store: Any, timeout_s: float) -> None:
+    async def stop_node_store(self, store: ActorHandle, timeout_s: float) -> None:
         import ray
 
         try:
-            await _call(store.close.remote(), timeout_s)
+            await call(store.close.remote(), timeout_s)
         except (ActorGoneError, TimeoutError):
             pass
         finally:
@@ -121,58 +107,63 @@ class RayClusterClient(ClusterClient):
 
     # --- workers ----------------------------------------------------------------------------
 
-    def start_worker(self, *, instance_id: str, model_id: str, model_dir: str | None, engine_config: Any,
-                     actor_name: str, ray_node_id: str, num_cpus: float, num_gpus: float, peer: Any = None) -> Any:
+    def start_worker(self, *, instance_id: str, model_id: str, model_dir: str | None, engine_config: EngineConfig,
+                     actor_name: str, ray_node_id: str, num_cpus: float, num_gpus: float,
+                     peer: PeerWeights | None = None) -> ActorHandle:
         from migration import start_migratable_instance
 
         return start_migratable_instance(instance_id, model_id, model_dir, engine_config, name=actor_name,
                                          namespace=self.namespace, node_id=ray_node_id, num_cpus=num_cpus,
                                          num_gpus=num_gpus, detached=True, peer=peer)
 
-    def start_spare_worker(self, *, actor_name: str, ray_node_id: str) -> Any:
+    def start_spare_worker(self, *, actor_name: str, ray_node_id: str) -> ActorHandle:
         from migration import start_migratable_spare
 
         return start_migratable_spare(name=actor_name, namespace=self.namespace, node_id=ray_node_id, detached=True)
 
-    async def spare_warm(self, handle: Any, timeout_s: float, *, weight_bytes: int = 0, kv_bytes: int = 0) -> float:
-        return await _call(handle.warm.remote(weight_bytes, kv_bytes), timeout_s)
+    async def spare_warm(self, handle: ActorHandle, timeout_s: float, *, weight_bytes: int = 0,
+                         kv_bytes: int = 0) -> float:
+        return await call(handle.warm.remote(weight_bytes, kv_bytes), timeout_s)
 
-    async def assign_worker(self, handle: Any, *, instance_id: str, model_id: str, model_dir: str | None,
-                            engine_config: Any, num_threads: int, timeout_s: float, peer: Any = None) -> None:
-        await _call(handle.assign.remote(instance_id, model_id, model_dir, engine_config, num_threads, peer), timeout_s)
+    async def assign_worker(self, handle: ActorHandle, *, instance_id: str, model_id: str, model_dir: str | None,
+                            engine_config: EngineConfig, num_threads: int, timeout_s: float,
+                            peer: PeerWeights | None = None) -> None:
+        await call(handle.assign.remote(instance_id, model_id, model_dir, engine_config, num_threads, peer), timeout_s)
 
-    async def stream_weights(self, handle: Any, num_receivers: int, config: Any, timeout_s: float) -> Any:
-        return await _call(handle.stream_weights.remote(num_receivers, config), timeout_s)
+    async def stream_weights(self, handle: ActorHandle, num_receivers: int, config: StreamConfig | None,
+                             timeout_s: float) -> PeerWeights:
+        return await call(handle.stream_weights.remote(num_receivers, config), timeout_s)
 
-    async def supply_fallback(self, handle: Any, model_dir: str, timeout_s: float) -> None:
-        await _call(handle.supply_fallback.remote(model_dir), timeout_s)
+    async def supply_fallback(self, handle: ActorHandle, model_dir: str, timeout_s: float) -> None:
+        await call(handle.supply_fallback.remote(model_dir), timeout_s)
 
-    async def find_worker(self, actor_name: str) -> Any | None:
+    async def find_worker(self, actor_name: str) -> ActorHandle | None:
         return await self._find(actor_name)
 
-    async def worker_ready(self, handle: Any, timeout_s: float) -> Any:
-        return await _call(handle.ready.remote(), timeout_s)
+    async def worker_ready(self, handle: ActorHandle, timeout_s: float) -> InstanceLoad:
+        return await call(handle.ready.remote(), timeout_s)
 
-    async def worker_stats(self, handle: Any, timeout_s: float) -> Any:
-        return await _call(handle.stats.remote(), timeout_s)
+    async def worker_stats(self, handle: ActorHandle, timeout_s: float) -> InstanceStats:
+        return await call(handle.stats.remote(), timeout_s)
 
-    async def stop_worker(self, handle: Any, timeout_s: float) -> None:
+    async def stop_worker(self, handle: ActorHandle, timeout_s: float) -> None:
         import ray
 
         try:
-            await _call(handle.shutdown.remote(timeout_s), timeout_s + 5.0)
+            await call(handle.shutdown.remote(timeout_s), timeout_s + 5.0)
         except (ActorGoneError, TimeoutError):
             pass
         finally:
             ray.kill(handle, no_restart=True)
 
-    async def release_worker(self, handle: Any, timeout_s: float) -> None:
-        await _call(handle.release_model.remote(timeout_s), timeout_s + 5.0)
+    async def release_worker(self, handle: ActorHandle, timeout_s: float) -> None:
+        await call(handle.release_model.remote(timeout_s), timeout_s + 5.0)
 
-    async def worker_request_ids(self, handle: Any, timeout_s: float) -> list[str]:
-        return await _call(handle.request_ids.remote(), timeout_s)
+    async def worker_request_ids(self, handle: ActorHandle, timeout_s: float) -> list[str]:
+        return await call(handle.request_ids.remote(), timeout_s)
 
-    async def park_requests(self, handle: Any, instance_id: str, max_bytes: int, timeout_s: float) -> dict[str, Any]:
+    async def park_requests(self, handle: ActorHandle, instance_id: str, max_bytes: int,
+                            timeout_s: float) -> dict[str, ParkedRequest]:
         from migration import ParkingEndpoint, RayEndpoint, RayObjectKVTransport, migrate_by_kv
 
         request_ids = await self.worker_request_ids(handle, timeout_s)
@@ -184,7 +175,8 @@ class RayClusterClient(ClusterClient):
                                timeout_s)
         return dict(parking.parked)
 
-    async def unpark_requests(self, handle: Any, instance_id: str, parked: list[Any], timeout_s: float) -> list[str]:
+    async def unpark_requests(self, handle: ActorHandle, instance_id: str, parked: list[ParkedRequest],
+                              timeout_s: float) -> list[str]:
         from migration import RayEndpoint, replay
 
         dest = RayEndpoint(handle, instance_id)
@@ -192,11 +184,12 @@ class RayClusterClient(ClusterClient):
                                          timeout_s)
         return [p.request_id for p, result in zip(parked, results) if not isinstance(result, BaseException)]
 
-    async def suspend_requests(self, handle: Any, timeout_s: float) -> list[str]:
-        return await _call(handle.suspend_requests.remote(), timeout_s)
+    async def suspend_requests(self, handle: ActorHandle, timeout_s: float) -> list[str]:
+        return await call(handle.suspend_requests.remote(), timeout_s)
 
-    async def migrate_requests(self, source: Any, source_instance_id: str, dest: Any, dest_instance_id: str,
-                               request_ids: list[str], method: str, timeout_s: float) -> list[Any]:
+    async def migrate_requests(self, source: ActorHandle, source_instance_id: str, dest: ActorHandle,
+                               dest_instance_id: str, request_ids: list[str], method: str,
+                               timeout_s: float) -> list[MigrationOutcome]:
         from migration import RayEndpoint, migrate_requests
 
         # The protocols never raise for a failed migration and undo it themselves; the deadline

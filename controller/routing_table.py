@@ -8,25 +8,14 @@ figure moved -- and never otherwise, so an unchanged version means an unchanged 
 
 Only READY instances are listed: an instance still loading would make the gateway wait on it
 instead of queueing, and one being stopped must receive no new request.
+
+A route is `wire.InstanceRoute` (here called `Route`): the gateway reads the table's route dicts
+with the same record that wrote them.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
-
-@dataclass(frozen=True)
-class Route:
-    """One ready instance as the gateway reaches it: the named actor, and its load at the last tick."""
-
-    instance_id: str
-    actor_name: str
-    namespace: str
-    node_id: str
-    num_ongoing_requests: int
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+from wire import InstanceRoute as Route
 
 
 class RoutingTable:

@@ -3,18 +3,21 @@
 One small async wrapper over the controller's handle, so that everything in `infra/` that talks
 to the controller does it the same way — with a timeout on every call, and with the
 controller's deliberate errors (an unknown model, an invalid spec, a conflicting deploy)
-raised as themselves rather than inside Ray's wrapper — and so tests can swap in a fake with
-the same coroutines. A controller that is gone or too slow is `ControllerUnavailable`, which
-the HTTP layers answer with 503.
+raised as themselves rather than inside Ray's wrapper (`wire.call` translates them, as it does
+for every Ray caller) — and so tests can swap in a fake with the same coroutines. A controller
+that is gone or too slow is `ControllerUnavailable`, which the HTTP layers answer with 503.
+
+What the gateway reads of the models comes typed (`model_records`, `model_record`: the
+`wire.ModelRecord` the controller builds); the admin API's calls pass the controller's dicts on.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Any
 
 from controller import SlotOutlook
+from wire import ActorGoneError, ModelRecord, call
 
 
 class ControllerUnavailable(Exception):
@@ -32,18 +35,12 @@ class ControllerClient:
         self.reporter = reporter  # names this gateway replica in its queue reports
 
     async def _call(self, method: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
-        """``method.remote(*args, **kwargs)``, awaited for at most `timeout_s` (default: the client's)."""
-        import ray
-
+        """``method.remote(*args, **kwargs)``, awaited for at most `timeout_s` (default: the client's);
+        the controller's own errors (`UnknownModelError`, ...) raised as themselves."""
         try:
             ref = getattr(self._handle, method).remote(*args, **kwargs)
-            return await asyncio.wait_for(ref, timeout_s or self._call_timeout_s)
-        except ray.exceptions.RayTaskError as exc:
-            cause = exc.cause
-            if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
-                raise cause from None  # the controller's own error (UnknownModelError, ...)
-            raise
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, asyncio.TimeoutError) as exc:
+            return await call(ref, timeout_s or self._call_timeout_s)
+        except (ActorGoneError, TimeoutError) as exc:  # dead, unreachable for now, or too slow
             raise ControllerUnavailable(f"the controller did not answer {method}: {type(exc).__name__}") from exc
 
     # ---- models --------------------------------------------------------------------------
@@ -62,6 +59,14 @@ class ControllerClient:
 
     async def get_model(self, model_id: str) -> dict[str, Any]:
         return await self._call("get_model", model_id)
+
+    async def model_records(self) -> list[ModelRecord]:
+        """Every deployed model as the gateway reads it, sorted by id."""
+        return list(await self._call("model_records"))
+
+    async def model_record(self, model_id: str) -> ModelRecord:
+        """One model's record; the controller's `UnknownModelError` (a `LookupError`) when it is not deployed."""
+        return await self._call("model_record", model_id)
 
     async def scale(self, model_id: str, min_instances: int | None = None,
                     max_instances: int | None = None) -> dict[str, Any]:

@@ -15,21 +15,26 @@ A backend that queues requests for a cold or saturated model may also yield `Que
 records while a request waits, which the gateway turns into SSE comment lines for streaming
 clients (so a quiet connection is not timed out, and a user sees why it waits).
 
-Messages carrying prompt or completion text print without it (house rule: logs never leak
-prompts), so `GenerationChunk`'s text is left out of its repr.
+What a request is and what its stream carries -- `Prompt`, `SamplingParams`, `GenerationChunk`
+-- are the platform's records from `wire/` (re-exported here), the same the workers use, so a
+backend passes a worker's chunks on as they are; `wire` needs neither torch nor Ray, so neither
+does the gateway's app. Messages carrying prompt or completion text print without it (house
+rule: logs never leak prompts).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from worker import SamplingParams
+from wire import GenerationChunk, Prompt, SamplingParams
 
-# A completion prompt (text or token ids) or a chat: messages as {"role": ..., "content": ...}
-# dicts with string content, the form `worker.Tokenizer.encode_chat` renders.
-Prompt = str | Sequence[int] | Sequence[dict[str, str]]
+__all__ = [
+    "BackendError", "BackendUnavailable", "ContextLengthExceeded", "GatewayBackend", "GenerationChunk",
+    "InvalidRequest", "ModelCard", "ModelNotFound", "ModelOverloaded", "Prompt", "QueueProgress", "QueueTimeout",
+    "RequestFailed", "SamplingParams",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,25 +53,6 @@ class ModelCard:
             raise ValueError(f"owned_by must be a non-empty string, got {self.owned_by!r}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be None or >= 1, got {self.max_model_len!r}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class GenerationChunk:
-    """One step's news for one request: text and tokens added since the last chunk.
-
-    The counts are running totals, so the last chunk holds the request's usage.
-    `queue_s` is set on the first chunk by backends that queue requests (time spent waiting
-    for a ready instance); None where the backend has no queue.
-    """
-
-    request_id: str
-    text: str = field(repr=False)
-    token_ids: tuple[int, ...]
-    finished: bool
-    finish_reason: str | None  # "stop", "length" or "abort" once finished
-    num_prompt_tokens: int
-    num_output_tokens: int
-    queue_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,17 +1,17 @@
-"""What the gateway keeps of a deployed model: `ModelInfo`, read from the controller's model record.
+"""What the gateway keeps of a deployed model: `ModelInfo`, read from the controller's `wire.ModelRecord`.
 
-The card `GET /v1/models` shows and the limits of the model's request queue (how many may wait,
-and for how long), taken from the spec's autoscaling section with the spec's own defaults where
-a record leaves them out. Kept apart from `RayGatewayBackend`, which only looks them up.
+The card `GET /v1/models` shows (its ``created`` is when the controller deployed the model) and
+the limits of the model's request queue (how many may wait, and for how long). The record is the
+one the controller builds (`Controller.model_records`), so no key is guessed here. Kept apart from
+`RayGatewayBackend`, which only looks them up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from infra.gateway_backend import ModelCard
+from wire import ModelRecord
 
 __all__ = ["ModelInfo", "model_info_from_record"]
 
@@ -25,14 +25,13 @@ class ModelInfo:
     queue_timeout_s: float
 
 
-def model_info_from_record(record: Mapping[str, Any]) -> ModelInfo:
-    """A model record of the controller (its spec, flat or under ``"spec"``) as `ModelInfo`."""
-    spec = record.get("spec", record)
-    model_id = record.get("model_id") or spec.get("model_id") or f"{spec['tenant']}/{spec['name']}"
-    tenant = model_id.partition("/")[0]
-    autoscaling = spec.get("autoscaling") or {}
-    created = record.get("created_s", record.get("deployed_s", spec.get("created_s", 0))) or 0
-    card = ModelCard(model_id=model_id, owned_by=tenant, created_s=int(created),
-                     max_model_len=record.get("max_model_len") or spec.get("max_model_len"))
-    return ModelInfo(card=card, max_queued_requests=int(autoscaling.get("max_queued_requests", 100)),
-                      queue_timeout_s=float(autoscaling.get("queue_timeout_s", 60.0)))
+def model_info_from_record(record: ModelRecord) -> ModelInfo:
+    """The controller's record of a model as `ModelInfo`. A model whose deploy time the controller
+    does not know (deployed before it restarted) shows ``created`` 0, as OpenAI's field needs an int."""
+    if not isinstance(record, ModelRecord):
+        raise TypeError(f"expected a wire.ModelRecord from the controller, got {type(record).__name__}")
+    card = ModelCard(model_id=record.model_id, owned_by=record.tenant,
+                     created_s=int(record.deployed_s) if record.deployed_s is not None else 0,
+                     max_model_len=record.max_model_len)
+    return ModelInfo(card=card, max_queued_requests=record.max_queued_requests,
+                     queue_timeout_s=record.queue_timeout_s)

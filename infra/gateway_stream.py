@@ -40,11 +40,10 @@ from pydantic import BaseModel
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from infra.gateway_backend import BackendError, GatewayBackend, GenerationChunk, Prompt, QueueProgress
+from infra.gateway_backend import BackendError, GatewayBackend, GenerationChunk, Prompt, QueueProgress, SamplingParams
 from infra.gateway_metrics import GatewayMetrics
 from infra.openai_errors import OpenAIError, error_from_backend, internal_error
 from infra.openai_protocol import Usage
-from worker import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +114,7 @@ class GenerationStream:
         if chunk.finished:
             self._ended = True
             self._metrics.record_finished(model, now - self.info.arrival_s, chunk.num_prompt_tokens,
-                                          chunk.num_output_tokens)
+                                          chunk.num_completion_tokens)
 
     async def close(self) -> None:
         """Aborts the request unless the backend already finished it, and closes the backend's
@@ -288,4 +287,4 @@ def _sse_comment(text: str) -> bytes:
 
 
 def _usage(chunk: GenerationChunk) -> Usage:
-    return Usage.of(chunk.num_prompt_tokens, chunk.num_output_tokens)
+    return Usage.of(chunk.num_prompt_tokens, chunk.num_completion_tokens)

@@ -1,24 +1,31 @@
-"""An instance's answers in the gateway's terms: its chunks as `GenerationChunk`s, its refusals as
-`InvalidRequest`s (a prompt over the context as `ContextLengthExceeded`). The worker names some
-things differently (``num_completion_tokens``); this is the one place that translates.
+"""An instance's answers in the gateway's terms: its chunks with the request's queue time, its
+refusals as `InvalidRequest`s (a prompt over the context as `ContextLengthExceeded`).
+
+Chunks are `wire.GenerationChunk`s on both sides, so a chunk needs no translation, only the
+gateway's ``queue_s``. A chunk of another type with the same fields is copied into one: the
+worker's own chunk class, until `worker.instance_worker` yields `wire.GenerationChunk` itself.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from infra.gateway_backend import ContextLengthExceeded, GenerationChunk, InvalidRequest
-from worker import InvalidRequestError
+
+if TYPE_CHECKING:
+    from worker import InvalidRequestError
 
 __all__ = ["gateway_chunk", "invalid_request"]
 
+_CHUNK_FIELDS = tuple(f.name for f in dataclasses.fields(GenerationChunk) if f.name != "queue_s")
+
 
 def gateway_chunk(chunk: Any, queue_s: float | None) -> GenerationChunk:
-    """A worker's chunk as the gateway's (`worker.GenerationChunk` names the counts differently)."""
-    return GenerationChunk(request_id=chunk.request_id, text=chunk.text, token_ids=tuple(chunk.token_ids),
-                           finished=chunk.finish_reason is not None, finish_reason=chunk.finish_reason,
-                           num_prompt_tokens=chunk.num_prompt_tokens, num_output_tokens=chunk.num_completion_tokens,
-                           queue_s=queue_s)
+    """An instance's chunk with the gateway's `queue_s` (set on a request's first chunk only)."""
+    if isinstance(chunk, GenerationChunk):
+        return chunk if chunk.queue_s == queue_s else dataclasses.replace(chunk, queue_s=queue_s)
+    return GenerationChunk(**{name: getattr(chunk, name) for name in _CHUNK_FIELDS}, queue_s=queue_s)
 
 
 def invalid_request(exc: InvalidRequestError) -> InvalidRequest:

@@ -74,8 +74,8 @@ class LocalEngineBackend:
                 async for out in outputs:
                     yield GenerationChunk(
                         request_id=request_id, text=out.new_text, token_ids=out.new_token_ids,
-                        finished=out.finished, finish_reason=out.finish_reason,
-                        num_prompt_tokens=out.num_prompt_tokens, num_output_tokens=out.num_output_tokens,
+                        finish_reason=out.finish_reason,
+                        num_prompt_tokens=out.num_prompt_tokens, num_completion_tokens=out.num_output_tokens,
                         queue_s=0.0 if first else None,  # an in-process engine is always ready
                     )
                     first = False

@@ -6,7 +6,7 @@ worker, with every bad field named (``temperature: Input should be greater than 
 ``ignore_eos`` are the vLLM extensions clients send through ``extra_body``. Three kinds of
 field are told apart on purpose:
 
-- supported: mapped one to one onto `worker.SamplingParams` by `to_sampling_params`;
+- supported: mapped one to one onto `wire.SamplingParams` by `to_sampling_params`;
 - known to OpenAI but not served here (``n > 1``, ``logprobs``, penalties, tools): accepted at
   their neutral value, refused with "not supported" otherwise, so a client never silently
   gets something other than it asked for;
@@ -24,8 +24,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from infra.gateway_backend import GenerationChunk, InvalidRequest
-from worker import SamplingParams
+from infra.gateway_backend import GenerationChunk, InvalidRequest, SamplingParams
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _MAX_SEED_EXCLUSIVE = 2**64
@@ -255,9 +254,9 @@ class Usage(BaseModel):
     total_tokens: int
 
     @classmethod
-    def of(cls, num_prompt_tokens: int, num_output_tokens: int) -> Usage:
-        return cls(prompt_tokens=num_prompt_tokens, completion_tokens=num_output_tokens,
-                   total_tokens=num_prompt_tokens + num_output_tokens)
+    def of(cls, num_prompt_tokens: int, num_completion_tokens: int) -> Usage:
+        return cls(prompt_tokens=num_prompt_tokens, completion_tokens=num_completion_tokens,
+                   total_tokens=num_prompt_tokens + num_completion_tokens)
 
 
 class CompletionChoice(BaseModel):

@@ -88,7 +88,8 @@ from infra.queue_outlooks import QueueOutlooks
 from infra.queue_ticket import QueueTicket, RequestPlace, prune_settled
 from infra.ray_backend_config import RayBackendConfig
 from infra.serving_cluster import InstanceGone, InstanceRoute, ServingCluster
-from worker import SUSPENDED, InvalidRequestError, RequestFailedError, SamplingParams
+from wire import SUSPENDED, ModelRecord, SamplingParams
+from worker import InvalidRequestError, RequestFailedError
 
 __all__ = ["RayBackendConfig", "RayGatewayBackend", "model_info_from_record"]
 
@@ -121,7 +122,7 @@ class RayGatewayBackend:
         self._outlooks = QueueOutlooks(self._config.retry_after_s, self._config.max_retry_after_s)
         self._unknown = NegativeCache(self._config.unknown_model_ttl_s, clock=clock)  # names found not deployed
         self._raw_table: Mapping[str, Any] | None = None
-        self._raw_records: list[Mapping[str, Any]] | None = None
+        self._raw_records: list[ModelRecord] | None = None
         self._last_refresh_ok: float | None = None
         self._wake: asyncio.Event | None = None  # set: report demand now
         self._tasks: list[asyncio.Task[None]] = []
@@ -212,9 +213,8 @@ class RayGatewayBackend:
                 else:
                     route = admitted
                 if route is None:  # aborted while it waited
-                    yield GenerationChunk(request_id=request_id, text="", token_ids=(), finished=True,
-                                          finish_reason="abort", num_prompt_tokens=0,
-                                          num_output_tokens=len(sent_token_ids),
+                    yield GenerationChunk(request_id=request_id, text="", token_ids=(), finish_reason="abort",
+                                          num_prompt_tokens=0, num_completion_tokens=len(sent_token_ids),
                                           queue_s=self._clock() - arrival if first else None)
                     return
                 if first:
@@ -499,13 +499,12 @@ class RayGatewayBackend:
             except Exception as exc:  # noqa: BLE001 - metrics must not break routing
                 logger.warning("reading %s's instances for the cold-start metrics failed: %s", model_id, exc)
                 continue
-            for instance in (record or {}).get("instances", ()):
-                if instance.get("instance_id") in instance_ids and instance.get("load_s") is not None:
-                    self._metrics.record_cold_start(model_id, instance.get("tier") or "unknown",
-                                                    float(instance["load_s"]))
+            for instance in record.instances if record is not None else ():
+                if instance.instance_id in instance_ids and instance.load_s is not None:
+                    self._metrics.record_cold_start(model_id, instance.tier or "unknown", instance.load_s)
 
     def _apply(self, version: int, table: Mapping[str, list[Mapping[str, Any]]],
-               records: list[Mapping[str, Any]]) -> dict[str, set[str]]:
+               records: list[ModelRecord]) -> dict[str, set[str]]:
         """Takes a new routing table and model list; hands new capacity to waiting requests.
         Returns the instances that were not in the previous table, by model."""
         # Compared by content, not only by version: a restarted controller counts from 0 again.

@@ -3,12 +3,15 @@
 `RayGatewayBackend` never touches Ray itself: every controller call and every instance stream
 goes through this small interface, so the backend's routing, queueing and retry logic is unit
 tested against a fake in plain asyncio (house rule, after Ray Serve's wrapper classes), and the
-Ray-specific parts — awaiting object refs, resolving named actors, unwrapping errors — live in
-one place that the end-to-end tests exercise for real.
+Ray-specific parts — awaiting object refs, resolving named actors, telling Ray's errors apart —
+live in one place that the end-to-end tests exercise for real.
 
-What crosses it is plain data: the controller's routing table and model records as dicts (its
-wire format), `InstanceRoute`s, `worker.GenerationChunk`s, the controller's answer to a
-queue report (`controller.slot_outlook.SlotOutlook`) and the tenants' quotas (`TenantQuota`).
+What crosses it are the records of `wire/`, the ones the controller and the workers use too: the
+routing table (model id -> `wire.InstanceRoute` dicts, the controller's format for it), the
+models (`wire.ModelRecord`), the instances' chunks (`GenerationChunk`), the controller's answer
+to a queue report (`controller.slot_outlook.SlotOutlook`) and the tenants' quotas (`TenantQuota`).
+Ray's errors are translated by `wire`'s helpers, as for every Ray caller, and then told apart
+here: what means the instance cannot serve becomes `InstanceGone`.
 """
 
 from __future__ import annotations
@@ -16,16 +19,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from controller import TenantQuota
 from controller import SlotOutlook
 from infra.controller_client import ControllerClient
-from worker import SamplingParams
+from wire import (ActorGoneError, ActorUnreachableError, InstanceRoute, ModelRecord, Prompt, SamplingParams, call,
+                  ray_errors_translated)
 
+__all__ = ["InstanceGone", "InstanceRoute", "RayServingCluster", "RoutingTableData", "ServingCluster"]
 
-RoutingTableData = Mapping[str, list[Mapping[str, Any]]]  # model id -> route dicts (the controller's wire format)
+RoutingTableData = Mapping[str, list[Mapping[str, Any]]]  # model id -> `InstanceRoute.to_dict()`s
 
 
 class InstanceGone(Exception):
@@ -42,23 +46,6 @@ class InstanceGone(Exception):
         self.suspect = suspect
 
 
-@dataclass(frozen=True, kw_only=True)
-class InstanceRoute:
-    """One ready instance of a model, as the controller's routing table lists it."""
-
-    instance_id: str
-    actor_name: str
-    namespace: str | None
-    node_id: str
-    num_ongoing_requests: int = 0  # as last reported to the controller (stale by design)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> InstanceRoute:
-        return cls(instance_id=str(data["instance_id"]), actor_name=str(data["actor_name"]),
-                   namespace=data.get("namespace"), node_id=str(data.get("node_id", "")),
-                   num_ongoing_requests=int(data.get("num_ongoing_requests") or 0))
-
-
 class ServingCluster(Protocol):
     """Controller and instances, as the gateway backend uses them. All methods are coroutines
     (or async iterators) on the caller's loop; none blocks it."""
@@ -68,11 +55,11 @@ class ServingCluster(Protocol):
         else after the next change or `timeout_s` (a long poll)."""
         ...
 
-    async def list_models(self) -> list[Mapping[str, Any]]:
-        """Every deployed model's record (as the controller's ``list_models`` returns it)."""
+    async def list_models(self) -> list[ModelRecord]:
+        """Every deployed model's record (the controller's ``model_records``)."""
         ...
 
-    async def get_model(self, model_id: str) -> Mapping[str, Any] | None:
+    async def get_model(self, model_id: str) -> ModelRecord | None:
         """One model's record, or None when it is not deployed."""
         ...
 
@@ -90,9 +77,9 @@ class ServingCluster(Protocol):
         has no outlook for it). Raises `LookupError` when the model is not deployed."""
         ...
 
-    def generate(self, route: InstanceRoute, request_id: str, prompt: Any, params: SamplingParams, *,
+    def generate(self, route: InstanceRoute, request_id: str, prompt: Prompt, params: SamplingParams, *,
                  sent_token_ids: Sequence[int] = ()) -> AsyncIterator[Any]:
-        """The request's `worker.GenerationChunk`s, started on the instance, and followed to
+        """The request's `GenerationChunk`s, started on the instance, and followed to
         wherever it is live-migrated (no chunk lost or repeated); closing early cancels it where
         it is. With ``sent_token_ids`` (a recovery: the tokens the client already has from an
         instance that died) the instance continues the request from there and yields only what
@@ -136,8 +123,8 @@ class RayServingCluster:
         self._routes = {route.instance_id: route for entries in table.values()
                         for route in map(InstanceRoute.from_dict, entries)}
 
-    async def list_models(self) -> list[Mapping[str, Any]]:
-        return await self._controller.list_models()
+    async def list_models(self) -> list[ModelRecord]:
+        return await self._controller.model_records()
 
     async def slot_sharing_counts(self) -> dict[str, int]:
         return await self._controller.slot_sharing_counts()
@@ -146,9 +133,9 @@ class RayServingCluster:
         quotas = await self._controller.tenant_quotas()
         return {tenant: TenantQuota.from_dict(quota) for tenant, quota in quotas.items()}
 
-    async def get_model(self, model_id: str) -> Mapping[str, Any] | None:
+    async def get_model(self, model_id: str) -> ModelRecord | None:
         try:
-            return await self._controller.get_model(model_id)
+            return await self._controller.model_record(model_id)
         except LookupError:  # the controller's UnknownModelError
             return None
 
@@ -184,10 +171,8 @@ class RayServingCluster:
             raise InstanceGone(f"instance {instance_id}, where a request was migrated, is not in the routing table")
         return await self._handle(route)
 
-    async def generate(self, route: InstanceRoute, request_id: str, prompt: Any, params: SamplingParams, *,
+    async def generate(self, route: InstanceRoute, request_id: str, prompt: Prompt, params: SamplingParams, *,
                        sent_token_ids: Sequence[int] = ()) -> AsyncIterator[Any]:
-        import ray
-
         from migration import MigrationRefusedError, StreamIdleTimeout, UnknownRequestError, follow_generation
         from worker import EngineDeadError, InstanceLoadError, SpareWorkerError
 
@@ -197,10 +182,13 @@ class RayServingCluster:
         try:
             # aclosing: when the caller closes this stream early, the open instance stream's own
             # close (ray.cancel of the worker's stream) runs now, not whenever it is collected.
+            # ray_errors_translated: the streams `follow_generation` opens itself after a
+            # migration (``resume``, ``recover``) may still raise Ray's own errors.
             async with contextlib.aclosing(stream) as chunks:
-                async for chunk in chunks:
-                    yield chunk
-        except (EngineDeadError, InstanceLoadError, SpareWorkerError, ray.exceptions.RayActorError) as exc:
+                with ray_errors_translated():
+                    async for chunk in chunks:
+                        yield chunk
+        except (EngineDeadError, InstanceLoadError, SpareWorkerError, ActorGoneError, ActorUnreachableError) as exc:
             self._handles.pop(route.instance_id, None)
             raise InstanceGone(f"instance {route.instance_id} cannot serve: {type(exc).__name__}: {exc}",
                                suspect=getattr(exc, "suspect", False)) from exc
@@ -213,4 +201,4 @@ class RayServingCluster:
     async def abort(self, route: InstanceRoute, request_id: str) -> None:
         handle = self._handles.get(route.instance_id)
         if handle is not None:
-            await asyncio.wait_for(handle.abort.remote(request_id), self._call_timeout_s)
+            await call(handle.abort.remote(request_id), self._call_timeout_s)

@@ -19,12 +19,15 @@ A caller streams through Ray's streaming generators::
 Dropping ``stream`` does not stop it — Ray runs a streaming generator to its end whether or not
 anyone reads it — so a caller that stops early must call ``ray.cancel(stream)``; that cancels the
 actor's asyncio task, which aborts the request in the engine. `stream_generation` does all of
-this (and unwraps Ray's error wrapper), and is what the gateway should use.
+this through `wire.stream`, which also translates Ray's errors as for every Ray caller (the
+worker's own errors raised as themselves, a dead actor as `wire.ActorGoneError`), and is what the
+gateway should use.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import time
@@ -32,13 +35,12 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from loader import StreamConfig
-from worker.async_engine import EngineDeadError
-from worker.engine import InvalidRequestError, Prompt, RequestFailedError
+from wire import stream
+from worker.engine import Prompt
 from worker.engine_config import EngineConfig
 from worker.host_allocator import tune_host_allocator
 from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
-from worker.instance_worker import (GenerationChunk, InstanceLoadError, InstanceWorker, SourceUnavailableError,
-                                    as_engine_config)
+from worker.instance_worker import GenerationChunk, InstanceWorker, as_engine_config
 from worker.peer_weights import PeerWeights
 from worker.process_warmup import warm_up_process
 from worker.reserved_memory import ReservedMemory
@@ -49,11 +51,6 @@ _PROCESS_STARTED = time.time()  # when this module was imported: about when the 
 
 class SpareWorkerError(RuntimeError):
     """A model call reached a spare worker that has no model yet, or a spare was assigned twice."""
-
-
-# Errors the worker raises on purpose: passed to the caller as themselves, not as Ray's wrapper.
-_WORKER_ERRORS = (InvalidRequestError, InstanceLoadError, EngineDeadError, RequestFailedError, SpareWorkerError,
-                  SourceUnavailableError)
 
 
 class InstanceWorkerActor:
@@ -251,23 +248,12 @@ async def stream_generation(handle, request_id: str, prompt: Prompt,
     """The caller's side of ``generate``: yields the chunks; leaving early cancels the request.
 
     The worker's own errors (`InvalidFieldError` and the other `InvalidRequestError`s,
-    `InstanceLoadError`, `EngineDeadError`, `RequestFailedError`) are raised as themselves, with Ray's wrapper as their
-    ``__cause__``; Ray's errors (the actor died, ...) pass through unchanged.
+    `InstanceLoadError`, `EngineDeadError`, `RequestFailedError`, `SpareWorkerError`) are raised
+    as themselves, with Ray's wrapper as their ``__cause__``; a dead actor is
+    `wire.ActorGoneError` (see `wire.ray_calls`).
     """
-    import ray
-
-    stream = handle.generate.options(num_returns="streaming").remote(request_id, prompt, sampling_params)
-    finished = False
-    try:
-        async for ref in stream:
-            try:
-                chunk = await ref
-            except ray.exceptions.RayTaskError as exc:
-                if isinstance(exc.cause, _WORKER_ERRORS):
-                    raise exc.cause from exc
-                raise
-            finished = chunk.finished
+    generator = handle.generate.options(num_returns="streaming").remote(request_id, prompt, sampling_params)
+    # aclosing: leaving this generator early closes `stream`'s now, which cancels the request.
+    async with contextlib.aclosing(stream(generator, is_last=lambda chunk: chunk.finished)) as chunks:
+        async for chunk in chunks:
             yield chunk
-    finally:
-        if not finished:
-            ray.cancel(stream)

@@ -13,6 +13,7 @@ import asyncio
 import json
 import pickle
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -86,13 +87,13 @@ def spec(model_id: str, source: Path, **autoscaling) -> dict:
 class Harness:
     """A controller over a fake cluster, a fake clock and the test's state directory."""
 
-    def __init__(self, tmp_path: Path, cluster: FakeCluster | None = None, **config) -> None:
+    def __init__(self, tmp_path: Path, cluster: FakeCluster | None = None, wall_clock=time.time, **config) -> None:
         self.tmp_path = tmp_path
         self.config = make_config(tmp_path, **config)
         self.cluster = cluster or FakeCluster((RAY_NODE,))
         self.cluster.model_bytes.setdefault("acme--m1", MODEL_BYTES)
         self.clock = FakeClock()
-        self.controller = Controller(self.config, self.cluster, clock=self.clock)
+        self.controller = Controller(self.config, self.cluster, clock=self.clock, wall_clock=wall_clock)
 
     async def __aenter__(self) -> Harness:
         await self.controller.start()
@@ -128,8 +129,9 @@ def test_routing_table_version_moves_only_on_change():
     assert table.set_routes("acme/m1", [route]) is True and table.version == 1
     assert table.set_routes("acme/m1", [route]) is False and table.version == 1
     assert table.set_routes("acme/m1", [Route("i1", "thaw-worker-i1", "ns", "n0", 3)]) is True  # load moved
-    assert table.snapshot() == (2, {"acme/m1": [{"instance_id": "i1", "actor_name": "thaw-worker-i1",
-                                                  "namespace": "ns", "node_id": "n0", "num_ongoing_requests": 3}]})
+    assert table.snapshot() == (2, {"acme/m1": [{"schema": "instance_route/1", "instance_id": "i1",
+                                                  "actor_name": "thaw-worker-i1", "namespace": "ns", "node_id": "n0",
+                                                  "num_ongoing_requests": 3}]})
     assert table.remove_model("acme/m1") is True and table.snapshot() == (3, {})
     assert table.remove_model("acme/m1") is False and table.version == 3
 
@@ -380,8 +382,9 @@ def test_cold_start_on_demand_then_ready_enters_the_routing_table(tmp_path):
             worker.finish_loading()
             new_version, table = await waiter  # ... and returns with it
             assert new_version > version
-            assert table["acme/m1"] == [{"instance_id": worker.instance_id, "actor_name": worker.actor_name,
-                                         "namespace": "fake-ns", "node_id": NODE, "num_ongoing_requests": 0}]
+            assert table["acme/m1"] == [{"schema": "instance_route/1", "instance_id": worker.instance_id,
+                                         "actor_name": worker.actor_name, "namespace": "fake-ns", "node_id": NODE,
+                                         "num_ongoing_requests": 0}]
             assert h.records() == {worker.instance_id: "ready"}
 
     asyncio.run(scenario())

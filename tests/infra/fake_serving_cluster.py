@@ -2,7 +2,7 @@
 
 `FakeCluster` plays the controller (a versioned routing table, model records, demand reports that
 can start an instance and are answered with a settable `SlotOutlook`, tenants' quotas) and the
-instances (scripted streams of `worker.GenerationChunk`s that can be held open, fail, or be
+instances (scripted streams of `wire.GenerationChunk`s that can be held open, fail, or be
 suspended), in plain asyncio, so every decision the backend makes is checked with exact values
 and no Ray. `run` runs a test against a started backend on a fresh loop; `until` polls with a
 deadline (never a sleep).
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,7 +22,7 @@ from infra.gateway_backend import QueueProgress
 from infra.gateway_metrics import GatewayMetrics
 from infra.ray_gateway_backend import RayBackendConfig, RayGatewayBackend
 from infra.serving_cluster import InstanceGone, InstanceRoute
-from worker import GenerationChunk, SamplingParams
+from wire import GenerationChunk, InstanceLoadRecord, ModelRecord, SamplingParams
 
 MODEL = "acme/tiny"
 PARAMS = SamplingParams(max_tokens=3)
@@ -31,16 +32,15 @@ DEADLINE_S = 5.0
 
 
 def record(model_id: str, *, max_queued: int = 100, queue_timeout_s: float = 60.0,
-           max_model_len: int | None = 256) -> dict[str, Any]:
-    tenant, name = model_id.split("/")
-    return {"model_id": model_id, "created_s": 1700000000,
-            "spec": {"tenant": tenant, "name": name, "source": "/models/x", "max_model_len": max_model_len,
-                     "autoscaling": {"max_queued_requests": max_queued, "queue_timeout_s": queue_timeout_s}}}
+           max_model_len: int | None = 256) -> ModelRecord:
+    """The controller's record of a model deployed at Unix time 1700000000."""
+    return ModelRecord(model_id=model_id, deployed_s=1700000000.0, max_model_len=max_model_len,
+                       max_queued_requests=max_queued, queue_timeout_s=queue_timeout_s)
 
 
 def route(instance_id: str, ongoing: int = 0) -> dict[str, Any]:
-    return {"instance_id": instance_id, "actor_name": f"worker-{instance_id}", "namespace": "thaw",
-            "node_id": "node0", "num_ongoing_requests": ongoing}
+    """A routing-table entry as the controller sends it."""
+    return InstanceRoute(instance_id, f"worker-{instance_id}", "thaw", "node0", ongoing).to_dict()
 
 
 class FakeCluster:
@@ -51,7 +51,7 @@ class FakeCluster:
     def __init__(self) -> None:
         self.version = 1
         self.table: dict[str, list[dict[str, Any]]] = {}
-        self.records: dict[str, dict[str, Any]] = {}
+        self.records: dict[str, ModelRecord] = {}
         self.quotas: dict[str, TenantQuota] = {}  # what tenant_quotas answers
         self.num_quota_calls = 0
         self.demand: list[tuple[str, int]] = []
@@ -125,9 +125,9 @@ class FakeCluster:
         record = self.records.get(model_id)
         if record is None:
             return None
-        instances = [{"instance_id": r["instance_id"], "tier": "dram", "load_s": 0.25}
-                     for r in self.table.get(model_id, ())]
-        return {**record, "instances": instances}
+        instances = tuple(InstanceLoadRecord(instance_id=r["instance_id"], tier="dram", load_s=0.25)
+                          for r in self.table.get(model_id, ()))
+        return dataclasses.replace(record, instances=instances)
 
     async def notify_demand(self, model_id: str, num_queued: int, oldest_wait_s: float = 0.0) -> SlotOutlook | None:
         self.demand.append((model_id, num_queued))

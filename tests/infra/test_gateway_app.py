@@ -104,9 +104,9 @@ class ScriptedBackend:
                     self.waiting_event().set()
                     await asyncio.Event().wait()
                 last = i == len(words) - 1
-                yield GenerationChunk(request_id=request_id, text=word, token_ids=(10 + i,), finished=last,
+                yield GenerationChunk(request_id=request_id, text=word, token_ids=(10 + i,),
                                       finish_reason="length" if last else None, num_prompt_tokens=4,
-                                      num_output_tokens=i + 1, queue_s=0.25 if i == 0 else None)
+                                      num_completion_tokens=i + 1, queue_s=0.25 if i == 0 else None)
         finally:
             self.closed.append(request_id)
 

@@ -132,7 +132,7 @@ async def stream(backend, model_id: str, request_id: str, *, after: int | None =
 
 def whole(chunks) -> tuple[list[int], str, str, int, int]:
     return ([t for c in chunks for t in c.token_ids], "".join(c.text for c in chunks), chunks[-1].finish_reason,
-            chunks[-1].num_prompt_tokens, chunks[-1].num_output_tokens)
+            chunks[-1].num_prompt_tokens, chunks[-1].num_completion_tokens)
 
 
 def actor(route):
@@ -164,7 +164,7 @@ def test_the_gateway_follows_a_request_migrated_mid_stream(platform, method):
     expected, moved, [outcome] = run_with_backend(controller, test)
     assert outcome.status is MigrationStatus.MIGRATED, outcome.error
     assert whole(moved) == whole(expected) and len(whole(moved)[0]) == GREEDY.max_tokens
-    assert [c.num_output_tokens for c in moved] == list(range(1, GREEDY.max_tokens + 1))
+    assert [c.num_completion_tokens for c in moved] == list(range(1, GREEDY.max_tokens + 1))
     assert all(c.finish_reason is None for c in moved[:-1]) and moved[-1].finish_reason == "length"
 
 
@@ -200,7 +200,7 @@ def test_a_worker_killed_mid_stream_and_the_client_still_gets_the_full_output(pl
     assert recovery[0] == f"broken-{model_id}" and recovery[1] != killed[0]
     assert 15 <= recovery[2] < GREEDY.max_tokens  # resumed from the tokens sent, mid-stream
     assert whole(broken) == whole(expected) and len(whole(broken)[0]) == GREEDY.max_tokens
-    assert [c.num_output_tokens for c in broken] == list(range(1, GREEDY.max_tokens + 1))
+    assert [c.num_completion_tokens for c in broken] == list(range(1, GREEDY.max_tokens + 1))
     assert all(c.finish_reason is None for c in broken[:-1]) and broken[-1].finish_reason == "length"
     assert killed and killed[0] not in instance_ids  # it really was killed, and dropped from routing
 
@@ -272,7 +272,7 @@ def test_a_cold_model_takes_a_busy_slot_by_migration_and_no_request_is_lost(plat
     moved = [d for d in status["recent_decisions"] if d["kind"] == "migration"
              and d["source"] == plan["victim_instance_id"]]
     assert on_victim and sum(d["num_migrated"] for d in moved) == len(on_victim)  # (the gateway spreads them)
-    assert cold_chunks[-1].finish_reason == "length" and cold_chunks[-1].num_output_tokens == GREEDY.max_tokens
+    assert cold_chunks[-1].finish_reason == "length" and cold_chunks[-1].num_completion_tokens == GREEDY.max_tokens
     assert [i["model_id"] for i in status["instances"] if i["state"] == "ready"].count(cold) == 1
     assert plan["victim_instance_id"] not in {i["instance_id"] for i in status["instances"]}
 
@@ -318,7 +318,7 @@ def test_draining_a_node_with_running_requests_loses_none(platform):
     assert on_node  # at least the first request ran on the drained node
     for chunks in outputs:
         assert whole(chunks) == whole(expected)
-        assert [c.num_output_tokens for c in chunks] == list(range(1, GREEDY.max_tokens + 1))
+        assert [c.num_completion_tokens for c in chunks] == list(range(1, GREEDY.max_tokens + 1))
     assert recoveries == []  # moved live, not recovered after a death
     moved = [d for d in status["recent_decisions"] if d["kind"] == "migration" and d["source"] in on_node]
     assert sum(d["num_migrated"] for d in moved) == len(frozen) >= 1

@@ -181,9 +181,8 @@ def test_param_from_loc(loc, param):
 
 
 def chunk(text: str, finished: bool = False, **counts) -> GenerationChunk:
-    return GenerationChunk(request_id="r", text=text, token_ids=(1,), finished=finished,
-                           finish_reason="length" if finished else None,
-                           num_prompt_tokens=counts.get("p", 3), num_output_tokens=counts.get("o", 1))
+    return GenerationChunk(request_id="r", text=text, token_ids=(1,), finish_reason="length" if finished else None,
+                           num_prompt_tokens=counts.get("p", 3), num_completion_tokens=counts.get("o", 1))
 
 
 def test_chat_renderer_streams_role_then_content_then_finish():

@@ -62,7 +62,7 @@ def test_warm_model_goes_to_the_least_loaded_instance_without_asking_the_control
         chunks = await first
         await second, await third
         assert [c.text for c in chunks] == ["t0 ", "t1 ", "t2 "]
-        assert [c.num_output_tokens for c in chunks] == [1, 2, 3]
+        assert [c.num_completion_tokens for c in chunks] == [1, 2, 3]
         assert chunks[-1].finished and chunks[-1].finish_reason == "length" and not chunks[0].finished
         assert chunks[0].queue_s is not None and chunks[0].queue_s < 0.5 and chunks[1].queue_s is None
         assert cluster.get_model_calls == [] and cluster.demand == []
@@ -198,7 +198,7 @@ def test_abort_while_queued_ends_with_abort_and_while_running_reaches_the_instan
         await until(lambda: cluster.demand and cluster.demand[-1] == ("acme/cold", 1), "queued")
         await backend.abort("acme/cold", "queued")
         chunks = await queued
-        assert len(chunks) == 1 and chunks[0].finish_reason == "abort" and chunks[0].num_output_tokens == 0
+        assert len(chunks) == 1 and chunks[0].finish_reason == "abort" and chunks[0].num_completion_tokens == 0
         cluster.hold = True
         running = asyncio.ensure_future(collect(backend, "running"))
         await cluster.started_event("running").wait()
@@ -260,7 +260,7 @@ def test_a_gone_instance_is_skipped_and_a_request_it_dropped_midway_resumes_else
         assert cluster.served[-2:] == [("midway", "live"), ("midway", "spare", 1)]
         assert [c.token_ids for c in chunks] == [(100 + i,) for i in range(PARAMS.max_tokens)]
         assert "".join(c.text for c in chunks) == "".join(f"t{i} " for i in range(PARAMS.max_tokens))
-        assert [c.num_output_tokens for c in chunks] == list(range(1, PARAMS.max_tokens + 1))
+        assert [c.num_completion_tokens for c in chunks] == list(range(1, PARAMS.max_tokens + 1))
         assert chunks[0].queue_s is not None and all(c.queue_s is None for c in chunks[1:])
         assert chunks[-1].finish_reason == "length" and backend.inflight() == {}
 

@@ -1,0 +1,105 @@
+"""Tests for the wire records (wire/*.py): exact dict forms with their schema tag, round trips
+through the dict form and through pickle (Ray's way), and refusals that name the bad field."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from wire import (SUSPENDED, GenerationChunk, InstanceLoadRecord, InstanceRoute, ModelRecord, SamplingParams,
+                  WireRecord)
+
+CHUNK = GenerationChunk(request_id="r1", text="secret words", token_ids=(5, 6), finish_reason=None,
+                        num_prompt_tokens=3, num_completion_tokens=2)
+ROUTE = InstanceRoute("i1", "thaw-worker-i1", "thaw", "node0", 4)
+LOADS = (InstanceLoadRecord(instance_id="i1", tier="dram", load_s=0.25),
+         InstanceLoadRecord(instance_id="i2", tier=None, load_s=None))
+MODEL = ModelRecord(model_id="acme/m1", deployed_s=1_700_000_123.5, max_model_len=2048, max_queued_requests=7,
+                    queue_timeout_s=3.0, instances=LOADS)
+PARAMS = SamplingParams(max_tokens=5, temperature=0.0, stop=["\n"], stop_token_ids=[2], seed=9)
+RECORDS = [CHUNK, ROUTE, *LOADS, MODEL, PARAMS]
+
+
+def test_each_record_has_an_exact_tagged_dict_form():
+    assert CHUNK.to_dict() == {"schema": "generation_chunk/1", "request_id": "r1", "text": "secret words",
+                               "token_ids": [5, 6], "finish_reason": None, "num_prompt_tokens": 3,
+                               "num_completion_tokens": 2, "queue_s": None}
+    assert ROUTE.to_dict() == {"schema": "instance_route/1", "instance_id": "i1", "actor_name": "thaw-worker-i1",
+                               "namespace": "thaw", "node_id": "node0", "num_ongoing_requests": 4}
+    assert MODEL.to_dict() == {
+        "schema": "model_record/1", "model_id": "acme/m1", "deployed_s": 1_700_000_123.5, "max_model_len": 2048,
+        "max_queued_requests": 7, "queue_timeout_s": 3.0,
+        "instances": [{"schema": "instance_load/1", "instance_id": "i1", "tier": "dram", "load_s": 0.25},
+                      {"schema": "instance_load/1", "instance_id": "i2", "tier": None, "load_s": None}]}
+    assert PARAMS.to_dict() == {"schema": "sampling_params/1", "max_tokens": 5, "temperature": 0.0, "top_k": 0,
+                                "top_p": 1.0, "seed": 9, "stop": ["\n"], "stop_token_ids": [2], "ignore_eos": False}
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: type(r).__name__)
+def test_every_record_round_trips_through_its_dict_and_through_pickle(record):
+    assert type(record).from_dict(record.to_dict()) == record
+    copy = pickle.loads(pickle.dumps(record))
+    assert copy == record and type(copy) is type(record)
+
+
+def test_pickling_goes_through_the_tagged_dict_so_another_version_is_refused_on_arrival():
+    rebuild, (data,) = MODEL.__reduce__()
+    assert rebuild(data) == MODEL and data["schema"] == "model_record/1"
+    with pytest.raises(ValueError, match=r"model_record.schema is 'model_record/2', but this process reads "
+                                         r"'model_record/1': run the same thaw version"):
+        rebuild({**data, "schema": "model_record/2"})
+
+
+def test_a_dict_without_a_tag_is_read_as_the_current_version():
+    untagged = {key: value for key, value in ROUTE.to_dict().items() if key != "schema"}
+    assert InstanceRoute.from_dict(untagged) == ROUTE
+
+
+@pytest.mark.parametrize("record_type, data, message", [
+    (InstanceRoute, {"instance_id": "i1", "actor_name": "a", "namespace": None}, "instance_route.node_id is missing"),
+    (InstanceRoute, {**ROUTE.to_dict(), "weight": 1}, "instance_route: unknown field 'weight'"),
+    (InstanceRoute, {**ROUTE.to_dict(), "num_ongoing_requests": -1},
+     "instance_route.num_ongoing_requests must be an integer >= 0, got -1"),
+    (InstanceRoute, ["i1"], "instance_route must be a mapping of its fields, got list"),
+    (GenerationChunk, {**CHUNK.to_dict(), "token_ids": [1, -2]},
+     r"generation_chunk.token_ids\[1\] must be a token id \(an integer >= 0\), got -2"),
+    (GenerationChunk, {**CHUNK.to_dict(), "num_completion_tokens": True},
+     "generation_chunk.num_completion_tokens must be an integer >= 0, got True"),
+    (GenerationChunk, {**CHUNK.to_dict(), "queue_s": float("nan")},
+     "generation_chunk.queue_s must be a finite number >= 0, got nan"),
+    (GenerationChunk, {**CHUNK.to_dict(), "request_id": ""},
+     "generation_chunk.request_id must be a non-empty string"),
+    (ModelRecord, {**MODEL.to_dict(), "model_id": "acme"}, "model_record.model_id must be 'tenant/name', got 'acme'"),
+    (ModelRecord, {**MODEL.to_dict(), "queue_timeout_s": 0},
+     "model_record.queue_timeout_s must be a finite number > 0"),
+    (ModelRecord, {**MODEL.to_dict(), "max_queued_requests": 0},
+     "model_record.max_queued_requests must be an integer >= 1, got 0"),
+    (ModelRecord, {**MODEL.to_dict(), "instances": [{"instance_id": "i1", "tier": "dram", "load_s": -1}]},
+     r"model_record.instances\[0\]: instance_load.load_s must be a finite number >= 0, got -1"),
+    (SamplingParams, {"temperature": -1}, "temperature must be >= 0, got -1"),
+    (SamplingParams, {"max_tokens": 4, "beam_width": 2}, "sampling_params: unknown field 'beam_width'"),
+])
+def test_a_bad_field_is_refused_by_name(record_type, data, message):
+    with pytest.raises(ValueError, match=message):
+        record_type.from_dict(data)
+
+
+def test_a_chunk_normalises_its_tokens_hides_its_text_and_knows_when_it_ends():
+    chunk = GenerationChunk(request_id="r", text="hidden", token_ids=[7], finish_reason=SUSPENDED,
+                            num_prompt_tokens=1, num_completion_tokens=1)
+    assert chunk.token_ids == (7,) and chunk.finished and "hidden" not in repr(chunk)
+    assert not CHUNK.finished and "secret" not in repr(CHUNK) and "secret" not in repr(MODEL)
+
+
+def test_routes_are_built_positionally_by_the_controller_and_models_know_their_tenant():
+    assert ROUTE == InstanceRoute(instance_id="i1", actor_name="thaw-worker-i1", namespace="thaw", node_id="node0",
+                                  num_ongoing_requests=4)
+    assert MODEL.tenant == "acme"
+
+
+def test_every_record_is_a_wire_record_with_a_distinct_schema():
+    schemas = [cls.SCHEMA for cls in (GenerationChunk, InstanceRoute, InstanceLoadRecord, ModelRecord, SamplingParams)]
+    assert all(issubclass(type(r), WireRecord) for r in RECORDS)
+    assert schemas == ["generation_chunk/1", "instance_route/1", "instance_load/1", "model_record/1",
+                       "sampling_params/1"]

@@ -1,0 +1,37 @@
+"""The records that cross process boundaries, and the one way to call Ray actors.
+
+The controller, the gateway, the workers and the migration driver run in different processes;
+whatever passes between them is defined here once and imported by both sides (house rule 11),
+so a key written on one side is the key read on the other. Each record is a frozen dataclass
+that checks its fields (naming the bad one), has a tagged dict form (``"schema": "<record>/<n>"``,
+`to_dict` / `from_dict`), and crosses Ray through that form, checked again on arrival.
+
+This package imports no other thaw folder, and neither torch nor Ray at import time (the
+gateway's HTTP app imports it), so every folder may import it.
+
+Public API:
+- `SamplingParams`: how a request samples and stops (gateway -> worker).
+- `Prompt`, `ChatMessage`: what a request asks; `GenerationChunk`: what its stream carries
+  (worker -> gateway), with `SUSPENDED`, the finish reason of a request that moves on.
+- `InstanceRoute`: one ready instance in the controller's routing table (controller -> gateway).
+- `ModelRecord`, `InstanceLoadRecord`: a deployed model as the gateway needs it, with when it
+  was deployed (controller -> gateway).
+- `WireRecord`: the base of the records (schema tag, dict form, pickling through it).
+- `call`, `stream`, `ray_errors_translated`, `translated`, `is_ours`: awaiting actor calls and
+  streams with Ray's errors translated once; `ActorGoneError` (the actor is dead),
+  `ActorUnreachableError` (for now; a `TimeoutError`).
+"""
+
+from wire.generation_chunk import SUSPENDED, ChatMessage, GenerationChunk, Prompt
+from wire.instance_route import InstanceRoute
+from wire.model_record import InstanceLoadRecord, ModelRecord
+from wire.ray_calls import (ActorGoneError, ActorUnreachableError, call, is_ours, ray_errors_translated, stream,
+                            translated)
+from wire.sampling_params import SamplingParams
+from wire.wire_record import WireRecord
+
+__all__ = [
+    "SUSPENDED", "ActorGoneError", "ActorUnreachableError", "ChatMessage", "GenerationChunk", "InstanceLoadRecord",
+    "InstanceRoute", "ModelRecord", "Prompt", "SamplingParams", "WireRecord", "call", "is_ours",
+    "ray_errors_translated", "stream", "translated",
+]

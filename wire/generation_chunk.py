@@ -1,0 +1,70 @@
+"""What a request is and what its stream carries: `Prompt` and `GenerationChunk`.
+
+One definition for the gateway, the workers and the migration driver: a worker's stream yields
+`GenerationChunk`s, the gateway renders the same records as OpenAI objects, and a stream that
+follows a migrated request passes them on. Before this module there were two chunk types (the
+worker's named its counts ``num_completion_tokens``, the gateway's ``num_output_tokens`` and
+stored ``finished`` beside ``finish_reason``) and three prompt aliases, with a translation between.
+
+Finish reasons: "stop", "length", "abort" (cancelled) end a request; `SUSPENDED` does not -- the
+instance gave up its slot and the gateway continues the request on the model's next instance. A
+chunk prints without its text (house rule: logs never leak prompts or completions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from wire.wire_record import WireRecord, check_count, check_name, check_optional_seconds, check_token_ids
+
+__all__ = ["SUSPENDED", "ChatMessage", "GenerationChunk", "Prompt"]
+
+# The finish reason of a stream whose request left its instance unfinished because the slot was
+# preempted: the client's side (the gateway) continues it on the model's next instance.
+SUSPENDED = "suspended"
+
+# A chat message as `worker.Tokenizer.encode_chat` renders it: {"role": ..., "content": ...}.
+ChatMessage = Mapping[str, str]
+
+# A completion prompt (text or token ids) or a chat (its messages).
+Prompt = str | Sequence[int] | Sequence[ChatMessage]
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationChunk(WireRecord):
+    """One piece of a request's stream: the text and tokens added since the previous chunk.
+
+    The last chunk has ``finish_reason`` set (see the module docstring). ``num_prompt_tokens`` /
+    ``num_completion_tokens`` are running totals, so on the last chunk they are the request's
+    usage. ``queue_s`` is set by the gateway's backend on a request's first chunk: how long it
+    waited for a ready instance (None where there is no queue, and on every later chunk).
+    """
+
+    SCHEMA: ClassVar[str] = "generation_chunk/1"
+
+    request_id: str
+    text: str = field(repr=False)
+    token_ids: tuple[int, ...]
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_completion_tokens: int
+    queue_s: float | None = None
+
+    def __post_init__(self) -> None:
+        name = self.record_name()
+        check_name(name, "request_id", self.request_id)
+        if not isinstance(self.text, str):
+            raise ValueError(f"{name}.text must be a string, got {type(self.text).__name__}")
+        object.__setattr__(self, "token_ids", check_token_ids(name, "token_ids", self.token_ids))
+        check_name(name, "finish_reason", self.finish_reason, optional=True)
+        object.__setattr__(self, "num_prompt_tokens", check_count(name, "num_prompt_tokens", self.num_prompt_tokens))
+        object.__setattr__(self, "num_completion_tokens",
+                           check_count(name, "num_completion_tokens", self.num_completion_tokens))
+        object.__setattr__(self, "queue_s", check_optional_seconds(name, "queue_s", self.queue_s))
+
+    @property
+    def finished(self) -> bool:
+        """The stream ends with this chunk (a suspended one included: this instance's part ends)."""
+        return self.finish_reason is not None
