@@ -195,9 +195,9 @@ class ThawSide:
         self.mode = mode
         self.model_dir = model_dir
         self.namespace = f"coldbench{uuid.uuid4().hex[:8]}"
-        self.config = PlatformConfig(state_dir=work_dir / "state", port=port, namespace=self.namespace, auth=False,
-                                     num_cpus=4 * NUM_THREADS, ssd_capacity_bytes=16 * GIB,
-                                     dram_capacity_bytes=4 * GIB, spare_weight_bytes=mode.spare_weight_bytes)
+        self.config = PlatformConfig.create(state_dir=work_dir / "state", port=port, namespace=self.namespace,
+                                            auth=False, num_cpus=4 * NUM_THREADS, ssd_capacity_bytes=16 * GIB,
+                                            dram_capacity_bytes=4 * GIB, spare_weight_bytes=mode.spare_weight_bytes)
         self.platform = Platform(self.config)
 
     def start(self) -> None:

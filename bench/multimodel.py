@@ -291,7 +291,7 @@ class ThawSide:
         self.index_of = {m.model_id: m.index for m in models}
         self.port = free_port()
         largest = max(m.num_bytes for m in models)
-        self.config = PlatformConfig(
+        self.config = PlatformConfig.create(
             state_dir=work_dir / policy / "state", port=self.port, namespace=f"multimodel{uuid.uuid4().hex[:8]}",
             auth=False, num_cpus=NUM_SLOTS, cpu_worker_slots_per_node=NUM_SLOTS, ssd_capacity_bytes=16 * GIB,
             dram_capacity_bytes=4 * GIB, spare_weight_bytes=-(-largest // (1 << 20)) << 20,

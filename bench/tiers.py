@@ -8,8 +8,9 @@ time until every byte is resident and verified in a worker's pre-faulted host bu
 idle pre-started worker has; the loader and pool are the ones the engine uses):
 
 - repository: fetch (parallel ranged reads; a local repository's files are dropped from the page
-  cache first, so it is read from disk) + convert to the thaw format + rename into the SSD
-  cache + load from there;
+  cache first, so it is read from disk) of the thaw checkpoint the push converted (the store
+  converts only a model an older repository holds in Hugging Face form alone) + rename into the
+  SSD cache + load from there;
 - ssd: load from the SSD cache with the cache's files dropped from the page cache (cold);
   `warm_seconds` is the same load with every file in the page cache (read there on purpose: the
   loader's O_DIRECT reads do not fill it);
@@ -169,7 +170,8 @@ def main() -> int:
             store.evict(MODEL, "dram")
             store.evict(MODEL, "ssd")
             if not repo_uri.startswith("s3://"):
-                drop_from_page_cache(Path(repo_uri) / MODEL)
+                for root in (Path(repo_uri) / MODEL, Path(repo_uri) / "_thaw" / MODEL):  # as pushed, converted
+                    drop_from_page_cache(root)
             before = disk_read_bytes()
             start = time.perf_counter()
             store.ensure(MODEL, "ssd")

@@ -11,8 +11,11 @@ Public API (everything else in this folder is private to it):
 - `open_state_store`, `StateStore`, `StateStoreError`, `WorkerRecord`, `ApiKeyRecord`:
   specs, tenants, hashed API keys, desired counts and the worker registry, in SQLite or Redis.
 - `Controller`, `ControllerConfig`: the registry and reconcile loop (a plain class over a
-  `ClusterClient`; `RayClusterClient` is the real one); `ControllerActor`, `start_controller`,
-  `get_controller`, `stop_controller`: the same as a detached, named Ray actor.
+  `ClusterClient`, the interface it drives nodes, stores and workers through, whose calls raise
+  `ActorGoneError` for an actor that is gone; `RayClusterClient` is the real one, and tests
+  implement a fake; `RayNodeInfo`: a live node as it lists them); `ControllerActor`,
+  `start_controller`, `get_controller`, `stop_controller`, `DEFAULT_CONTROLLER_NAME`: the same
+  as a detached, named Ray actor.
 - `RoutingTable`, `Route`: the versioned model -> ready instances table the gateway routes from.
 - `SlotOutlook`, `SlotHolder`: what a model waiting for an instance is told (the answer to a
   gateway's queue report); `SlotSharingSettings`: how slots pass between models on demand.

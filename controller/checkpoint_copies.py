@@ -5,9 +5,10 @@ Two reconcile steps of the controller, both about where checkpoints sit on a nod
 - pins: a node store keeps pinned exactly the checkpoints its running instances came from (an
   instance whose tier is not known yet -- adopted, or its pin in flight -- keeps every pin of its
   model on its node), so LRU eviction never takes what a worker is reading;
-- promotion: a cold start reads from SSD directly (`cluster_node.store_tier`: copying into DRAM
-  first would put a second full read and write on the request's path), so once the node has
-  settled, a model its instances loaded from SSD is copied into DRAM where DRAM can take it
+- promotion: a cold start reads from SSD directly (placement chooses DRAM only where a copy is
+  there already, and the start pins the tier placement chose, `placement_policy.pin_tier`:
+  copying into DRAM first would put a second full read and write on the request's path), so
+  once the node has settled, a model its instances loaded from SSD is copied into DRAM where DRAM can take it
   (`dram_can_take`), unpinned, and the next start there is fast. So is a model whose instance
   was evicted for another before it was promoted (`keep_in_dram`): its next cold start on that
   node is a DRAM one. A missed promotion only makes a later start slower; it is logged, never

@@ -6,9 +6,12 @@ makes it so, one instance at a time, without ever blocking a reconcile tick:
 - `start`: the instance takes its slot at once (LOADING) and its worker record is written
   before its actor exists (or, when a warm spare worker on the node serves it, before the spare
   is given the model) -- a crash from there on leaves a record to clean up, never an actor
-  nobody knows. A task then asks the node's store to bring the checkpoint into DRAM (SSD when
-  DRAM cannot hold it) and pin it, assigns the model to the spare or starts a worker actor on
-  that node with the store's local path, and awaits ``ready()``: READY, recorded, routed. A
+  nobody knows. The tier the checkpoint is read from is decided once, here, from the placement
+  decision's (`placement_policy.pin_tier`: the DRAM copy when placement chose DRAM, else the SSD,
+  where a repository fetch lands); nothing later chooses again. A task then asks the node's store
+  to bring the checkpoint into that tier if it is not there and pin it (the SSD instead only when
+  a full DRAM refuses it), assigns the model to the spare or starts a worker actor on that node
+  with the store's local path, and awaits ``ready()``: READY, recorded, routed. A
   failed start is stopped, forgotten, and the model backs off before its next start. When a
   running instance of the model would deliver the weights sooner than the node's tier
   (`controller.stream_source_policy`), the new worker takes them from that instance's stream
@@ -48,6 +51,7 @@ from controller.managed_instance import RECORD_STATES, InstancePhase, ManagedIns
 from controller.model_source import repository_name
 from controller.model_spec import ModelSpec
 from controller.model_state import ModelState
+from controller.placement_policy import pin_tier
 from controller.spare_pool import SparePool
 from controller.stream_chains import StreamChains
 from controller.stream_source_policy import LoadPath, choose_load_path
@@ -127,8 +131,10 @@ class InstanceManager:
     def start(self, model: ModelState, node: ClusterNode, estimate_s: float | None, now: float, *,
               tier: str | None = None, draining_node_ids: Collection[str] = ()) -> ManagedInstance:
         """Take a slot on `node` for a new instance of `model` and start it in the background.
-        `tier`: where placement estimated it loads from in `estimate_s`; with `config.peer_stream`,
-        a running instance's stream is taken instead when it is estimated faster (`choose_load_path`)."""
+        `tier`: where placement estimated it loads from in `estimate_s` -- the checkpoint is pinned
+        in the node-store tier that implies (`pin_tier`; without one, the DRAM copy if the node's
+        last report has it, else SSD); with `config.peer_stream`, a running instance's stream is
+        taken instead when it is estimated faster (`choose_load_path`), and that pin is its fallback."""
         instance_id = f"{model.repository_name}-{uuid.uuid4().hex[:8]}"
         spare = None
         if self._spares is not None and model.spec.resources.num_gpus == 0:
@@ -148,7 +154,9 @@ class InstanceManager:
                 self._chains.join(instance.load_path.source_instance_id, instance_id)
         self._store.put_worker(self._worker_record(instance))  # before the actor: see the module docstring
         self._instances[instance_id] = instance
-        self._spawn(self._start(instance, model, node))
+        checkpoint_tier = pin_tier(tier) if tier is not None else store_tier(node.report, model.repository_name,
+                                                                               self.config)
+        self._spawn(self._start(instance, model, node, checkpoint_tier))
         return instance
 
     def _engine_config(self, spec: ModelSpec) -> Any:
@@ -161,11 +169,12 @@ class InstanceManager:
             overrides["device"] = "cuda"  # Ray makes the instance's GPU the visible one
         return self.config.engine_config(overrides)
 
-    async def _start(self, instance: ManagedInstance, model: ModelState, node: ClusterNode) -> None:
+    async def _start(self, instance: ManagedInstance, model: ModelState, node: ClusterNode,
+                     checkpoint_tier: str) -> None:
         try:
             peer, path = await self._open_stream(instance), None
             if peer is None:
-                path, instance.tier = await self._pin_checkpoint(node, model.repository_name)
+                path, instance.tier = await self._pin_checkpoint(node, model.repository_name, checkpoint_tier)
             if instance.phase is not InstancePhase.LOADING:
                 return  # stopped while the checkpoint arrived: no actor to start
             spec = model.spec
@@ -186,7 +195,7 @@ class InstanceManager:
                 await self._start_failed(instance, exc)
             return
         if peer is not None:
-            self._spawn(self._supply_fallback(instance, model, node))
+            self._spawn(self._supply_fallback(instance, model, node, checkpoint_tier))
         await self._await_ready(instance)
 
     async def _open_stream(self, instance: ManagedInstance) -> Any | None:
@@ -224,12 +233,13 @@ class InstanceManager:
         return await self._cluster.stream_weights(source_handle, num_receivers, settings.stream_config(),
                                                   self.config.report_timeout_s)
 
-    async def _supply_fallback(self, instance: ManagedInstance, model: ModelState, node: ClusterNode) -> None:
+    async def _supply_fallback(self, instance: ManagedInstance, model: ModelState, node: ClusterNode,
+                               checkpoint_tier: str) -> None:
         """Brings the checkpoint to the streamed instance's node while the stream runs (pinned like
-        any instance's) and hands the worker its path: what it reads if the peer dies, and what it
-        streams from once it is a source itself."""
+        any instance's, in the tier decided at its start) and hands the worker its path: what it
+        reads if the peer dies, and what it streams from once it is a source itself."""
         try:
-            path, instance.tier = await self._pin_checkpoint(node, model.repository_name)
+            path, instance.tier = await self._pin_checkpoint(node, model.repository_name, checkpoint_tier)
             if instance.phase is InstancePhase.STOPPING or instance.handle is None:
                 return
             await self._cluster.supply_fallback(instance.handle, path, self.config.report_timeout_s)
@@ -238,12 +248,11 @@ class InstanceManager:
                            instance.instance_id, exc)
             self._event("fallback_unavailable", instance, f"{type(exc).__name__}: {exc}")
 
-    async def _pin_checkpoint(self, node: ClusterNode, name: str) -> tuple[str, str]:
-        """(local path, tier) of the model on the node, pinned there: its DRAM copy if it has one,
-        else SSD (see `store_tier`)."""
+    async def _pin_checkpoint(self, node: ClusterNode, name: str, tier: str) -> tuple[str, str]:
+        """(local path, tier) of the model on the node, pinned in `tier` (decided at the start);
+        SSD instead only when the store refuses DRAM as full."""
         if node.store is None:
             raise RuntimeError(f"node {node.node_id} has no connected store")
-        tier = store_tier(node.report, name, self.config)
         try:
             return await self._cluster.pin_checkpoint(node.store, name, tier, self.config.load_timeout_s), tier
         except TierFullError as exc:

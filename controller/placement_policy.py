@@ -14,7 +14,10 @@ This is ServerlessLLM's scheduler estimate, extended with the repository and pee
 (ServerlessLLM skips nodes without the model on disk) and a loader wait that applies to every
 tier: a node whose loader is busy with another model may lose to a node that must read from
 SSD. The bandwidths are the node's calibrated end-to-end rates from that tier into a worker's
-memory, so a repository rate already includes converting and caching on the way.
+memory, so a repository rate includes landing on the SSD on the way.
+
+The decision's tier is also where the node store pins the checkpoint for the start
+(`pin_tier`): the start reads what placement estimated, never a tier chosen again later.
 
 `place_locality_blind` is the baseline that ignores all of this (most free slots wins); it
 exists so tests and the simulator can show what locality buys. Both return the estimates of
@@ -32,6 +35,15 @@ from dataclasses import dataclass
 MODEL_TIERS = ("gpu", "dram", "ssd")
 REPOSITORY = "repository"
 TIERS = (*MODEL_TIERS, REPOSITORY)
+
+
+def pin_tier(tier: str) -> str:
+    """The node-store tier a start that placement estimated from `tier` pins its checkpoint in:
+    the DRAM copy when placement chose DRAM, else the SSD (a repository fetch lands there before
+    a worker reads it, and it is the node's copy behind a peer's GPU)."""
+    if tier not in TIERS:
+        raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
+    return "dram" if tier == "dram" else "ssd"
 
 
 def _check_rate(name: str, value: object, *, required: bool) -> None:

@@ -35,7 +35,7 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
         raise UsageError(f"--peer-link-gbps must be 0 or more (GB/s assumed for streaming weights from a running "
                          f"instance; 0: never), got {args.peer_link_gbps:g}")
     try:
-        return PlatformConfig(
+        return PlatformConfig.create(
             state_dir=Path(args.state).expanduser().absolute(), state_store=args.state_store,
             repository_uri=args.repository, repository_endpoint_url=args.endpoint_url, ray_address=args.address,
             host=args.host, port=args.port, namespace=args.namespace, auth=not args.no_auth, num_cpus=args.num_cpus,

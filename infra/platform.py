@@ -126,7 +126,7 @@ class Platform:
         else:
             raise PlatformError(f"a Thaw controller already runs in Ray namespace {config.namespace!r} (another "
                                 "`thaw serve`?); stop it first, or pass --namespace to start a second platform")
-        self._controller = start_controller(config.controller_config(), name=config.controller_name)
+        self._controller = start_controller(config.controller, name=config.controller_name)
         try:
             ray.get(self._controller.ping.remote(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:

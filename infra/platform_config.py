@@ -10,8 +10,10 @@ The state directory defaults to ``$THAW_STATE_DIR``, else ``~/.thaw`` — per us
 never inside a source checkout where it would be committed by accident. `default_state_dir`
 reads the environment; the dataclass itself only validates what it is given.
 
-The derived configurations (`controller_config`, `gateway_config`) are built here so the CLI,
-the platform and the tests agree on every path.
+A platform's controller settings are its `controller.ControllerConfig`, held whole (`controller`),
+so each is defined, defaulted and validated once, there; `PlatformConfig.create` takes them flat,
+as ``thaw serve`` does. The gateway's configuration (`gateway_config`) is derived here, so the
+CLI, the platform and the tests agree on every path.
 
 ``--no-auth`` (``auth=False``) makes every caller admin, so it is refused unless the gateway
 listens on a loopback address (`LOOPBACK_HOSTS`); the gateway then also answers only requests
@@ -21,14 +23,18 @@ through DNS rebinding.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported where used: the controller's config brings storage and torch, which
+    from controller import ControllerConfig  # the CLI's other commands reading this module do not need
 
 GIB = 1 << 30
 STATE_DIR_ENV = "THAW_STATE_DIR"
@@ -36,7 +42,6 @@ DEFAULT_PORT = 8000
 ADMIN_KEY_FILE = "admin_key"  # the admin key, mode 0600, for the CLI on this machine
 GATEWAY_URL_FILE = "gateway_url"  # where the running platform listens, while it runs
 DEMO_MODEL_DIR = "demo-model"
-_NAMESPACE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,47}")
 _HOST_RE = re.compile(r"[A-Za-z0-9.:\-\[\]]+")
 # Where a no-auth gateway may listen; the same names `infra.gateway_access.LOOPBACK_NAMES` accepts in Host.
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -59,20 +64,18 @@ def _int(name: str, value: object, low: int, high: int | None = None) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class PlatformConfig:
-    """One platform.
+    """One platform: its `controller` (a `controller.ControllerConfig`, which defines the state
+    directory, state store, namespace, repository, node stores' tiers, worker slots, spares, peer
+    streams, slot sharing, engine defaults and timing -- each once, there) and what only the
+    platform has: where Ray and the gateway run. Build one from flat settings, as ``thaw serve``
+    takes them, with `create`.
 
     Fields:
-        state_dir: absolute directory of this platform's local state (see the module docstring).
-        state_store: a state store location (``redis://host:port/db``, ``sqlite:///path``, a
-            path); None: SQLite in `state_dir`. A multi-node cluster needs Redis, since every
-            gateway replica verifies API keys against it.
-        repository_uri: the model repository (a directory or ``s3://bucket/prefix``); None:
-            ``state_dir/repository``.
-        repository_endpoint_url: S3-compatible endpoint of the repository, if not AWS.
+        controller: the platform's controller configuration; `state_dir`, `state_store`,
+            `namespace` and the repository are read from it.
         ray_address: join this Ray cluster (``ray://...`` or ``host:port``); None: start a
             local Ray for this process and stop it on exit.
         host / port: where the gateway listens (Ray Serve's HTTP proxy).
-        namespace: Ray namespace of this platform's actors; also its shared-memory id.
         auth: False is ``--no-auth``: no keys, everyone is admin (local experiments only; needs
             a loopback `host`).
         metrics_token_file: a file holding the Prometheus scrape token that may read
@@ -81,72 +84,87 @@ class PlatformConfig:
         gateway_body_timeout_s: a request body not complete this long after the request
             arrived gets 408 (so slow bodies cannot hold the gateway's request slots).
         num_cpus: CPUs a local Ray offers; None: all of the machine's.
-        cpu_worker_slots_per_node: model instances a CPU-only node runs at once.
-        ssd_capacity_bytes / dram_capacity_bytes: each node store's tiers.
-        calibrate: let node stores measure their bandwidths at start (placement uses them).
         num_gateway_replicas: gateway replicas (each with its own routing-table cache).
-        spare_workers_per_node / spare_weight_bytes: model-less worker processes kept started on
-            each node, and the memory each faults ahead for a model's weights (see
-            `controller.spare_pool`).
-        peer_link_bytes_per_s: the rate the controller assumes for streaming a new instance's
-            weights from a running one (`controller.PeerStreamSettings`); 0: never stream.
-        slot_sharing: slots pass between models on demand (an idle instance evicted for a model
-            with waiting requests; past its bounded wait, a busy one preempted); False:
-            keep-alive is a hard lease and a waiting model only gets a slot once one is free
-            (`controller.slot_sharer`).
-        engine_defaults: `worker.EngineConfig` fields every instance starts with.
-        reconcile_interval_s: the controller's tick.
     """
 
-    state_dir: Path
-    state_store: str | None = None
-    repository_uri: str | None = None
-    repository_endpoint_url: str | None = None
+    controller: ControllerConfig
     ray_address: str | None = None
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
-    namespace: str = "thaw"
     auth: bool = True
     metrics_token_file: Path | None = None
     gateway_body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     num_cpus: int | None = None
-    cpu_worker_slots_per_node: int = 1
-    ssd_capacity_bytes: int = 64 * GIB
-    dram_capacity_bytes: int = 8 * GIB
-    calibrate: bool = True
     num_gateway_replicas: int = 1
-    spare_workers_per_node: int = 1
-    spare_weight_bytes: int = 0
-    peer_link_bytes_per_s: float = 1.5e9
-    slot_sharing: bool = True
-    engine_defaults: Mapping[str, Any] = field(default_factory=dict)
-    reconcile_interval_s: float = 1.0
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.state_dir, (str, Path)) or not str(self.state_dir):
-            raise ValueError(f"PlatformConfig.state_dir must be a path, got {self.state_dir!r}")
-        state_dir = Path(self.state_dir).expanduser()
+    @classmethod
+    def create(cls, *, state_dir: str | Path, repository_uri: str | None = None,
+               repository_endpoint_url: str | None = None, peer_link_bytes_per_s: float | None = None,
+               slot_sharing: bool = True, **settings: Any) -> PlatformConfig:
+        """A platform from flat settings: each of `settings` is a field of the platform's own
+        (see the class) or of `controller.ControllerConfig`, and goes where it is defined. The
+        rest are ``thaw serve``'s shapes of controller settings:
+
+        - `state_dir`: absolute (``~`` expanded); the controller's state directory;
+        - `repository_uri` / `repository_endpoint_url`: the repository (a directory or
+          ``s3://bucket/prefix``); None: ``state_dir/repository``;
+        - `peer_link_bytes_per_s`: the rate assumed for streaming a new instance's weights from
+          a running one (the `link_bytes_per_s` of `ControllerConfig.peer_stream`); 0: never
+          stream; None: the controller's default;
+        - `slot_sharing`: slots pass between models on demand (`controller.SlotSharingSettings`
+          with its defaults); False: keep-alive is a hard lease (`controller.slot_sharer`).
+
+        Raises ValueError naming the setting; a name neither config has is a TypeError."""
+        from controller import ControllerConfig, SlotSharingSettings
+        from storage import RepositoryConfig
+
+        if not isinstance(state_dir, (str, Path)) or not str(state_dir):
+            raise ValueError(f"PlatformConfig.state_dir must be a path, got {state_dir!r}")
+        state_dir = Path(state_dir).expanduser()
         if not state_dir.is_absolute():
-            raise ValueError(f"PlatformConfig.state_dir {str(self.state_dir)!r} must be an absolute path "
+            raise ValueError(f"PlatformConfig.state_dir {str(state_dir)!r} must be an absolute path "
                              "(Ray actors do not share the caller's working directory)")
-        object.__setattr__(self, "state_dir", state_dir)
-        for name in ("state_store", "repository_uri", "repository_endpoint_url", "ray_address"):
-            value = getattr(self, name)
+        for name, value in (("repository_uri", repository_uri), ("repository_endpoint_url", repository_endpoint_url)):
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ValueError(f"PlatformConfig.{name} must be None or a non-empty string, got {value!r}")
-        if self.repository_uri is not None and "://" not in self.repository_uri \
-                and not os.path.isabs(os.path.expanduser(self.repository_uri)):
-            raise ValueError(f"PlatformConfig.repository_uri {self.repository_uri!r} must be an absolute path "
+        if repository_uri is not None and "://" not in repository_uri \
+                and not os.path.isabs(os.path.expanduser(repository_uri)):
+            raise ValueError(f"PlatformConfig.repository_uri {repository_uri!r} must be an absolute path "
                              "or s3://bucket/prefix")
+        if not isinstance(slot_sharing, bool):
+            raise ValueError(f"PlatformConfig.slot_sharing must be True or False, got {slot_sharing!r}")
+        value = peer_link_bytes_per_s
+        if value is not None and (not isinstance(value, numbers.Real) or isinstance(value, bool)
+                                  or not math.isfinite(value) or value < 0):
+            raise ValueError(f"PlatformConfig.peer_link_bytes_per_s must be a number >= 0 (0: never stream "
+                             f"from a peer), got {value!r}")
+        if value is not None and "peer_stream" in settings:
+            raise ValueError("PlatformConfig.create: pass peer_link_bytes_per_s or peer_stream, not both")
+        platform_fields = {f.name for f in dataclasses.fields(cls)} - {"controller"}
+        own = {name: settings.pop(name) for name in list(settings) if name in platform_fields}
+        repository = RepositoryConfig(uri=repository_uri if repository_uri is not None
+                                      else str(state_dir / "repository"), endpoint_url=repository_endpoint_url)
+        controller = ControllerConfig(state_dir=state_dir, repository=repository,
+                                      slot_sharing=SlotSharingSettings() if slot_sharing else None, **settings)
+        if value is not None:  # the controller's stream settings, at this rate (0: none)
+            stream = controller.peer_stream
+            stream = None if value == 0 or stream is None else dataclasses.replace(stream, link_bytes_per_s=value)
+            controller = dataclasses.replace(controller, peer_stream=stream)
+        return cls(controller=controller, **own)
+
+    def __post_init__(self) -> None:
+        from controller import ControllerConfig  # loaded already: the caller built one
+
+        if not isinstance(self.controller, ControllerConfig):
+            raise ValueError(f"PlatformConfig.controller must be a controller.ControllerConfig, "
+                             f"got {type(self.controller).__name__} (PlatformConfig.create builds one)")
+        if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address.strip()):
+            raise ValueError(f"PlatformConfig.ray_address must be None or a non-empty string, got {self.ray_address!r}")
         if not isinstance(self.host, str) or not _HOST_RE.fullmatch(self.host):
             raise ValueError(f"PlatformConfig.host must be a host name or IP address, got {self.host!r}")
         _int("port", self.port, 1, 65535)
-        if not isinstance(self.namespace, str) or not _NAMESPACE_RE.fullmatch(self.namespace):
-            raise ValueError(f"PlatformConfig.namespace {self.namespace!r} must be 1-48 letters, digits, '_' or '-', "
-                             "starting with a letter or digit")
-        for name in ("auth", "calibrate"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"PlatformConfig.{name} must be True or False")
+        if not isinstance(self.auth, bool):
+            raise ValueError("PlatformConfig.auth must be True or False")
         if not self.auth and self.host.lower() not in LOOPBACK_HOSTS:
             raise ValueError(f"--no-auth (PlatformConfig.auth=False) makes every caller admin, so the gateway may then "
                              f"listen only on a loopback address: --host must be 127.0.0.1, localhost or ::1, got "
@@ -164,35 +182,29 @@ class PlatformConfig:
             raise ValueError(f"PlatformConfig.gateway_body_timeout_s must be a number of seconds > 0, got {value!r}")
         if self.num_cpus is not None:
             _int("num_cpus", self.num_cpus, 1)
-        _int("cpu_worker_slots_per_node", self.cpu_worker_slots_per_node, 1)
-        _int("ssd_capacity_bytes", self.ssd_capacity_bytes, 1)
-        _int("dram_capacity_bytes", self.dram_capacity_bytes, 0)
         _int("num_gateway_replicas", self.num_gateway_replicas, 1)
-        _int("spare_workers_per_node", self.spare_workers_per_node, 0)
-        _int("spare_weight_bytes", self.spare_weight_bytes, 0)
-        if not isinstance(self.engine_defaults, Mapping):
-            raise ValueError("PlatformConfig.engine_defaults must be a mapping of worker.EngineConfig fields")
-        object.__setattr__(self, "engine_defaults", dict(self.engine_defaults))
-        value = self.reconcile_interval_s
-        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-            raise ValueError(f"PlatformConfig.reconcile_interval_s must be a number > 0, got {value!r}")
-        if not isinstance(self.slot_sharing, bool):
-            raise ValueError(f"PlatformConfig.slot_sharing must be True or False, got {self.slot_sharing!r}")
-        value = self.peer_link_bytes_per_s
-        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"PlatformConfig.peer_link_bytes_per_s must be a number >= 0 (0: never stream "
-                             f"from a peer), got {value!r}")
+
+    # ---- from the controller's configuration -------------------------------------------------
+
+    @property
+    def state_dir(self) -> Path:
+        return self.controller.state_dir
+
+    @property
+    def namespace(self) -> str:
+        """Ray namespace of this platform's actors; also its shared-memory id."""
+        return self.controller.namespace
 
     # ---- derived paths -----------------------------------------------------------------------
 
     @property
     def state_location(self) -> str:
         """The state store the platform, the gateway and the admin key use."""
-        return self.state_store if self.state_store is not None else str(self.state_dir) + "/"
+        return self.controller.state_location
 
     @property
     def effective_repository_uri(self) -> str:
-        return self.repository_uri if self.repository_uri is not None else str(self.state_dir / "repository")
+        return self.controller.repository.uri
 
     @property
     def admin_key_file(self) -> Path:
@@ -223,25 +235,6 @@ class PlatformConfig:
         return f"{self.namespace}-gateway"
 
     # ---- derived configurations --------------------------------------------------------------
-
-    def controller_config(self) -> Any:
-        """The `controller.ControllerConfig` of this platform (imported here: it brings storage)."""
-        from controller import ControllerConfig
-        from controller import SlotSharingSettings
-        from controller.stream_source_policy import PeerStreamSettings
-        from storage import RepositoryConfig
-
-        peer_stream = PeerStreamSettings(link_bytes_per_s=self.peer_link_bytes_per_s) \
-            if self.peer_link_bytes_per_s > 0 else None
-        return ControllerConfig(
-            state_dir=self.state_dir, state_store=self.state_store, namespace=self.namespace,
-            repository=RepositoryConfig(uri=self.effective_repository_uri, endpoint_url=self.repository_endpoint_url),
-            ssd_capacity_bytes=self.ssd_capacity_bytes, dram_capacity_bytes=self.dram_capacity_bytes,
-            calibrate=self.calibrate, cpu_worker_slots_per_node=self.cpu_worker_slots_per_node,
-            engine_defaults=self.engine_defaults, reconcile_interval_s=self.reconcile_interval_s,
-            spare_workers_per_node=self.spare_workers_per_node, spare_weight_bytes=self.spare_weight_bytes,
-            peer_stream=peer_stream, slot_sharing=SlotSharingSettings() if self.slot_sharing else None,
-        )
 
     def gateway_config(self, metrics_token_sha256: str | None = None) -> Any:
         """The `GatewayDeploymentConfig` of this platform's gateway; `metrics_token_sha256` is the

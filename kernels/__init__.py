@@ -1,21 +1,29 @@
-"""Attention and KV-cache kernels behind one interface (see `attention_backend`).
+"""Attention and KV-cache kernels behind one interface (see `attention_backend`), and the
+pre-packed linear layers of float32 CPU serving (`cpu_linear`).
 
-Three implementations: `ReferenceAttentionBackend` (PyTorch, any device: the ground truth in
-tests), the CPU serving backend in `cpu_attention` (a C++ decode kernel built on first use,
-the reference for prefill), and the Triton kernels in `triton_attention` (chosen on CUDA; on
-CPU only under ``TRITON_INTERPRET=1``). `get_attention_backend` picks one; callers never
-import an implementation directly, so `triton` is imported only when it is used.
+Three attention implementations: `ReferenceAttentionBackend` (PyTorch, any device: the ground
+truth in tests), the CPU serving backend in `cpu_attention` (a C++ decode kernel built on first
+use, the reference for prefill), and the Triton kernels in `triton_attention` (chosen on CUDA;
+on CPU only under ``TRITON_INTERPRET=1``). `get_attention_backend` picks one and is the only
+code that imports `cpu_attention` or `triton_attention` (outside their own tests), so `triton`
+is imported only when it is chosen. `prepack_linear_layers` swaps a loaded model's
+``nn.Linear`` layers for `PrepackedLinear` (oneDNN's blocked weight layout) where
+`cpu_prepack_unavailable_reason` says the dtype and device allow it.
 
 Public API: `AttentionMetadata`, `AttentionBackend`, `ReferenceAttentionBackend`,
-`get_attention_backend`, `prepare_cpu_kernels`, `triton_interpreter_enabled`. Nothing here imports other Thaw folders.
+`get_attention_backend`, `prepare_cpu_kernels`, `triton_interpreter_enabled`, `PrepackedLinear`,
+`prepack_linear_layers`, `cpu_prepack_unavailable_reason`. Nothing here imports other Thaw
+folders.
 """
 
 from kernels.attention_backend import AttentionBackend
 from kernels.attention_metadata import AttentionMetadata
+from kernels.cpu_linear import PrepackedLinear, cpu_prepack_unavailable_reason, prepack_linear_layers
 from kernels.reference import ReferenceAttentionBackend
 from kernels.select import get_attention_backend, prepare_cpu_kernels, triton_interpreter_enabled
 
 __all__ = [
-    "AttentionBackend", "AttentionMetadata", "ReferenceAttentionBackend", "get_attention_backend",
-    "prepare_cpu_kernels", "triton_interpreter_enabled",
+    "AttentionBackend", "AttentionMetadata", "PrepackedLinear", "ReferenceAttentionBackend",
+    "cpu_prepack_unavailable_reason", "get_attention_backend", "prepack_linear_layers", "prepare_cpu_kernels",
+    "triton_interpreter_enabled",
 ]

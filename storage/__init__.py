@@ -1,11 +1,12 @@
 """Model storage tiers: the repository (local directory or S3), and each node's SSD and DRAM caches.
 
 `ModelRepository` (open one with `open_repository(RepositoryConfig(uri))`) is the source of
-truth: push (staged, made visible in one conditional manifest write: of two racing pushes
-exactly one wins, `PushConflictError` for the other), list, describe, fetch with parallel ranged
-reads. `NodeStore` (as a Ray actor:
-`start_node_store`) keeps thaw-format copies on the node's SSD and in shared memory within byte
-capacities, fills a miss once however many ask, evicts least recently used (never pinned or
+truth: push (a Hugging Face dir converted to the thaw format once, there, and stored beside it;
+staged, made visible in one conditional manifest write: of two racing pushes exactly one wins,
+`PushConflictError` for the other), list, describe, fetch with parallel ranged reads.
+`NodeStore` (as a Ray actor: `start_node_store`) keeps thaw-format copies on the node's SSD and
+in shared memory within byte capacities -- copying what the push converted, converting only a
+model the repository holds in Hugging Face form alone --, fills a miss once however many ask, evicts least recently used (never pinned or
 loading) entries, re-fetches a corrupt copy, measures the node's bandwidths and reports what it
 holds (`NodeStoreReport`). Every checkpoint file it writes is the owner's only (directories 0700,
 files 0600). Depends on `loader` only.

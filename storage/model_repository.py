@@ -21,6 +21,13 @@ lives here, once, on top of a handful of object primitives:
 - the source directory is read through `loader.model_dir_files`: a symlink or index entry
   leading outside it is refused (`loader.UnsafeModelDirError`, a ValueError), so a push never
   uploads someone else's files;
+- conversion once, at push: a Hugging Face dir is converted to the thaw format (in a temporary
+  directory under ``TMPDIR``) and that checkpoint is uploaded beside the dir, in the same
+  revision's staging, under ``_thaw/<model>/<revision>/`` (`ModelManifest.converted`); node
+  stores fetch it (``fetch(..., prefer_thaw=True)``) and only copy. The dir as pushed stays the
+  model's `files` (listings, re-deploy comparisons and plain fetches are as before). A dir the
+  converter cannot read is stored as given, with a warning: node stores then convert it on fetch
+  as they do for repositories pushed before this (and report the same error when they do);
 - fetch: every file split into ``part_bytes`` ranges, all ranges of all files downloaded on one
   pool of ``max_concurrency`` threads straight into their place in the destination files
   (parallel ranged GETs on S3, ``copy_file_range`` locally), then sizes and xxh3_64 verified.
@@ -32,6 +39,7 @@ rename) is the caller's job -- the node store does exactly that.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -46,8 +54,10 @@ import xxhash
 
 from loader import make_private_dirs, model_dir_files, open_private
 from storage.model_name import validate_model_name
-from storage.repository_manifest import (REVISIONS_DIR, ManifestError, ManifestFile, ModelManifest, new_revision,
-                                         revision_started_s, validate_revision)
+from storage.repository_manifest import (CONVERTED_PREFIX, REVISIONS_DIR, ManifestError, ManifestFile, ModelManifest,
+                                         new_revision, revision_started_s, validate_revision)
+
+logger = logging.getLogger(__name__)
 
 MIB = 1 << 20
 DEFAULT_PART_BYTES = 64 * MIB  # one ranged GET; big enough to amortise request latency, small enough to spread
@@ -123,6 +133,29 @@ def model_kind(src_dir: Path, rel_paths: list[str]) -> str:
         return "hf"
     raise ValueError(f"{src_dir} is neither a thaw checkpoint (thaw_index.json) nor a Hugging Face model "
                      f"dir with *.safetensors weights")
+
+
+def _object_keys(manifest: ModelManifest) -> list[str]:
+    """Every object a manifest names: its files and its converted checkpoint's."""
+    return ([manifest.object_key(f.path) for f in manifest.files]
+            + [manifest.converted_key(f.path) for f in manifest.converted])
+
+
+def _convert_for_push(src: Path, model: str, scratch: Path) -> Path | None:
+    """The Hugging Face dir `src` converted to a thaw checkpoint under `scratch`; None, with a
+    warning, when the converter cannot read it (node stores then convert on fetch, as before)."""
+    try:
+        # Imported here: the converter brings torch, which a thaw push or a listing does not need.
+        from loader import convert_checkpoint
+
+        out = scratch / "checkpoint"
+        convert_checkpoint(src, out, progress=False)
+        return out
+    except Exception as exc:  # noqa: BLE001 - stored as given; the node store's conversion reports it at start
+        logger.warning("model %r: converting %s to the thaw format at push failed (%s: %s); it is stored in "
+                       "Hugging Face form and every node store will try converting it on fetch", model, src,
+                       type(exc).__name__, exc)
+        return None
 
 
 class ModelRepository(ABC):
@@ -222,12 +255,14 @@ class ModelRepository(ABC):
                 manifests.append(ModelManifest.from_json(data, origin=self._key_uri(self._manifest_key(name))))
         return manifests
 
-    def push(self, src_dir: str | Path, model: str, *, overwrite: bool = False) -> ModelManifest:
+    def push(self, src_dir: str | Path, model: str, *, overwrite: bool = False, convert: bool = True) -> ModelManifest:
         """Upload a Hugging Face or thaw-format model dir as `model`; returns its manifest.
 
-        Staged: the files go under a fresh revision and the manifest is swapped in last (see the
-        module docstring), so until this returns readers see the previous version whole (or no
-        model). Raises `ModelExistsError` if the model exists and not `overwrite`,
+        A Hugging Face dir is converted to the thaw format once, here, and both are uploaded (see
+        the module docstring); `convert` False stores it as given (as repositories did before:
+        node stores convert it on fetch). Staged: the files go under a fresh revision and the
+        manifest is swapped in last, so until this returns readers see the previous version whole
+        (or no model). Raises `ModelExistsError` if the model exists and not `overwrite`,
         `PushConflictError` if a concurrent push of `model` won, `loader.UnsafeModelDirError`
         (a ValueError) if the dir names files outside itself."""
         validate_model_name(model)
@@ -241,20 +276,34 @@ class ModelRepository(ABC):
         current = self._read_object_tagged(manifest_key)
         if current is not None and not overwrite:
             raise ModelExistsError(f"model {model!r} already exists in {self.uri}; pass overwrite to replace it")
+        with tempfile.TemporaryDirectory(prefix="thaw-push-") as scratch:
+            thaw_dir = _convert_for_push(src, model, Path(scratch)) if kind == "hf" and convert else None
+            return self._upload_revision(model, kind, files, model_dir_files(thaw_dir) if thaw_dir else [], current,
+                                         overwrite)
+
+    def _upload_revision(self, model: str, kind: str, files: list[tuple[str, Path]],
+                         converted_files: list[tuple[str, Path]], current: tuple[bytes, str] | None,
+                         overwrite: bool) -> ModelManifest:
+        """The staged part of `push`: upload into a fresh revision, swap the manifest in, delete
+        what it replaced."""
+        manifest_key = self._manifest_key(model)
         revision = new_revision()
         prefix = f"{model}/{REVISIONS_DIR}/{revision}"
+        converted_prefix = f"{CONVERTED_PREFIX}/{model}/{revision}"
 
-        def upload(rel: str, path: Path) -> ManifestFile:
+        def upload(key: str, rel: str, path: Path) -> ManifestFile:
             size = path.stat().st_size
             digest = file_xxh3_64(path)
-            self._upload_file(f"{prefix}/{rel}", path)
+            self._upload_file(key, path)
             return ManifestFile(path=rel, size=size, xxh3_64=digest)
 
+        jobs = [(f"{prefix}/{rel}", rel, path) for rel, path in files]
+        jobs += [(f"{converted_prefix}/{rel}", rel, path) for rel, path in converted_files]
         try:
             with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="thaw-push") as pool:
-                entries = list(pool.map(lambda item: upload(*item), files))
-            manifest = ModelManifest(model=model, kind=kind, files=tuple(entries), pushed_at=time.time(),
-                                     revision=revision)
+                entries = list(pool.map(lambda job: upload(*job), jobs))
+            manifest = ModelManifest(model=model, kind=kind, files=tuple(entries[:len(files)]), pushed_at=time.time(),
+                                     revision=revision, converted=tuple(entries[len(files):]))
             if not self._swap_object(manifest_key, manifest.to_json().encode(), current[1] if current else None):
                 again = "push again to replace it" if overwrite else "push again with overwrite to replace it"
                 raise PushConflictError(f"model {model!r} in {self.uri} was pushed (or deleted) by someone else "
@@ -266,7 +315,7 @@ class ModelRepository(ABC):
         if current is not None:  # the replaced version: nothing names its files any more
             try:
                 replaced = ModelManifest.from_json(current[0], origin=self._key_uri(manifest_key))
-                self._delete_objects([replaced.object_key(f.path) for f in replaced.files])
+                self._delete_objects(_object_keys(replaced))
             except ManifestError:
                 pass  # not ours to read; the sweep below removes what it can
         self._sweep(model, keep=revision)
@@ -279,14 +328,16 @@ class ModelRepository(ABC):
             data = self._read_object(self._manifest_key(model))
             if data is not None and ModelManifest.from_json(data, origin="").revision == revision:
                 return
-            self._delete_objects([key for key, _ in self._list_objects(f"{model}/{REVISIONS_DIR}/{revision}")])
+            self._delete_objects([key for prefix in (f"{model}/{REVISIONS_DIR}/{revision}",
+                                                     f"{CONVERTED_PREFIX}/{model}/{revision}")
+                                  for key, _ in self._list_objects(prefix)])
         except Exception:  # noqa: BLE001 -- the push's own error is the one to raise
             pass
 
     def _sweep(self, model: str, keep: str | None, now_s: float | None = None) -> None:
-        """Delete objects under ``<model>/`` no manifest names: files of the unrevisioned layout
-        (the current manifest has a revision) and revisions other than `keep` older than
-        `ABANDONED_PUSH_S` (younger ones may be pushes in progress)."""
+        """Delete objects under ``<model>/`` and ``_thaw/<model>/`` no manifest names: files of the
+        unrevisioned layout (the current manifest has a revision) and revisions other than `keep`
+        older than `ABANDONED_PUSH_S` (younger ones may be pushes in progress)."""
         now_s = time.time() if now_s is None else now_s
         doomed = []
         for key, _ in self._list_objects(model):
@@ -294,29 +345,38 @@ class ModelRepository(ABC):
             if len(parts) < 3 or parts[1] != REVISIONS_DIR:
                 doomed.append(key)
                 continue
-            revision = parts[2]
-            if revision == keep:
-                continue
-            try:
-                abandoned = now_s - revision_started_s(validate_revision(revision)) > ABANDONED_PUSH_S
-            except ManifestError:
-                abandoned = True  # not a revision any push of ours makes
-            if abandoned:
+            if self._abandoned(parts[2], keep, now_s):
+                doomed.append(key)
+        for key, _ in self._list_objects(f"{CONVERTED_PREFIX}/{model}"):
+            parts = key.split("/")  # _thaw/<model>/<revision>/<file>
+            if len(parts) < 4 or self._abandoned(parts[2], keep, now_s):
                 doomed.append(key)
         if doomed:
             self._delete_objects(doomed)
+
+    @staticmethod
+    def _abandoned(revision: str, keep: str | None, now_s: float) -> bool:
+        """Whether a revision's objects go: not `keep`, and older than `ABANDONED_PUSH_S`."""
+        if revision == keep:
+            return False
+        try:
+            return now_s - revision_started_s(validate_revision(revision)) > ABANDONED_PUSH_S
+        except ManifestError:
+            return True  # not a revision any push of ours makes
 
     def delete(self, model: str) -> None:
         """Remove a model: its manifest first (it stops being listed), then its files, then
         leftovers of crashed pushes (a push still in progress keeps its files)."""
         manifest = self.describe(model)
         self._delete_objects([self._manifest_key(model)])
-        self._delete_objects([manifest.object_key(f.path) for f in manifest.files])
+        self._delete_objects(_object_keys(manifest))
         self._sweep(model, keep=None)
 
-    def fetch(self, model: str, dest_dir: str | Path, *, verify: bool = True) -> FetchResult:
+    def fetch(self, model: str, dest_dir: str | Path, *, verify: bool = True, prefer_thaw: bool = False) -> FetchResult:
         """Download a complete model into `dest_dir` (absent or empty) with parallel ranged reads.
 
+        `prefer_thaw`: a Hugging Face push's converted thaw checkpoint instead of the dir as pushed,
+        when it has one (what a node store serves from); the result's `kind` says which arrived.
         With `verify`, every file's size and xxh3_64 are checked against the manifest
         (`FetchVerificationError` otherwise). On error, `dest_dir` is left partly written: the
         caller fetches into a temporary directory and discards it."""
@@ -326,15 +386,16 @@ class ModelRepository(ABC):
         if dest.exists() and any(dest.iterdir()):
             raise FileExistsError(f"fetch destination {dest} is not empty")
         make_private_dirs(dest)
-        num_requests = self._download_files([(manifest.object_key(f.path), f.path, f.size) for f in manifest.files],
-                                            dest)
+        if prefer_thaw and manifest.converted:
+            kind, entries, key = "thaw", manifest.converted, manifest.converted_key
+        else:
+            kind, entries, key = manifest.kind, manifest.files, manifest.object_key
+        num_requests = self._download_files([(key(f.path), f.path, f.size) for f in entries], dest)
         if verify:
             with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="thaw-verify") as pool:
-                list(pool.map(lambda f: self._verify_file(manifest.object_key(f.path), f, dest / f.path),
-                              manifest.files))
-        return FetchResult(model=model, kind=manifest.kind, num_files=len(manifest.files),
-                           num_bytes=manifest.total_bytes, num_requests=num_requests,
-                           elapsed_s=time.perf_counter() - start)
+                list(pool.map(lambda f: self._verify_file(key(f.path), f, dest / f.path), entries))
+        return FetchResult(model=model, kind=kind, num_files=len(entries), num_bytes=sum(f.size for f in entries),
+                           num_requests=num_requests, elapsed_s=time.perf_counter() - start)
 
     def _verify_file(self, key: str, entry: ManifestFile, path: Path) -> None:
         size = path.stat().st_size

@@ -2,10 +2,13 @@
 
 ``ensure(model, tier)`` returns the local path of a complete thaw checkpoint in that tier:
 
-- SSD miss: fetch from the repository (parallel ranged reads) into the tier's staging area,
-  convert once if the repository holds a Hugging Face dir (a thaw-format one is only verified
-  against the manifest's checksums), then rename into place -- concurrent callers share the one
-  fetch (`CheckpointTier` single flight);
+- SSD miss: fetch the model's thaw checkpoint from the repository (parallel ranged reads, every
+  file verified against the manifest's checksums) into the tier's staging area, then rename it
+  into place -- concurrent callers share the one fetch (`CheckpointTier` single flight). A
+  Hugging Face push was converted once, at push (`ModelRepository.push`), so the store only
+  copies; a repository that holds a model in Hugging Face form only (pushed before that, or
+  unreadable by the converter then) still works: the store converts it after the download,
+  saying so once per model in its log;
 - DRAM miss: ensure the SSD copy, then copy it into the shared-memory tier verifying every
   chunk's checksum; a bad SSD copy is invalidated, re-fetched and the copy retried once.
 
@@ -68,6 +71,7 @@ class NodeStore:
         self._lock = threading.Lock()
         self._num_fetches = 0
         self._num_conversions = 0
+        self._converted_here: set[str] = set()  # models converted after a download (logged once each)
         self._closed = False
         self._shm: ShmDirectory | None = None
         self.dram: CheckpointTier | None = None
@@ -112,21 +116,31 @@ class NodeStore:
         if tier == "ssd":
             def estimate() -> int:
                 manifest = self.repository.describe(model)
-                # A Hugging Face dir is downloaded and converted next to it: both are on the SSD at the end.
-                return manifest.total_bytes * (2 if manifest.kind == "hf" else 1)
+                if manifest.kind == "hf" and not manifest.converted:
+                    # Downloaded and converted next to it here: both are on the SSD at the end.
+                    return manifest.total_bytes * 2
+                return manifest.checkpoint_bytes
             return (lambda dest: self._fill_ssd(model, dest)), estimate
         return (lambda dest: self._fill_dram(model, dest)), (lambda: self._ssd_bytes(model))
 
     def _fill_ssd(self, model: str, dest: Path) -> None:
-        manifest = self.repository.describe(model)
         with self._lock:
             self._num_fetches += 1
-        target = dest if manifest.kind == "thaw" else dest.parent / "download"
-        result = self.repository.fetch(model, target, verify=self.config.verify_fetches)
-        if manifest.kind == "hf":
+        download = dest.parent / "download"
+        result = self.repository.fetch(model, download, verify=self.config.verify_fetches, prefer_thaw=True)
+        if result.kind == "thaw":
+            os.rename(download, dest)
+        else:  # Hugging Face form only: convert here (see the module docstring)
+            with self._lock:
+                first = model not in self._converted_here
+                self._converted_here.add(model)
+            if first:
+                logger.warning("model %r is in Hugging Face form only in the repository %s; this node store "
+                               "converts it after each download -- push it again to store the thaw format once",
+                               model, self.repository.uri)
             kwargs = {"chunk_bytes": self.config.convert_chunk_bytes} if self.config.convert_chunk_bytes else {}
-            convert_checkpoint(target, dest, dtype=self.config.convert_dtype, progress=False, **kwargs)
-            shutil.rmtree(target)
+            convert_checkpoint(download, dest, dtype=self.config.convert_dtype, progress=False, **kwargs)
+            shutil.rmtree(download)
             with self._lock:
                 self._num_conversions += 1
         if result.num_bytes >= max(1, self.config.repository_calibration_bytes):

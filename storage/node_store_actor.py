@@ -1,4 +1,9 @@
-"""The node store as a Ray actor: one per node, called by that node's workers and the controller.
+"""The node store as a Ray actor: one per node, called by the controller.
+
+The controller (through its `ClusterClient`) pins a checkpoint in a tier before a worker starts
+on the node (``pin``), copies one into DRAM after a start (``ensure``), unpins what no instance
+uses, drops stale copies (``invalidate``) and reads ``report()`` every tick. Workers never call
+the store: they load the directory the controller hands them, which the pin keeps in place.
 
 The actor builds its `NodeStore` and repository from configs inside its own process (a boto3
 client cannot be pickled) and exposes the store's API with plain values (paths as strings,
@@ -7,7 +12,7 @@ for one model reach the store together and share one fetch, and a long fetch nev
 `report()`. This class is the only thing that knows about Ray; tests of the store itself use
 `NodeStore` directly.
 
-A worker's load across the actor boundary::
+A load by a caller that holds no pin (a tool, a test) across the actor boundary::
 
     path = ray.get(store.acquire.remote(model, "dram"))
     try:

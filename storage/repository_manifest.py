@@ -11,6 +11,13 @@ Version 2 adds the push's `revision`: a push uploads its files under a prefix of
 manifest names (nor another push's), and replacing the manifest -- one object, written
 conditionally -- is what makes a new version visible. Version 1 manifests (files directly under
 ``<model>/``, no revision) are still read.
+
+A Hugging Face push is converted to the thaw format once, at push, and the manifest lists that
+checkpoint too (`converted`, under ``_thaw/<model>/<revision>/``: names cannot start with ``_``),
+so node stores copy it instead of each converting. `files` stays the dir as pushed (what ``thaw
+models ls`` shows and what a re-deploy compares its source with). The list is optional within
+version 2: a reader that predates it ignores it and converts, and a manifest without it (a
+repository from before, or a dir the converter could not read) is converted by the node store.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ MANIFEST_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: no revision, files directly under <model>/
 REVISIONS_DIR = ".revisions"  # hidden: a pushed dir's own files never start with '.'
 MODEL_KINDS = ("thaw", "hf")  # a thaw checkpoint (loader format) or a Hugging Face safetensors dir
+CONVERTED_PREFIX = "_thaw"  # a Hugging Face push's thaw checkpoint: _thaw/<model>/<revision>/<file>
 
 
 class ManifestError(ValueError):
@@ -82,14 +90,17 @@ class ManifestFile:
 
 @dataclass(frozen=True)
 class ModelManifest:
-    """A complete model in a repository: its name, kind, files, when it was pushed (Unix time) and
-    the push's revision (where its files are; None: a version 1 manifest, files under ``<model>/``)."""
+    """A complete model in a repository: its name, kind, files, when it was pushed (Unix time),
+    the push's revision (where its files are; None: a version 1 manifest, files under ``<model>/``)
+    and, for a Hugging Face push, the files of the thaw checkpoint converted from it (empty: none,
+    node stores convert on fetch)."""
 
     model: str
     kind: str
     files: tuple[ManifestFile, ...]
     pushed_at: float
     revision: str | None = None
+    converted: tuple[ManifestFile, ...] = ()
 
     def __post_init__(self) -> None:
         try:
@@ -103,6 +114,13 @@ class ModelManifest:
             raise ManifestError(f"model {self.model!r}: a file is listed twice")
         if self.revision is not None:
             validate_revision(self.revision)
+        if self.converted:
+            if self.kind != "hf" or self.revision is None:
+                raise ManifestError(f"model {self.model!r}: only a Hugging Face push with a revision has a "
+                                    f"converted checkpoint")
+            converted = [f.path for f in self.converted]
+            if len(set(converted)) != len(converted):
+                raise ManifestError(f"model {self.model!r}: a converted file is listed twice")
 
     @property
     def files_prefix(self) -> str:
@@ -115,9 +133,19 @@ class ModelManifest:
         """The repository key of one of its files."""
         return f"{self.files_prefix}/{path}"
 
+    def converted_key(self, path: str) -> str:
+        """The repository key of one file of its converted thaw checkpoint."""
+        return f"{CONVERTED_PREFIX}/{self.model}/{self.revision}/{path}"
+
     @property
     def total_bytes(self) -> int:
+        """Bytes of the files as pushed."""
         return sum(f.size for f in self.files)
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        """Bytes of the thaw checkpoint a node store copies (the converted one when there is one)."""
+        return sum(f.size for f in self.converted) if self.converted else self.total_bytes
 
     def to_json(self) -> str:
         data = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION if self.revision else 1, "model": self.model,
@@ -125,6 +153,8 @@ class ModelManifest:
         if self.revision is not None:
             data["revision"] = self.revision
         data["files"] = [{"path": f.path, "size": f.size, "xxh3_64": f.xxh3_64} for f in self.files]
+        if self.converted:  # absent otherwise: a manifest without one reads as it always did
+            data["converted"] = [{"path": f.path, "size": f.size, "xxh3_64": f.xxh3_64} for f in self.converted]
         return json.dumps(data, indent=1)
 
     @classmethod
@@ -141,12 +171,14 @@ class ModelManifest:
                                 f"(this Thaw reads versions {', '.join(map(str, READABLE_VERSIONS))})")
         try:
             files = tuple(ManifestFile(path=f["path"], size=f["size"], xxh3_64=f["xxh3_64"]) for f in data["files"])
+            converted = tuple(ManifestFile(path=f["path"], size=f["size"], xxh3_64=f["xxh3_64"])
+                              for f in (data.get("converted", ()) if version >= 2 else ()))
             pushed_at = data["pushed_at"]
             if not isinstance(pushed_at, (int, float)) or isinstance(pushed_at, bool):
                 raise ManifestError(f"pushed_at {pushed_at!r} is not a number")
             revision = validate_revision(data["revision"]) if version >= 2 else None  # version 2 has one
             return cls(model=data["model"], kind=data["kind"], files=files, pushed_at=float(pushed_at),
-                       revision=revision)
+                       revision=revision, converted=converted)
         except (KeyError, TypeError) as exc:
             raise ManifestError(f"{origin}: missing or malformed field {exc}") from None
         except ManifestError as exc:

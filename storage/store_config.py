@@ -40,6 +40,7 @@ class NodeStoreConfig:
     calibrate: bool = True
     calibration_bytes: int = 64 * MIB  # disk and DRAM probes
     repository_calibration_bytes: int = 8 * MIB  # 0: no repository probe (then the first fetch measures it)
+    # Converting a model the repository holds in Hugging Face form only (a push converts it otherwise):
     convert_dtype: str | None = None  # cast Hugging Face weights on conversion; None keeps their dtype
     convert_chunk_bytes: int | None = None  # checksum/read chunk of converted checkpoints; None: the loader's default
     copy_threads: int = 4  # threads promoting a checkpoint from SSD to DRAM

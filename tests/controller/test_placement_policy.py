@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from controller import NodeView, TierBandwidths, place, place_locality_blind
-from controller.placement_policy import estimate_node
+from controller.placement_policy import estimate_node, pin_tier
 
 GB = 10**9
 MODEL_BYTES = 4 * GB
@@ -142,3 +142,9 @@ def test_ties_are_deterministic_whatever_the_input_order():
 def test_invalid_inputs(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_pin_tier_reads_the_dram_copy_only_when_placement_chose_dram():
+    assert [pin_tier(tier) for tier in ("dram", "ssd", "repository", "gpu")] == ["dram", "ssd", "ssd", "ssd"]
+    with pytest.raises(ValueError, match="tier must be one of"):
+        pin_tier("nvme")

@@ -145,3 +145,26 @@ def test_status_table_shows_a_slot_reclaim_under_way(capsys):
     assert "9.5" in section
     print_status({"platform_id": "p", "namespace": "n", "models": [], "instances": [], "nodes": []})
     assert "none under way" in capsys.readouterr().out
+
+
+def test_serve_flags_keep_their_defaults_and_reach_the_controller_config(tmp_path):
+    from controller import ControllerConfig
+    from infra.cli import build_parser
+    from infra.cli_serve import _config_from_args
+    from infra.platform_config import GIB, PlatformConfig
+    from storage import RepositoryConfig
+
+    state = tmp_path / "state"
+    config = _config_from_args(build_parser().parse_args(["serve", "--state", str(state)]))
+    assert config == PlatformConfig(controller=ControllerConfig(state_dir=state,
+                                                                repository=RepositoryConfig(f"{state}/repository")))
+    flags = ["serve", "--state", str(state), "--worker-slots", "2", "--ssd-capacity-gb", "2", "--dram-capacity-gb",
+             "0.5", "--no-calibrate", "--spare-workers", "0", "--spare-memory-gb", "1", "--peer-link-gbps", "0",
+             "--no-slot-sharing", "--namespace", "p2", "--port", "9001", "--gateway-replicas", "2"]
+    config = _config_from_args(build_parser().parse_args(flags))
+    controller = config.controller
+    assert (controller.cpu_worker_slots_per_node, controller.ssd_capacity_bytes, controller.dram_capacity_bytes,
+            controller.calibrate, controller.spare_workers_per_node, controller.spare_weight_bytes) == (
+        2, 2 * GIB, GIB // 2, False, 0, GIB)
+    assert (controller.peer_stream, controller.slot_sharing, controller.namespace) == (None, None, "p2")
+    assert (config.port, config.num_gateway_replicas) == (9001, 2)

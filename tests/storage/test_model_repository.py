@@ -373,3 +373,53 @@ def test_local_repository_and_fetched_files_are_the_owners_only(repository, hf_m
         assert {mode for path, mode in modes.items() if (repository.root / path).is_dir()} == {0o700}
         assert {mode for path, mode in modes.items() if (repository.root / path).is_file()} == {0o600}
         assert modes[f"tiny/.revisions/{manifest.revision}/model.safetensors"] == 0o600
+
+
+# --- a Hugging Face push is converted once, and its thaw checkpoint stored beside it ---------------
+
+
+def test_a_hugging_face_push_stores_its_thaw_conversion_and_a_plain_fetch_still_gets_the_dir(
+        repository, hf_model_dir, tmp_path):
+    from loader import convert_checkpoint
+    from worker import checkpoint_identity
+
+    manifest = repository.push(hf_model_dir, "tiny")
+    assert (manifest.kind, [f.path for f in manifest.files]) == ("hf", ["config.json", "model.safetensors",
+                                                                       "tokenizer.json"])
+    assert [f.path for f in manifest.converted] == ["config.json", "partition_000.bin", "thaw_index.json",
+                                                    "tokenizer.json"]
+    assert repository.describe("tiny") == manifest
+    assert _object_keys(repository, "_thaw/tiny") == sorted(
+        f"_thaw/tiny/{manifest.revision}/{f.path}" for f in manifest.converted)
+    # What a node store copies: the thaw checkpoint, exactly what converting the dir gives, so a
+    # copy converted at push and one a node converted (an older repository) are one checkpoint.
+    result = repository.fetch("tiny", tmp_path / "thaw", prefer_thaw=True)
+    assert (result.kind, result.num_files, result.num_bytes) == ("thaw", 4, manifest.checkpoint_bytes)
+    convert_checkpoint(hf_model_dir, tmp_path / "local", progress=False)
+    assert _same_tree(tmp_path / "local", tmp_path / "thaw")
+    assert checkpoint_identity(tmp_path / "thaw") == checkpoint_identity(tmp_path / "local")
+    assert repository.fetch("tiny", tmp_path / "as-pushed").kind == "hf"
+    assert _same_tree(hf_model_dir, tmp_path / "as-pushed")
+    # Replaced, then deleted: the converted files go with the version that named them.
+    thaw = repository.push(tmp_path / "local", "tiny", overwrite=True)
+    assert thaw.converted == () and _object_keys(repository, "_thaw/tiny") == []
+    repository.push(hf_model_dir, "tiny", overwrite=True)
+    repository.delete("tiny")
+    assert _object_keys(repository, "_thaw/tiny") == [] and _object_keys(repository, "tiny") == []
+
+
+def test_an_unconverted_push_and_a_dir_the_converter_cannot_read_are_stored_as_given(repository, hf_model_dir,
+                                                                                     tmp_path, caplog):
+    plain = repository.push(hf_model_dir, "plain", convert=False)
+    assert plain.converted == () and _object_keys(repository, "_thaw/plain") == []
+    assert repository.fetch("plain", tmp_path / "plain", prefer_thaw=True).kind == "hf"  # the store converts it
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "model.safetensors").write_bytes(b"\x07" * 1000)  # not a safetensors file
+    manifest = repository.push(broken, "broken")
+    assert (manifest.kind, manifest.converted, [f.path for f in manifest.files]) == ("hf", (), ["model.safetensors"])
+    [warning] = [r for r in caplog.records if r.name == "storage.model_repository"]
+    assert warning.levelname == "WARNING"
+    assert warning.getMessage().startswith(f"model 'broken': converting {broken} to the thaw format at push failed")
+    assert warning.getMessage().endswith("it is stored in Hugging Face form and every node store will try "
+                                         "converting it on fetch")

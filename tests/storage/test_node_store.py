@@ -43,11 +43,12 @@ def read_bytes_from_storage() -> int:
 
 @pytest.fixture
 def repository(tmp_path, thaw_model_dir, hf_model_dir):
-    """A local repository with five identical thaw-format models m0..m4 and one Hugging Face model."""
+    """A local repository with five identical thaw-format models m0..m4 and one Hugging Face model
+    in the form repositories held before conversion at push ("hf": node stores convert it)."""
     repo = LocalModelRepository(tmp_path / "repo", part_bytes=16384, max_concurrency=4)
     for model in MODELS:
         repo.push(thaw_model_dir, model)
-    repo.push(hf_model_dir, "hf")
+    repo.push(hf_model_dir, "hf", convert=False)
     return repo
 
 
@@ -79,6 +80,40 @@ def test_ssd_miss_downloads_and_converts_once(store_config, repository, expected
         assert list((store.config.ssd_dir / ".staging").iterdir()) == []  # the download was removed
         tensors, _ = load_checkpoint(path)
         assert_tensors(tensors, expected_tensors)
+
+
+def test_a_model_converted_at_push_is_only_copied_by_every_node_store(store_config, repository, hf_model_dir,
+                                                                     expected_tensors, monkeypatch):
+    import storage.node_store
+
+    conversions = []
+    real_convert = storage.node_store.convert_checkpoint
+    monkeypatch.setattr(storage.node_store, "convert_checkpoint",
+                        lambda *args, **kwargs: conversions.append(args) or real_convert(*args, **kwargs))
+    published = repository.push(hf_model_dir, "published")
+    assert published.converted  # converted once, here
+    for _ in range(2):  # two nodes
+        with NodeStore(store_config(), repository) as store:
+            path = store.ensure("published", "ssd")
+            assert (store.report().num_fetches, store.report().num_conversions) == (1, 0)
+            assert store.report().tier("ssd").get("published").num_bytes == published.checkpoint_bytes
+            assert sorted(p.name for p in store.config.ssd_dir.iterdir()) == [".staging", ".trash", "published"]
+            assert list((store.config.ssd_dir / ".staging").iterdir()) == []
+            tensors, _ = load_checkpoint(path)
+            assert_tensors(tensors, expected_tensors)
+            store.load_checkpoint("published", "dram")
+    assert conversions == []
+
+
+def test_a_model_held_in_hugging_face_form_is_converted_on_fetch_and_said_once(store_config, repository, caplog):
+    with NodeStore(store_config(), repository) as store:
+        store.ensure("hf", "ssd")
+        assert store.evict("hf", "ssd")
+        store.ensure("hf", "ssd")  # fetched and converted again
+        assert (store.report().num_fetches, store.report().num_conversions) == (2, 2)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "storage.node_store"]
+    assert warnings == [f"model 'hf' is in Hugging Face form only in the repository {repository.uri}; this node "
+                        f"store converts it after each download -- push it again to store the thaw format once"]
 
 
 @pytest.mark.parametrize("tier", ["ssd", "dram"])

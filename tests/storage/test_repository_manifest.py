@@ -71,3 +71,24 @@ def test_a_revision_places_the_files_and_round_trips():
     text = json.dumps({**json.loads(revised.to_json()), "revision": None})
     with pytest.raises(ManifestError, match="s3://b/_manifests/m.json: revision None is not"):
         ModelManifest.from_json(text, "s3://b/_manifests/m.json")
+
+
+def test_a_converted_checkpoint_round_trips_is_optional_and_belongs_to_a_revised_hugging_face_push():
+    revision = new_revision(1_700_000_000.25)
+    converted = (ManifestFile("thaw_index.json", 7, "00000000000000aa"),
+                 ManifestFile("partition_000.bin", 8192, "00000000000000bb"))
+    published = manifest(revision=revision, converted=converted)
+    data = json.loads(published.to_json())
+    assert data["version"] == 2 and [f["path"] for f in data["converted"]] == ["thaw_index.json", "partition_000.bin"]
+    assert ModelManifest.from_json(published.to_json(), "x") == published
+    assert published.converted_key("partition_000.bin") == f"_thaw/m/{revision}/partition_000.bin"
+    assert (published.total_bytes, published.checkpoint_bytes) == (100, 8199)
+    plain = manifest(revision=revision)  # no conversion: the key is absent, and reads as none
+    assert "converted" not in json.loads(plain.to_json())
+    assert ModelManifest.from_json(plain.to_json(), "x").converted == () and plain.checkpoint_bytes == 100
+    with pytest.raises(ManifestError, match="only a Hugging Face push with a revision"):
+        manifest(kind="thaw", revision=revision, converted=converted)
+    with pytest.raises(ManifestError, match="only a Hugging Face push with a revision"):
+        manifest(converted=converted)
+    with pytest.raises(ManifestError, match="a converted file is listed twice"):
+        manifest(revision=revision, converted=converted[:1] * 2)
