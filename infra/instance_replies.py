@@ -2,14 +2,13 @@
 refusals as `InvalidRequest`s (a prompt over the context as `ContextLengthExceeded`).
 
 Chunks are `wire.GenerationChunk`s on both sides, so a chunk needs no translation, only the
-gateway's ``queue_s``. A chunk of another type with the same fields is copied into one: the
-worker's own chunk class, until `worker.instance_worker` yields `wire.GenerationChunk` itself.
+gateway's ``queue_s``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from infra.gateway_backend import ContextLengthExceeded, GenerationChunk, InvalidRequest
 
@@ -18,14 +17,9 @@ if TYPE_CHECKING:
 
 __all__ = ["gateway_chunk", "invalid_request"]
 
-_CHUNK_FIELDS = tuple(f.name for f in dataclasses.fields(GenerationChunk) if f.name != "queue_s")
-
-
-def gateway_chunk(chunk: Any, queue_s: float | None) -> GenerationChunk:
+def gateway_chunk(chunk: GenerationChunk, queue_s: float | None) -> GenerationChunk:
     """An instance's chunk with the gateway's `queue_s` (set on a request's first chunk only)."""
-    if isinstance(chunk, GenerationChunk):
-        return chunk if chunk.queue_s == queue_s else dataclasses.replace(chunk, queue_s=queue_s)
-    return GenerationChunk(**{name: getattr(chunk, name) for name in _CHUNK_FIELDS}, queue_s=queue_s)
+    return chunk if chunk.queue_s == queue_s else dataclasses.replace(chunk, queue_s=queue_s)
 
 
 def invalid_request(exc: InvalidRequestError) -> InvalidRequest:

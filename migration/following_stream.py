@@ -28,7 +28,6 @@ does not say within ``idle_timeout_s`` where a migrated request went.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
@@ -36,21 +35,15 @@ from typing import Any
 from migration.parking_endpoint import PARKED
 from migration.stream_idle_timeout import (DEFAULT_STREAM_IDLE_TIMEOUT_S, StreamIdleTimeout, guard_idle,
                                            validate_idle_timeout_s)
-from worker import (
-    SUSPENDED, EngineDeadError, GenerationChunk, InstanceLoadError, InvalidRequestError, MigrationRefusedError,
-    RequestProgress, SamplingParams, SpareWorkerError, UnknownRequestError, stream_generation,
-)
+from wire import Prompt, call, stream
+from worker import (SUSPENDED, GenerationChunk, RequestProgress, SamplingParams, UnknownRequestError,
+                    stream_generation)
 
 __all__ = ["StreamIdleTimeout", "follow_generation"]
 
 MIGRATED = "migrated"
 
-# Errors an instance raises on purpose: passed on as themselves, not in Ray's wrapper.
-_INSTANCE_ERRORS = (UnknownRequestError, MigrationRefusedError, InvalidRequestError, EngineDeadError,
-                    InstanceLoadError, SpareWorkerError)
-
-
-async def follow_generation(handle: Any, request_id: str, prompt: str | list,
+async def follow_generation(handle: Any, request_id: str, prompt: Prompt,
                             sampling_params: Mapping[str, Any] | SamplingParams | None = None, *,
                             resolve: Callable[[str], Awaitable[Any]],
                             sent_token_ids: Sequence[int] = (),
@@ -82,7 +75,7 @@ async def follow_generation(handle: Any, request_id: str, prompt: str | list,
         if not migrated:
             return
         try:
-            target = await asyncio.wait_for(handle.handoff_target.remote(request_id), idle_timeout_s)
+            target = await call(handle.handoff_target.remote(request_id), idle_timeout_s)
         except TimeoutError:
             raise StreamIdleTimeout(request_id, idle_timeout_s, None) from None
         if target == PARKED:
@@ -99,29 +92,17 @@ async def follow_generation(handle: Any, request_id: str, prompt: str | list,
 def _progress_probe(handle: Any, request_id: str) -> Callable[[], Awaitable[RequestProgress]]:
     """Asks ``handle`` where the request stands (`MigratableInstanceActor.request_progress`)."""
     async def probe() -> RequestProgress:
-        return await handle.request_progress.remote(request_id)
+        return await call(handle.request_progress.remote(request_id), None)
 
     return probe
 
 
 async def _actor_stream(handle: Any, method: str, *args: Any) -> AsyncIterator[GenerationChunk]:
     """``handle.<method>(*args)`` (``resume`` or ``recover``) read the way `stream_generation`
-    reads ``generate``: the instance's own errors raised as themselves, Ray's passed through,
-    and leaving early cancels the stream (which aborts the request there)."""
-    import ray
-
-    stream = getattr(handle, method).options(num_returns="streaming").remote(*args)
-    finished = False
-    try:
-        async for ref in stream:
-            try:
-                chunk = await ref
-            except ray.exceptions.RayTaskError as exc:
-                if isinstance(exc.cause, _INSTANCE_ERRORS):
-                    raise exc.cause from exc
-                raise
-            finished = chunk.finished
+    reads ``generate`` (`wire.stream`: the instance's own errors as themselves, a dead actor as
+    `wire.ActorGoneError`; leaving early cancels the stream, which aborts the request there)."""
+    chunks = stream(getattr(handle, method).options(num_returns="streaming").remote(*args),
+                    is_last=lambda chunk: chunk.finished)
+    async with contextlib.aclosing(chunks):
+        async for chunk in chunks:
             yield chunk
-    finally:
-        if not finished:
-            ray.cancel(stream)

@@ -4,7 +4,8 @@ protocols never see Ray and tests swap in an in-process endpoint.
 
 The instance's own errors (`MigrationRefusedError`, `UnknownRequestError`, `EngineDeadError`,
 `ValueError` for a protocol misuse) come back as themselves, Ray's wrapper as their ``__cause__``;
-Ray's errors (the actor died) pass through as they are, and the protocol treats them as failures.
+a dead actor is `wire.ActorGoneError` (`wire.call` translates Ray's errors, as for every Ray
+caller), and the protocol treats it as a failure.
 KV payloads pass through the driver as Ray object references: the blocks themselves go from the
 source's object store to the destination without touching this process.
 """
@@ -17,14 +18,12 @@ from typing import Any, TypeVar
 from migration.kv_transport import KVPayload
 from migration.lease_book import DEFAULT_LEASE_S
 from migration.prefill_handoff import PartialPrefillPayload
-from worker import EngineDeadError, MigrationRefusedError, RequestSnapshot, UnknownRequestError
+from wire import call
+from worker import RequestSnapshot
 
 __all__ = ["RayEndpoint"]
 
 T = TypeVar("T")
-
-_INSTANCE_ERRORS = (MigrationRefusedError, UnknownRequestError, EngineDeadError, ValueError)
-
 
 class RayEndpoint:
     """`MigrationEndpoint` over a `MigratableInstanceActor` handle."""
@@ -84,11 +83,6 @@ class RayEndpoint:
 
 
 async def _unwrap(ref: Awaitable[T]) -> T:
-    import ray
-
-    try:
-        return await ref
-    except ray.exceptions.RayTaskError as exc:
-        if isinstance(exc.cause, _INSTANCE_ERRORS):
-            raise exc.cause from exc
-        raise
+    """The call's result; the instance's own errors (`MigrationRefusedError`, ...) as themselves and
+    a dead actor as `wire.ActorGoneError` (`wire.call`, the one place Ray's errors are translated)."""
+    return await call(ref, None)

@@ -32,7 +32,6 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -55,10 +54,10 @@ from worker.scheduler import Scheduler
 from worker.sequence import FinishReason, Sequence
 from worker.tokenizer import Tokenizer
 from worker.zigzag_prefill import ZigzagPrefill
+from wire import Prompt  # noqa: F401 - re-exported: the engine's prompt is the wire's
 
 logger = logging.getLogger(__name__)
 
-Prompt = str | list[int] | list[dict[str, Any]]
 
 
 class InvalidRequestError(ValueError):

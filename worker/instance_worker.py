@@ -36,7 +36,6 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +48,11 @@ from worker.peer_weights import PeerWeights, PeerWeightsReceiver, WeightStreams
 from worker.reserved_memory import ReservedMemory
 from worker.sampling_params import SamplingParams
 from worker.sequence import Sequence
+from wire import SUSPENDED, GenerationChunk  # one chunk record for worker and gateway (wire/)
 
 logger = logging.getLogger(__name__)
 
 _SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
-# The finish reason of a stream whose request left this instance unfinished because the slot was
-# preempted: the client's side (the gateway) continues it on the model's next instance.
-SUSPENDED = "suspended"
 _ENGINE_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(EngineConfig))
 
 
@@ -81,28 +78,6 @@ class InstanceLoadError(RuntimeError):
 
 class SourceUnavailableError(RuntimeError):
     """This instance cannot stream its weights to another now (loading, failed, or no local copy)."""
-
-
-@dataclass(frozen=True)
-class GenerationChunk:
-    """One piece of a stream: the text and tokens added since the previous chunk.
-
-    The last chunk has ``finish_reason`` set ("stop", "length", "abort" when the request was
-    cancelled, or "suspended" when its instance gave up the slot: not the request's end, see
-    `InstanceWorker.suspend`). ``num_prompt_tokens`` / ``num_completion_tokens`` are running totals, so on the
-    last chunk they are the request's usage. Prints without its text.
-    """
-
-    request_id: str
-    text: str = field(repr=False)
-    token_ids: tuple[int, ...]
-    finish_reason: str | None
-    num_prompt_tokens: int
-    num_completion_tokens: int
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
 
 
 def as_engine_config(value: EngineConfig | Mapping[str, Any] | None) -> EngineConfig:
