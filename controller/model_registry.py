@@ -87,10 +87,12 @@ class ModelRegistry:
     def load(self) -> None:
         """The models (with their desired counts) and quotas the state store holds."""
         desired = self._store.list_desired_instances()
+        deployed = self._store.list_deployed_s()
         for spec in self._store.list_model_specs():
             self._models[spec.model_id] = ModelState(
                 spec, repository_name_for(spec, self._repository.uri),
-                desired.get(spec.model_id, spec.autoscaling.min_instances), usage=self._usage_meter())
+                desired.get(spec.model_id, spec.autoscaling.min_instances), usage=self._usage_meter(),
+                deployed_s=deployed.get(spec.model_id))
         self._quotas = self._store.list_tenant_quotas()
 
     # --- models ------------------------------------------------------------------------------
@@ -110,10 +112,12 @@ class ModelRegistry:
                 self._store.add_tenant(spec.tenant)
                 self._store.put_model_spec(spec)
                 self._store.set_desired_instances(spec.model_id, spec.autoscaling.min_instances)
+                deployed_s = self._wall_clock()
+                self._store.set_deployed_s(spec.model_id, deployed_s)
                 self._models[spec.model_id] = ModelState(spec, published.repository_name,
                                                          spec.autoscaling.min_instances,
                                                          num_bytes=published.num_bytes, usage=self._usage_meter(),
-                                                         deployed_s=self._wall_clock())
+                                                         deployed_s=deployed_s)
         self._record(event_to_dict("deployed", spec.model_id, f"repository model {published.repository_name} "
                                    f"({published.num_bytes} bytes{', pushed' if published.pushed else ''})",
                                    self._wall_clock()))

@@ -1,12 +1,11 @@
 """What the controller knows about one deployed model besides its spec, between ticks.
 
-Durable: the spec and the desired count (`num_desired_instances`, saved in the state store on
-every change so a restarted controller resumes at the same scale). Volatile, rebuilt after a
+Durable: the spec, the desired count (`num_desired_instances`, saved in the state store on
+every change so a restarted controller resumes at the same scale) and when the model was deployed
+(`deployed_s`; None only for a model deployed before the store kept it). Volatile, rebuilt after a
 restart: the autoscaler's `AutoscaleState` (a lost one only makes the next move wait its delay
 again), when a request was last seen, the gateways' queue reports, the model's size, the last
-scale and placement decisions, the back-off after failed starts, and when the model was deployed
-(`deployed_s`, which the state store does not keep yet: None for a model a restarted controller
-loaded from it). `record` is the model as the gateway reads it (`wire.ModelRecord`).
+scale and placement decisions, and the back-off after failed starts. `record` is the model as the gateway reads it (`wire.ModelRecord`).
 
 Queue reports are levels per reporter (one per gateway replica), not increments: a gateway
 reports how many requests wait for the model now and how long the oldest of them has waited,

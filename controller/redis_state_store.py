@@ -82,6 +82,7 @@ class RedisStateStore(StateStore):
         self._url = display_url
         self._closed = False
         self._specs = f"{prefix}:model_specs"
+        self._deploys = f"{prefix}:model_deploys"
         self._tenants = f"{prefix}:tenants"
         self._api_keys = f"{prefix}:api_keys"
         self._quotas = f"{prefix}:tenant_quotas"
@@ -201,8 +202,18 @@ class RedisStateStore(StateStore):
         with self._errors(), self._client.pipeline(transaction=True) as pipe:
             pipe.hdel(self._specs, model_id)
             pipe.hdel(self._desired, model_id)
-            num_deleted, _ = pipe.execute()
+            pipe.hdel(self._deploys, model_id)
+            num_deleted, _, _ = pipe.execute()
         return num_deleted > 0
+
+    def set_deployed_s(self, model_id: str, deployed_s: float) -> None:
+        with self._errors():
+            self._client.hset(self._deploys, check_model_id(model_id), repr(float(deployed_s)))
+
+    def list_deployed_s(self) -> dict[str, float]:
+        with self._errors():
+            raw = self._client.hgetall(self._deploys)
+        return {model_id: float(value) for model_id, value in raw.items()}
 
     # --- tenants and API keys ------------------------------------------------------------
 

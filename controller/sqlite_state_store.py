@@ -9,7 +9,7 @@ Why this shape:
 - WAL journal and a busy timeout, so a second process (``thaw status`` reading while the
   controller writes) neither blocks the writer nor fails at once.
 - The schema version is SQLite's ``user_version``; a file from a newer Thaw is refused rather
-  than misread. A table added since (``tenant_quotas``) is created, if missing, at every open
+  than misread. A table added since (``tenant_quotas``, ``model_deploys``) is created, if missing, at every open
   (`_ADDED_TABLES`): a file from an older Thaw gains it, and an older Thaw opening a newer file
   only ignores it, so purely additive tables need no version bump.
 """
@@ -75,6 +75,10 @@ _ADDED_TABLES = """
 CREATE TABLE IF NOT EXISTS tenant_quotas (
     tenant TEXT PRIMARY KEY REFERENCES tenants (tenant) ON DELETE CASCADE,
     quota_json TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS model_deploys (
+    model_id TEXT PRIMARY KEY,
+    deployed_s REAL NOT NULL
 );
 """
 
@@ -181,7 +185,17 @@ class SqliteStateStore(StateStore):
         with self._write() as conn:
             deleted = conn.execute("DELETE FROM model_specs WHERE model_id = ?", (model_id,)).rowcount
             conn.execute("DELETE FROM desired_instances WHERE model_id = ?", (model_id,))
+            conn.execute("DELETE FROM model_deploys WHERE model_id = ?", (model_id,))
         return deleted > 0
+
+    def set_deployed_s(self, model_id: str, deployed_s: float) -> None:
+        check_model_id(model_id)
+        with self._write() as conn:
+            conn.execute("INSERT OR REPLACE INTO model_deploys (model_id, deployed_s) VALUES (?, ?)",
+                         (model_id, float(deployed_s)))
+
+    def list_deployed_s(self) -> dict[str, float]:
+        return {row[0]: float(row[1]) for row in self._read("SELECT model_id, deployed_s FROM model_deploys")}
 
     # --- tenants and API keys ------------------------------------------------------------
 

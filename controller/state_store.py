@@ -112,6 +112,15 @@ class StateStore(ABC):
         """All specs (of one tenant when given), sorted by model id."""
 
     @abstractmethod
+    def set_deployed_s(self, model_id: str, deployed_s: float) -> None:
+        """Records when the model was deployed (Unix time; `/v1/models`' ``created``). Kept until
+        the model is deleted; an update does not change it."""
+
+    @abstractmethod
+    def list_deployed_s(self) -> dict[str, float]:
+        """Model id -> deploy time, for the models whose deploy time was recorded."""
+
+    @abstractmethod
     def delete_model_spec(self, model_id: str) -> bool:
         """Remove the spec and its desired count; True if it existed. Worker records stay:
         the controller still has to stop those workers."""

@@ -56,14 +56,14 @@ def test_the_record_lists_how_each_instance_was_loaded(tmp_path):
     asyncio.run(scenario())
 
 
-def test_a_restarted_controller_does_not_know_the_deploy_time(tmp_path):
-    """The state store keeps no deploy time yet: a model loaded from it after a restart has None
-    (the gateway shows ``created`` 0 for it), never a made-up time."""
+def test_a_restarted_controller_reports_the_deploy_time_the_store_kept(tmp_path):
+    """The deploy time is durable: a restarted controller (a minute later, on the same state)
+    reports the original time, so ``/v1/models``' ``created`` does not fall to 0."""
     async def scenario():
         async with Harness(tmp_path, wall_clock=lambda: DEPLOYED_S) as h:
             await h.controller.deploy(spec("acme/m1", h.source("m1")))
             assert h.controller.model_record("acme/m1").deployed_s == DEPLOYED_S
         async with Harness(tmp_path, wall_clock=lambda: DEPLOYED_S + 60) as restarted:
-            assert [r.deployed_s for r in restarted.controller.model_records()] == [None]
+            assert [r.deployed_s for r in restarted.controller.model_records()] == [DEPLOYED_S]
 
     asyncio.run(scenario())

@@ -165,6 +165,17 @@ def test_desired_instances(store):
             store.set_desired_instances("acme/llama", bad)
 
 
+def test_deploy_times_are_kept_until_the_model_is_deleted(store, store_location):
+    store.put_model_spec(_spec("acme/llama"))
+    store.set_deployed_s("acme/llama", 1700000123.25)
+    store.set_deployed_s("acme/gemma", 1700000000.0)
+    assert store.list_deployed_s() == {"acme/gemma": 1700000000.0, "acme/llama": 1700000123.25}
+    with open_state_store(store_location) as reopened:  # durable: another process sees them
+        assert reopened.list_deployed_s()["acme/llama"] == 1700000123.25
+    assert store.delete_model_spec("acme/llama")
+    assert store.list_deployed_s() == {"acme/gemma": 1700000000.0}
+
+
 def test_worker_registry(store):
     store.put_worker(_worker("i-2", "acme/llama", "starting"))
     store.put_worker(_worker("i-1", "acme/llama"))
