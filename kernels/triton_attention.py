@@ -9,6 +9,9 @@ than once per query head. It walks the sequence's block table over the keys the 
 an online softmax in float32, and the running output rescaled as the maximum moves. Decode
 rows are simply tiles of one token, so decode and prefill share one code path and one launch.
 
+Decode-only batches (every row one new token) go to the split-KV kernel in
+`kernels.triton_decode` instead, which spreads a long context over many programs.
+
 Offsets into the KV pool are computed in 64 bits: ``block_id * stride`` passes 2**31
 elements at a few million blocks, well within a large GPU's pool.
 
@@ -25,6 +28,7 @@ import triton.language as tl
 from kernels.attention_backend import check_gqa_heads
 from kernels.attention_metadata import AttentionMetadata
 from kernels.select import triton_interpreter_enabled
+from kernels.triton_decode import paged_decode_attention
 
 _LOG2E = 1.4426950408889634
 
@@ -48,6 +52,7 @@ def _paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr,  # KV-cache block size (tokens)
     USE_WINDOW: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,  # only for Triton's interpreter, whose bf16 tl.dot is wrong
+    PRECISION: tl.constexpr,  # "ieee" for float32 (tf32 would cost ~1e-3 of accuracy), else "tf32" (unused)
 ):
     seq = tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -98,7 +103,7 @@ def _paged_attention_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
 
-        scores = tl.dot(q, tl.trans(k)) * qk_scale  # [BLOCK_M, BLOCK_SIZE], float32
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_SIZE], float32
         k_pos = j * BLOCK_SIZE + s
         visible = k_pos[None, :] <= q_pos[:, None]
         if USE_WINDOW:
@@ -111,7 +116,7 @@ def _paged_attention_kernel(
         alpha = tl.exp2(m_i - m_shift)
         p = tl.exp2(scores - m_shift[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -157,11 +162,31 @@ class TritonAttentionBackend:
 
     name = "triton"
 
-    def __init__(self, block_m: int = 64, decode_block_m: int = 16) -> None:
-        # Query rows per program for batches with prefills, and for decode-only batches
-        # (where a tile is one token and the rows are the GQA group).
+    def __init__(self, block_m: int = 64, decode_block_m: int = 16, *, split_decode: bool = True,
+                 decode_block_n: int = 64, decode_num_warps: int = 4, decode_num_stages: int = 2,
+                 decode_waves: int = 4) -> None:
+        # Query rows per program for batches with prefills, and for decode-only batches run by
+        # the mixed kernel (where a tile is one token and the rows are the GQA group).
         self.block_m = block_m
         self.decode_block_m = decode_block_m
+        # Decode-only batches go to the split-KV kernel (`kernels.triton_decode`) unless turned off:
+        # key tokens per iteration, and its launch shape.
+        self.split_decode = split_decode
+        self.decode_block_n = decode_block_n
+        self.decode_num_warps = decode_num_warps
+        self.decode_num_stages = decode_num_stages
+        self.decode_waves = decode_waves  # programs per SM the split count aims for
+        self._num_sms: dict[int, int] = {}
+
+    def num_sms(self, device: torch.device) -> int:
+        """The device's SM count (read once per device); 4 under Triton's interpreter, so the
+        CPU tests exercise several splits."""
+        if device.type != "cuda":
+            return 4
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in self._num_sms:
+            self._num_sms[index] = torch.cuda.get_device_properties(index).multi_processor_count
+        return self._num_sms[index]
 
     def write_kv_cache(
         self,
@@ -203,6 +228,13 @@ class TritonAttentionBackend:
         out = torch.empty_like(query)
         if num_tokens == 0:
             return out
+        if self.split_decode and metadata.max_query_len == 1:
+            return paged_decode_attention(
+                query, key_cache, value_cache, metadata.block_tables, metadata.seq_lens, metadata.max_seq_len,
+                scale * _LOG2E, sliding_window, num_sms=self.num_sms(query.device), block_n=self.decode_block_n,
+                num_warps=self.decode_num_warps, num_stages=self.decode_num_stages, waves=self.decode_waves,
+                dot_in_fp32=query.dtype == torch.bfloat16 and triton_interpreter_enabled(),
+            )
         group = num_heads // num_kv_heads
         group_p = triton.next_power_of_2(group)
         block_m = self.decode_block_m if metadata.max_query_len == 1 else self.block_m
@@ -221,5 +253,6 @@ class TritonAttentionBackend:
             HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim),
             BLOCK_SIZE=key_cache.shape[1], USE_WINDOW=sliding_window is not None,
             DOT_IN_FP32=query.dtype == torch.bfloat16 and triton_interpreter_enabled(),
+            PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         )
         return out

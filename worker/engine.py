@@ -137,6 +137,11 @@ class Engine:
             model, self.model_config, num_blocks=num_blocks, block_size=config.block_size, kv_buffer=kv_buffer,
             backend=get_attention_backend(self.device, config.attention_backend), device=self.device,
         )
+        if (self.device.type == "cuda" and config.cuda_graphs and self._gate is None
+                and self.runner.backend.name == "triton"):
+            # Decode steps replay captured graphs (the Triton kernels read every length from the
+            # device; the reference backend reads host lists, which a graph cannot refresh).
+            self.runner.enable_decode_graphs(min(config.max_num_seqs, 256), self.max_model_len)
         self.sampler = Sampler()
         self._in_step: tuple[str, ...] = ()  # requests of the forward pass under way (see request_ids_in_step)
         self._next_id = itertools.count()

@@ -38,6 +38,9 @@ class EngineConfig:
     # land, oldest first, a prefill at the last resident layer yielding to the next (BlitzScale's
     # zigzag, `worker.zigzag_prefill`). False: each step's one batch blocks at every missing layer.
     zigzag_prefill: bool = True
+    # On CUDA: replay decode-only steps of up to min(max_num_seqs, 256) sequences from captured CUDA
+    # graphs (`worker.decode_graphs`), each batch size captured on first use. False: always eager.
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from kernels import AttentionBackend, AttentionMetadata
+from worker.decode_graphs import DecodeGraphs
 from worker.llama import LlamaForCausalLM
 from worker.model_config import ModelConfig
 from worker.scheduler import ScheduledBatch
@@ -53,6 +54,13 @@ class ModelRunner:
         else:
             self.kv_pool = torch.zeros(shape, dtype=dtype, device=device)
         self.kv_caches = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(config.num_hidden_layers)]
+        self.decode_graphs: DecodeGraphs | None = None
+
+    def enable_decode_graphs(self, max_batch: int, max_model_len: int) -> None:
+        """Runs later decode-only steps of up to `max_batch` sequences through CUDA graphs
+        (`worker.decode_graphs`); the weights must all be resident by then."""
+        self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, max_batch=max_batch,
+                                          max_model_len=max_model_len, block_size=self.block_size, device=self.device)
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, block_tables: list[list[int]]) -> tuple[torch.Tensor, list[int]]:
@@ -73,6 +81,14 @@ class ModelRunner:
             if end == seq.num_tokens:
                 sample_rows.append(len(input_ids) - 1)
                 sample_seq_indices.append(i)
+        graphs = self.decode_graphs
+        if (graphs is not None and len(sample_rows) == len(batch.seqs) == len(input_ids)
+                and self.model.layer_gate is None and graphs.fits(len(seq_lens), max(seq_lens))):
+            # Every sequence decodes one token and samples it: one graph replay.
+            slots = [table[pos // self.block_size] * self.block_size + pos % self.block_size
+                     for table, pos in zip(block_tables, positions)]
+            logits = graphs.run(input_ids, positions, slots, block_tables, seq_lens)  # [N, V]
+            return logits, sample_seq_indices
         metadata = AttentionMetadata.build(
             block_tables=block_tables, query_lens=query_lens, seq_lens=seq_lens,
             block_size=self.block_size, device=self.device,

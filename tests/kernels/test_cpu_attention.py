@@ -63,6 +63,9 @@ def test_unbuildable_kernel_falls_back_with_a_warning(monkeypatch, caplog):
 
 @pytest.mark.parametrize("name", ["reference", "cpu", "triton"])
 def test_uneven_gqa_groups_are_refused_by_every_backend(name):
-    query, key_cache, value_cache, meta = make_batch([1, 3], [5, 17], 6, 4, 32, 16, torch.float32, seed=0)
+    # Triton runs compiled on a GPU where there is one, else in its interpreter on the CPU.
+    device = "cuda" if name == "triton" and torch.cuda.is_available() else "cpu"
+    query, key_cache, value_cache, meta = make_batch([1, 3], [5, 17], 6, 4, 32, 16, torch.float32, seed=0,
+                                                     device=device)
     with pytest.raises(ValueError, match=r"query heads \(6\) must be a multiple of KV heads \(4\)"):
-        get_attention_backend("cpu", prefer=name).paged_attention(query, key_cache, value_cache, meta, 0.2)
+        get_attention_backend(device, prefer=name).paged_attention(query, key_cache, value_cache, meta, 0.2)
