@@ -3,7 +3,9 @@
 `convert_checkpoint` turns a Hugging Face safetensors model dir into a thaw checkpoint (few
 4096-aligned partition files in layer order, xxh3_64 per chunk, `thaw_index.json`);
 `ThawCheckpointLoader` reads it on a thread pool into one pre-faulted `HostMemoryPool` buffer,
-verifying each chunk, and hands out each layer as soon as its bytes are in. Nothing here imports
+verifying each chunk, and hands out each layer as soon as its bytes are in; `DeviceLoader` does the
+same straight into device memory, through a small pool of pinned staging buffers (`StagingPool`)
+and asynchronous copies (`CudaCopyEngine`), or by DMA from the DRAM tier's own pages. Nothing here imports
 the worker, controller, storage or infra: the worker builds on this, not the other way round.
 
 Two small, torch-free pieces serve every reader of model directories, here and in `storage`:
@@ -24,6 +26,11 @@ _LAZY = {
     "FORMAT_VERSION": "loader.format",
     "CheckpointFormatError": "loader.format",
     "ChecksumMismatchError": "loader.format",
+    "CopyEngine": "loader.copy_engine",
+    "CudaCopyEngine": "loader.copy_engine",
+    "DeviceLoadStats": "loader.device_loader",
+    "DeviceLoader": "loader.device_loader",
+    "DeviceLoaderConfig": "loader.device_loader",
     "FallbackLayers": "loader.fallback_layers",
     "HostMemoryPool": "loader.memory_pool",
     "LayerReadiness": "loader.layer_readiness",
@@ -32,6 +39,8 @@ _LAZY = {
     "LoadStats": "loader.checkpoint_loader",
     "LoaderConfig": "loader.checkpoint_loader",
     "PeerStreamError": "loader.peer_link",
+    "StagingConfig": "loader.staging_pool",
+    "StagingPool": "loader.staging_pool",
     "StreamConfig": "loader.layer_stream",
     "StreamPlan": "loader.stream_plan",
     "StreamRendezvous": "loader.layer_stream",
@@ -42,6 +51,7 @@ _LAZY = {
     "convert_checkpoint": "loader.converter",
     "is_thaw_checkpoint": "loader.format",
     "load_checkpoint": "loader.checkpoint_loader",
+    "load_to_device": "loader.device_loader",
 }
 
 
@@ -57,6 +67,11 @@ __all__ = [
     "PRIVATE_FILE_MODE",
     "CheckpointFormatError",
     "ChecksumMismatchError",
+    "CopyEngine",
+    "CudaCopyEngine",
+    "DeviceLoadStats",
+    "DeviceLoader",
+    "DeviceLoaderConfig",
     "FallbackLayers",
     "HostMemoryPool",
     "LayerReadiness",
@@ -65,6 +80,8 @@ __all__ = [
     "LoadStats",
     "LoaderConfig",
     "PeerStreamError",
+    "StagingConfig",
+    "StagingPool",
     "StreamConfig",
     "StreamPlan",
     "StreamRendezvous",
@@ -78,6 +95,7 @@ __all__ = [
     "copy_private",
     "is_thaw_checkpoint",
     "load_checkpoint",
+    "load_to_device",
     "make_private_dirs",
     "make_private_tree",
     "model_dir_files",

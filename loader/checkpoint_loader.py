@@ -110,6 +110,49 @@ class LoadStats:
         return self.num_bytes / self.elapsed_s / 1e9 if self.elapsed_s > 0 else 0.0
 
 
+def check_partition_files(ckpt_dir: Path, index: ThawIndex) -> None:
+    """Refuse a checkpoint whose partition files are missing, shorter or longer than its index says."""
+    for p in index.partitions:
+        path = ckpt_dir / p.file
+        try:
+            actual = path.stat().st_size
+        except FileNotFoundError:
+            raise TruncatedCheckpointError(f"{path} is missing (the index expects {p.size} bytes)") from None
+        if actual < p.size:
+            raise TruncatedCheckpointError(f"{path} is truncated: {actual} bytes, the index expects {p.size}; "
+                                           f"copy or convert the checkpoint again")
+        if actual > p.size:
+            raise CheckpointFormatError(f"{path} is {actual} bytes but the index expects {p.size}: "
+                                        f"the index and the partition come from different conversions")
+
+
+def chunk_layers(index: ThawIndex) -> dict[tuple[int, int], tuple[int, ...]]:
+    """(partition, chunk index) -> the layers with tensor bytes in that checksum chunk, sorted
+    (chunks holding only padding are absent)."""
+    chunk_bytes = index.chunk_bytes
+    layers_of: dict[tuple[int, int], set[int]] = {}
+    for t in index.tensors:
+        if t.size == 0:
+            continue
+        for i in range(t.offset // chunk_bytes, (t.offset + t.size - 1) // chunk_bytes + 1):
+            layers_of.setdefault((t.partition, i), set()).add(t.layer)
+    return {key: tuple(sorted(layers)) for key, layers in layers_of.items()}
+
+
+def checksum_error(ckpt_dir: Path, index: ThawIndex, partition: int, chunk_index: int,
+                   actual: str) -> ChecksumMismatchError:
+    """The error for chunk `chunk_index` of `partition` hashing to `actual`: names the file, the
+    byte range and the tensors in it."""
+    entry = index.partitions[partition]
+    chunk = entry.chunks[chunk_index]
+    end = chunk.offset + chunk.size
+    names = index.tensors_overlapping(partition, chunk.offset, end)
+    return ChecksumMismatchError(
+        f"{ckpt_dir / entry.file}: chunk {chunk_index} (bytes [{chunk.offset}, {end})) has "
+        f"xxh3_64 {actual}, the index says {chunk.xxh3_64}; tensors in this chunk: "
+        f"{', '.join(names) if names else '(padding only)'}. The checkpoint is corrupt: convert or copy it again")
+
+
 @dataclass(frozen=True)
 class _Chunk:
     partition: int
@@ -190,33 +233,16 @@ class ThawCheckpointLoader:
         self._alloc_s = 0.0
 
     def _check_partition_files(self) -> None:
-        for p in self.index.partitions:
-            path = self.ckpt_dir / p.file
-            try:
-                actual = path.stat().st_size
-            except FileNotFoundError:
-                raise TruncatedCheckpointError(f"{path} is missing (the index expects {p.size} bytes)") from None
-            if actual < p.size:
-                raise TruncatedCheckpointError(f"{path} is truncated: {actual} bytes, the index expects {p.size}; "
-                                               f"copy or convert the checkpoint again")
-            if actual > p.size:
-                raise CheckpointFormatError(f"{path} is {actual} bytes but the index expects {p.size}: "
-                                            f"the index and the partition come from different conversions")
+        check_partition_files(self.ckpt_dir, self.index)
 
     def _plan_chunks(self) -> list[_Chunk]:
-        chunk_bytes = self.index.chunk_bytes
-        layers_of: dict[tuple[int, int], set[int]] = {}
-        for t in self.index.tensors:
-            if t.size == 0:
-                continue
-            for i in range(t.offset // chunk_bytes, (t.offset + t.size - 1) // chunk_bytes + 1):
-                layers_of.setdefault((t.partition, i), set()).add(t.layer)
+        layers_of = chunk_layers(self.index)
         chunks = []
         for p_idx, p in enumerate(self.index.partitions):
             for i, c in enumerate(p.chunks):
                 chunks.append(_Chunk(partition=p_idx, index=i, file_offset=c.offset,
                                      buffer_offset=self._partition_bases[p_idx] + c.offset, size=c.size,
-                                     xxh3_64=c.xxh3_64, layers=tuple(sorted(layers_of.get((p_idx, i), ())))))
+                                     xxh3_64=c.xxh3_64, layers=layers_of.get((p_idx, i), ())))
         return chunks
 
     # -- reading ------------------------------------------------------------------------------
@@ -310,13 +336,7 @@ class ThawCheckpointLoader:
         return digest.hexdigest()
 
     def _checksum_error(self, chunk: _Chunk, actual: str) -> ChecksumMismatchError:
-        partition = self.index.partitions[chunk.partition]
-        end = chunk.file_offset + chunk.size
-        names = self.index.tensors_overlapping(chunk.partition, chunk.file_offset, end)
-        return ChecksumMismatchError(
-            f"{self.ckpt_dir / partition.file}: chunk {chunk.index} (bytes [{chunk.file_offset}, {end})) has "
-            f"xxh3_64 {actual}, the index says {chunk.xxh3_64}; tensors in this chunk: "
-            f"{', '.join(names) if names else '(padding only)'}. The checkpoint is corrupt: convert or copy it again")
+        return checksum_error(self.ckpt_dir, self.index, chunk.partition, chunk.index, actual)
 
     def _fail(self, exc: BaseException) -> None:
         with self._cond:

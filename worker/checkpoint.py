@@ -11,6 +11,10 @@ same Hugging Face tensor names, so the mapping below serves both.
 `layer_state_dict` does the same for one layer at a time, for weights that arrive layer by layer
 (`worker.layer_gate`); `to_engine_state_dict` is built from the same per-layer function, so the
 two paths cannot disagree about a name.
+
+On a CUDA device a thaw checkpoint is read straight into GPU memory (`loader.DeviceLoader`: pinned
+staging buffers and asynchronous copies, or DMA from the DRAM tier's pages), never through a host
+copy of the whole model; Hugging Face dirs and every CPU load take the host path.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from loader import HostMemoryPool, contained_path, is_thaw_checkpoint, load_checkpoint, shard_paths
+from loader import (CudaCopyEngine, HostMemoryPool, contained_path, is_thaw_checkpoint, load_checkpoint, load_to_device,
+                    shard_paths)
 from worker.llama import LlamaForCausalLM
 from worker.model_config import ModelConfig
 
@@ -201,11 +206,25 @@ def read_checkpoint(model_dir: str | Path, pool: HostMemoryPool | None = None
     return dict(iter_safetensors(files)), f"safetensors: {len(files)} file(s)"
 
 
+def read_checkpoint_to_device(model_dir: str | Path, device: torch.device | str) -> tuple[dict[str, torch.Tensor], str]:
+    """All tensors of a thaw checkpoint, read straight into CUDA `device`'s memory, and a one-line
+    account of the read."""
+    tensors, stats = load_to_device(model_dir, CudaCopyEngine(device))
+    checksums = "not verified" if not stats.verified else "verified" if not stats.num_trusted_bytes else (
+        f"verified; {stats.num_trusted_bytes / 1e9:.2f} GB at an earlier load, unchanged since")
+    how = (f"thaw format to {stats.device}: {stats.total_bytes / 1e9:.2f} GB in {stats.elapsed_s:.2f} s "
+           f"({stats.gb_per_s:.2f} GB/s, {stats.source_kind}, {stats.num_threads} threads, checksums {checksums})")
+    return tensors, how
+
+
 def load_model(model_dir: str | Path, config: ModelConfig, device: torch.device | str = "cpu",
                pool: HostMemoryPool | None = None) -> tuple[LlamaForCausalLM, str]:
     """Builds the model on the meta device and assigns the checkpoint's weights to it.
     Returns the model and how its weights were read (for the startup log)."""
-    hf_tensors, how = read_checkpoint(model_dir, pool)
+    if torch.device(device).type == "cuda" and is_thaw_checkpoint(model_dir):
+        hf_tensors, how = read_checkpoint_to_device(model_dir, device)
+    else:
+        hf_tensors, how = read_checkpoint(model_dir, pool)
     state = to_engine_state_dict(hf_tensors, config)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)

@@ -144,3 +144,44 @@ def test_multimodel_benchmark_quick():
     for key, peer in (("keepalive_wait", "thaw-keepalive-wait"), ("rayserve", "rayserve")):
         assert thaw[f"p99_ratio_to_{key}"] == pytest.approx(thaw["ttft_p99_s"] / lines[peer]["ttft_p99_s"], rel=0.01)
     assert isinstance(thaw["targets_met"], bool)
+
+
+def test_engine_gpu_benchmark_quick():
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "engine_gpu.py"), "--quick"],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    assert lines and all(line["bench"] == "engine_gpu" and line["mode"] == "quick" for line in lines)
+    import torch
+
+    if not torch.cuda.is_available():
+        assert len(lines) == 1 and "no CUDA device" in lines[0]["skipped"]
+    else:
+        assert lines[0]["peer"] == "vllm-cuda" and lines[0]["skipped"].startswith("not run: ")
+        [line] = lines[1:]
+        assert line["case"] == "vs-transformers-dynamic-cache"
+        assert line["thaw_tokens_per_s"] > 0 and line["transformers_tokens_per_s"] > 0
+        assert line["throughput_ratio"] == pytest.approx(
+            line["thaw_tokens_per_s"] / line["transformers_tokens_per_s"], rel=0.02)
+        assert sorted(line["thaw_ms_per_decode_step"]) == ["1", "4"]
+
+
+def test_coldstart_gpu_benchmark_quick():
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "coldstart_gpu.py"), "--quick"],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    assert lines and all(line["bench"] == "coldstart_gpu" and line["mode"] == "quick" for line in lines)
+    import torch
+
+    if not torch.cuda.is_available():
+        assert len(lines) == 1 and "no CUDA device" in lines[0]["skipped"]
+    else:
+        cases = {line["case"]: line for line in lines if "case" in line}
+        assert sorted(cases) == sorted(["thaw-dram", "thaw-ssd", "hf-replica-from-process-start",
+                                        "hf-replica-after-imports"])
+        baseline_s = cases["hf-replica-from-process-start"]["ttft_s"]
+        for case in ("thaw-dram", "thaw-ssd"):
+            assert cases[case]["ttft_s"] > 0
+            assert cases[case]["ratio_to_baseline"] == pytest.approx(baseline_s / cases[case]["ttft_s"], rel=0.02)
+        assert cases["thaw-dram"]["fs"] == "tmpfs" and cases["thaw-dram"]["target_ratio"] == 15.0

@@ -113,3 +113,31 @@ def test_truncated_file_is_refused(model_copy):
     path.write_bytes(path.read_bytes()[:1000])
     with pytest.raises(CheckpointError, match="model.safetensors"):
         load_model(model_copy, ModelConfig.from_model_dir(model_copy))
+
+
+def test_a_cpu_load_of_a_thaw_checkpoint_never_takes_the_device_loader(model_copy, tmp_path, monkeypatch):
+    import worker.checkpoint as checkpoint
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the CPU path must not go through the device loader")
+
+    monkeypatch.setattr(checkpoint, "read_checkpoint_to_device", refuse)
+    config = ModelConfig.from_model_dir(model_copy)
+    convert_checkpoint(model_copy, tmp_path / "thaw", progress=False)
+    for device in ("cpu", torch.device("cpu")):
+        model, how = load_model(tmp_path / "thaw", config, device)
+        assert how.startswith("thaw format: ")
+        assert {p.device.type for p in model.parameters()} == {"cpu"}
+
+
+@pytest.mark.cuda
+def test_a_cuda_load_of_a_thaw_checkpoint_reads_straight_into_gpu_memory(model_copy, tmp_path):
+    config = ModelConfig.from_model_dir(model_copy)
+    convert_checkpoint(model_copy, tmp_path / "thaw", progress=False)
+    model, how = load_model(tmp_path / "thaw", config, "cuda")
+    assert how.startswith("thaw format to cuda:")
+    reference, _ = load_model(tmp_path / "thaw", config)
+    on_gpu = dict(model.named_parameters())
+    for name, param in reference.named_parameters():
+        assert on_gpu[name].device.type == "cuda", name
+        assert torch.equal(on_gpu[name].cpu(), param), name
