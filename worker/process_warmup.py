@@ -30,12 +30,27 @@ logger = logging.getLogger(__name__)
 WARMUP_DTYPES = ("bfloat16", "float32")
 
 
-def warm_up_process(dtypes: Iterable[str] = WARMUP_DTYPES) -> float:
+# On a GPU: (hidden size, attention heads, KV heads) of tiny models whose heads are 64 and 128 wide
+# with 4 query heads per KV head, the Triton kernels' commonest specialisations.
+CUDA_WARMUP_SHAPES = ((256, 4, 1), (512, 4, 1))
+
+
+def warm_up_process(dtypes: Iterable[str] = WARMUP_DTYPES, *, cuda: bool | None = None) -> float:
     """Loads and runs a tiny model once per dtype in this process; returns the seconds it took.
-    Failures are logged and swallowed: a cold process is slower, never broken."""
+    With a GPU visible (``cuda=None`` asks torch), also on the GPU in bfloat16: that creates the
+    CUDA context (about a second) and compiles the Triton kernels (seconds each; Triton's disk cache
+    then serves every later process of the node), and the load to the GPU pins its staging
+    buffers, all off the first request's path. Failures are logged and swallowed: a cold process is
+    slower, never broken."""
     start = time.perf_counter()
     try:
         _warm_up(tuple(dtypes))
+        if cuda is None:
+            import torch
+
+            cuda = torch.cuda.is_available()
+        if cuda:
+            _warm_up_cuda()
     except Exception:  # noqa: BLE001 - warm-up is an optimisation; the real load reports real errors
         logger.exception("worker process warm-up failed; the first load will pay its one-time costs")
     elapsed_s = time.perf_counter() - start
@@ -61,3 +76,25 @@ def _warm_up(dtypes: tuple[str, ...]) -> None:
             engine = Engine(thaw_dir, EngineConfig(dtype=dtype, num_kv_blocks=8, block_size=16))
             engine.generate([[{"role": "user", "content": "hi"}]],
                             SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+
+
+def _warm_up_cuda() -> None:
+    from loader import convert_checkpoint
+    from worker.demo_model import DemoModelConfig, write_demo_model
+    from worker.engine import Engine
+    from worker.engine_config import EngineConfig
+    from worker.sampling_params import SamplingParams
+
+    with tempfile.TemporaryDirectory(prefix="thaw-warmup-cuda-") as tmp:
+        for hidden, heads, kv_heads in CUDA_WARMUP_SHAPES:
+            tiny = DemoModelConfig(hidden_size=hidden, num_hidden_layers=1, num_attention_heads=heads,
+                                   num_key_value_heads=kv_heads, intermediate_size=2 * hidden,
+                                   tokenizer_vocab_size=300, max_position_embeddings=128, init_std=0.1, seed=0)
+            hf_dir = write_demo_model(Path(tmp) / f"hf-{hidden}", tiny)
+            thaw_dir = Path(tmp) / f"thaw-{hidden}"
+            convert_checkpoint(hf_dir, thaw_dir, progress=False)
+            engine = Engine(thaw_dir, EngineConfig(dtype="bfloat16", num_kv_blocks=8, block_size=16, device="cuda",
+                                                   max_num_seqs=1))
+            engine.generate([[{"role": "user", "content": "hi"}]],
+                            SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+

@@ -67,3 +67,13 @@ def test_warm_up_runs_and_a_failing_one_is_only_logged(monkeypatch, caplog):
     monkeypatch.setattr("worker.process_warmup._warm_up", broken)
     assert warm_up_process() >= 0
     assert "warm-up failed" in caplog.text
+
+
+@pytest.mark.cuda
+def test_warm_up_on_a_gpu_creates_the_context_and_compiles_the_kernels(caplog):
+    import torch
+
+    with caplog.at_level("ERROR"):
+        assert warm_up_process(("float32",), cuda=True) > 0
+    assert torch.cuda.is_initialized()
+    assert not [r for r in caplog.records if "warm-up failed" in r.getMessage()]
