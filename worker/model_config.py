@@ -119,6 +119,13 @@ class ModelConfig:
                 f"(supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))})"
             )
         family = SUPPORTED_ARCHITECTURES[architecture]
+        quantization = raw.get("quantization_config")
+        if quantization:
+            method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+            raise UnsupportedModelError(
+                f"quantization_config: quantized checkpoints ({method or 'this method'}) are not supported; "
+                "deploy the model's bfloat16/float16/float32 weights"
+            )
         if raw.get("hidden_act", "silu") != "silu":
             raise UnsupportedModelError(f"hidden_act {raw['hidden_act']!r} is not supported (only 'silu')")
         if raw.get("mlp_bias"):

@@ -1,8 +1,9 @@
 """The worker's runtime tokenizer: Hugging Face model dirs without `transformers`.
 
 A model dir from the Hub carries `tokenizer.json` (the whole pipeline, loadable by the
-`tokenizers` library) and `tokenizer_config.json` (special tokens and the Jinja chat
-template). `transformers.AutoTokenizer` is a large dependency that the serving path only needs
+`tokenizers` library) and `tokenizer_config.json` (special tokens and, from older
+`transformers`, the Jinja chat template; newer ones save it as `chat_template.jinja`, with named
+extras under `additional_chat_templates/`, and those files win). `transformers.AutoTokenizer` is a large dependency that the serving path only needs
 for three things: encode, decode and render the chat template. `Tokenizer` does those three
 with `tokenizers` + `jinja2` and mirrors what `transformers` 5.x does at each step, so the ids
 we feed the model are the ids the model was trained and evaluated with:
@@ -39,6 +40,14 @@ __all__ = ["Tokenizer", "CHAT_ROLES"]
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
+# transformers >= 4.50 saves a model's chat template beside the config: the default one in
+# CHAT_TEMPLATE_FILE, named others as CHAT_TEMPLATE_DIR/<name>.jinja. When present they take
+# priority over tokenizer_config.json's "chat_template" (as in transformers' from_pretrained).
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+CHAT_TEMPLATE_DIR = "additional_chat_templates"
+SENTENCEPIECE_FILE = "tokenizer.model"
+# Reserved template variables: what a caller's template kwargs may not replace.
+_RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
 
@@ -101,22 +110,40 @@ def _special_tokens_from_config(config: Mapping[str, Any]) -> tuple[dict[str, st
     return named, [t for t in extras if t is not None]
 
 
-def _pick_chat_template(value: Any) -> str | None:
-    """`chat_template` is a string, or a list of {name, template} dicts of which we take "default"."""
-    if value is None or isinstance(value, str):
-        return value
+def _chat_templates_from_config(value: Any) -> dict[str, str]:
+    """tokenizer_config.json's `chat_template`: a string (the default), or a list of {name, template}."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        return {"default": value}
     if isinstance(value, list):
+        templates: dict[str, str] = {}
         for entry in value:
-            if isinstance(entry, Mapping) and entry.get("name") == "default":
-                template = entry.get("template")
-                if not isinstance(template, str):
-                    raise ValueError("tokenizer_config.json: the 'default' chat template is not a string")
-                return template
-        return None
+            if not (isinstance(entry, Mapping) and isinstance(entry.get("name"), str)
+                    and isinstance(entry.get("template"), str)):
+                raise ValueError("tokenizer_config.json: each entry of chat_template must be "
+                                 "{\"name\": string, \"template\": string}")
+            templates[entry["name"]] = entry["template"]
+        return templates
     raise ValueError(
         f"tokenizer_config.json: chat_template must be a string or a list of {{name, template}} dicts, "
         f"got {type(value).__name__}"
     )
+
+
+def _chat_templates_from_files(model_dir: Path) -> dict[str, str]:
+    """chat_template.jinja (the default) and additional_chat_templates/<name>.jinja, if present.
+    Only regular files directly in the model dir are read (no symlinks out of it)."""
+    templates: dict[str, str] = {}
+    default = model_dir / CHAT_TEMPLATE_FILE
+    if default.is_file() and not default.is_symlink():
+        templates["default"] = default.read_text(encoding="utf-8")
+    extra_dir = model_dir / CHAT_TEMPLATE_DIR
+    if extra_dir.is_dir() and not extra_dir.is_symlink():
+        for path in sorted(extra_dir.glob("*.jinja")):
+            if path.is_file() and not path.is_symlink():
+                templates[path.stem] = path.read_text(encoding="utf-8")
+    return templates
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -227,7 +254,7 @@ class Tokenizer:
         *,
         special_tokens: Mapping[str, str] | None = None,
         extra_special_tokens: Sequence[str] = (),
-        chat_template: str | None = None,
+        chat_template: str | Mapping[str, str] | None = None,
         extra_eos_token_ids: Sequence[int] = (),
         clean_up_tokenization_spaces: bool = False,
     ) -> None:
@@ -240,7 +267,9 @@ class Tokenizer:
         missing = [t for t in wanted if backend.token_to_id(t) is None]
         if missing:
             backend.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in missing])
-        self._chat_template = _compile_chat_template(chat_template) if chat_template is not None else None
+        # Named chat templates ("default", and e.g. "tool_use"), compiled once.
+        templates = {"default": chat_template} if isinstance(chat_template, str) else dict(chat_template or {})
+        self._chat_templates = {name: _compile_chat_template(source) for name, source in templates.items()}
         # BPE output is corrupted by the WordPiece-era clean-up, so transformers 5 skips it for BPE.
         self._clean_up = clean_up_tokenization_spaces and type(backend.model).__name__ != "BPE"
 
@@ -262,6 +291,12 @@ class Tokenizer:
         model_dir = Path(model_dir)
         tokenizer_path = model_dir / TOKENIZER_FILE
         if not tokenizer_path.is_file():
+            if (model_dir / SENTENCEPIECE_FILE).is_file():
+                raise FileNotFoundError(
+                    f"{model_dir} has only {SENTENCEPIECE_FILE} (a SentencePiece model) and no {TOKENIZER_FILE}; "
+                    f"Thaw reads the fast-tokenizer file: write it once with transformers, "
+                    f"AutoTokenizer.from_pretrained(dir).save_pretrained(dir), and deploy again"
+                )
             raise FileNotFoundError(
                 f"{tokenizer_path} not found: a model dir needs a Hugging Face fast-tokenizer file ({TOKENIZER_FILE})"
             )
@@ -288,7 +323,8 @@ class Tokenizer:
             backend,
             special_tokens=special_tokens,
             extra_special_tokens=extra_special_tokens,
-            chat_template=_pick_chat_template(config.get("chat_template")),
+            chat_template=(_chat_templates_from_files(model_dir)
+                           or _chat_templates_from_config(config.get("chat_template"))),
             extra_eos_token_ids=extra_eos,
             clean_up_tokenization_spaces=bool(config.get("clean_up_tokenization_spaces", False)),
         )
@@ -325,7 +361,11 @@ class Tokenizer:
 
     @property
     def has_chat_template(self) -> bool:
-        return self._chat_template is not None
+        return "default" in self._chat_templates
+
+    @property
+    def chat_template_names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._chat_templates))
 
     def token_to_id(self, token: str) -> int | None:
         return self._backend.token_to_id(token)
@@ -348,29 +388,41 @@ class Tokenizer:
 
     # ---- chat --------------------------------------------------------------------------------
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """Renders a chat to the prompt text the model expects."""
-        if self._chat_template is None:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, *,
+                            tools: Sequence[Mapping[str, Any]] | None = None,
+                            template_kwargs: Mapping[str, Any] | None = None) -> str:
+        """Renders a chat to the prompt text the model expects.
+
+        With `tools` the template named "tool_use" is used where the model has one (transformers'
+        rule), else the default; `tools` is passed to the template either way. `template_kwargs`
+        become extra template variables (e.g. Qwen3's ``enable_thinking``); they may not replace
+        messages, tools, documents or add_generation_prompt."""
+        name = "tool_use" if tools and "tool_use" in self._chat_templates else "default"
+        template = self._chat_templates.get(name)
+        if template is None:
             raise ValueError(
-                "this model has no chat template (tokenizer_config.json has no 'chat_template'); "
-                "send a plain completion prompt instead"
+                f"this model has no chat template (neither {CHAT_TEMPLATE_FILE} nor tokenizer_config.json's "
+                "'chat_template' gives a default one); send a plain completion prompt instead"
             )
+        extra = dict(template_kwargs or {})
+        clashing = sorted(_RESERVED_TEMPLATE_VARIABLES & extra.keys())
+        if clashing:
+            raise ValueError(f"chat template arguments may not set {', '.join(clashing)}: these come from the request")
         chat = _validate_messages(messages)
         try:
-            return self._chat_template.render(
-                messages=chat,
-                tools=None,
-                documents=None,
-                add_generation_prompt=add_generation_prompt,
-                **self._special_tokens,
-            )
+            return template.render(**{**self._special_tokens, **extra}, messages=chat,
+                                   tools=list(tools) if tools else None, documents=None,
+                                   add_generation_prompt=add_generation_prompt)
         except jinja2.TemplateError as exc:
             # e.g. raise_exception("Conversation roles must alternate user/assistant"): the user's to fix
             raise ValueError(f"the model's chat template refused these messages: {exc}") from exc
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, *,
+                    tools: Sequence[Mapping[str, Any]] | None = None,
+                    template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
         """Ids of the rendered chat; the template writes its own BOS, so none is added here."""
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+        text = self.apply_chat_template(messages, add_generation_prompt, tools=tools, template_kwargs=template_kwargs)
+        return self.encode(text, add_special_tokens=False)
 
     def __len__(self) -> int:
         return self.vocab_size

@@ -56,6 +56,8 @@ def test_qwen2_has_qkv_bias_and_mistral_a_window():
         ({"architectures": []}, UnsupportedModelError, "names no architecture"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, UnsupportedModelError, "yarn"),
         ({"hidden_act": "gelu"}, UnsupportedModelError, "gelu"),
+        ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}, UnsupportedModelError,
+         r"quantization_config: quantized checkpoints \(fp8\) are not supported"),
         ({"num_key_value_heads": 3}, ValueError, "multiple of"),
     ],
 )

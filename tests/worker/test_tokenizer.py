@@ -182,3 +182,83 @@ def test_repr_has_no_text(ours):
     text = repr(ours)
     assert "Tokenizer(" in text and "vocab_size=1024" in text
     assert "<|" not in text and "start_header_id" not in text
+
+
+# ---- chat templates saved as files (transformers >= 4.50), tools and template arguments ---------
+
+# A Qwen3-like template: tools rendered into the system turn, `enable_thinking` read as a variable.
+FILE_TEMPLATE = (
+    "{%- if tools %}<|tools|>{{ tools | tojson }}\n{%- endif %}"
+    "{%- for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|assistant|>"
+    "{%- if enable_thinking is defined and enable_thinking is false %}<think></think>{%- endif %}{%- endif %}"
+)
+TOOL_USE_TEMPLATE = "TOOLS:{{ tools | length }}|{%- for m in messages %}{{ m['content'] }}{%- endfor %}"
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}}}]
+
+
+@pytest.fixture(scope="module")
+def saved_dir(tmp_path_factory, tok_dir):
+    """A tokenizer saved by transformers with a default and a named template: transformers writes
+    chat_template.jinja and additional_chat_templates/tool_use.jinja, not tokenizer_config's key."""
+    hf = transformers.AutoTokenizer.from_pretrained(str(tok_dir))
+    hf.chat_template = {"default": FILE_TEMPLATE, "tool_use": TOOL_USE_TEMPLATE}
+    out = tmp_path_factory.mktemp("saved")
+    hf.save_pretrained(str(out))
+    assert (out / "chat_template.jinja").is_file() and (out / "additional_chat_templates" / "tool_use.jinja").is_file()
+    assert "chat_template" not in json.loads((out / "tokenizer_config.json").read_text())
+    return out
+
+
+@pytest.mark.parametrize("chat", CHATS[:2])
+@pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": False}, {"enable_thinking": True}])
+def test_template_files_match_transformers(saved_dir, chat, kwargs):
+    ours, theirs = Tokenizer.from_dir(saved_dir), transformers.AutoTokenizer.from_pretrained(str(saved_dir))
+    assert ours.has_chat_template and ours.chat_template_names == ("default", "tool_use")
+    want = theirs.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, **kwargs)
+    assert ours.apply_chat_template(chat, template_kwargs=kwargs) == want
+    assert ours.encode_chat(chat, template_kwargs=kwargs) == theirs.apply_chat_template(
+        chat, tokenize=True, add_generation_prompt=True, return_dict=False, **kwargs)
+
+
+def test_tools_pick_the_tool_use_template_as_transformers_does(saved_dir):
+    ours, theirs = Tokenizer.from_dir(saved_dir), transformers.AutoTokenizer.from_pretrained(str(saved_dir))
+    chat = [{"role": "user", "content": "Weather in Oslo?"}]
+    want = theirs.apply_chat_template(chat, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert ours.apply_chat_template(chat, tools=TOOLS) == want == "TOOLS:1|Weather in Oslo?"
+
+
+def test_tools_reach_the_default_template_without_a_tool_use_one(tmp_path, tok_dir):
+    hf = transformers.AutoTokenizer.from_pretrained(str(tok_dir))
+    hf.chat_template = FILE_TEMPLATE
+    hf.save_pretrained(str(tmp_path))
+    ours, theirs = Tokenizer.from_dir(tmp_path), transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    chat = [{"role": "user", "content": "Weather in Oslo?"}]
+    rendered = ours.apply_chat_template(chat, tools=TOOLS)
+    assert rendered == theirs.apply_chat_template(chat, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert '"get_weather"' in rendered
+
+
+def test_the_template_file_wins_over_the_config(tmp_path, tok_dir):
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((tok_dir / name).read_bytes())
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["chat_template"] = "CONFIG"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    assert Tokenizer.from_dir(tmp_path).apply_chat_template([{"role": "user", "content": "x"}]) == "CONFIG"
+    (tmp_path / "chat_template.jinja").write_text("FILE")
+    assert Tokenizer.from_dir(tmp_path).apply_chat_template([{"role": "user", "content": "x"}]) == "FILE"
+
+
+def test_template_arguments_may_not_replace_the_request(ours):
+    with pytest.raises(ValueError, match="may not set add_generation_prompt, messages"):
+        ours.apply_chat_template([{"role": "user", "content": "x"}],
+                                 template_kwargs={"messages": [], "add_generation_prompt": False})
+
+
+def test_a_sentencepiece_only_dir_gets_a_clear_error(tmp_path):
+    (tmp_path / "tokenizer.model").write_bytes(b"\x00")
+    with pytest.raises(FileNotFoundError, match=r"has only tokenizer.model .*save_pretrained"):
+        Tokenizer.from_dir(tmp_path)
