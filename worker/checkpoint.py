@@ -95,6 +95,10 @@ def expected_layer_shapes(layer: int, config: ModelConfig) -> dict[str, tuple[in
     }
     if config.attention_bias:
         shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.bias": (kv,)}
+        if config.qk_norm:  # Qwen3 (like Llama) biases o_proj too when attention_bias is set
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
+    if config.qk_norm:
+        shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
     return shapes
 
 
@@ -182,6 +186,11 @@ def _fuse_layer(layer: int, tensors: dict[str, torch.Tensor], config: ModelConfi
     if config.attention_bias:
         state[dst + "self_attn.qkv_proj.bias"] = concat_rows([t(attn + x + "_proj.bias") for x in "qkv"])
     state[dst + "self_attn.o_proj.weight"] = t(attn + "o_proj.weight")
+    if config.attention_bias and config.qk_norm:
+        state[dst + "self_attn.o_proj.bias"] = t(attn + "o_proj.bias")
+    if config.qk_norm:
+        state[dst + "self_attn.q_norm.weight"] = t(attn + "q_norm.weight")
+        state[dst + "self_attn.k_norm.weight"] = t(attn + "k_norm.weight")
     state[dst + "mlp.gate_up_proj.weight"] = concat_rows([t(src + "mlp.gate_proj.weight"),
                                                           t(src + "mlp.up_proj.weight")])
     state[dst + "mlp.down_proj.weight"] = t(src + "mlp.down_proj.weight")

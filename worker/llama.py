@@ -1,4 +1,4 @@
-"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2) over a paged KV cache.
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over a paged KV cache.
 
 The model takes one ragged step of tokens (the scheduler mixes prefill chunks and decode
 tokens freely), so every tensor is ``[T, ...]`` with T the step's total new tokens; the
@@ -58,7 +58,11 @@ class Attention(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.sliding_window = config.sliding_windows[layer_idx]
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        # Qwen3 biases o_proj with attention_bias; Qwen2's bias covers q/k/v only.
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.attention_bias and config.qk_norm)
+        # Qwen3: each head's query and key are RMS-normalised (one [D] weight each) before RoPE.
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(
         self,
@@ -71,8 +75,12 @@ class Attention(nn.Module):
     ) -> torch.Tensor:  # [T, H]
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)  # [T, Hq, D]
-        k = apply_rope(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)  # [T, Hkv, D]
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, cos, sin)  # [T, Hq, D]
+        k = apply_rope(k, cos, sin)  # [T, Hkv, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         key_cache, value_cache = kv_cache
         backend.write_kv_cache(k, v, key_cache, value_cache, metadata.slot_mapping)

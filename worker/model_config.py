@@ -1,7 +1,7 @@
 """The architecture of a Llama-family checkpoint, read from its Hugging Face ``config.json``.
 
-One frozen dataclass covers Llama 2/3 (incl. llama3 RoPE scaling), Mistral (sliding window)
-and Qwen2/2.5 (QKV bias): they differ only in a handful of switches, so one model definition
+One frozen dataclass covers Llama 2/3 (incl. llama3 RoPE scaling), Mistral (sliding window),
+Qwen2/2.5 (QKV bias) and Qwen3 (per-head q/k RMSNorm): they differ only in a handful of switches, so one model definition
 (`llama.py`) serves all of them. Both config dialects are read: the older ``rope_theta`` +
 ``rope_scaling`` keys that published checkpoints carry, and transformers 5's
 ``rope_parameters``. Anything we cannot run exactly is refused by name, never approximated.
@@ -20,6 +20,7 @@ SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
 }
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -61,6 +62,8 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     attention_bias: bool = False
+    # Qwen3: an RMSNorm over each head's query and key (weights [head_dim]) before RoPE.
+    qk_norm: bool = False
     tie_word_embeddings: bool = False
     # Per layer: the sliding window width, or None for full attention.
     sliding_windows: tuple[int | None, ...] = ()
@@ -151,6 +154,7 @@ class ModelConfig:
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             attention_bias=True if family == "qwen2" else bool(raw.get("attention_bias", False)),
+            qk_norm=family == "qwen3",
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             sliding_windows=_read_sliding_windows(raw, family, layers),
             dtype=dtype or file_dtype,
@@ -197,7 +201,7 @@ def _read_sliding_windows(raw: dict[str, Any], family: str, num_layers: int) -> 
         if unknown:
             raise UnsupportedModelError(f"layer types {sorted(unknown)} are not supported")
         return tuple(window if t == "sliding_attention" else None for t in layer_types)
-    if family == "qwen2":
+    if family in ("qwen2", "qwen3"):
         if not raw.get("use_sliding_window"):
             return (None,) * num_layers
         first = raw.get("max_window_layers", num_layers)

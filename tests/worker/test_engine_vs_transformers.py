@@ -27,6 +27,9 @@ CHECKPOINTS = {
                                      max_shard_size="100KB", seed=1),
     "qwen2": dict(arch="qwen2", seed=2),
     "mistral-sliding-window": dict(arch="mistral", sliding_window=8, seed=3),
+    # q/k RMSNorm per head, and a head size that is not hidden / heads (64 / 4 = 16; 32 here).
+    "qwen3-head-dim-32-tied": dict(arch="qwen3", head_dim=32, tie_word_embeddings=True, seed=4),
+    "qwen3-attention-bias": dict(arch="qwen3", attention_bias=True, seed=5),
 }
 ENGINE_CONFIGS = {
     "chunked": EngineConfig(block_size=4, max_num_batched_tokens=16, num_kv_blocks=256),

@@ -78,3 +78,10 @@ def test_config_file_errors_name_the_file(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ValueError, match="hidden_size"):
         ModelConfig.from_model_dir(tmp_path)
+
+
+def test_qwen3_normalises_queries_and_keys_and_qwen2_does_not():
+    qwen3 = ModelConfig.from_hf_dict({"architectures": ["Qwen3ForCausalLM"], **BASE, "head_dim": 128})
+    assert (qwen3.qk_norm, qwen3.attention_bias, qwen3.head_dim) == (True, False, 128)
+    qwen2 = ModelConfig.from_hf_dict({"architectures": ["Qwen2ForCausalLM"], **BASE})
+    assert (qwen2.qk_norm, qwen2.attention_bias) == (False, True)
