@@ -12,7 +12,10 @@ deploy turns the spec's ``source`` into such a name:
 - any other ``s3://`` location is refused: copying between buckets is not the controller's job;
 - a local directory that names files outside itself (a symlink, a safetensors index entry such
   as ``../other``) is refused before anything is read (`loader.model_dir_files`): a deploy never
-  pulls in someone else's weights.
+  pulls in someone else's weights;
+- a local directory whose config.json the engine would refuse (an architecture it lacks, a
+  quantized checkpoint, a RoPE type it does not implement) is refused before the push, naming
+  the field (`check_engine_can_run`).
 
 ``tenant--name`` is unambiguous within one platform only if no two deployed ids map to the same
 string (``a--b/c`` and ``a/b--c`` would); the controller refuses the second such deploy.
@@ -94,6 +97,19 @@ def same_content(src_dir: Path, manifest: ModelManifest) -> bool:
     return all(_xxh3_64(files[entry.path]) == entry.xxh3_64 for entry in manifest.files)
 
 
+def check_engine_can_run(src: Path) -> None:
+    """Refuses, before anything is pushed, a checkpoint the engine would refuse at load: its
+    config.json read as the engine reads it (`worker.ModelConfig`: architecture, quantization,
+    RoPE type, activation, head layout). Raises `InvalidSpecError` on ``source`` naming the field,
+    the value and what is supported, instead of a deploy that succeeds and instances that never load."""
+    from worker import ModelConfig  # brings torch: the controller pays that on its first deploy only
+
+    try:
+        ModelConfig.from_model_dir(src)
+    except ValueError as exc:  # UnsupportedModelError is one; a missing key or bad JSON the other
+        raise InvalidSpecError("source", f"{src} cannot be served: {exc}") from None
+
+
 def publish_source(spec: ModelSpec, repository: ModelRepository) -> PublishedModel:
     """Make the spec's checkpoint a repository model (see the module docstring). Raises
     `InvalidSpecError` on ``source`` when it cannot be used."""
@@ -115,6 +131,8 @@ def publish_source(spec: ModelSpec, repository: ModelRepository) -> PublishedMod
         model_dir_files(src)
     except ValueError as exc:  # loader.UnsafeModelDirError: it names files outside itself; a broken index
         raise InvalidSpecError("source", str(exc)) from None
+    if (src / "config.json").is_file():
+        check_engine_can_run(src)
     name = repository_name(spec.model_id)
     # A local repository's directory appears with its first push; until then it holds nothing.
     fresh = isinstance(repository, LocalModelRepository) and not repository.root.is_dir()

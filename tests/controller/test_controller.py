@@ -300,7 +300,7 @@ def test_a_push_that_fails_half_way_leaves_nothing_visible(tmp_path, monkeypatch
     async def scenario():
         async with Harness(tmp_path) as h:
             source = h.source("m1")
-            (source / "config.json").write_text("{}")
+            (source / "config.json").write_text(json.dumps(SERVABLE_CONFIG))
             real = LocalModelRepository._upload_file
             calls = []
 
@@ -319,6 +319,32 @@ def test_a_push_that_fails_half_way_leaves_nothing_visible(tmp_path, monkeypatch
             assert h.controller.list_models() == []
             await h.controller.deploy(spec("acme/m1", source))  # and the name is free again
             assert [m.model for m in repository.list_models()] == ["acme--m1"]
+
+    asyncio.run(scenario())
+
+
+SERVABLE_CONFIG = {"architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 64,
+                   "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "max_position_embeddings": 256}
+
+
+@pytest.mark.parametrize("patch, expected", [
+    ({"architectures": ["GPT2LMHeadModel"]}, "architecture 'GPT2LMHeadModel' is not supported (supported: "),
+    ({"quantization_config": {"quant_method": "awq"}}, "quantization_config: quantized checkpoints (awq)"),
+    ({"rope_scaling": {"rope_type": "su", "factor": 2.0}}, "RoPE scaling type 'su' is not supported"),
+    ({"num_attention_heads": None}, "lacks the required key"),
+])
+def test_deploy_refuses_a_checkpoint_the_engine_cannot_run_before_pushing(tmp_path, patch, expected):
+    async def scenario():
+        async with Harness(tmp_path) as h:
+            source = h.source("m1")
+            config = {**SERVABLE_CONFIG, **patch}
+            (source / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+            with pytest.raises(InvalidSpecError) as refused:  # the admin API's 400, param "source"
+                await h.controller.deploy(spec("acme/m1", source))
+            assert refused.value.field == "source" and expected in refused.value.reason
+            assert h.controller.list_models() == []
+            assert not (tmp_path / "repo").exists()  # nothing was pushed
 
     asyncio.run(scenario())
 
