@@ -7,12 +7,12 @@ placement, the start/stop lifecycle -- is unit-tested against a fake in memory, 
 
 Handles are opaque to the controller (`ActorHandle`): whatever the client returns from
 `start_worker` or `connect_node_store` is passed back to it unchanged. What comes back from a
-worker is typed by the worker's and migration's own records (`worker.InstanceLoad`,
-`worker.InstanceStats`, `migration.MigrationOutcome`, ...), named here for the type checker only,
-so importing this module imports neither. A call that cannot finish in its timeout raises
-`TimeoutError`; a call to an actor that no longer exists raises `ActorGoneError` (`wire`'s, the
-one error every Ray caller maps an actor's death to); anything else an actor raised on purpose (a
-failed load, a full tier) propagates as itself.
+worker is typed by wire's records (`wire.InstanceLoad`, `wire.InstanceStats`) and migration's
+own (`migration.MigrationOutcome`, ...); worker's and migration's types are named here for the
+type checker only, so importing this module imports neither. A call that cannot finish in its
+timeout raises `TimeoutError`; a call to an actor that no longer exists raises `ActorGoneError`
+(`wire`'s, the one error every Ray caller maps an actor's death to); anything else an actor
+raised on purpose (a failed load, a full tier) propagates as itself.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from controller.cluster_node import RayNodeInfo
 from storage import NodeStoreConfig, NodeStoreReport
-from wire import ActorGoneError
+from wire import ActorGoneError, InstanceLoad, InstanceStats
 
 if TYPE_CHECKING:
     from loader import StreamConfig
     from migration import MigrationOutcome, ParkedRequest
-    from worker import EngineConfig, InstanceLoad, InstanceStats, PeerWeights
+    from worker import EngineConfig, PeerWeights
 
 __all__ = ["NODE_STORE_ACTOR_PREFIX", "WORKER_ACTOR_PREFIX", "ActorGoneError", "ActorHandle", "ClusterClient",
            "node_store_actor_name", "worker_actor_name"]

@@ -25,12 +25,12 @@ from controller.cluster_client import (NODE_STORE_ACTOR_PREFIX, WORKER_ACTOR_PRE
                                        ClusterClient, node_store_actor_name)
 from controller.cluster_node import RayNodeInfo
 from storage import NodeStoreConfig, NodeStoreReport, RepositoryConfig
-from wire import call
+from wire import InstanceLoad, InstanceStats, call
 
 if TYPE_CHECKING:
     from loader import StreamConfig
     from migration import MigrationOutcome, ParkedRequest
-    from worker import EngineConfig, InstanceLoad, InstanceStats, PeerWeights
+    from worker import EngineConfig, PeerWeights
 
 logger = logging.getLogger(__name__)
 

@@ -8,12 +8,9 @@ gateway's ``queue_s``.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from infra.gateway_backend import ContextLengthExceeded, GenerationChunk, InvalidRequest
-
-if TYPE_CHECKING:
-    from worker import InvalidRequestError
+from wire import InvalidRequestError
 
 __all__ = ["gateway_chunk", "invalid_request"]
 

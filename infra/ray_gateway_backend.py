@@ -41,7 +41,7 @@ Up to ``max_attempts`` instances in all; past that the failure is reported in-ba
 whose instance's engine died in a forward pass the request was in is a suspect (it may be a
 poison pill): it is tried on one more instance, and if that one dies on it too it fails with
 `RequestFailed` (500) instead of taking down a third; a request that failed alone on an instance
-that serves on (`worker.RequestFailedError`) is not retried at all. A stream
+that serves on (`wire.RequestFailedError`) is not retried at all. A stream
 that ends with finish reason "suspended" (the controller preempted its instance's slot for
 another model) is no failure: the request goes back into its model's queue the same way, with a
 fresh queue deadline, and its model's next instance continues it from the tokens the client has;
@@ -88,8 +88,7 @@ from infra.queue_outlooks import QueueOutlooks
 from infra.queue_ticket import QueueTicket, RequestPlace, prune_settled
 from infra.ray_backend_config import RayBackendConfig
 from infra.serving_cluster import InstanceGone, InstanceRoute, ServingCluster
-from wire import SUSPENDED, ModelRecord, SamplingParams
-from worker import InvalidRequestError, RequestFailedError
+from wire import SUSPENDED, InvalidRequestError, ModelRecord, RequestFailedError, SamplingParams
 
 __all__ = ["RayBackendConfig", "RayGatewayBackend", "model_info_from_record"]
 

@@ -24,8 +24,8 @@ from typing import Any, Protocol
 from controller import TenantQuota
 from controller import SlotOutlook
 from infra.controller_client import ControllerClient
-from wire import (ActorGoneError, ActorUnreachableError, InstanceRoute, ModelRecord, Prompt, SamplingParams, call,
-                  ray_errors_translated)
+from wire import (ActorGoneError, ActorUnreachableError, EngineDeadError, InstanceRoute, ModelRecord, Prompt,
+                  SamplingParams, call, ray_errors_translated)
 
 __all__ = ["InstanceGone", "InstanceRoute", "RayServingCluster", "RoutingTableData", "ServingCluster"]
 
@@ -37,7 +37,7 @@ class InstanceGone(Exception):
     request may be tried on another instance (continuing from what was streamed).
 
     `suspect`: the instance's engine died in a forward pass this request was in, so the request
-    may be what killed it (`worker.EngineDeadError.suspect`); the backend tries a suspect on one
+    may be what killed it (`wire.EngineDeadError.suspect`); the backend tries a suspect on one
     more instance at most. A process that died (killed, node lost) or an instance found gone is
     no evidence against the request."""
 
@@ -174,7 +174,7 @@ class RayServingCluster:
     async def generate(self, route: InstanceRoute, request_id: str, prompt: Prompt, params: SamplingParams, *,
                        sent_token_ids: Sequence[int] = ()) -> AsyncIterator[Any]:
         from migration import MigrationRefusedError, StreamIdleTimeout, UnknownRequestError, follow_generation
-        from worker import EngineDeadError, InstanceLoadError, SpareWorkerError
+        from worker import InstanceLoadError, SpareWorkerError
 
         handle = await self._handle(route)
         stream = follow_generation(handle, request_id, prompt, params, resolve=self._resolve,

@@ -46,8 +46,9 @@ from migration.engine_endpoint import EngineEndpoint
 from migration.kv_transport import KVPayload, KVTransport, RayObjectKVTransport
 from migration.lease_book import DEFAULT_LEASE_S
 from migration.prefill_handoff import PartialPrefillPayload
+from wire import InstanceState, InstanceStats
 from worker import (
-    EngineConfig, GenerationChunk, InstanceState, InstanceStats, InstanceWorkerActor, InvalidRequestError, PeerWeights,
+    EngineConfig, GenerationChunk, InstanceWorkerActor, InvalidRequestError, PeerWeights,
     RequestProgress, RequestSnapshot, RequestState, SamplingParams, checkpoint_identity, worker_actor_options,
 )
 

@@ -7,16 +7,25 @@ that checks its fields (naming the bad one), has a tagged dict form (``"schema":
 `to_dict` / `from_dict`), and crosses Ray through that form, checked again on arrival.
 
 This package imports no other thaw folder, and neither torch nor Ray at import time (the
-gateway's HTTP app imports it), so every folder may import it.
+gateway's HTTP app imports it), so every folder may import it. Messages that carry tensors (the
+migration's `KVPayload`, `PartialPrefillPayload`) stay in `migration/`, since wire imports no torch.
 
 Public API:
 - `SamplingParams`: how a request samples and stops (gateway -> worker).
 - `Prompt`, `ChatMessage`: what a request asks; `GenerationChunk`: what its stream carries
   (worker -> gateway), with `SUSPENDED`, the finish reason of a request that moves on.
 - `InstanceRoute`: one ready instance in the controller's routing table (controller -> gateway).
+- `InstanceStats`, `InstanceLoad`, `InstanceState`: what a worker reports about itself -- its load
+  now, how its model was loaded, its lifecycle state (worker -> controller).
 - `ModelRecord`, `InstanceLoadRecord`: a deployed model as the gateway needs it, with when it
   was deployed (controller -> gateway).
+- `RequestSnapshot`: a request's state without its KV (source worker -> migration driver ->
+  destination worker); `MigrationOutcome`, with `MigrationMethod` and `MigrationStatus`: how one
+  live migration went (migration driver -> controller -> CLI).
 - `WireRecord`: the base of the records (schema tag, dict form, pickling through it).
+- `InvalidRequestError` (refused, a `ValueError`), `RequestFailedError` (failed alone; the engine
+  serves on), `EngineDeadError` (the engine stopped; ``suspect``): how a request's stream ends on
+  a worker, raised there and caught by the gateway and the migration driver (worker -> callers).
 - `call`, `stream`, `ray_errors_translated`, `translated`, `is_ours`: awaiting actor calls and
   streams with Ray's errors translated once; `ActorGoneError` (the actor is dead),
   `ActorUnreachableError` (for now; a `TimeoutError`).
@@ -24,9 +33,13 @@ Public API:
 
 from wire.generation_chunk import SUSPENDED, ChatMessage, GenerationChunk, Prompt
 from wire.instance_route import InstanceRoute
+from wire.instance_stats import InstanceLoad, InstanceState, InstanceStats
+from wire.migration_outcome import MigrationMethod, MigrationOutcome, MigrationStatus
 from wire.model_record import InstanceLoadRecord, ModelRecord
 from wire.ray_calls import (ActorGoneError, ActorUnreachableError, call, is_ours, ray_errors_translated, stream,
                             translated)
+from wire.request_errors import EngineDeadError, InvalidRequestError, RequestFailedError
+from wire.request_snapshot import RequestSnapshot
 from wire.sampling_params import SamplingParams
 from wire.wire_record import WireRecord
 
@@ -34,4 +47,7 @@ __all__ = [
     "SUSPENDED", "ActorGoneError", "ActorUnreachableError", "ChatMessage", "GenerationChunk", "InstanceLoadRecord",
     "InstanceRoute", "ModelRecord", "Prompt", "SamplingParams", "WireRecord", "call", "is_ours",
     "ray_errors_translated", "stream", "translated",
+    "InstanceLoad", "InstanceState", "InstanceStats",
+    "EngineDeadError", "InvalidRequestError", "RequestFailedError",
+    "MigrationMethod", "MigrationOutcome", "MigrationStatus", "RequestSnapshot",
 ]

@@ -17,6 +17,7 @@ later with an `AttributeError` deep inside.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import numbers
 from collections.abc import Mapping
@@ -42,7 +43,8 @@ class WireRecord:
         return cls.SCHEMA.partition("/")[0]
 
     def to_dict(self) -> dict[str, Any]:
-        """The record as plain data (tuples as lists, nested records as dicts) with its schema tag."""
+        """The record as plain data (tuples as lists, nested records as dicts, enum members as their
+        values) with its schema tag."""
         data: dict[str, Any] = {SCHEMA_KEY: self.SCHEMA}
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             data[f.name] = _plain(getattr(self, f.name))
@@ -81,11 +83,20 @@ class WireRecord:
         return type(self).from_dict, (self.to_dict(),)
 
 
+# Values `_plain` leaves as they are: a list of them is copied whole, not item by item.
+_SCALAR_TYPES = frozenset({int, float, str, bool, bytes, type(None)})
+_INT_TYPE = frozenset({int})
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, WireRecord):
         return value.to_dict()
     if isinstance(value, (tuple, list)):
+        if _SCALAR_TYPES.issuperset(map(type, value)):  # token ids: no Python call per item
+            return list(value)
         return [_plain(item) for item in value]
+    if isinstance(value, enum.Enum):  # read back without the enum class; the record checks the value
+        return value.value
     return value
 
 
@@ -133,8 +144,8 @@ def check_token_ids(record: str, field: str, value: object) -> tuple[int, ...]:
     """A list or tuple of token ids (integers >= 0), as a tuple."""
     if not isinstance(value, (tuple, list)):
         raise ValueError(f"{record}.{field} must be a list of token ids, got {type(value).__name__}")
-    if type(value) is tuple and all(type(token) is int and token >= 0 for token in value):
-        return value  # the common case (one token per chunk), without a copy
+    if type(value) in (tuple, list) and _INT_TYPE.issuperset(map(type, value)) and (not value or min(value) >= 0):
+        return tuple(value)  # the common case, checked in C (a tuple is not copied; a list from a dict form is)
     for i, token in enumerate(value):
         if not _is_int(token) or token < 0:
             raise ValueError(f"{record}.{field}[{i}] must be a token id (an integer >= 0), got {token!r}")

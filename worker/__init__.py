@@ -1,13 +1,16 @@
 """The inference worker: a paged-KV, continuous-batching engine for Llama-family models.
 
-Public API (the rest of this folder is private to it, but for the two migration modules named below):
+Public API (what other folders import; of the rest, only the two migration modules named below,
+and `worker.host_allocator` for a process that runs one engine; bench/ measures internals directly):
 - `Engine`, `EngineConfig`: load a Hugging Face model dir; ``add_request`` / ``step`` / ``abort``.
   ``Engine(model_dir, config, weights=source)`` starts before its weights (a `loader.LayerReadiness`)
   and computes layers as they land; `LayerLoadError` is how it fails when they cannot arrive.
 - `AsyncEngine`: ``async for out in AsyncEngine(engine).generate(prompt, params)``.
 - `SamplingParams`, `RequestOutput`, `Completion`, `InvalidRequestError`; `RequestFailedError`: one
   request failed inside the engine (the others and the engine go on); `EngineDeadError` (with
-  ``suspect``: the request was in the forward pass that killed the engine).
+  ``suspect``: the request was in the forward pass that killed the engine). `SamplingParams` and
+  the three errors are `wire`'s, re-exported (the same classes): a caller in another process
+  (the gateway) imports them from `wire` without importing the engine and torch.
 - `ModelConfig`, `UnsupportedModelError`, `CheckpointError`: what a checkpoint is, and why it was refused.
 - `Tokenizer`: tokenizer + chat template without `transformers`.
 - `DemoModelConfig`, `write_demo_model`: a small Llama checkpoint built locally.
@@ -15,6 +18,7 @@ Public API (the rest of this folder is private to it, but for the two migration 
   ``stats`` -> `InstanceStats`, ``ready`` -> `InstanceLoad`, ``health`` -> `InstanceState`,
   ``shutdown``; ``serving_engine`` and ``open_request_ids`` for a caller serving more than
   ``generate`` from it); `InvalidFieldError` names the refused field, `InstanceLoadError` a failed load.
+  The three reports are `wire`'s records (the same classes), re-exported here.
 - `InstanceWorkerActor`, `start_instance_worker`, `stop_instance_worker`, `stream_generation`:
   the instance as a Ray actor, and the caller's side of its stream; `start_spare_worker`: a worker
   process started ahead of demand that a model is later ``assign``-ed to (`SpareWorkerError`);
@@ -29,14 +33,13 @@ Public API (the rest of this folder is private to it, but for the two migration 
   `RequestProgress`, `RequestState`: where a request stands, for a client whose stream went quiet.
 """
 
-from worker.async_engine import AsyncEngine, EngineDeadError
+from worker.async_engine import AsyncEngine
 from worker.checkpoint import CheckpointError
 from worker.checkpoint_identity import checkpoint_identity
 from worker.demo_model import DemoModelConfig, write_demo_model
-from worker.engine import Engine, InvalidRequestError, RequestFailedError
+from worker.engine import Engine
 from worker.engine_config import EngineConfig
 from worker.engine_migration import MigrationRefusedError, UnknownRequestError
-from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
 from worker.instance_worker import (SUSPENDED, GenerationChunk, InstanceLoadError, InstanceWorker,
                                     InvalidFieldError, SourceUnavailableError)
 from worker.instance_worker_actor import (
@@ -52,6 +55,8 @@ from worker.request_progress import RequestProgress, RequestState
 from worker.request_snapshot import RequestSnapshot
 from worker.sampling_params import SamplingParams
 from worker.tokenizer import Tokenizer
+from wire import InstanceLoad, InstanceState, InstanceStats  # the reports, defined in wire/; re-exported
+from wire import EngineDeadError, InvalidRequestError, RequestFailedError  # re-exported: see the docstring
 
 __all__ = [
     "SUSPENDED",

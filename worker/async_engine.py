@@ -30,7 +30,8 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from worker.engine import Engine, InvalidRequestError, Prompt, RequestFailedError
+from wire import EngineDeadError, InvalidRequestError, RequestFailedError  # defined in wire: its callers' side
+from worker.engine import Engine, Prompt
 from worker.request_output import RequestOutput
 from worker.sampling_params import SamplingParams
 from worker.sequence import Sequence
@@ -44,22 +45,6 @@ T = TypeVar("T")
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
-
-
-class EngineDeadError(RuntimeError):
-    """The engine thread stopped on an error (or was shut down); every open request fails with it.
-
-    `suspect` is True for the requests that were in the forward pass that killed the engine (the
-    only ones that can have caused it): a caller that retries requests elsewhere retries a suspect
-    once at most (a poison pill must not take down instance after instance); False for the others
-    and for a clean shutdown. The message is for logs: it may carry internal exception text."""
-
-    def __init__(self, message: str, suspect: bool = False) -> None:
-        super().__init__(message)
-        self.suspect = suspect
-
-    def __reduce__(self):  # keep `suspect` across Ray's pickling
-        return (type(self), (str(self), self.suspect))
 
 
 class AsyncEngine:

@@ -55,18 +55,9 @@ from worker.sequence import FinishReason, Sequence
 from worker.tokenizer import Tokenizer
 from worker.zigzag_prefill import ZigzagPrefill
 from wire import Prompt  # noqa: F401 - re-exported: the engine's prompt is the wire's
+from wire import InvalidRequestError  # defined in wire: the gateway catches it without importing the engine
 
 logger = logging.getLogger(__name__)
-
-
-
-class InvalidRequestError(ValueError):
-    """A request the engine refuses; the message says what to change."""
-
-
-class RequestFailedError(RuntimeError):
-    """One request failed inside the engine after it was admitted (see the module docstring);
-    the engine is fine and serves the others. The message is for logs: it may carry internals."""
 
 
 class Engine:

@@ -43,12 +43,12 @@ from loader import StreamConfig
 from worker.async_engine import AsyncEngine, EngineDeadError
 from worker.engine import Engine, InvalidRequestError, Prompt
 from worker.engine_config import EngineConfig
-from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
 from worker.peer_weights import PeerWeights, PeerWeightsReceiver, WeightStreams
 from worker.reserved_memory import ReservedMemory
 from worker.sampling_params import SamplingParams
 from worker.sequence import Sequence
 from wire import SUSPENDED, GenerationChunk  # one chunk record for worker and gateway (wire/)
+from wire import InstanceLoad, InstanceState, InstanceStats  # its reports to the controller (wire/)
 
 logger = logging.getLogger(__name__)
 

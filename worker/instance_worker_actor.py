@@ -35,11 +35,10 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from loader import StreamConfig
-from wire import stream
+from wire import InstanceLoad, InstanceState, InstanceStats, stream
 from worker.engine import Prompt
 from worker.engine_config import EngineConfig
 from worker.host_allocator import tune_host_allocator
-from worker.instance_stats import InstanceLoad, InstanceState, InstanceStats
 from worker.instance_worker import GenerationChunk, InstanceWorker, as_engine_config
 from worker.peer_weights import PeerWeights
 from worker.process_warmup import warm_up_process

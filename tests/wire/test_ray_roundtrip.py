@@ -16,8 +16,9 @@ import pytest
 import ray
 
 from controller import UnknownModelError
-from wire import (ActorGoneError, GenerationChunk, InstanceLoadRecord, InstanceRoute, ModelRecord, SamplingParams,
-                  call, stream)
+from wire import (ActorGoneError, GenerationChunk, InstanceLoad, InstanceLoadRecord, InstanceRoute, InstanceState,
+                  InstanceStats, ModelRecord, SamplingParams, call, stream)
+from wire import MigrationMethod, MigrationOutcome, MigrationStatus, RequestSnapshot
 
 DEADLINE_S = 60.0
 RECORDS = [
@@ -28,6 +29,16 @@ RECORDS = [
     InstanceLoadRecord(instance_id="i1", tier="dram", load_s=0.25),
     ModelRecord(model_id="acme/m1", deployed_s=1_700_000_123.5, max_model_len=None, max_queued_requests=7,
                 queue_timeout_s=3.0, instances=(InstanceLoadRecord(instance_id="i1", tier=None, load_s=None),)),
+    InstanceLoad(instance_id="i1", model_id="acme/m1", model_dir="/nodes/n0/dram/m1", load_s=1.25, weights_load_s=None,
+                 weights_read="layer by layer", num_kv_blocks=64, block_size=16, max_model_len=2048),
+    InstanceStats(instance_id="i1", model_id="acme/m1", state=InstanceState.READY, num_ongoing_requests=3,
+                  num_waiting_requests=1, num_running_requests=2, num_free_kv_blocks=48, num_kv_blocks=64,
+                  num_generated_tokens=120, started_at=1_700_000_000.5, load_s=1.25, weights_read="",
+                  weights_resident=False, prefills_at_frontier=("r1",), pid=4242),
+    RequestSnapshot("r1", tuple(range(4000)), (7, 8), SamplingParams(max_tokens=9, seed=3), 4001,
+                    bytes(range(256)) * 20, "cpu", "ckpt-00000000000000v1"),
+    MigrationOutcome("r1", MigrationMethod.KV, MigrationStatus.REFUSED, "i1", "i2", 2, 40, 1, 3, 3072, 0.25, 1.5,
+                     error="0 free KV blocks"),
 ]
 
 

@@ -17,3 +17,13 @@ def test_importing_wire_loads_no_other_folder_nor_torch_nor_ray():
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_importing_the_ray_gateway_backend_imports_neither_torch_nor_ray():
+    """The gateway's Ray Serve backend catches the worker's errors by class; they are `wire`'s,
+    so it does not import the engine (and torch) for them, and it reaches Ray only through
+    `wire`'s helpers, which import Ray when called."""
+    script = "import infra.ray_gateway_backend, sys; print(sorted({'torch', 'ray', 'worker'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
