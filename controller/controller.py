@@ -65,6 +65,7 @@ from controller.controller_config import ControllerConfig
 from controller.controller_status import node_to_dict, placement_to_dict, scale_to_dict
 from controller.instance_manager import InstanceManager, stop_order
 from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.engine_settings import engine_config_for
 from controller.model_registry import ModelRegistry
 from controller.model_spec import ModelSpec
 from controller.model_state import ModelState
@@ -128,7 +129,8 @@ class Controller:
         self._registry = ModelRegistry(self._store, self._repository, self._models, lock=self._tick_lock,
                                        invalidate_copies=self._invalidate_copies,
                                        stop_instances=self._stop_deleted, usage_meter=self._usage_meter,
-                                       record=self._record, wall_clock=wall_clock, wake=self._wake.set)
+                                       record=self._record, wall_clock=wall_clock, wake=self._wake.set,
+                                       engine_config=lambda spec: engine_config_for(spec, config))
         self._closed = False
 
     # --- life --------------------------------------------------------------------------------

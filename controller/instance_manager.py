@@ -47,6 +47,7 @@ from controller.cluster_client import ActorGoneError, ClusterClient, worker_acto
 from controller.cluster_node import ClusterNode, store_tier
 from controller.controller_config import ControllerConfig
 from controller.controller_status import event_to_dict
+from controller.engine_settings import engine_config_for
 from controller.managed_instance import RECORD_STATES, InstancePhase, ManagedInstance
 from controller.model_source import repository_name
 from controller.model_spec import ModelSpec
@@ -160,14 +161,7 @@ class InstanceManager:
         return instance
 
     def _engine_config(self, spec: ModelSpec) -> Any:
-        overrides: dict[str, Any] = {}
-        if spec.dtype != "auto":
-            overrides["dtype"] = spec.dtype
-        if spec.max_model_len is not None:
-            overrides["max_model_len"] = spec.max_model_len
-        if spec.resources.num_gpus > 0 and "device" not in self.config.engine_defaults:
-            overrides["device"] = "cuda"  # Ray makes the instance's GPU the visible one
-        return self.config.engine_config(overrides)
+        return engine_config_for(spec, self.config)
 
     async def _start(self, instance: ManagedInstance, model: ModelState, node: ClusterNode,
                      checkpoint_tier: str) -> None:

@@ -70,7 +70,7 @@ class ModelRegistry:
                  lock: asyncio.Lock, invalidate_copies: Callable[[str], Awaitable[None]],
                  stop_instances: Callable[[str], list[asyncio.Task]], usage_meter: Callable[[], UsageMeter],
                  record: Callable[[dict[str, Any]], None], wall_clock: Callable[[], float],
-                 wake: Callable[[], None]) -> None:
+                 wake: Callable[[], None], engine_config: Callable[[ModelSpec], Any] | None = None) -> None:
         self._store = store
         self._repository = repository
         self._models = models
@@ -81,6 +81,7 @@ class ModelRegistry:
         self._record = record
         self._wall_clock = wall_clock
         self._wake = wake
+        self._engine_config = engine_config  # a spec's worker.EngineConfig, to check its context fits
         self._quotas: dict[str, TenantQuota] = {}  # tenants with a limit; the store's copy
         self._publishing: dict[str, str] = {}  # model id -> repository name, of deploys/updates in flight
 
@@ -171,7 +172,8 @@ class ModelRegistry:
                 raise InvalidSpecError("name", f"{spec.model_id!r} maps to repository model {name!r}, which "
                                                f"{users[0]!r} already uses; choose another name")
         try:
-            published = await asyncio.to_thread(publish_source, spec, self._repository)
+            engine_config = self._engine_config(spec) if self._engine_config is not None else None
+            published = await asyncio.to_thread(publish_source, spec, self._repository, engine_config)
         except PushConflictError:
             raise DeployConflictError(spec.model_id, f"repository model {name!r} was pushed or deleted by someone "
                                                      f"else while this call was pushing it; try again") from None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import xxhash
 
@@ -97,22 +98,30 @@ def same_content(src_dir: Path, manifest: ModelManifest) -> bool:
     return all(_xxh3_64(files[entry.path]) == entry.xxh3_64 for entry in manifest.files)
 
 
-def check_engine_can_run(src: Path) -> None:
+def check_engine_can_run(src: Path, spec: ModelSpec | None = None, engine_config: Any = None) -> None:
     """Refuses, before anything is pushed, a checkpoint the engine would refuse at load: its
     config.json read as the engine reads it (`worker.ModelConfig`: architecture, quantization,
     RoPE type, activation, head layout). Raises `InvalidSpecError` on ``source`` naming the field,
-    the value and what is supported, instead of a deploy that succeeds and instances that never load."""
-    from worker import ModelConfig  # brings torch: the controller pays that on its first deploy only
+    the value and what is supported, instead of a deploy that succeeds and instances that never load.
+    Given the spec and its instances' `worker.EngineConfig`, also refuses (on ``max_model_len``) a
+    context the KV pool cannot hold (`worker.max_model_len_problem`)."""
+    from worker import ModelConfig, max_model_len_problem  # torch: paid on the controller's first deploy only
 
+    dtype = None if spec is None or spec.dtype == "auto" else spec.dtype
     try:
-        ModelConfig.from_model_dir(src)
+        model = ModelConfig.from_model_dir(src, dtype=dtype)
     except ValueError as exc:  # UnsupportedModelError is one; a missing key or bad JSON the other
         raise InvalidSpecError("source", f"{src} cannot be served: {exc}") from None
+    if spec is not None and engine_config is not None:
+        problem = max_model_len_problem(model, engine_config, spec.max_model_len)
+        if problem is not None:
+            raise InvalidSpecError("max_model_len", problem)
 
 
-def publish_source(spec: ModelSpec, repository: ModelRepository) -> PublishedModel:
+def publish_source(spec: ModelSpec, repository: ModelRepository, engine_config: Any = None) -> PublishedModel:
     """Make the spec's checkpoint a repository model (see the module docstring). Raises
-    `InvalidSpecError` on ``source`` when it cannot be used."""
+    `InvalidSpecError` on ``source`` when it cannot be used. `engine_config`: the instances'
+    `worker.EngineConfig`, to check the model's context against their KV pool."""
     inside = _name_inside_repository(spec.source, repository.uri)
     if inside is not None:
         try:
@@ -132,7 +141,7 @@ def publish_source(spec: ModelSpec, repository: ModelRepository) -> PublishedMod
     except ValueError as exc:  # loader.UnsafeModelDirError: it names files outside itself; a broken index
         raise InvalidSpecError("source", str(exc)) from None
     if (src / "config.json").is_file():
-        check_engine_can_run(src)
+        check_engine_can_run(src, spec, engine_config)
     name = repository_name(spec.model_id)
     # A local repository's directory appears with its first push; until then it holds nothing.
     fresh = isinstance(repository, LocalModelRepository) and not repository.root.is_dir()

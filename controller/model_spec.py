@@ -261,7 +261,12 @@ class ModelSpec:
         name: the model's name within the tenant; ``model_id`` is ``tenant/name``.
         source: where the checkpoint lives: an absolute local path or ``s3://bucket/prefix``.
         dtype: weights dtype; "auto" keeps the checkpoint's.
-        max_model_len: longest prompt + output; None means the model's own limit.
+        max_model_len: longest prompt + output; None means the model's own limit. A deploy refuses
+            one the instance's KV pool cannot hold, with the numbers.
+        kv_cache_bytes: an instance's KV-cache pool in bytes; None means the platform's default
+            (512 MiB: about 4,000 tokens of an 8B model in bf16).
+        max_num_seqs: requests one instance runs in its batch at once; None means the platform's
+            default (64).
         resources: what one instance occupies.
         autoscaling: how the instance count follows load.
     """
@@ -271,6 +276,8 @@ class ModelSpec:
     source: str
     dtype: str = "auto"
     max_model_len: int | None = None
+    kv_cache_bytes: int | None = None
+    max_num_seqs: int | None = None
     resources: ResourceSpec = field(default_factory=ResourceSpec)
     autoscaling: AutoscalingPolicy = field(default_factory=AutoscalingPolicy)
 
@@ -280,8 +287,9 @@ class ModelSpec:
         object.__setattr__(self, "source", _check_source(self.source))
         if self.dtype not in DTYPES:
             raise SpecError("dtype", f"must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.max_model_len is not None:
-            object.__setattr__(self, "max_model_len", _int("max_model_len", self.max_model_len, minimum=1))
+        for name, minimum in (("max_model_len", 1), ("kv_cache_bytes", 1 << 20), ("max_num_seqs", 1)):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, _int(name, getattr(self, name), minimum=minimum))
         if not isinstance(self.resources, ResourceSpec):
             raise SpecError("resources", f"must be a ResourceSpec, got {type(self.resources).__name__}")
         if not isinstance(self.autoscaling, AutoscalingPolicy):
@@ -327,6 +335,8 @@ class ModelSpec:
             "source": self.source,
             "dtype": self.dtype,
             "max_model_len": self.max_model_len,
+            "kv_cache_bytes": self.kv_cache_bytes,
+            "max_num_seqs": self.max_num_seqs,
             "resources": self.resources.to_dict(),
             "autoscaling": self.autoscaling.to_dict(),
         }
@@ -402,6 +412,8 @@ _FLAGS: tuple[tuple[str, str, type, str], ...] = (
     ("--source", "source", str, "checkpoint location: a local path or s3://bucket/prefix"),
     ("--dtype", "dtype", str, f"weights dtype: {', '.join(DTYPES)}"),
     ("--max-model-len", "max_model_len", int, "longest prompt + output in tokens"),
+    ("--kv-cache-bytes", "kv_cache_bytes", int, "KV-cache pool per instance, bytes (default 512 MiB)"),
+    ("--max-num-seqs", "max_num_seqs", int, "requests batched at once per instance (default 64)"),
     ("--num-cpus", "resources.num_cpus", float, "CPUs per instance"),
     ("--num-gpus", "resources.num_gpus", float, "GPUs per instance"),
     ("--num-worker-slots", "resources.num_worker_slots", int, "worker slots per instance"),

@@ -11,7 +11,8 @@ and `worker.host_allocator` for a process that runs one engine; bench/ measures 
   ``suspect``: the request was in the forward pass that killed the engine). `SamplingParams` and
   the three errors are `wire`'s, re-exported (the same classes): a caller in another process
   (the gateway) imports them from `wire` without importing the engine and torch.
-- `ModelConfig`, `UnsupportedModelError`, `CheckpointError`: what a checkpoint is, and why it was refused.
+- `ModelConfig`, `UnsupportedModelError`, `CheckpointError`: what a checkpoint is, and why it was refused;
+  `kv_pool_tokens`, `kv_bytes_per_token`, `max_model_len_problem`: what an instance's KV pool holds.
 - `Tokenizer`: tokenizer + chat template without `transformers`.
 - `DemoModelConfig`, `write_demo_model`: a small Llama checkpoint built locally.
 - `InstanceWorker`: one model instance (load, ``generate`` streams of `GenerationChunk`, ``abort``,
@@ -48,6 +49,7 @@ from worker.instance_worker_actor import (
 )
 from worker.layer_gate import LayerLoadError
 from worker.peer_weights import PeerWeights
+from worker.kv_budget import kv_bytes_per_token, kv_pool_tokens, max_model_len_problem
 from worker.model_config import ModelConfig, UnsupportedModelError
 from worker.request_output import Completion, RequestOutput
 from worker.request_lifecycle import RequestLifecycle
@@ -69,4 +71,5 @@ __all__ = [
     "SourceUnavailableError", "SpareWorkerError", "Tokenizer", "UnknownRequestError", "UnsupportedModelError",
     "checkpoint_identity", "start_instance_worker", "start_spare_worker",
     "stop_instance_worker", "stream_generation", "worker_actor_options", "write_demo_model",
+    "kv_bytes_per_token", "kv_pool_tokens", "max_model_len_problem",
 ]

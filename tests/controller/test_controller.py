@@ -21,6 +21,8 @@ import pytest
 from controller import (Controller, ControllerConfig, InvalidSpecError, ModelAlreadyDeployedError, RoutingTable,
                         UnknownModelError, open_state_store)
 from controller.cluster_node import RayNodeInfo, plan_nodes
+from controller.engine_settings import engine_config_for
+from controller.model_spec import ModelSpec
 from controller import DeployConflictError
 from controller.routing_table import Route
 from storage import LocalModelRepository, RepositoryConfig
@@ -734,5 +736,27 @@ def test_shutdown_stops_workers_and_stores_or_leaves_them(tmp_path):
         assert h.cluster.live_workers() == [] and h.cluster.stores[NODE].closed and h2.records() == {}
         with pytest.raises(RuntimeError, match="shut down"):
             h2.controller.notify_demand("acme/m1", 1)
+
+    asyncio.run(scenario())
+
+
+def test_deploy_refuses_a_context_the_kv_pool_cannot_hold_and_a_spec_pool_makes_it_fit(tmp_path):
+    async def scenario():
+        # 2 layers x 2 KV heads x head size 16 x 2 (K and V) x 4 bytes (float32): 512 bytes per token.
+        async with Harness(tmp_path) as h:
+            source = h.source("m1")
+            (source / "config.json").write_text(json.dumps({**SERVABLE_CONFIG, "max_position_embeddings": 1 << 22}))
+            with pytest.raises(InvalidSpecError) as refused:
+                await h.controller.deploy(spec("acme/m1", source))
+            assert refused.value.field == "max_model_len"
+            assert refused.value.reason == (
+                "the model's max_position_embeddings 4194304 needs 2.0 GiB of KV cache (512 bytes per token in "
+                "float32), but an instance's KV pool holds 1048576 tokens (512.0 MiB): set kv_cache_bytes to at "
+                "least 2147483648, or max_model_len to at most 1048576")
+            assert h.controller.list_models() == [] and not (tmp_path / "repo").exists()
+            stored = await h.controller.deploy({**spec("acme/m1", source), "kv_cache_bytes": 2 << 30, "max_num_seqs": 8})
+            assert (stored["kv_cache_bytes"], stored["max_num_seqs"]) == (2 << 30, 8)
+            config = engine_config_for(ModelSpec.from_dict(stored), h.config)
+            assert (config.kv_cache_bytes, config.max_num_seqs, config.num_kv_blocks) == (2 << 30, 8, None)
 
     asyncio.run(scenario())

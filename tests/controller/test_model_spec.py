@@ -27,6 +27,8 @@ FULL = {
     "source": "s3://thaw-models/meta/llama-3.1-8b",
     "dtype": "bfloat16",
     "max_model_len": 8192,
+    "kv_cache_bytes": 8 << 30,
+    "max_num_seqs": 128,
     "resources": {"num_cpus": 2.0, "num_gpus": 1.0, "num_worker_slots": 1},
     "autoscaling": {
         "min_instances": 0, "max_instances": 3, "target_ongoing_requests": 4.0, "upscale_delay_s": 0.5,
@@ -161,6 +163,9 @@ def test_invalid_sources(source, reason):
         ({"dtype": "int8"}, "dtype: must be one of auto, float32, float16, bfloat16, got 'int8'"),
         ({"max_model_len": 0}, "max_model_len: must be >= 1, got 0"),
         ({"max_model_len": 2048.0}, "max_model_len: must be an integer, got 2048.0"),
+        ({"kv_cache_bytes": 1000}, "kv_cache_bytes: must be >= 1048576, got 1000"),
+        ({"kv_cache_bytes": "4GiB"}, "kv_cache_bytes: must be an integer, got '4GiB'"),
+        ({"max_num_seqs": 0}, "max_num_seqs: must be >= 1, got 0"),
         ({"resources": {"num_cpus": 0}}, "resources.num_cpus: must be > 0, got 0"),
         ({"resources": {"num_gpus": -1}}, "resources.num_gpus: must be >= 0, got -1"),
         ({"resources": {"num_worker_slots": 0}}, "resources.num_worker_slots: must be >= 1, got 0"),
@@ -178,7 +183,7 @@ def test_invalid_sources(source, reason):
         ({"autoscaling": {"queue_timeout_s": 0}}, "autoscaling.queue_timeout_s: must be > 0, got 0"),
         ({"autoscaling": [1, 2]}, "autoscaling: must be a mapping, got list"),
         ({"replicas": 3}, "replicas: unknown field; known fields: tenant, name, source, dtype, max_model_len, "
-                          "resources, autoscaling"),
+                          "kv_cache_bytes, max_num_seqs, resources, autoscaling"),
         ({"autoscaling": {"max_instnaces": 3}},
          "autoscaling.max_instnaces: unknown field; did you mean 'max_instances'?"),
         ({"resources": {"gpus": 1}}, "resources.gpus: unknown field; did you mean 'num_gpus'?"),

@@ -1,0 +1,31 @@
+"""A model's engine settings, derived from its spec in one place.
+
+An instance's `worker.EngineConfig` is the platform's defaults (`ControllerConfig.engine_defaults`)
+with the spec's own choices on top: dtype, ``max_model_len``, the KV pool's size and the batch
+limit, and the device (CUDA where the spec asks for GPUs). The instance manager starts workers
+with it and a deploy checks the model's context against the same pool, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.controller_config import ControllerConfig
+from controller.model_spec import ModelSpec
+
+
+def engine_config_for(spec: ModelSpec, config: ControllerConfig) -> Any:
+    """The `worker.EngineConfig` of every instance of `spec` (imports worker, hence torch)."""
+    overrides: dict[str, Any] = {}
+    if spec.dtype != "auto":
+        overrides["dtype"] = spec.dtype
+    if spec.max_model_len is not None:
+        overrides["max_model_len"] = spec.max_model_len
+    if spec.kv_cache_bytes is not None:
+        overrides["kv_cache_bytes"] = spec.kv_cache_bytes
+        overrides["num_kv_blocks"] = None  # the spec's size wins over a platform-wide block count
+    if spec.max_num_seqs is not None:
+        overrides["max_num_seqs"] = spec.max_num_seqs
+    if spec.resources.num_gpus > 0 and "device" not in config.engine_defaults:
+        overrides["device"] = "cuda"  # Ray makes the instance's GPU the visible one
+    return config.engine_config(overrides)
