@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from infra.gateway_backend import GenerationChunk, InvalidRequest, SamplingParams
+from wire import MODEL_DEFAULT_FIELDS
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _MAX_SEED_EXCLUSIVE = 2**64
@@ -139,6 +140,8 @@ class _GenerationRequest(_Strict):
                 stop=() if self.stop is None else self.stop,
                 stop_token_ids=tuple(self.stop_token_ids or ()),
                 ignore_eos=bool(self.ignore_eos),
+                # Left out: the model's generation_config.json may set them (applied by the worker).
+                model_defaults=tuple(name for name in MODEL_DEFAULT_FIELDS if getattr(self, name) is None),
             )
         except ValueError as exc:
             # SamplingParams' messages start with the field's name ("top_p must be ...").

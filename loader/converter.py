@@ -51,6 +51,7 @@ DEFAULT_CHUNK_BYTES = 64 * MIB
 CAST_DTYPES = ("float32", "float16", "bfloat16")
 SAFETENSORS_FILE = "model.safetensors"
 COPIED_SUFFIXES = (".json", ".txt", ".model", ".jinja")  # config, tokenizer, vocab, chat template
+CHAT_TEMPLATE_DIR = "additional_chat_templates"  # transformers' named chat templates, <name>.jinja each
 _SAFETENSORS_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
     "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
@@ -163,11 +164,16 @@ def _plan(sources: list[_SourceTensor],
 
 
 def _copy_extra_files(source_files: list[tuple[str, Path]], out_dir: Path) -> list[str]:
-    """Copy the top-level config/tokenizer files (`COPIED_SUFFIXES`) of the checked source listing."""
+    """Copy the top-level config/tokenizer files (`COPIED_SUFFIXES`) of the checked source listing,
+    and the named chat templates transformers saves under `CHAT_TEMPLATE_DIR`."""
     copied = []
     for rel, path in source_files:
-        if ("/" not in rel and path.suffix in COPIED_SUFFIXES and not rel.endswith(".safetensors.index.json")
-                and rel != INDEX_FILE):
+        top_level = ("/" not in rel and path.suffix in COPIED_SUFFIXES
+                     and not rel.endswith(".safetensors.index.json") and rel != INDEX_FILE)
+        named_template = rel.startswith(CHAT_TEMPLATE_DIR + "/") and rel.count("/") == 1 and path.suffix == ".jinja"
+        if top_level or named_template:
+            if named_template:
+                (out_dir / CHAT_TEMPLATE_DIR).mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
             copy_private(path, out_dir / rel)
             copied.append(rel)
     return copied

@@ -40,10 +40,11 @@ from wire.ray_calls import (ActorGoneError, ActorUnreachableError, call, is_ours
                             translated)
 from wire.request_errors import EngineDeadError, InvalidRequestError, RequestFailedError
 from wire.request_snapshot import RequestSnapshot
-from wire.sampling_params import SamplingParams
+from wire.sampling_params import MODEL_DEFAULT_FIELDS, SamplingParams
 from wire.wire_record import WireRecord
 
 __all__ = [
+    "MODEL_DEFAULT_FIELDS",
     "SUSPENDED", "ActorGoneError", "ActorUnreachableError", "ChatMessage", "GenerationChunk", "InstanceLoadRecord",
     "InstanceRoute", "ModelRecord", "Prompt", "SamplingParams", "WireRecord", "call", "is_ours",
     "ray_errors_translated", "stream", "translated",

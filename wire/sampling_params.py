@@ -13,8 +13,10 @@ and cannot be changed behind the sampler's back.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -27,6 +29,8 @@ _MAX_SEED_EXCLUSIVE = 2**64
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256
+# The fields a model's generation_config.json may default (vLLM's "auto" generation config).
+MODEL_DEFAULT_FIELDS = ("temperature", "top_k", "top_p")
 # Below this a temperature samples as greedy (see `SamplingParams.is_greedy`).
 MIN_SAMPLING_TEMPERATURE = 1e-5
 
@@ -58,6 +62,9 @@ class SamplingParams(WireRecord):
             `MAX_STOP_SEQUENCES`, each at most `MAX_STOP_CHARS` characters).
         stop_token_ids: token ids that end generation when sampled (at most `MAX_STOP_TOKEN_IDS`).
         ignore_eos: keep generating past the model's end-of-sequence token.
+        model_defaults: the fields of `MODEL_DEFAULT_FIELDS` the client left out, which the model's
+            own defaults (its ``generation_config.json``) fill in at the worker, as vLLM does: the
+            gateway does not know the model's files, the worker does (`with_model_defaults`).
     """
 
     SCHEMA: ClassVar[str] = "sampling_params/1"
@@ -70,6 +77,7 @@ class SamplingParams(WireRecord):
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    model_defaults: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -110,6 +118,17 @@ class SamplingParams(WireRecord):
 
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+
+        defaults = self.model_defaults
+        if not isinstance(defaults, (list, tuple)) or not set(defaults) <= set(MODEL_DEFAULT_FIELDS):
+            raise ValueError(f"model_defaults must name fields of {', '.join(MODEL_DEFAULT_FIELDS)}, got {defaults!r}")
+        object.__setattr__(self, "model_defaults", tuple(dict.fromkeys(defaults)))
+
+    def with_model_defaults(self, defaults: Mapping[str, float | int]) -> SamplingParams:
+        """These settings with the model's `defaults` in the fields the client left out (those in
+        `model_defaults`); a field the model does not set keeps the API's default."""
+        chosen = {name: defaults[name] for name in self.model_defaults if name in defaults}
+        return dataclasses.replace(self, **chosen, model_defaults=())
 
     @staticmethod
     def _normalise_stop(stop: object) -> tuple[str, ...]:

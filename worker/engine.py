@@ -41,6 +41,7 @@ from loader import LayerReadiness
 from worker.block_manager import BlockManager
 from worker.checkpoint import load_model
 from worker.engine_config import EngineConfig
+from worker.generation_defaults import read_generation_defaults
 from worker.layer_gate import LayerGate, LayerLoadError
 from worker.llama import LlamaForCausalLM
 from worker.model_config import ModelConfig
@@ -84,6 +85,8 @@ class Engine:
             )
         self.max_model_len = config.max_model_len or max_positions
         self.eos_token_ids = frozenset(_read_eos_ids(self.model_dir, self.model_config, self.tokenizer))
+        # Sampling defaults for the fields a request leaves out (see `worker.generation_defaults`).
+        self.generation_defaults = read_generation_defaults(self.model_dir)
 
         start = self._start_s = time.perf_counter()
         on_cpu = self.device.type == "cpu"
@@ -232,6 +235,8 @@ class Engine:
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"params must be SamplingParams, got {type(params).__name__}")
+        if params.model_defaults:  # fields the client left out: the model's generation_config.json fills them
+            params = params.with_model_defaults(self.generation_defaults)
         self._check_kv_room(len(prompt_ids), params.max_tokens)
         generator = torch.Generator(device=self.device)
         if params.seed is not None:

@@ -40,7 +40,9 @@ def refusal(model, body) -> tuple[str | None, str]:
 
 def test_defaults_map_to_openai_semantics():
     params = completion().to_sampling_params(COMPLETION_DEFAULT_MAX_TOKENS)
-    assert params == SamplingParams(max_tokens=16, temperature=1.0, top_k=0, top_p=1.0)
+    # Left out: the model's generation_config.json may set them at the worker.
+    assert params == SamplingParams(max_tokens=16, temperature=1.0, top_k=0, top_p=1.0,
+                                    model_defaults=("temperature", "top_k", "top_p"))
     assert completion().prompt_input() == "hello"
     assert not completion().include_usage
 
@@ -59,7 +61,9 @@ def test_every_supported_field_reaches_sampling_params():
 
 def test_nulls_mean_defaults():
     body = {name: None for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream")}
-    assert completion(**body).to_sampling_params(16) == SamplingParams(max_tokens=16)
+    assert completion(**body).to_sampling_params(16) == SamplingParams(
+        max_tokens=16, model_defaults=("temperature", "top_k", "top_p"))
+    assert completion(temperature=0.5).to_sampling_params(16).model_defaults == ("top_k", "top_p")
 
 
 def test_chat_max_completion_tokens_wins_and_default_comes_from_the_caller():

@@ -32,7 +32,8 @@ def test_a_snapshot_has_an_exact_tagged_dict_form_with_its_state_as_bytes():
     assert SNAPSHOT.to_dict() == {
         "schema": "request_snapshot/1", "request_id": "r1", "prompt_token_ids": [5, 6, 7], "output_token_ids": [8],
         "params": {"schema": "sampling_params/1", "max_tokens": 9, "temperature": 0.5, "top_k": 0, "top_p": 1.0,
-                   "seed": 3, "stop": ["\n"], "stop_token_ids": [], "ignore_eos": False},
+                   "seed": 3, "stop": ["\n"], "stop_token_ids": [], "ignore_eos": False,
+                   "model_defaults": []},
         "num_computed_tokens": 3, "generator_state": STATE, "generator_device_type": "cpu",
         "checkpoint_id": "ckpt-00000000000000v1"}
     assert type(SNAPSHOT.to_dict()["generator_state"]) is bytes  # one blob, not a list of ints

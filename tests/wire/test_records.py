@@ -33,7 +33,8 @@ def test_each_record_has_an_exact_tagged_dict_form():
         "instances": [{"schema": "instance_load/1", "instance_id": "i1", "tier": "dram", "load_s": 0.25},
                       {"schema": "instance_load/1", "instance_id": "i2", "tier": None, "load_s": None}]}
     assert PARAMS.to_dict() == {"schema": "sampling_params/1", "max_tokens": 5, "temperature": 0.0, "top_k": 0,
-                                "top_p": 1.0, "seed": 9, "stop": ["\n"], "stop_token_ids": [2], "ignore_eos": False}
+                                "top_p": 1.0, "seed": 9, "stop": ["\n"], "stop_token_ids": [2], "ignore_eos": False,
+                                "model_defaults": []}
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=lambda r: type(r).__name__)

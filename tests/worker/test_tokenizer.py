@@ -262,3 +262,22 @@ def test_a_sentencepiece_only_dir_gets_a_clear_error(tmp_path):
     (tmp_path / "tokenizer.model").write_bytes(b"\x00")
     with pytest.raises(FileNotFoundError, match=r"has only tokenizer.model .*save_pretrained"):
         Tokenizer.from_dir(tmp_path)
+
+
+def test_the_thaw_format_keeps_every_chat_template(tmp_path, saved_dir):
+    """The converter copies chat_template.jinja and additional_chat_templates/*.jinja."""
+    import shutil
+
+    from loader import convert_checkpoint
+    from tests.model_factory import make_hf_checkpoint
+
+    model_dir = make_hf_checkpoint(tmp_path / "hf", "llama", seed=1)
+    for path in saved_dir.rglob("*"):
+        if path.is_file():
+            (model_dir / path.relative_to(saved_dir)).parent.mkdir(exist_ok=True)
+            shutil.copy(path, model_dir / path.relative_to(saved_dir))
+    convert_checkpoint(model_dir, tmp_path / "thaw", progress=False)
+    converted = Tokenizer.from_dir(tmp_path / "thaw")
+    assert converted.chat_template_names == ("default", "tool_use")
+    chat = [{"role": "user", "content": "Weather in Oslo?"}]
+    assert converted.apply_chat_template(chat, tools=TOOLS) == "TOOLS:1|Weather in Oslo?"
