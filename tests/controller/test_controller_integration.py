@@ -286,8 +286,12 @@ def test_placement_prefers_dram_then_ssd_then_repository_with_real_stores(local_
     try:
         ray.get(controller.deploy.remote(model_spec("m1", demo_models["m1"], max_instances=3, keep_alive_s=60.0)),
                 timeout=60)
-        nodes = wait_until(lambda: [n["node_id"] for n in ray.get(controller.status.remote(), timeout=30)["nodes"]
-                                    if n["store_connected"] and n["reported_at"]], "three node stores reporting")
+        def all_three_reporting() -> list[str] | None:
+            found = [n["node_id"] for n in ray.get(controller.status.remote(), timeout=30)["nodes"]
+                     if n["store_connected"] and n["reported_at"]]
+            return found if len(found) == 3 else None  # not the first to report: a busy machine is slow
+
+        nodes = wait_until(all_three_reporting, "three node stores reporting")
         assert len(nodes) == 3
         # Put the model in DRAM on the second node and on SSD only on the third, with their real stores.
         in_dram, on_ssd, empty = nodes[1], nodes[2], nodes[0]
