@@ -17,11 +17,21 @@ ARCHS = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
     "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+}
+# Tiny mixture-of-experts defaults: 4 experts, top-2, narrow experts (Qwen3-MoE's dense layers keep 128).
+ARCH_DEFAULTS = {
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32),
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
 }
 
 
 def make_hf_checkpoint(out_dir: Path, arch: str = "llama", *, seed: int = 0, init_std: float = 0.1,
-                       max_shard_size: str | None = None, **overrides) -> Path:
+                       max_shard_size: str | None = None, stacked_experts: bool = False, **overrides) -> Path:
+    """Builds and saves a tiny random ``arch`` model; `stacked_experts` saves MoE experts in
+    transformers 5's own stacked layout (``mlp.experts.gate_up_proj``) instead of the per-expert
+    names published checkpoints use."""
     import transformers
 
     from worker.demo_model import build_tokenizer
@@ -36,6 +46,7 @@ def make_hf_checkpoint(out_dir: Path, arch: str = "llama", *, seed: int = 0, ini
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
         initializer_range=init_std, rms_norm_eps=1e-5, tie_word_embeddings=False,
     )
+    kwargs.update(ARCH_DEFAULTS.get(arch, {}))
     kwargs.update(overrides)
     config = config_cls(**kwargs)
     config.bos_token_id = tok.bos_token_id
@@ -43,5 +54,7 @@ def make_hf_checkpoint(out_dir: Path, arch: str = "llama", *, seed: int = 0, ini
     torch.manual_seed(seed)
     model = model_cls(config).eval()
     save_kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    if stacked_experts:
+        save_kwargs["save_original_format"] = False
     model.save_pretrained(out_dir, **save_kwargs)
     return out_dir

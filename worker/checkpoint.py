@@ -8,6 +8,15 @@ tensor in the files must be used, so a truncated or foreign checkpoint is refuse
 name of what is wrong instead of producing a silently wrong model. Both formats carry the
 same Hugging Face tensor names, so the mapping below serves both.
 
+Mixture-of-experts layers (`worker.moe`) take their experts stacked, ``gate_up_proj`` [E, 2I, H] and
+``down_proj`` [E, H, I]. Checkpoints come in two layouts, and both load: one tensor per expert and
+projection, as published on the Hub and as transformers 5 still saves by default
+(``block_sparse_moe.experts.{e}.w1/w3/w2`` for Mixtral, ``mlp.experts.{e}.gate_proj/up_proj/down_proj``
+for Qwen3-MoE), and the stacked ``mlp.experts.gate_up_proj`` / ``mlp.experts.down_proj`` (+
+``mlp.gate.weight``) of transformers 5's ``save_pretrained(save_original_format=False)``. The per-expert
+names are the ones checked; a stacked checkpoint is first split into views under those names. Either
+way the experts are copied once into the stacked parameters.
+
 `layer_state_dict` does the same for one layer at a time, for weights that arrive layer by layer
 (`worker.layer_gate`); `to_engine_state_dict` is built from the same per-layer function, so the
 two paths cannot disagree about a name.
@@ -20,6 +29,7 @@ copy of the whole model; Hugging Face dirs and every CPU load take the host path
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +45,8 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # Buffers some exporters save that we recompute.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# transformers 5's own MoE layout (see the module docstring): the experts of a layer in one tensor each.
+_STACKED_EXPERTS = re.compile(r"model\.layers\.(\d+)\.mlp\.(experts\.gate_up_proj|experts\.down_proj|gate\.weight)")
 
 
 class CheckpointError(ValueError):
@@ -90,9 +102,17 @@ def expected_layer_shapes(layer: int, config: ModelConfig) -> dict[str, tuple[in
     shapes = {
         p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
         p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-        p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i),
         p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
     }
+    if config.moe_layers[layer]:
+        router, experts = _expert_names(layer, config)
+        m = config.moe_intermediate_size
+        shapes[router] = (config.num_experts, h)
+        for gate, up, down in experts:
+            shapes |= {gate: (m, h), up: (m, h), down: (h, m)}
+    else:
+        shapes |= {p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
+                   p + "mlp.down_proj.weight": (h, i)}
     if config.attention_bias:
         shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.bias": (kv,)}
         if config.qk_norm:  # Qwen3 (like Llama) biases o_proj too when attention_bias is set
@@ -100,6 +120,18 @@ def expected_layer_shapes(layer: int, config: ModelConfig) -> dict[str, tuple[in
     if config.qk_norm:
         shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
     return shapes
+
+
+def _expert_names(layer: int, config: ModelConfig) -> tuple[str, list[tuple[str, str, str]]]:
+    """A sparse layer's router name and each expert's (gate, up, down) names, as published on the Hub."""
+    if config.family == "mixtral":
+        moe = f"model.layers.{layer}.block_sparse_moe."
+        projections = ("w1", "w3", "w2")
+    else:
+        moe = f"model.layers.{layer}.mlp."
+        projections = ("gate_proj", "up_proj", "down_proj")
+    experts = [tuple(f"{moe}experts.{e}.{w}.weight" for w in projections) for e in range(config.num_experts)]
+    return moe + "gate.weight", experts
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -150,7 +182,35 @@ def _usable_tensors(hf_tensors: dict[str, torch.Tensor], config: ModelConfig) ->
     tensors = {k: v for k, v in hf_tensors.items() if not k.endswith(_IGNORED_SUFFIXES)}
     if config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)  # some exporters write the tied copy too
+    if config.num_experts:
+        tensors = _split_stacked_experts(tensors, config)
     return tensors
+
+
+def _split_stacked_experts(tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Renames transformers 5's stacked expert tensors to the per-expert Hub names (views, no copy)."""
+    out: dict[str, torch.Tensor] = {}
+    e, h, m = config.num_experts, config.hidden_size, config.moe_intermediate_size
+    for name, tensor in tensors.items():
+        match = _STACKED_EXPERTS.fullmatch(name)
+        layer = int(match.group(1)) if match else -1
+        if match is None or not 0 <= layer < config.num_hidden_layers or not config.moe_layers[layer]:
+            out[name] = tensor
+            continue
+        router, experts = _expert_names(layer, config)
+        kind = match.group(2)
+        want = {"gate.weight": (e, h), "experts.gate_up_proj": (e, 2 * m, h), "experts.down_proj": (e, h, m)}[kind]
+        if tuple(tensor.shape) != want:
+            raise CheckpointError(f"tensor {name} has shape {tuple(tensor.shape)}, config implies {want}")
+        if kind == "gate.weight":
+            out[router] = tensor
+        elif kind == "experts.gate_up_proj":
+            for k, (gate, up, _) in enumerate(experts):
+                out[gate], out[up] = tensor[k, :m], tensor[k, m:]
+        else:
+            for k, (_, _, down) in enumerate(experts):
+                out[down] = tensor[k]
+    return out
 
 
 def _check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], what: str) -> None:
@@ -191,12 +251,31 @@ def _fuse_layer(layer: int, tensors: dict[str, torch.Tensor], config: ModelConfi
     if config.qk_norm:
         state[dst + "self_attn.q_norm.weight"] = t(attn + "q_norm.weight")
         state[dst + "self_attn.k_norm.weight"] = t(attn + "k_norm.weight")
-    state[dst + "mlp.gate_up_proj.weight"] = concat_rows([t(src + "mlp.gate_proj.weight"),
-                                                          t(src + "mlp.up_proj.weight")])
-    state[dst + "mlp.down_proj.weight"] = t(src + "mlp.down_proj.weight")
+    if config.moe_layers[layer]:
+        state |= _stack_experts(layer, tensors, config)
+    else:
+        state[dst + "mlp.gate_up_proj.weight"] = concat_rows([t(src + "mlp.gate_proj.weight"),
+                                                              t(src + "mlp.up_proj.weight")])
+        state[dst + "mlp.down_proj.weight"] = t(src + "mlp.down_proj.weight")
     state[dst + "input_layernorm.weight"] = t(src + "input_layernorm.weight")
     state[dst + "post_attention_layernorm.weight"] = t(src + "post_attention_layernorm.weight")
     return state
+
+
+def _stack_experts(layer: int, tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """A sparse layer's `moe.SparseMoeBlock` parameters: the router, and each expert's projections
+    copied (and cast) once into the stacked [E, 2I, H] and [E, H, I] tensors."""
+    router, experts = _expert_names(layer, config)
+    m, dtype = config.moe_intermediate_size, config.torch_dtype
+    first = tensors[experts[0][0]]
+    gate_up = torch.empty(config.num_experts, 2 * m, config.hidden_size, dtype=dtype, device=first.device)
+    down = torch.empty(config.num_experts, config.hidden_size, m, dtype=dtype, device=first.device)
+    for k, (gate, up, down_name) in enumerate(experts):
+        gate_up[k, :m].copy_(tensors[gate])
+        gate_up[k, m:].copy_(tensors[up])
+        down[k].copy_(tensors[down_name])
+    dst = f"layers.{layer}.mlp."
+    return {dst + "router_weight": tensors[router].to(dtype), dst + "gate_up_proj": gate_up, dst + "down_proj": down}
 
 
 def read_checkpoint(model_dir: str | Path, pool: HostMemoryPool | None = None

@@ -1,4 +1,5 @@
-"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over a paged KV cache.
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, and the mixture-of-experts Mixtral and
+Qwen3-MoE, whose sparse layers put `moe.SparseMoeBlock` where the MLP is) over a paged KV cache.
 
 The model takes one ragged step of tokens (the scheduler mixes prefill chunks and decode
 tokens freely), so every tensor is ``[T, ...]`` with T the step's total new tokens; the
@@ -26,7 +27,14 @@ from torch import nn
 from kernels import AttentionBackend, AttentionMetadata
 from kernels.cpu_linear import PrepackedLinear, prepack_linear_layers
 from worker.model_config import ModelConfig
-from worker.rotary_embedding import apply_rope, inverse_frequencies, rope_cos_sin
+from worker.moe import SparseMoeBlock
+from worker.rotary_embedding import (
+    apply_rope,
+    attention_factor,
+    inverse_frequencies,
+    per_token_inverse_frequencies,
+    rope_cos_sin,
+)
 
 if TYPE_CHECKING:
     from worker.layer_gate import LayerGate
@@ -106,7 +114,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = SparseMoeBlock(config) if config.moe_layers[layer_idx] else MLP(config)
 
     def forward(self, x, cos, sin, kv_cache, metadata, backend):  # x: [T, H]
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, metadata, backend)
@@ -128,10 +136,11 @@ class LlamaForCausalLM(nn.Module):
         # Set while weights are still arriving (see the module docstring); None once all are in.
         self.layer_gate: LayerGate | None = None
         self.register_buffer(
-            "inv_freq",
+            "inv_freq",  # [D/2]; longrope: [2, D/2], its short and long sets
             inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling),
             persistent=False,
         )
+        self.rope_attention_factor = attention_factor(config.rope_scaling)  # yarn, longrope: scales cos and sin
 
     def forward(
         self,
@@ -140,18 +149,24 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # one (key, value) pair per layer
         metadata: AttentionMetadata,
         backend: AttentionBackend,
+        rope_lengths: torch.Tensor | None = None,  # [T] int64, see `embed`
     ) -> torch.Tensor:  # [T, H]
-        x, cos, sin = self.embed(input_ids, positions)
+        x, cos, sin = self.embed(input_ids, positions, rope_lengths)
         for k, kv_cache in enumerate(kv_caches):
             x = self.decoder_layer(k, x, cos, sin, kv_cache, metadata, backend)
         return self.final_norm(x)
 
-    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor  # [T], [T] int64
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor,  # [T], [T] int64
+              rope_lengths: torch.Tensor | None = None,  # [T] int64
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # x: [T, H]; cos, sin: [T, 1, D]
+        """`rope_lengths`: per token, max(its sequence's prompt length, position + 1), which picks
+        longrope's frequency set as transformers does (see `rotary_embedding.py`); None means
+        position + 1, exact for decode tokens. Only longrope reads it (`needs_rope_lengths`)."""
         if self.layer_gate is not None:
             self.layer_gate.ensure(-1)
         x = self.embed_tokens(input_ids)  # [T, H]
-        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)  # [T, 1, D] each
+        inv_freq = per_token_inverse_frequencies(self.inv_freq, self.config.rope_scaling, positions, rope_lengths)
+        cos, sin = rope_cos_sin(positions, inv_freq, x.dtype, self.rope_attention_factor)  # [T, 1, D] each
         return x, cos, sin
 
     def decoder_layer(self, k: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -180,7 +195,8 @@ class LlamaForCausalLM(nn.Module):
 
     def prepack_layer_for_cpu(self, layer: int) -> int:
         """`prepack_for_cpu` for one layer (its weights must be resident): the linears of decoder
-        layer k, the head for layer N, nothing for the embedding; returns how many. A tied head
+        layer k (not a sparse layer's router and experts: see `moe.py`), the head for layer N,
+        nothing for the embedding; returns how many. A tied head
         gets its own packed copy (so the embedding, layer -1, must be resident too): the embedding
         lookup needs the plain matrix, the head GEMM the blocked one."""
         if layer == -1:

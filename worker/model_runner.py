@@ -15,6 +15,7 @@ from kernels import AttentionBackend, AttentionMetadata
 from worker.decode_graphs import DecodeGraphs
 from worker.llama import LlamaForCausalLM
 from worker.model_config import ModelConfig
+from worker.rotary_embedding import needs_rope_lengths
 from worker.scheduler import ScheduledBatch
 
 
@@ -55,6 +56,8 @@ class ModelRunner:
             self.kv_pool = torch.zeros(shape, dtype=dtype, device=device)
         self.kv_caches = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(config.num_hidden_layers)]
         self.decode_graphs: DecodeGraphs | None = None
+        # longrope picks a token's frequencies by its sequence's length (see `rotary_embedding.py`).
+        self._pass_rope_lengths = needs_rope_lengths(config.rope_scaling)
 
     def enable_decode_graphs(self, max_batch: int, max_model_len: int) -> None:
         """Runs later decode-only steps of up to `max_batch` sequences through CUDA graphs
@@ -67,6 +70,7 @@ class ModelRunner:
         """Runs the batch; returns (logits [N, V] float32, indices into batch.seqs of those N rows)."""
         input_ids: list[int] = []
         positions: list[int] = []
+        rope_lengths: list[int] = []  # per token: max(prompt length, position + 1)
         query_lens: list[int] = []
         seq_lens: list[int] = []
         sample_rows: list[int] = []
@@ -76,6 +80,10 @@ class ModelRunner:
             end = start + num_new
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
+            if self._pass_rope_lengths:
+                num_prompt = seq.num_prompt_tokens
+                rope_lengths.extend([num_prompt] * max(0, min(end, num_prompt) - start))
+                rope_lengths.extend(range(max(start, num_prompt) + 1, end + 1))
             query_lens.append(num_new)
             seq_lens.append(end)
             if end == seq.num_tokens:
@@ -95,7 +103,9 @@ class ModelRunner:
         )
         ids = torch.tensor(input_ids, dtype=torch.int64, device=self.device)  # [T]
         pos = torch.tensor(positions, dtype=torch.int64, device=self.device)  # [T]
-        hidden = self.model(ids, pos, self.kv_caches, metadata, self.backend)  # [T, H]
+        lengths = (torch.tensor(rope_lengths, dtype=torch.int64, device=self.device)  # [T]
+                   if self._pass_rope_lengths else None)
+        hidden = self.model(ids, pos, self.kv_caches, metadata, self.backend, lengths)  # [T, H]
         if not sample_rows:
             return hidden.new_empty((0, self.config.vocab_size), dtype=torch.float32), []
         rows = torch.tensor(sample_rows, dtype=torch.int64, device=self.device)

@@ -1,10 +1,29 @@
-"""Rotary position embeddings (RoPE) as the Llama family defines them, incl. llama3 scaling.
+"""Rotary position embeddings (RoPE) as the Llama family defines them, with the scaled variants
+published checkpoints use: linear, llama3, yarn, longrope and dynamic (NTK).
 
-Frequencies are computed the way Hugging Face computes them (float32 inverse frequencies,
-``cat(freqs, freqs)`` and rotate-half), so our activations match `transformers` bit for bit
+Frequencies are computed the way Hugging Face transformers (5.x, `modeling_rope_utils.py`)
+computes them -- float32 inverse frequencies, the same operations in the same order,
+``cat(freqs, freqs)`` and rotate-half -- so our activations match `transformers` bit for bit
 where the arithmetic allows. cos/sin are computed per step for the step's positions instead
 of caching a [max_positions, head_dim] table: a 128k-context model would otherwise spend
 hundreds of MB on a table that a step reads a few rows of.
+
+What each type needs beyond the inverse frequencies:
+
+* yarn and longrope scale cos and sin by an attention factor (`attention_factor`), in float32
+  before the cast to the model's dtype, as transformers does.
+* longrope has two sets of frequencies (``short_factor`` and ``long_factor``). transformers picks
+  one per forward pass: the long set when ``max(position_ids) + 1`` exceeds
+  ``original_max_position_embeddings``. For one sequence run by ``generate`` that means a prompt
+  token is rotated for the prompt's length and a generated token at position p for ``p + 1``
+  (keys already cached keep the rotation they were computed with). Our steps mix many sequences,
+  so the choice is made per token from its *RoPE length*, ``max(num_prompt_tokens, position + 1)``
+  (`rope_lengths`), which reproduces that per sequence whatever the chunking, batching or
+  preemption. Without explicit lengths a token's RoPE length is ``position + 1``: exact for decode
+  tokens (the CUDA-graph path), not for a prompt longer than the original maximum.
+* dynamic (NTK) rescales its base only once a forward pass reaches beyond the config's
+  ``max_position_embeddings``; the engine never runs a sequence that long (``max_model_len`` is
+  capped there), so its frequencies are transformers' initial ones, a function of the config alone.
 """
 
 from __future__ import annotations
@@ -16,10 +35,24 @@ import torch
 from worker.model_config import RopeScaling
 
 
-def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:  # [head_dim // 2]
+def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """[head_dim // 2] float32; for longrope [2, head_dim // 2]: row 0 the short factors' set,
+    row 1 the long factors' (see `per_token_inverse_frequencies`)."""
     # An explicit device: models are built under torch.device("meta"), this must stay real.
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
-    inv_freq = 1.0 / (theta**exponents)
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim  # [D/2]
+    if scaling.rope_type == "yarn":
+        return _yarn_inverse_frequencies(head_dim, theta, scaling)
+    if scaling.rope_type == "longrope":
+        sets = [1.0 / (torch.tensor(factors, dtype=torch.float32, device="cpu") * theta**exponents)
+                for factors in (scaling.short_factor, scaling.long_factor)]
+        return torch.stack(sets)  # [2, D/2]
+    if scaling.rope_type == "dynamic":
+        # transformers' NTK base at seq_len = max_position_embeddings (Python floats, as there);
+        # ~theta, kept in this form so the float rounding is the same.
+        original = scaling.original_max_position_embeddings
+        factor = scaling.factor
+        theta = theta * ((factor * original / original) - (factor - 1)) ** (head_dim / (head_dim - 2))
+    inv_freq = 1.0 / (theta**exponents)  # [D/2]
     if scaling.rope_type == "linear":
         return inv_freq / scaling.factor
     if scaling.rope_type == "llama3":
@@ -35,14 +68,80 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> to
     return inv_freq
 
 
+def _yarn_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:  # [D/2]
+    # YaRN (arxiv 2309.00071): dimensions that turn fewer than beta_slow times over the original
+    # context are interpolated (divided by factor), those turning more than beta_fast times are
+    # kept, with a linear ramp between.
+    def correction_dim(num_rotations: float) -> float:
+        original = scaling.original_max_position_embeddings
+        return (head_dim * math.log(original / (num_rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    pos_freqs = theta ** (torch.arange(0, head_dim, 2, device="cpu").to(dtype=torch.float) / head_dim)  # [D/2]
+    extrapolated = 1.0 / pos_freqs
+    interpolated = 1.0 / (scaling.factor * pos_freqs)
+    ramp = torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low), 0, 1)
+    keep = 1 - ramp  # [D/2]: 1 where a dimension is extrapolated (kept), 0 where interpolated
+    return interpolated * (1 - keep) + extrapolated * keep
+
+
+def attention_factor(scaling: RopeScaling) -> float:
+    """What cos and sin are multiplied by (transformers' ``attention_scaling``); 1.0 but for yarn
+    and longrope, where a config's explicit ``attention_factor`` wins over the derived value."""
+    if scaling.rope_type not in ("yarn", "longrope"):
+        return 1.0
+    if scaling.attention_factor is not None:
+        return scaling.attention_factor
+    factor = scaling.factor
+    if scaling.rope_type == "longrope":
+        if factor <= 1.0:
+            return 1.0
+        return math.sqrt(1 + math.log(factor) / math.log(scaling.original_max_position_embeddings))
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if scaling.mscale and scaling.mscale_all_dim:
+        return float(mscale(factor, scaling.mscale) / mscale(factor, scaling.mscale_all_dim))
+    return mscale(factor)
+
+
+def needs_rope_lengths(scaling: RopeScaling) -> bool:
+    """Whether a token's rotation depends on its sequence's length, not only its position
+    (longrope): then a ragged step must pass `rope_lengths`."""
+    return scaling.rope_type == "longrope"
+
+
+def per_token_inverse_frequencies(
+    inv_freq: torch.Tensor,  # [D/2], or [2, D/2] for longrope
+    scaling: RopeScaling,
+    positions: torch.Tensor,  # [T] int
+    rope_lengths: torch.Tensor | None = None,  # [T] int: max(num_prompt_tokens, position + 1); None: position + 1
+) -> torch.Tensor:  # [D/2] shared by every token, or [T, D/2]
+    if not needs_rope_lengths(scaling):
+        return inv_freq
+    lengths = positions + 1 if rope_lengths is None else rope_lengths  # [T]
+    is_long = (lengths > scaling.original_max_position_embeddings).long()  # [T]: 0 short set, 1 long set
+    return inv_freq.index_select(0, is_long)  # [T, D/2]
+
+
 def rope_cos_sin(
     positions: torch.Tensor,  # [T] int
-    inv_freq: torch.Tensor,  # [D / 2] float32
+    inv_freq: torch.Tensor,  # [D/2] float32, or [T, D/2]: one row per token
     dtype: torch.dtype,
+    attention_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # cos, sin: [T, 1, D]
-    freqs = positions.float().unsqueeze(-1) * inv_freq.unsqueeze(0)  # [T, D/2]
+    freqs = positions.float().unsqueeze(-1) * inv_freq  # [T, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
-    return emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)
+    cos, sin = emb.cos(), emb.sin()
+    if attention_factor != 1.0:
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,8 @@ eight prompts of different lengths concurrently with small KV blocks (so prompts
 block boundaries), a small token budget (so prefills are chunked), and once more with a KV
 pool too small for all of them (so sequences are preempted and recomputed). Every variant
 must reproduce transformers' tokens exactly and leave every KV block free at the end.
+The mixture-of-experts checkpoints are also converted to the thaw format and must give the
+same tokens from there.
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ MAX_TOKENS = 24
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+YARN_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
+DYNAMIC_ROPE = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+# head_dim 16: 8 factors each; no explicit factor, so 256 / 32 = 8 sets the attention factor.
+LONGROPE_ROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 32,
+                 "short_factor": [1.0, 1.02, 1.05, 1.1, 1.2, 1.4, 1.7, 2.0],
+                 "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 13.0, 16.0]}
 CHECKPOINTS = {
     "llama": dict(arch="llama"),
     "llama3-rope-tied-sharded": dict(arch="llama", rope_parameters=LLAMA3_ROPE, tie_word_embeddings=True,
@@ -30,7 +38,27 @@ CHECKPOINTS = {
     # q/k RMSNorm per head, and a head size that is not hidden / heads (64 / 4 = 16; 32 here).
     "qwen3-head-dim-32-tied": dict(arch="qwen3", head_dim=32, tie_word_embeddings=True, seed=4),
     "qwen3-attention-bias": dict(arch="qwen3", attention_bias=True, seed=5),
+    # YaRN x4 over a 64-token original context: a ramp of interpolated frequencies and cos/sin
+    # scaled by the attention factor (0.1 ln 4 + 1).
+    "llama-yarn": dict(arch="llama", rope_parameters=YARN_ROPE, seed=9),
+    # Dynamic NTK: rescales only past max_position_embeddings (256), which the engine never runs.
+    "llama-dynamic": dict(arch="llama", rope_parameters=DYNAMIC_ROPE, seed=10),
+    # longrope over a 32-token original context: prompts of 3..30 tokens start short and switch to
+    # the long set mid-generation (position 32 on), the 40-token prompt is long from its first token;
+    # transformers picks the set per forward pass, the engine per token from its sequence's length.
+    "llama-longrope": dict(arch="llama", rope_parameters=LONGROPE_ROPE, seed=11),
+    # Mixture of experts: 4 experts, top-2 (tests/model_factory.py). Mixtral renormalises the top-k
+    # probabilities; this one also has a sliding window.
+    "mixtral-sliding-window": dict(arch="mixtral", sliding_window=8, init_std=0.2, seed=6),
+    # Qwen3-MoE without renormalisation and with layer 1 a dense MLP (mlp_only_layers).
+    "qwen3-moe-unnormalised-dense-layer": dict(arch="qwen3_moe", norm_topk_prob=False, mlp_only_layers=[1],
+                                               init_std=0.2, seed=7),
+    # Renormalised, 3 layers with decoder_sparse_step 2 (only layer 1 sparse), saved in transformers
+    # 5's stacked expert layout.
+    "qwen3-moe-sparse-step-stacked": dict(arch="qwen3_moe", norm_topk_prob=True, num_hidden_layers=3,
+                                          decoder_sparse_step=2, stacked_experts=True, init_std=0.2, seed=8),
 }
+MOE_CHECKPOINTS = ("mixtral-sliding-window", "qwen3-moe-unnormalised-dense-layer")
 ENGINE_CONFIGS = {
     "chunked": EngineConfig(block_size=4, max_num_batched_tokens=16, num_kv_blocks=256),
     "preempting": EngineConfig(block_size=4, max_num_batched_tokens=32, num_kv_blocks=30),
@@ -75,6 +103,47 @@ def test_greedy_matches_transformers(reference, engine_config):
     bm = engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks, "KV blocks leaked"
     assert not engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("name", MOE_CHECKPOINTS)
+def test_moe_checkpoint_in_thaw_format_matches_transformers(name, tmp_path):
+    """A MoE checkpoint converted to the thaw format (each expert tensor in its layer's group) loads,
+    whole and layer by layer, into the same model and gives transformers' tokens."""
+    import transformers
+
+    from loader import convert_checkpoint
+    from worker.checkpoint import layer_state_dict, read_checkpoint, to_engine_state_dict
+    from worker.model_config import ModelConfig
+
+    hf_dir = make_hf_checkpoint(tmp_path / "hf", **CHECKPOINTS[name])
+    index = convert_checkpoint(hf_dir, tmp_path / "thaw", progress=False)
+    expert_layers = {t.layer for t in index.tensors if ".experts." in t.name}
+    assert expert_layers == ({0, 1} if name.startswith("mixtral") else {0})  # qwen3-moe: layer 1 is dense
+    for entry in index.tensors:
+        if ".experts." in entry.name:
+            assert entry.layer == int(entry.name.split(".")[2]), entry.name
+
+    config = ModelConfig.from_model_dir(tmp_path / "thaw")
+    tensors, how = read_checkpoint(tmp_path / "thaw")
+    assert how.startswith("thaw format")
+    whole = to_engine_state_dict(tensors, config)
+    by_layer = {}
+    for layer in range(-1, config.num_hidden_layers + 1):
+        names = [t.name for t in index.tensors if t.layer == layer]
+        by_layer |= layer_state_dict(layer, {n: tensors[n] for n in names}, config)
+    assert sorted(by_layer) == sorted(whole)
+    assert all(torch.equal(by_layer[n], whole[n]) for n in whole)
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, hf.config.vocab_size, (n,), generator=gen).tolist() for n in (5, 19, 33)]
+    engine = Engine(tmp_path / "thaw", ENGINE_CONFIGS["chunked"])
+    completions = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
+    with torch.no_grad():
+        for prompt, completion in zip(prompts, completions):
+            want = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                               max_new_tokens=MAX_TOKENS, do_sample=False)[0, len(prompt):].tolist()
+            assert list(completion.output_token_ids) == want
 
 
 @pytest.mark.slow
