@@ -185,3 +185,14 @@ def test_coldstart_gpu_benchmark_quick():
             assert cases[case]["ttft_s"] > 0
             assert cases[case]["ratio_to_baseline"] == pytest.approx(baseline_s / cases[case]["ttft_s"], rel=0.02)
         assert cases["thaw-dram"]["fs"] == "tmpfs" and cases["thaw-dram"]["target_ratio"] == 15.0
+
+
+def test_moe_benchmark_quick():
+    figures = run_quick("moe.py")  # it first checks ours and transformers' outputs are equal
+    assert figures["bench"] == "moe" and figures["mode"] == "quick"
+    for shape in ("decode", "prefill"):
+        for key in ("thaw_ms", "transformers_ms", "transformers_eager_ms"):
+            assert figures[f"{shape}_{key}"] > 0, (shape, key)
+        assert figures[f"{shape}_ratio_vs_transformers"] == pytest.approx(
+            figures[f"{shape}_transformers_ms"] / figures[f"{shape}_thaw_ms"], rel=0.01, abs=0.002)
+    assert figures["decode_per_token_loop_ms"] > 0
