@@ -50,8 +50,8 @@ def build_blocks(shape: dict, dtype: torch.dtype, experts_implementation: str):
     h, i, e, k = shape["hidden_size"], shape["intermediate_size"], shape["num_experts"], shape["top_k"]
     common = dict(vocab_size=64, hidden_size=h, intermediate_size=i, num_hidden_layers=1, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=64)
-    hf_config = transformers.MixtralConfig(**common, num_local_experts=e, num_experts_per_tok=k)
-    hf_config._experts_implementation = experts_implementation
+    hf_config = transformers.MixtralConfig(**common, num_local_experts=e, num_experts_per_tok=k,
+                                           experts_implementation=experts_implementation)
     gen = torch.Generator().manual_seed(0)
     hf = MixtralSparseMoeBlock(hf_config).eval()
     with torch.no_grad():

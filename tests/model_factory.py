@@ -19,11 +19,23 @@ ARCHS = {
     "mistral": ("MistralConfig", "MistralForCausalLM"),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
 }
 # Tiny mixture-of-experts defaults: 4 experts, top-2, narrow experts (Qwen3-MoE's dense layers keep 128).
 ARCH_DEFAULTS = {
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32),
     "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    # Phi3Config's pad_token_id (32000) lies outside the tiny vocabulary.
+    "phi3": dict(pad_token_id=None),
+    # Gemma 3: 4 layers, sliding (window 8, so prompts exceed it) and full, a head size that is not
+    # hidden / heads, a score scale that is not head_dim's, and both RoPE settings (linear x8 on the
+    # full layers, as in the published models).
+    "gemma3": dict(num_hidden_layers=4, head_dim=32, query_pre_attn_scalar=24, sliding_window=8,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                   rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}},
+                   tie_word_embeddings=True, pad_token_id=None),
 }
 
 

@@ -1,9 +1,11 @@
-"""Reads a checkpoint into a `LlamaForCausalLM`: the thaw format (through `loader`'s parallel,
+"""Reads a checkpoint into the model `model_family.build_model` picks (`LlamaForCausalLM`, or Gemma 3's
+subclass): the thaw format (through `loader`'s parallel,
 checksummed loader) or a Hugging Face safetensors dir.
 
 Hugging Face dirs: a single ``model.safetensors`` or shards listed by ``model.safetensors.index.json``.
 Tensor names are mapped onto our fused layout (q/k/v -> ``qkv_proj``, gate/up ->
-``gate_up_proj``); every expected tensor must be present with the expected shape and every
+``gate_up_proj``; Phi-3 checkpoints store both fused already, in the same row order); every
+expected tensor must be present with the expected shape and every
 tensor in the files must be used, so a truncated or foreign checkpoint is refused with the
 name of what is wrong instead of producing a silently wrong model. Both formats carry the
 same Hugging Face tensor names, so the mapping below serves both.
@@ -39,12 +41,15 @@ from safetensors import safe_open
 from loader import (CudaCopyEngine, HostMemoryPool, contained_path, is_thaw_checkpoint, load_checkpoint, load_to_device,
                     shard_paths)
 from worker.llama import LlamaForCausalLM
+from worker.model_family import build_model
 from worker.model_config import ModelConfig
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # Buffers some exporters save that we recompute.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Gemma 3's norms around the MLP, in addition to Llama's two per layer.
+_GEMMA_FEEDFORWARD_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
 # transformers 5's own MoE layout (see the module docstring): the experts of a layer in one tensor each.
 _STACKED_EXPERTS = re.compile(r"model\.layers\.(\d+)\.mlp\.(experts\.gate_up_proj|experts\.down_proj|gate\.weight)")
 
@@ -99,6 +104,10 @@ def expected_layer_shapes(layer: int, config: ModelConfig) -> dict[str, tuple[in
     if not 0 <= layer < n:
         raise ValueError(f"layer {layer} does not exist: layers run from -1 (embedding) to {n} (final norm and head)")
     p = f"model.layers.{layer}."
+    if config.family == "phi3":  # stored fused, in our order: q/k/v rows, then gate/up rows
+        return {p + "self_attn.qkv_proj.weight": (q + 2 * kv, h), p + "self_attn.o_proj.weight": (h, q),
+                p + "mlp.gate_up_proj.weight": (2 * i, h), p + "mlp.down_proj.weight": (h, i),
+                p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
     shapes = {
         p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
         p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
@@ -119,6 +128,8 @@ def expected_layer_shapes(layer: int, config: ModelConfig) -> dict[str, tuple[in
             shapes[p + "self_attn.o_proj.bias"] = (h,)
     if config.qk_norm:
         shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
+    if config.family == "gemma3":
+        shapes |= {p + name + ".weight": (h,) for name in _GEMMA_FEEDFORWARD_NORMS}
     return shapes
 
 
@@ -241,6 +252,10 @@ def _fuse_layer(layer: int, tensors: dict[str, torch.Tensor], config: ModelConfi
             state["lm_head.weight"] = t("lm_head.weight")
         return state
     src, dst = f"model.layers.{layer}.", f"layers.{layer}."
+    if config.family == "phi3":  # already fused as the engine fuses them: only the prefix changes
+        return {dst + name: t(src + name) for name in (
+            "self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gate_up_proj.weight",
+            "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight")}
     attn = src + "self_attn."
     state = {dst + "self_attn.qkv_proj.weight": concat_rows([t(attn + x + "_proj.weight") for x in "qkv"])}
     if config.attention_bias:
@@ -259,6 +274,8 @@ def _fuse_layer(layer: int, tensors: dict[str, torch.Tensor], config: ModelConfi
         state[dst + "mlp.down_proj.weight"] = t(src + "mlp.down_proj.weight")
     state[dst + "input_layernorm.weight"] = t(src + "input_layernorm.weight")
     state[dst + "post_attention_layernorm.weight"] = t(src + "post_attention_layernorm.weight")
+    if config.family == "gemma3":
+        state |= {dst + name + ".weight": t(src + name + ".weight") for name in _GEMMA_FEEDFORWARD_NORMS}
     return state
 
 
@@ -315,6 +332,6 @@ def load_model(model_dir: str | Path, config: ModelConfig, device: torch.device 
         hf_tensors, how = read_checkpoint(model_dir, pool)
     state = to_engine_state_dict(hf_tensors, config)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = build_model(config)
     model.load_state_dict(state, assign=True, strict=True)
     return model.to(device).eval().requires_grad_(False), how

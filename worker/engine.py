@@ -43,8 +43,8 @@ from worker.checkpoint import load_model
 from worker.engine_config import EngineConfig
 from worker.generation_defaults import read_generation_defaults
 from worker.layer_gate import LayerGate, LayerLoadError
-from worker.llama import LlamaForCausalLM
 from worker.model_config import ModelConfig
+from worker.model_family import build_model
 from worker.model_runner import ModelRunner, kv_bytes_per_block
 from worker.request_lifecycle import RequestLifecycle, request_output
 from worker.request_output import Completion, RequestOutput
@@ -104,7 +104,7 @@ class Engine:
             self._load_s: float | None = time.perf_counter() - start
         else:
             with torch.device("meta"):
-                model = LlamaForCausalLM(self.model_config)
+                model = build_model(self.model_config)
             model.inv_freq = model.inv_freq.to(self.device)  # built real on the CPU, not on meta
             model.eval().requires_grad_(False)
             self._gate = LayerGate(weights, model, device=self.device, timeout_s=config.layer_timeout_s,

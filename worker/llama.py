@@ -1,4 +1,4 @@
-"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, and the mixture-of-experts Mixtral and
+"""The Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Phi-3, and the mixture-of-experts Mixtral and
 Qwen3-MoE, whose sparse layers put `moe.SparseMoeBlock` where the MLP is) over a paged KV cache.
 
 The model takes one ragged step of tokens (the scheduler mixes prefill chunks and decode

@@ -6,7 +6,12 @@ Qwen2/2.5 (QKV bias) and Qwen3 (per-head q/k RMSNorm): they differ only in a han
 with the sparse expert block (`moe.py`) in place of the MLP of some or all layers (the ``num_experts`` to
 ``moe_layers`` fields); shared experts, which other MoE families have, are refused. Mixtral's
 ``router_jitter_noise`` is accepted: transformers applies it only while training, so inference is
-unaffected. Both config dialects are read: the older ``rope_theta`` +
+unaffected. Gemma 3 text differs in more than switches (its norms, MLP, embedding and two RoPE
+settings: `gemma.py`); its fields here are ``query_pre_attn_scalar`` and ``local_rope_theta``, and
+its logit soft-capping switches are refused. Phi-3/Phi-4-mini is the same decoder too: its
+checkpoints store q/k/v and gate/up already fused (as our engine does), and Phi-4-mini rotates only
+part of each head (``partial_rotary_factor``).
+Both config dialects are read: the older ``rope_theta`` +
 ``rope_scaling`` keys that published checkpoints carry, and transformers 5's
 ``rope_parameters``. Anything we cannot run exactly is refused by name, never approximated.
 """
@@ -27,6 +32,15 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Phi3ForCausalLM": "phi3",
+    "Gemma3ForCausalLM": "gemma3",
+}
+# Near misses, with why (the engine lacks something they need).
+_REFUSED_ARCHITECTURES = {
+    "Gemma2ForCausalLM": ": it needs attention logit soft-capping (attn_logit_softcapping), which the attention "
+                         "backends do not implement",
+    "Gemma3ForConditionalGeneration": ": the multimodal Gemma 3 is not supported; a text-only Gemma3ForCausalLM "
+                                      "checkpoint (e.g. gemma-3-1b) is",
 }
 # Config keys of shared (always-on) experts, which other MoE families have; refused if set.
 _SHARED_EXPERT_KEYS = ("shared_expert_intermediate_size", "n_shared_experts", "num_shared_experts")
@@ -65,6 +79,13 @@ class RopeScaling:
     # original_max_position_embeddings.
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
+    # Phi-3/Phi-4-mini: RoPE rotates only the first int(head_dim * partial_rotary_factor) dimensions
+    # of each head (`rotary_dim`); the frequencies are computed over those, the rest pass through.
+    partial_rotary_factor: float = 1.0
+
+    def rotary_dim(self, head_dim: int) -> int:
+        """How many leading dimensions of each head are rotated (transformers' ``int(head_dim * factor)``)."""
+        return int(head_dim * self.partial_rotary_factor)
 
     def __post_init__(self) -> None:
         if self.rope_type not in SUPPORTED_ROPE_TYPES:
@@ -83,6 +104,8 @@ class RopeScaling:
             value = getattr(self, name)
             if value is not None and not _is_number(value):
                 raise ValueError(f"rope {name} must be a number, got {value!r}")
+        if not _is_number(self.partial_rotary_factor) or not 0 < self.partial_rotary_factor <= 1:
+            raise ValueError(f"partial_rotary_factor must be a number in (0, 1], got {self.partial_rotary_factor!r}")
         if self.attention_factor is not None and self.attention_factor <= 0:
             raise ValueError(f"rope attention_factor must be > 0, got {self.attention_factor}")
         if self.rope_type == "longrope":
@@ -132,6 +155,10 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     # Per layer: the sliding window width, or None for full attention.
     sliding_windows: tuple[int | None, ...] = ()
+    # Gemma 3 (`gemma.py`): scores scaled by query_pre_attn_scalar ** -0.5, and the RoPE base of the
+    # sliding-window layers, which rotate without scaling (full layers use rope_theta and rope_scaling).
+    query_pre_attn_scalar: float | None = None
+    local_rope_theta: float | None = None
     dtype: str = "float32"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -158,7 +185,15 @@ class ModelConfig:
             object.__setattr__(self, "sliding_windows", (None,) * self.num_hidden_layers)
         if len(self.sliding_windows) != self.num_hidden_layers:
             raise ValueError("sliding_windows needs one entry per layer")
+        rotary_dim = self.rotary_dim
+        if rotary_dim < 2 or rotary_dim % 2:
+            raise ValueError(f"partial_rotary_factor {self.rope_scaling.partial_rotary_factor} rotates {rotary_dim} of "
+                             f"head_dim {self.head_dim} dimensions; RoPE needs an even number >= 2 of them")
         self._check_moe()
+        if self.family == "gemma3":
+            for name in ("query_pre_attn_scalar", "local_rope_theta"):
+                if not _is_number(getattr(self, name)) or getattr(self, name) <= 0:
+                    raise ValueError(f"Gemma 3 needs {name} as a number > 0, got {getattr(self, name)!r}")
 
     def _check_moe(self) -> None:
         for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
@@ -182,8 +217,13 @@ class ModelConfig:
 
     @property
     def family(self) -> str:
-        """The family name of the architecture: llama, mistral, qwen2, qwen3, mixtral or qwen3_moe."""
+        """The family name of the architecture: llama, mistral, qwen2, qwen3, mixtral, qwen3_moe or phi3."""
         return SUPPORTED_ARCHITECTURES[self.architecture]
+
+    @property
+    def rotary_dim(self) -> int:
+        """The leading dimensions of each head that RoPE rotates (all of them but for partial RoPE)."""
+        return self.rope_scaling.rotary_dim(self.head_dim)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -195,6 +235,8 @@ class ModelConfig:
         q = self.num_attention_heads * self.head_dim
         kv = self.num_key_value_heads * self.head_dim
         per_layer = h * (q + 2 * kv) + q * h + 2 * h
+        if self.family == "gemma3":  # the pre/post-feedforward norms and the q/k norms
+            per_layer += 2 * h + 2 * self.head_dim
         if self.attention_bias:
             per_layer += q + 2 * kv
         experts = self.num_experts * (3 * h * self.moe_intermediate_size + h)  # + h: the router's row
@@ -210,8 +252,9 @@ class ModelConfig:
             raise UnsupportedModelError("config.json names no architecture (the 'architectures' key is missing)")
         architecture = architectures[0]
         if architecture not in SUPPORTED_ARCHITECTURES:
+            why = _REFUSED_ARCHITECTURES.get(architecture, "")
             raise UnsupportedModelError(
-                f"architecture {architecture!r} is not supported "
+                f"architecture {architecture!r} is not supported{why} "
                 f"(supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))})"
             )
         family = SUPPORTED_ARCHITECTURES[architecture]
@@ -222,8 +265,11 @@ class ModelConfig:
                 f"quantization_config: quantized checkpoints ({method or 'this method'}) are not supported; "
                 "deploy the model's bfloat16/float16/float32 weights"
             )
-        if raw.get("hidden_act", "silu") != "silu":
-            raise UnsupportedModelError(f"hidden_act {raw['hidden_act']!r} is not supported (only 'silu')")
+        act_key, act = ("hidden_activation", "gelu_pytorch_tanh") if family == "gemma3" else ("hidden_act", "silu")
+        if raw.get(act_key, act) != act:
+            raise UnsupportedModelError(f"{act_key} {raw[act_key]!r} is not supported for {architecture} (only {act!r})")
+        if family == "gemma3":
+            _check_gemma3(raw)
         if raw.get("mlp_bias"):
             raise UnsupportedModelError("mlp_bias=true is not supported")
         for key in _SHARED_EXPERT_KEYS:
@@ -231,8 +277,14 @@ class ModelConfig:
                 raise UnsupportedModelError(f"{key}={raw[key]!r}: shared experts are not supported "
                                             "(supported MoE families: Mixtral, Qwen3-MoE)")
         num_heads = raw["num_attention_heads"]
-        head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
-        rope_theta, rope_scaling = _read_rope(raw)
+        # Gemma 3: transformers' defaults (head_dim 256, tied embeddings) are what the Hub's files omit.
+        head_dim = raw.get("head_dim") or (256 if family == "gemma3" else raw["hidden_size"] // num_heads)
+        if family == "gemma3":
+            rope_theta, rope_scaling, gemma = _read_gemma3_rope(raw)
+            gemma["query_pre_attn_scalar"] = raw.get("query_pre_attn_scalar", 256)
+        else:
+            rope_theta, rope_scaling = _read_rope(raw, family)
+            gemma = {}
         layers = raw["num_hidden_layers"]
         file_dtype = raw.get("dtype") or raw.get("torch_dtype") or "float32"
         eos = raw.get("eos_token_id")
@@ -247,14 +299,16 @@ class ModelConfig:
             num_key_value_heads=raw.get("num_key_value_heads") or num_heads,
             head_dim=head_dim,
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-5 if family == "phi3" else 1e-6),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            attention_bias=True if family == "qwen2" else bool(raw.get("attention_bias", False)),
-            qk_norm=family in ("qwen3", "qwen3_moe"),
+            # Phi-3 has no attention biases whatever the config says.
+            attention_bias=True if family == "qwen2" else family != "phi3" and bool(raw.get("attention_bias", False)),
+            qk_norm=family in ("qwen3", "qwen3_moe", "gemma3"),
             **_read_moe(raw, family, layers),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", family == "gemma3")),
             sliding_windows=_read_sliding_windows(raw, family, layers),
+            **gemma,
             dtype=dtype or file_dtype,
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,
@@ -275,7 +329,7 @@ class ModelConfig:
             raise ValueError(f"{path} lacks the required key {exc.args[0]!r}") from exc
 
 
-def _read_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling]:
+def _read_rope(raw: dict[str, Any], family: str = "llama") -> tuple[float, RopeScaling]:
     params = raw.get("rope_parameters")
     if isinstance(params, dict):  # transformers >= 5
         theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
@@ -284,12 +338,21 @@ def _read_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling]:
         theta = float(raw.get("rope_theta", 10000.0))
         scaling = raw.get("rope_scaling") or {}
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    if family == "phi3":
+        if rope_type in ("su", "yarn"):  # transformers' Phi3Config reads both names as longrope
+            rope_type = "longrope"
+        if rope_type not in ("default", "longrope"):  # transformers' Phi3Config refuses the others
+            raise UnsupportedModelError(f"RoPE type {rope_type!r} is not supported for Phi3ForCausalLM "
+                                        "(supported: default, longrope)")
     if rope_type not in SUPPORTED_ROPE_TYPES:
         return theta, RopeScaling(rope_type=rope_type)  # refused by name
     partial = scaling.get("partial_rotary_factor", raw.get("partial_rotary_factor"))
-    if partial is not None and partial != 1.0:
+    partial = 1.0 if partial is None else partial
+    if not _is_number(partial) or not 0 < partial <= 1:
+        raise ValueError(f"partial_rotary_factor must be a number in (0, 1], got {partial!r}")
+    if partial != 1.0 and family != "phi3":  # transformers' other families rotate the whole head
         raise UnsupportedModelError(f"partial_rotary_factor {partial!r} (RoPE over part of each head) is not "
-                                    "supported; only RoPE over the whole head (1.0)")
+                                    f"supported for {family}; only RoPE over the whole head (1.0)")
     kwargs: dict[str, Any] = {k: scaling[k] for k in ("low_freq_factor", "high_freq_factor", "mscale",
                                                       "mscale_all_dim", "attention_factor") if k in scaling}
     factor = scaling.get("factor")
@@ -315,18 +378,66 @@ def _read_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling]:
         kwargs["truncate"] = bool(scaling.get("truncate", True))
     if rope_type == "longrope":
         head_dim = raw.get("head_dim") or raw["hidden_size"] // raw["num_attention_heads"]
+        half = int(head_dim * partial) // 2  # one factor per rotated pair of dimensions
         for name in ("short_factor", "long_factor"):
             factors = scaling.get(name)
-            if not isinstance(factors, list) or len(factors) != head_dim // 2:
-                raise ValueError(f"longrope {name} must be a list of head_dim / 2 = {head_dim // 2} numbers, got "
+            if not isinstance(factors, list) or len(factors) != half:
+                raise ValueError(f"longrope {name} must be a list of rotary_dim / 2 = {half} numbers, got "
                                  f"{len(factors) if isinstance(factors, list) else repr(factors)}"
                                  f"{' entries' if isinstance(factors, list) else ''}")
             kwargs[name] = tuple(factors)
-    return theta, RopeScaling(rope_type=rope_type, **kwargs)
+    return theta, RopeScaling(rope_type=rope_type, partial_rotary_factor=partial, **kwargs)
+
+
+def _check_gemma3(raw: dict[str, Any]) -> None:
+    """Refuses the Gemma 3 switches the engine does not run (transformers' defaults are all off)."""
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if raw.get(key) is not None:
+            raise UnsupportedModelError(f"{key}={raw[key]!r} is not supported for Gemma3ForCausalLM "
+                                        "(published Gemma 3 models set it to null)")
+    if raw.get("use_bidirectional_attention"):
+        raise UnsupportedModelError("use_bidirectional_attention=true (an encoder) is not supported; "
+                                    "only causal Gemma 3 models")
+    window = raw.get("sliding_window", 4096)
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ValueError(f"Gemma 3 sliding_window must be a positive integer, got {window!r}")
+
+
+def _read_gemma3_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling, dict[str, Any]]:
+    """Gemma 3's two RoPE settings, as transformers' Gemma3TextConfig resolves them: full-attention
+    layers from ``rope_parameters["full_attention"]`` (or the older ``rope_theta``, default 1e6, and
+    ``rope_scaling``), sliding layers from ``rope_parameters["sliding_attention"]`` (or
+    ``rope_local_base_freq``, default 1e4), which must be unscaled. Returns the global theta and
+    scaling and ``{"local_rope_theta": ...}``."""
+    params = raw.get("rope_parameters") or {}
+    if not isinstance(params, dict) or not set(params) <= {"full_attention", "sliding_attention"}:
+        raise ValueError("Gemma 3 rope_parameters must map 'full_attention' and 'sliding_attention' to "
+                         f"their RoPE settings, got {params!r}")
+    full = dict(params.get("full_attention") or {"rope_type": "default"})
+    full.update(raw.get("rope_scaling") or {})
+    full.setdefault("rope_theta", raw.get("rope_theta", 1_000_000.0))
+    local = dict(params.get("sliding_attention") or {"rope_type": "default"})
+    local.setdefault("rope_theta", raw.get("rope_local_base_freq", 10_000.0))
+    theta, scaling = _read_rope({**raw, "rope_parameters": full}, "gemma3")
+    local_theta, local_scaling = _read_rope({**raw, "rope_parameters": local}, "gemma3")
+    if local_scaling.rope_type != "default":
+        raise UnsupportedModelError(f"rope_parameters.sliding_attention.rope_type {local_scaling.rope_type!r} is "
+                                    "not supported for Gemma 3 (only 'default': sliding layers are unscaled)")
+    if scaling.rope_type == "longrope":
+        raise UnsupportedModelError("rope_parameters.full_attention.rope_type 'longrope' is not supported for Gemma 3 "
+                                    "(supported: default, linear, llama3, yarn, dynamic)")
+    return theta, scaling, {"local_rope_theta": local_theta}
 
 
 def _read_sliding_windows(raw: dict[str, Any], family: str, num_layers: int) -> tuple[int | None, ...]:
     window = raw.get("sliding_window")
+    if family == "gemma3":  # transformers' defaults: a 4096 window on five layers of every six
+        window = raw.get("sliding_window", 4096)
+        if not raw.get("layer_types"):
+            pattern = raw.get("sliding_window_pattern", 6)
+            return tuple(window if (i + 1) % pattern else None for i in range(num_layers))
+    if family == "phi3":  # transformers' Phi3 windows every layer alike and has no layer_types
+        return (window,) * num_layers
     layer_types = raw.get("layer_types")
     if layer_types:
         if len(layer_types) != num_layers:

@@ -15,7 +15,7 @@ from kernels import AttentionBackend, AttentionMetadata
 from worker.decode_graphs import DecodeGraphs
 from worker.llama import LlamaForCausalLM
 from worker.model_config import ModelConfig
-from worker.rotary_embedding import needs_rope_lengths
+from worker.rotary_embedding import needs_rope_lengths, rope_lengths_of_span
 from worker.scheduler import ScheduledBatch
 
 
@@ -81,9 +81,7 @@ class ModelRunner:
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             if self._pass_rope_lengths:
-                num_prompt = seq.num_prompt_tokens
-                rope_lengths.extend([num_prompt] * max(0, min(end, num_prompt) - start))
-                rope_lengths.extend(range(max(start, num_prompt) + 1, end + 1))
+                rope_lengths.extend(rope_lengths_of_span(seq.num_prompt_tokens, start, end))
             query_lens.append(num_new)
             seq_lens.append(end)
             if end == seq.num_tokens:

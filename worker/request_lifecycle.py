@@ -36,6 +36,7 @@ from worker.detokenizer import IncrementalDetokenizer
 from worker.model_runner import ModelRunner, kv_bytes_per_block
 from worker.request_output import RequestOutput
 from worker.request_snapshot import RequestSnapshot
+from worker.rotary_embedding import rope_lengths_of_span
 from worker.scheduler import ScheduledBatch, Scheduler
 from worker.sequence import FinishReason, Sequence, SequenceStatus
 from worker.tokenizer import Tokenizer
@@ -248,7 +249,9 @@ class RequestLifecycle:
         table = self.block_table(request_id)
         ids = torch.tensor(seq.token_ids[:num_tokens], dtype=torch.int64, device=runner.device)  # [T]
         positions = torch.arange(num_tokens, dtype=torch.int64, device=runner.device)  # [T]
-        _, cos, sin = model.embed(ids, positions)  # the rope tables; the embedding itself is the hidden state's past
+        lengths = torch.tensor(rope_lengths_of_span(seq.num_prompt_tokens, 0, num_tokens), dtype=torch.int64,
+                               device=runner.device)  # [T]: longrope picks its set by them
+        _, cos, sin = model.embed(ids, positions, lengths)  # the rope tables; the embedding is the hidden's past
         hidden = hidden.to(device=runner.device, dtype=runner.config.torch_dtype)  # [T, H]
         metadata = AttentionMetadata.build(block_tables=[table], query_lens=[num_tokens], seq_lens=[num_tokens],
                                            block_size=runner.block_size, device=runner.device)

@@ -21,6 +21,12 @@ What each type needs beyond the inverse frequencies:
   (`rope_lengths`), which reproduces that per sequence whatever the chunking, batching or
   preemption. Without explicit lengths a token's RoPE length is ``position + 1``: exact for decode
   tokens (the CUDA-graph path), not for a prompt longer than the original maximum.
+  Not reproduced: transformers' Phi3 ``generate`` drops the KV cache of a sequence whose length
+  first passes ``original_max_position_embeddings`` and recomputes it all with the long set; here
+  keys computed before the switch keep the short set (as transformers' Llama does).
+* partial RoPE (``partial_rotary_factor``, Phi-4-mini): only the first ``rotary_dim`` dimensions
+  of each head are rotated, with frequencies computed over those as if the head were that wide;
+  cos and sin are ``[T, 1, rotary_dim]`` and the remaining dimensions pass through unchanged.
 * dynamic (NTK) rescales its base only once a forward pass reaches beyond the config's
   ``max_position_embeddings``; the engine never runs a sequence that long (``max_model_len`` is
   capped there), so its frequencies are transformers' initial ones, a function of the config alone.
@@ -36,12 +42,15 @@ from worker.model_config import RopeScaling
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
-    """[head_dim // 2] float32; for longrope [2, head_dim // 2]: row 0 the short factors' set,
-    row 1 the long factors' (see `per_token_inverse_frequencies`)."""
+    """[rotary_dim // 2] float32; for longrope [2, rotary_dim // 2]: row 0 the short factors' set,
+    row 1 the long factors' (see `per_token_inverse_frequencies`). rotary_dim is head_dim but for
+    partial RoPE, where transformers computes every type's frequencies over the rotated dimensions
+    alone, as if the head were that wide."""
+    dim = scaling.rotary_dim(head_dim)  # the rotated dimensions; every type's frequencies are over these
     # An explicit device: models are built under torch.device("meta"), this must stay real.
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim  # [D/2]
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim  # [D/2]
     if scaling.rope_type == "yarn":
-        return _yarn_inverse_frequencies(head_dim, theta, scaling)
+        return _yarn_inverse_frequencies(dim, theta, scaling)
     if scaling.rope_type == "longrope":
         sets = [1.0 / (torch.tensor(factors, dtype=torch.float32, device="cpu") * theta**exponents)
                 for factors in (scaling.short_factor, scaling.long_factor)]
@@ -51,7 +60,7 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> to
         # ~theta, kept in this form so the float rounding is the same.
         original = scaling.original_max_position_embeddings
         factor = scaling.factor
-        theta = theta * ((factor * original / original) - (factor - 1)) ** (head_dim / (head_dim - 2))
+        theta = theta * ((factor * original / original) - (factor - 1)) ** (dim / (dim - 2))
     inv_freq = 1.0 / (theta**exponents)  # [D/2]
     if scaling.rope_type == "linear":
         return inv_freq / scaling.factor
@@ -117,6 +126,13 @@ def needs_rope_lengths(scaling: RopeScaling) -> bool:
     return scaling.rope_type == "longrope"
 
 
+def rope_lengths_of_span(num_prompt_tokens: int, start: int, end: int) -> list[int]:
+    """The RoPE lengths of a sequence's tokens at positions start..end-1: ``max(num_prompt_tokens,
+    position + 1)`` each (see the module docstring), what every caller of `embed` passes for longrope."""
+    return [num_prompt_tokens] * max(0, min(end, num_prompt_tokens) - start) + list(
+        range(max(start, num_prompt_tokens) + 1, end + 1))
+
+
 def per_token_inverse_frequencies(
     inv_freq: torch.Tensor,  # [D/2], or [2, D/2] for longrope
     scaling: RopeScaling,
@@ -132,10 +148,10 @@ def per_token_inverse_frequencies(
 
 def rope_cos_sin(
     positions: torch.Tensor,  # [T] int
-    inv_freq: torch.Tensor,  # [D/2] float32, or [T, D/2]: one row per token
+    inv_freq: torch.Tensor,  # [R/2] float32, or [T, R/2]: one row per token (R = rotary_dim)
     dtype: torch.dtype,
     attention_factor: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:  # cos, sin: [T, 1, D]
+) -> tuple[torch.Tensor, torch.Tensor]:  # cos, sin: [T, 1, R]
     freqs = positions.float().unsqueeze(-1) * inv_freq  # [T, D/2]
     emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
     cos, sin = emb.cos(), emb.sin()
@@ -145,7 +161,10 @@ def rope_cos_sin(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [T, H, D]; cos/sin: [T, 1, D]
-    half = x.shape[-1] // 2
+    # x: [T, H, D]; cos/sin: [T, 1, R], R = rotary_dim <= D
+    rotary_dim = cos.shape[-1]
+    if rotary_dim < x.shape[-1]:  # partial RoPE: rotate the first R dimensions, pass the rest through
+        return torch.cat((apply_rope(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), dim=-1)
+    half = rotary_dim // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin

@@ -36,6 +36,7 @@ import torch
 from kernels import AttentionMetadata
 from worker.layer_gate import LayerGate
 from worker.model_runner import ModelRunner
+from worker.rotary_embedding import rope_lengths_of_span
 from worker.scheduler import Scheduler
 from worker.sequence import Sequence
 
@@ -67,6 +68,7 @@ class _PartialPrefill:
     num_new: int
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
+    rope_lengths: torch.Tensor  # [T] int64: max(prompt length, position + 1), longrope's choice of set
     metadata: AttentionMetadata
     samples: bool  # the chunk ends the prompt: its last row is sampled
     next_layer: int = -1
@@ -137,6 +139,8 @@ class ZigzagPrefill:
                 seq=seq, num_new=num_new, metadata=metadata, samples=end == seq.num_tokens,
                 input_ids=torch.tensor(seq.token_ids[start:end], dtype=torch.int64, device=runner.device),
                 positions=torch.arange(start, end, dtype=torch.int64, device=runner.device),
+                rope_lengths=torch.tensor(rope_lengths_of_span(seq.num_prompt_tokens, start, end), dtype=torch.int64,
+                                          device=runner.device),
             ))
 
     def _advance(self) -> int:
@@ -155,7 +159,7 @@ class ZigzagPrefill:
     def _run_layer(self, p: _PartialPrefill) -> None:
         model, layer = self.runner.model, p.next_layer
         if layer == -1:
-            p.hidden, p.cos, p.sin = model.embed(p.input_ids, p.positions)  # [T, H], [T, 1, D] x 2
+            p.hidden, p.cos, p.sin = model.embed(p.input_ids, p.positions, p.rope_lengths)  # [T, H], [T, 1, D] x 2
         elif layer < self.num_layers:
             p.hidden = model.decoder_layer(layer, p.hidden, p.cos, p.sin, self.runner.kv_caches[layer], p.metadata,
                                            self.runner.backend)  # [T, H]

@@ -29,6 +29,13 @@ DYNAMIC_ROPE = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
 LONGROPE_ROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 32,
                  "short_factor": [1.0, 1.02, 1.05, 1.1, 1.2, 1.4, 1.7, 2.0],
                  "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 13.0, 16.0]}
+# Phi-4-mini's shape of RoPE: 3/4 of each head rotated (12 of 16 dimensions, 6 factors per set).
+# transformers' Phi3 recomputes a sequence's whole KV cache when it grows past the original context,
+# which the engine does not (see the report); an original context of 2 keeps every sequence long
+# throughout, so the long set, partial rotation and the attention factor sqrt(1 + ln 128 / ln 2) run.
+PHI4_MINI_ROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                  "original_max_position_embeddings": 2,
+                  "short_factor": [1.0, 1.05, 1.1, 1.3, 1.6, 2.0], "long_factor": [1.0, 1.5, 3.0, 5.0, 8.0, 12.0]}
 CHECKPOINTS = {
     "llama": dict(arch="llama"),
     "llama3-rope-tied-sharded": dict(arch="llama", rope_parameters=LLAMA3_ROPE, tie_word_embeddings=True,
@@ -47,6 +54,14 @@ CHECKPOINTS = {
     # the long set mid-generation (position 32 on), the 40-token prompt is long from its first token;
     # transformers picks the set per forward pass, the engine per token from its sequence's length.
     "llama-longrope": dict(arch="llama", rope_parameters=LONGROPE_ROPE, seed=11),
+    # Phi-3: q/k/v and gate/up stored fused. Phi-3-mini's sliding window over every layer, default RoPE.
+    "phi3-sliding-window": dict(arch="phi3", sliding_window=8, seed=12),
+    # Phi-4-mini: partial rotary + longrope + tied embeddings.
+    "phi3-partial-longrope-tied": dict(arch="phi3", rope_parameters=PHI4_MINI_ROPE, original_max_position_embeddings=2,
+                                       tie_word_embeddings=True, seed=13),
+    # Gemma 3 (tests/model_factory.py): sliding (window 8) and full layers with their two RoPE settings,
+    # query_pre_attn_scalar 24 for head_dim 32, scaled and tied embeddings, (1 + w) norms, GELU-tanh.
+    "gemma3-sliding-full-linear-rope": dict(arch="gemma3", seed=14),
     # Mixture of experts: 4 experts, top-2 (tests/model_factory.py). Mixtral renormalises the top-k
     # probabilities; this one also has a sliding window.
     "mixtral-sliding-window": dict(arch="mixtral", sliding_window=8, init_std=0.2, seed=6),

@@ -198,7 +198,7 @@ def test_rope_original_length_as_transformers_resolves_it():
     "scaling,error,message",
     [
         ({**LONGROPE, "short_factor": [1.0] * 7}, ValueError,
-         r"longrope short_factor must be a list of head_dim / 2 = 8 numbers, got 7 entries"),
+         r"longrope short_factor must be a list of rotary_dim / 2 = 8 numbers, got 7 entries"),
         ({**LONGROPE, "long_factor": None}, ValueError, "longrope long_factor must be a list"),
         ({**LONGROPE, "long_factor": [0.0] * 8}, ValueError, "long_factor: a list of numbers > 0"),
         ({"rope_type": "dynamic"}, ValueError, "rope scaling type 'dynamic' needs a factor"),
@@ -218,3 +218,123 @@ def test_invalid_rope_parameters_are_refused_by_name(scaling, error, message):
 def test_top_level_partial_rotary_factor_is_refused():
     with pytest.raises(UnsupportedModelError, match="partial_rotary_factor 0.75"):
         ModelConfig.from_hf_dict({"architectures": ["LlamaForCausalLM"], **BASE, "partial_rotary_factor": 0.75})
+
+
+# Phi-4-mini's config.json as published (shrunk): partial rotary and longrope's factor lists at the top level
+# dialect, tied embeddings, the original context outside the rope dict.
+PHI4_MINI = {"architectures": ["Phi3ForCausalLM"], **BASE, "partial_rotary_factor": 0.75, "tie_word_embeddings": True,
+             "original_max_position_embeddings": 64, "sliding_window": 262144, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+             "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 6, "long_factor": [2.0] * 6}}
+
+
+def test_phi4_mini_config_reads_partial_rotary_longrope_and_a_window_on_every_layer():
+    config = ModelConfig.from_hf_dict(PHI4_MINI)
+    assert config.family == "phi3" and config.tie_word_embeddings and not config.attention_bias
+    assert config.head_dim == 16 and config.rotary_dim == 12
+    scaling = config.rope_scaling
+    assert scaling.rope_type == "longrope" and scaling.partial_rotary_factor == 0.75
+    assert scaling.original_max_position_embeddings == 64 and scaling.factor == 8.0
+    assert scaling.short_factor == (1.0,) * 6 and scaling.long_factor == (2.0,) * 6
+    assert config.sliding_windows == (262144, 262144)
+    assert inverse_frequencies(config.head_dim, config.rope_theta, scaling).shape == (2, 6)
+    # The transformers 5 dialect says the same; "su" is Phi-3's old name for longrope.
+    params = {**PHI4_MINI["rope_scaling"], "rope_type": "longrope", "rope_theta": 10000.0,
+              "partial_rotary_factor": 0.75}
+    new = {k: v for k, v in PHI4_MINI.items() if k not in ("rope_scaling", "partial_rotary_factor")}
+    assert ModelConfig.from_hf_dict({**new, "rope_parameters": params}) == config
+    su = {**PHI4_MINI["rope_scaling"], "type": "su"}
+    assert ModelConfig.from_hf_dict({**PHI4_MINI, "rope_scaling": su}) == config
+
+
+def test_phi3_mini_defaults_and_ignored_switches():
+    """Phi-3-mini-4k: default RoPE over the whole head, rms_norm_eps 1e-5 when left out; attention_bias and
+    layer_types mean nothing to transformers' Phi3, so they do not here either."""
+    config = ModelConfig.from_hf_dict({"architectures": ["Phi3ForCausalLM"], **BASE, "sliding_window": 8,
+                                       "attention_bias": True, "layer_types": ["full_attention"] * 2})
+    assert config.rope_scaling == RopeScaling() and config.rotary_dim == 16
+    assert config.rms_norm_eps == 1e-5 and not config.attention_bias and config.sliding_windows == (8, 8)
+
+
+@pytest.mark.parametrize(
+    "patch,error,message",
+    [
+        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, UnsupportedModelError,
+         r"RoPE type 'linear' is not supported for Phi3ForCausalLM \(supported: default, longrope\)"),
+        ({"rope_scaling": {**PHI4_MINI["rope_scaling"], "short_factor": [1.0] * 8}}, ValueError,
+         r"longrope short_factor must be a list of rotary_dim / 2 = 6 numbers, got 8 entries"),
+        ({"partial_rotary_factor": 1.5}, ValueError, r"partial_rotary_factor must be a number in \(0, 1\], got 1.5"),
+        ({"partial_rotary_factor": "half"}, ValueError, "partial_rotary_factor must be a number"),
+        # int(16 * 0.7) = 11 dimensions: RoPE rotates pairs.
+        ({"partial_rotary_factor": 0.7, "rope_scaling": None}, ValueError,
+         r"partial_rotary_factor 0.7 rotates 11 of head_dim 16 dimensions; RoPE needs an even number >= 2"),
+    ],
+)
+def test_invalid_phi3_configs_are_refused_by_name(patch, error, message):
+    with pytest.raises(error, match=message):
+        ModelConfig.from_hf_dict({**PHI4_MINI, **patch})
+
+
+# A published Gemma 3 text config (the 4B's shape, 8 layers), in the older dialect the Hub's files use.
+GEMMA3 = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 100, "hidden_size": 64,
+          "intermediate_size": 128, "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 32, "max_position_embeddings": 512, "hidden_activation": "gelu_pytorch_tanh",
+          "query_pre_attn_scalar": 24, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+          "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 16, "sliding_window_pattern": 6,
+          "attn_logit_softcapping": None, "final_logit_softcapping": None, "rms_norm_eps": 1e-6}
+
+
+def test_gemma3_config_reads_as_transformers_does_in_both_dialects():
+    from transformers import Gemma3TextConfig
+
+    old = ModelConfig.from_hf_dict(GEMMA3)
+    assert old.family == "gemma3" and old.qk_norm and old.tie_word_embeddings  # transformers' default: tied
+    assert old.query_pre_attn_scalar == 24 and old.local_rope_theta == 10000.0 and old.rope_theta == 1e6
+    assert old.rope_scaling == RopeScaling(rope_type="linear", factor=8.0)
+    assert old.sliding_windows == (16, 16, 16, 16, 16, None, 16, 16)  # every sixth layer is global
+    hf = Gemma3TextConfig(**{k: v for k, v in GEMMA3.items() if k not in ("architectures", "model_type")})
+    assert old.sliding_windows == tuple(16 if t == "sliding_attention" else None for t in hf.layer_types)
+    assert hf.rope_parameters["full_attention"]["rope_theta"] == old.rope_theta
+    assert hf.rope_parameters["sliding_attention"]["rope_theta"] == old.local_rope_theta
+    # transformers 5 writes per-layer-type rope_parameters and layer_types: the same model.
+    new_raw = {k: v for k, v in GEMMA3.items() if k not in ("rope_theta", "rope_local_base_freq", "rope_scaling",
+                                                            "sliding_window_pattern")}
+    new = ModelConfig.from_hf_dict({**new_raw, "layer_types": hf.layer_types, "rope_parameters": hf.rope_parameters})
+    assert new == old
+    # transformers' defaults: query_pre_attn_scalar 256, a 4096 window, theta 1e6 global and 1e4 local.
+    bare = ModelConfig.from_hf_dict({k: v for k, v in new_raw.items() if k not in ("query_pre_attn_scalar",
+                                                                                   "sliding_window")})
+    assert (bare.query_pre_attn_scalar, bare.rope_theta, bare.local_rope_theta) == (256, 1e6, 1e4)
+    assert bare.rope_scaling.rope_type == "default" and bare.sliding_windows[0] == 4096
+    assert bare.num_params == old.num_params == (
+        8 * (64 * (128 + 2 * 64) + 128 * 64 + 4 * 64 + 2 * 32 + 3 * 64 * 128) + 100 * 64 + 64)
+    assert ModelConfig.from_hf_dict({**GEMMA3, "head_dim": None}).head_dim == 256  # transformers' default
+
+
+@pytest.mark.parametrize(
+    "patch,error,message",
+    [
+        ({"final_logit_softcapping": 30.0}, UnsupportedModelError,
+         "final_logit_softcapping=30.0 is not supported for Gemma3ForCausalLM"),
+        ({"attn_logit_softcapping": 50.0}, UnsupportedModelError,
+         "attn_logit_softcapping=50.0 is not supported for Gemma3ForCausalLM"),
+        ({"hidden_activation": "gelu"}, UnsupportedModelError,
+         "hidden_activation 'gelu' is not supported for Gemma3ForCausalLM \\(only 'gelu_pytorch_tanh'\\)"),
+        ({"use_bidirectional_attention": True}, UnsupportedModelError, "use_bidirectional_attention=true"),
+        ({"sliding_window": None}, ValueError, "Gemma 3 sliding_window must be a positive integer, got None"),
+        ({"query_pre_attn_scalar": 0}, ValueError, "Gemma 3 needs query_pre_attn_scalar as a number > 0, got 0"),
+        ({"rope_scaling": None, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, ValueError,
+         "Gemma 3 rope_parameters must map 'full_attention' and 'sliding_attention'"),
+        ({"rope_scaling": None, "rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0}}},
+         UnsupportedModelError, "rope_parameters.sliding_attention.rope_type 'linear' is not supported for Gemma 3"),
+        ({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 16, "long_factor": [2.0] * 16,
+                           "original_max_position_embeddings": 64}},
+         UnsupportedModelError, "rope_parameters.full_attention.rope_type 'longrope' is not supported for Gemma 3"),
+        ({"architectures": ["Gemma2ForCausalLM"]}, UnsupportedModelError,
+         "architecture 'Gemma2ForCausalLM' is not supported: it needs attention logit soft-capping"),
+        ({"architectures": ["Gemma3ForConditionalGeneration"]}, UnsupportedModelError,
+         "architecture 'Gemma3ForConditionalGeneration' is not supported: the multimodal Gemma 3"),
+    ],
+)
+def test_invalid_gemma3_configs_are_refused_by_name(patch, error, message):
+    with pytest.raises(error, match=message):
+        ModelConfig.from_hf_dict({**GEMMA3, **patch})

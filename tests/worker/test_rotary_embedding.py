@@ -1,9 +1,9 @@
 """RoPE frequencies, attention factors and cos/sin equal transformers' for every scaled type.
 
 Each case uses a published model's RoPE parameters (Qwen2.5 with YaRN x4, Phi-3-mini-128k's
-longrope, a dynamic-NTK x2 Llama), read through our config parser from the dict transformers'
-own config class writes, and compares against `ROPE_INIT_FUNCTIONS` and the rotary module
-transformers runs, bit for bit.
+longrope, Phi-4-mini's partial rotary, a dynamic-NTK x2 Llama), read through our config parser
+from the dict transformers' own config class writes, and compares against `ROPE_INIT_FUNCTIONS`
+and the rotary module transformers runs, bit for bit.
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ import torch
 
 from worker.model_config import ModelConfig
 from worker.rotary_embedding import (
+    apply_rope,
     attention_factor,
     inverse_frequencies,
     needs_rope_lengths,
     per_token_inverse_frequencies,
     rope_cos_sin,
+    rope_lengths_of_span,
 )
 
 # Qwen2.5-7B-Instruct's YaRN recipe (its model card): head size 128, theta 1e6.
@@ -136,3 +138,52 @@ def test_static_types_ignore_rope_lengths():
     inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
     out = per_token_inverse_frequencies(inv_freq, config.rope_scaling, torch.tensor([3, 4]), torch.tensor([9, 9]))
     assert out is inv_freq
+
+
+# Phi-4-mini: head size 128, three quarters rotated (96 dimensions, 48 frequencies), longrope 4k -> 128k.
+PHI4_MINI = dict(hidden_size=3072, num_attention_heads=24, num_key_value_heads=8, max_position_embeddings=131072,
+                 original_max_position_embeddings=4096, rope_theta=10000.0, partial_rotary_factor=0.75,
+                 rope_scaling={"type": "longrope", "short_factor": PHI3_SHORT, "long_factor": PHI3_LONG})
+
+
+@pytest.mark.parametrize("rope", ["longrope", "default"])
+def test_partial_rotary_matches_transformers_phi3(rope):
+    """Phi-4-mini's partial RoPE: frequencies over the first 96 of 128 dimensions, cos/sin that wide,
+    and q/k rotated there with the last 32 dimensions passed through, as transformers' Phi3 does."""
+    import transformers
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding, apply_rotary_pos_emb
+
+    fields = dict(PHI4_MINI) if rope == "longrope" else {k: v for k, v in PHI4_MINI.items() if k != "rope_scaling"}
+    hf_config = transformers.Phi3Config(vocab_size=100, intermediate_size=128, num_hidden_layers=1, **fields)
+    config = ModelConfig.from_hf_dict({**hf_config.to_dict(), "architectures": ["Phi3ForCausalLM"]})
+    assert config.head_dim == 128 and config.rotary_dim == 96
+    assert config.rope_scaling.partial_rotary_factor == 0.75
+    inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
+    rotary = Phi3RotaryEmbedding(hf_config)
+    assert inv_freq.shape == ((2, 48) if rope == "longrope" else (48,))
+    assert torch.equal(inv_freq[0] if rope == "longrope" else inv_freq, rotary.inv_freq)
+    gen = torch.Generator().manual_seed(0)
+    for prompt_len in (4096, 4097):  # longrope: the short set, then the long one
+        positions = torch.arange(prompt_len)
+        want_cos, want_sin = rotary(torch.zeros(1, dtype=torch.float32), positions[None])  # [1, T, 96]
+        per_token = per_token_inverse_frequencies(inv_freq, config.rope_scaling, positions,
+                                                  torch.full((prompt_len,), prompt_len))
+        cos, sin = rope_cos_sin(positions, per_token, torch.float32, attention_factor(config.rope_scaling))
+        assert cos.shape == (prompt_len, 1, 96)
+        assert torch.equal(cos[:, 0], want_cos[0]) and torch.equal(sin[:, 0], want_sin[0]), prompt_len
+        q = torch.randn(prompt_len, 24, 128, generator=gen)  # [T, H, D]
+        k = torch.randn(prompt_len, 8, 128, generator=gen)
+        want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], want_cos, want_sin)
+        rotated_q, rotated_k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        assert torch.equal(rotated_q, want_q[0].transpose(0, 1)) and torch.equal(rotated_k, want_k[0].transpose(0, 1))
+        assert torch.equal(rotated_q[..., 96:], q[..., 96:])  # the last quarter passes through
+        assert not torch.equal(rotated_q[1:, :, :96], q[1:, :, :96])
+
+
+def test_rope_lengths_of_a_span():
+    """max(prompt length, position + 1) for positions start..end-1: a chunk of the prompt, a chunk that
+    crosses into generated tokens (recomputed after preemption), and decode tokens alone."""
+    assert rope_lengths_of_span(5, 0, 3) == [5, 5, 5]
+    assert rope_lengths_of_span(5, 3, 8) == [5, 5, 6, 7, 8]
+    assert rope_lengths_of_span(5, 6, 8) == [7, 8]
+    assert rope_lengths_of_span(5, 2, 2) == []
