@@ -1,7 +1,7 @@
 """Gemma 3 text beyond the float32 token-for-token check (tests/worker/test_engine_vs_transformers.py):
-its pieces bit for bit against transformers' in bfloat16, whole-prompt logits in bfloat16 within the
-tolerance tests/worker/test_families.py states, the thaw format (whole and layer by layer), and an
-engine that starts before its weights (layer gate + zigzag prefill)."""
+its pieces bit for bit against transformers' in bfloat16 (whole-prompt bfloat16 logits are checked
+with every family in tests/worker/test_families.py), the thaw format (whole and layer by layer), and
+an engine that starts before its weights (layer gate + zigzag prefill)."""
 
 from __future__ import annotations
 
