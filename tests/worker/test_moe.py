@@ -24,15 +24,14 @@ def _hf_block(family: str, dtype: torch.dtype, experts_implementation: str = "ea
 
     if family == "mixtral":
         hf_config = transformers.MixtralConfig(**BASE | dict(intermediate_size=I), num_local_experts=E,
-                                               num_experts_per_tok=K)
+                                               num_experts_per_tok=K, experts_implementation=experts_implementation)
         raw = {"architectures": ["MixtralForCausalLM"], **BASE, "intermediate_size": I, "num_local_experts": E,
                "num_experts_per_tok": K}
     else:
         hf_config = transformers.Qwen3MoeConfig(**BASE, num_experts=E, num_experts_per_tok=K, moe_intermediate_size=I,
-                                                **extra)
+                                                experts_implementation=experts_implementation, **extra)
         raw = {"architectures": ["Qwen3MoeForCausalLM"], **BASE, "num_experts": E, "num_experts_per_tok": K,
                "moe_intermediate_size": I, **extra}
-    hf_config._experts_implementation = experts_implementation
     block_cls = MixtralSparseMoeBlock if family == "mixtral" else Qwen3MoeSparseMoeBlock
     gen = torch.Generator().manual_seed(0)
     hf = block_cls(hf_config).eval()
