@@ -3,8 +3,8 @@
 Decode steps dominate a continuous-batching engine, and on CPU the reference's decode path
 spends most of its time copying each sequence's context out of the block pool for SDPA.
 `cpu_decode_attention.cpp` reads K/V through the block table instead (float32, exact
-two-pass softmax, parallel over sequence x KV head). It is compiled on first use with
-PyTorch's extension builder (g++ and ninja) — ``infra/setup.sh`` builds it once at install. The
+two-pass softmax, parallel over sequence x KV head, Gemma 2's score soft-capping when asked).
+It is compiled on first use with PyTorch's extension builder (g++ and ninja) — ``infra/setup.sh`` builds it once at install. The
 build is cached in the checkout (``kernels/.build/``, ignored by git), not in the user-wide
 ``~/.cache/torch_extensions``: two checkouts sharing that directory rebuild it for each other in
 turn, and a process killed during such a rebuild (a chaos test's SIGKILL) leaves PyTorch's build
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.attention_backend import check_gqa_heads
+from kernels.attention_backend import check_gqa_heads, check_softcap
 from kernels.attention_metadata import AttentionMetadata
 from kernels.reference import ReferenceAttentionBackend
 
@@ -91,18 +91,21 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         metadata: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
         if not (query.dtype == key_cache.dtype == value_cache.dtype == torch.float32) or 1 not in metadata.query_lens_host:
-            return super().paged_attention(query, key_cache, value_cache, metadata, scale, sliding_window)
+            return super().paged_attention(query, key_cache, value_cache, metadata, scale, sliding_window, softcap)
         num_heads, num_kv_heads = query.shape[1], key_cache.shape[2]
         check_gqa_heads(num_heads, num_kv_heads)
+        check_softcap(softcap)
         decode = self._cached(metadata, ("decode",), lambda: self._decode_plan(metadata))
         prefill = self._plan_for(metadata, key_cache.shape[1], sliding_window, query.device, include_decode=False)
-        out = self._run(prefill, query, key_cache, value_cache, scale)
+        out = self._run(prefill, query, key_cache, value_cache, scale, softcap)
         q = query.index_select(0, decode.rows)  # [Bd, Hq, D], contiguous
         o = torch.empty_like(q)
+        # The kernel's "no window" and "no cap" are both 0.
         self._ext.paged_decode_attention(o, q, key_cache, value_cache, decode.block_tables, decode.seq_lens,
-                                         float(scale), int(sliding_window or 0))
+                                         float(scale), int(sliding_window or 0), float(softcap or 0.0))
         out.index_copy_(0, decode.rows, o)
         return out
 

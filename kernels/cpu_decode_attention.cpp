@@ -14,6 +14,8 @@
 //   seq_lens     [B]                       int32  (context length incl. the new token)
 //   out          [B, Hq, D]                float32
 // The new token sits at position seq_len - 1 and sees keys [max(0, seq_len - window), seq_len).
+// softcap > 0 caps each score as Gemma 2 does: s = softcap * tanh(s / softcap), after the scale and
+// before the softmax; 0 means no cap (as sliding_window 0 means no window).
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -41,7 +43,7 @@ inline void axpy(float alpha, const float* __restrict x, float* __restrict y, in
 
 void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
                             torch::Tensor value_cache, torch::Tensor block_tables, torch::Tensor seq_lens,
-                            double scale, int64_t sliding_window) {
+                            double scale, int64_t sliding_window, double softcap) {
   TORCH_CHECK(query.scalar_type() == torch::kFloat32 && key_cache.scalar_type() == torch::kFloat32 &&
                   value_cache.scalar_type() == torch::kFloat32 && out.scalar_type() == torch::kFloat32,
               "paged_decode_attention: float32 tensors only");
@@ -66,6 +68,8 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   float* o = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
+  const float fsoftcap = static_cast<float>(softcap);
+  TORCH_CHECK(fsoftcap >= 0.f, "paged_decode_attention: softcap must be >= 0 (0: none)");
   // Offsets in elements; int64 throughout (a large pool passes 2**31 elements).
   const int64_t token_stride = num_kv_heads * head_dim;
   const int64_t block_stride = block_size * token_stride;
@@ -86,7 +90,8 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
         const float* k = kc + static_cast<int64_t>(table[pos / block_size]) * block_stride +
                          (pos % block_size) * token_stride + kv_head * head_dim;
         for (int64_t g = 0; g < group; ++g) {
-          const float s = dot(q_group + g * head_dim, k, head_dim) * fscale;
+          float s = dot(q_group + g * head_dim, k, head_dim) * fscale;
+          if (fsoftcap > 0.f) s = std::tanh(s / fsoftcap) * fsoftcap;
           scores[g * num_keys + pos - lo] = s;
           row_max[g] = std::max(row_max[g], s);
         }

@@ -5,7 +5,8 @@ It gathers each sequence's K/V out of the block pool by its block table and call
 batched calls, grouped by context length so short sequences are not padded to the longest;
 prefill rows are attended one sequence at a time so a long prompt never pads a batch of short
 ones. Both paths share one mask rule (`_context_mask`), which is the whole definition of
-causality and sliding windows here.
+causality and sliding windows here. SDPA has no soft-capping, so a soft-capped layer (Gemma 2)
+runs the same calls as explicit matmuls in transformers' eager order (`_softcapped_attention`).
 
 Everything that depends only on the step's batch (which rows go together, the gather
 indices, the masks) is a `_StepPlan`, built once per `AttentionMetadata` and reused by every
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.attention_backend import check_gqa_heads
+from kernels.attention_backend import check_gqa_heads, check_softcap
 from kernels.attention_metadata import AttentionMetadata
 
 
@@ -38,6 +39,30 @@ def _context_mask(
     if sliding_window is not None:
         mask &= key_pos > q - sliding_window
     return mask
+
+
+def _softcapped_attention(
+    q: torch.Tensor,  # [B, Hq, Q, D]
+    k: torch.Tensor,  # [B, Hkv, L, D]
+    v: torch.Tensor,  # [B, Hkv, L, D]
+    mask: torch.Tensor | None,  # broadcastable to [B, Hq, Q, L], True = attend; None with is_causal
+    is_causal: bool,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:  # [B, Hq, Q, D]
+    """Attention with scores capped at +-softcap, in transformers' eager Gemma 2 order: scale, cap
+    (divide, tanh, multiply), mask, softmax in float32 cast back to the query dtype, weighted sum."""
+    group = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)  # [B, Hq, L, D]: query head h reads KV head h // group
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale  # [B, Hq, Q, L]
+    scores = torch.tanh(scores / softcap) * softcap
+    if is_causal:  # a whole prompt: key j is visible to query i iff j <= i
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v)
 
 
 def _length_groups(seq_ids: list[int], seq_lens: tuple[int, ...], max_groups: int = 4) -> list[list[int]]:
@@ -162,14 +187,17 @@ class ReferenceAttentionBackend:
         metadata: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
         num_heads, num_kv_heads = query.shape[1], key_cache.shape[2]
         check_gqa_heads(num_heads, num_kv_heads)
+        check_softcap(softcap)
         plan = self._plan_for(metadata, key_cache.shape[1], sliding_window, query.device)
-        return self._run(plan, query, key_cache, value_cache, scale)
+        return self._run(plan, query, key_cache, value_cache, scale, softcap)
 
     def _run(self, plan: _StepPlan, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-             scale: float) -> torch.Tensor:  # [T, Hq, D]; rows no call covers are left unset
+             scale: float, softcap: float | None = None
+             ) -> torch.Tensor:  # [T, Hq, D]; rows no call covers are left unset
         out = torch.empty_like(query)
         for call in plan.calls:
             keys = self._gather(key_cache, call)  # [B, Hkv, L, D]
@@ -179,11 +207,15 @@ class ReferenceAttentionBackend:
                 q = q.unsqueeze(2)  # [Bd, Hq, 1, D]
             else:
                 q = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, Q, D]
-            o = F.scaled_dot_product_attention(
-                q, keys.to(query.dtype), values.to(query.dtype),
-                attn_mask=call.mask, is_causal=call.mask is None and not call.is_decode,
-                scale=scale, enable_gqa=True,
-            )
+            is_causal = call.mask is None and not call.is_decode
+            if softcap is None:
+                o = F.scaled_dot_product_attention(
+                    q, keys.to(query.dtype), values.to(query.dtype),
+                    attn_mask=call.mask, is_causal=is_causal, scale=scale, enable_gqa=True,
+                )
+            else:
+                o = _softcapped_attention(q, keys.to(query.dtype), values.to(query.dtype), call.mask, is_causal,
+                                          scale, softcap)
             o = o.squeeze(2) if call.is_decode else o[0].transpose(0, 1)  # [R, Hq, D]
             out.index_copy_(0, call.rows, o)
         return out

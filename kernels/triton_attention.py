@@ -8,6 +8,8 @@ than once per query head. It walks the sequence's block table over the keys the 
 (causal, and the sliding window if any), in flash-attention style: scores for one KV block,
 an online softmax in float32, and the running output rescaled as the maximum moves. Decode
 rows are simply tiles of one token, so decode and prefill share one code path and one launch.
+Gemma 2's score soft-capping is a compile-time switch (``USE_SOFTCAP``), applied to the
+natural-log score before the base-2 softmax (see `kernels.triton_decode`).
 
 Decode-only batches (every row one new token) go to the split-KV kernel in
 `kernels.triton_decode` instead, which spreads a long context over many programs.
@@ -25,19 +27,18 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_backend import check_gqa_heads
+from kernels.attention_backend import check_gqa_heads, check_softcap
 from kernels.attention_metadata import AttentionMetadata
 from kernels.select import triton_interpreter_enabled
-from kernels.triton_decode import paged_decode_attention
-
-_LOG2E = 1.4426950408889634
+from kernels.triton_decode import capped_scores, paged_decode_attention, score_scales
 
 
 @triton.jit
 def _paged_attention_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr,
     block_tables_ptr, query_start_loc_ptr, seq_lens_ptr,
-    qk_scale,  # softmax scale * log2(e): the kernel works in base 2
+    qk_scale,  # softmax scale * log2(e): the kernel works in base 2; with USE_SOFTCAP, scale / softcap
+    cap_log2e,  # softcap * log2(e); ignored unless USE_SOFTCAP
     sliding_window,  # keys with position <= query position - window are hidden; ignored unless USE_WINDOW
     stride_qt, stride_qh,
     stride_ot, stride_oh,
@@ -51,6 +52,7 @@ def _paged_attention_kernel(
     HEAD_DIM_P: tl.constexpr,  # HEAD_DIM rounded up to a power of two (80/96/112 are masked)
     BLOCK_SIZE: tl.constexpr,  # KV-cache block size (tokens)
     USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,  # only for Triton's interpreter, whose bf16 tl.dot is wrong
     PRECISION: tl.constexpr,  # "ieee" for float32 (tf32 would cost ~1e-3 of accuracy), else "tf32" (unused)
 ):
@@ -104,6 +106,8 @@ def _paged_attention_kernel(
             v = v.to(tl.float32)
 
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_SIZE], float32
+        if USE_SOFTCAP:
+            scores = capped_scores(scores, cap_log2e)
         k_pos = j * BLOCK_SIZE + s
         visible = k_pos[None, :] <= q_pos[:, None]
         if USE_WINDOW:
@@ -216,10 +220,12 @@ class TritonAttentionBackend:
         metadata: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
         num_tokens, num_heads, head_dim = query.shape
         num_kv_heads = key_cache.shape[2]
         check_gqa_heads(num_heads, num_kv_heads)
+        check_softcap(softcap)
         _check_last_dim_contiguous(query=query, key_cache=key_cache, value_cache=value_cache)
         block_size = key_cache.shape[1]
         if block_size < 16 or block_size & (block_size - 1):
@@ -231,7 +237,7 @@ class TritonAttentionBackend:
         if self.split_decode and metadata.max_query_len == 1:
             return paged_decode_attention(
                 query, key_cache, value_cache, metadata.block_tables, metadata.seq_lens, metadata.max_seq_len,
-                scale * _LOG2E, sliding_window, num_sms=self.num_sms(query.device), block_n=self.decode_block_n,
+                scale, sliding_window, softcap, num_sms=self.num_sms(query.device), block_n=self.decode_block_n,
                 num_warps=self.decode_num_warps, num_stages=self.decode_num_stages, waves=self.decode_waves,
                 dot_in_fp32=query.dtype == torch.bfloat16 and triton_interpreter_enabled(),
             )
@@ -240,10 +246,11 @@ class TritonAttentionBackend:
         block_m = self.decode_block_m if metadata.max_query_len == 1 else self.block_m
         block_q = max(1, block_m // group_p)
         grid = (metadata.num_seqs, triton.cdiv(metadata.max_query_len, block_q), num_kv_heads)
+        qk_scale, cap_log2e = score_scales(scale, softcap)
         _paged_attention_kernel[grid](
             out, query, key_cache, value_cache,
             metadata.block_tables, metadata.query_start_loc, metadata.seq_lens,
-            scale * _LOG2E, sliding_window or 0,
+            qk_scale, cap_log2e, sliding_window or 0,
             query.stride(0), query.stride(1),
             out.stride(0), out.stride(1),
             key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
@@ -251,7 +258,7 @@ class TritonAttentionBackend:
             metadata.block_tables.stride(0),
             GROUP=group, GROUP_P=group_p, BLOCK_Q=block_q,
             HEAD_DIM=head_dim, HEAD_DIM_P=triton.next_power_of_2(head_dim),
-            BLOCK_SIZE=key_cache.shape[1], USE_WINDOW=sliding_window is not None,
+            BLOCK_SIZE=key_cache.shape[1], USE_WINDOW=sliding_window is not None, USE_SOFTCAP=softcap is not None,
             DOT_IN_FP32=query.dtype == torch.bfloat16 and triton_interpreter_enabled(),
             PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         )

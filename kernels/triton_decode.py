@@ -15,6 +15,14 @@ the normalised output directly; with several it writes its unnormalised partial 
 and sum, and a second small kernel merges the splits (log-sum-exp rescaling). The number of
 splits is chosen on the host from the batch's longest context and the GPU's SM count, so the
 grid never needs a device-to-host read.
+
+Both Triton attention kernels work in base 2 (``exp2``, with log2(e) folded into the score scale).
+Gemma 2's soft-capping, ``softcap * tanh(s / softcap)``, is defined on the natural-log score s, so
+under the ``USE_SOFTCAP`` switch the kernels scale q.k by ``scale / softcap``, take the tanh, and only
+then multiply by ``softcap * log2(e)`` (`score_scales`, `capped_scores`); without it the kernels
+compute exactly what they did before. Triton has no portable tanh (the interpreter lacks
+libdevice), so it is ``2 * sigmoid(2x) - 1``, whose error is absolute, about a float32 ulp of 1
+(6e-8), times the cap.
 """
 
 from __future__ import annotations
@@ -23,11 +31,29 @@ import torch
 import triton
 import triton.language as tl
 
+LOG2E = 1.4426950408889634
+
+
+def score_scales(scale: float, softcap: float | None) -> tuple[float, float]:
+    """(qk_scale, cap_log2e) for the kernels: q.k times qk_scale is the base-2 score without a cap
+    (``scale * log2(e)``, cap_log2e unused), or ``scale * q.k / softcap`` with one, which
+    `capped_scores` turns into the capped base-2 score."""
+    if softcap is None:
+        return scale * LOG2E, 0.0
+    return scale / softcap, softcap * LOG2E
+
+
+@triton.jit
+def capped_scores(x, cap_log2e):
+    """softcap * tanh(s / softcap) * log2(e), given x = s / softcap (tanh as 2 * sigmoid(2x) - 1)."""
+    return (2.0 * tl.sigmoid(2.0 * x) - 1.0) * cap_log2e
+
 
 @triton.jit
 def _decode_split_kernel(
     out_ptr, part_acc_ptr, part_ml_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    qk_scale,  # softmax scale * log2(e)
+    qk_scale,  # softmax scale * log2(e); with USE_SOFTCAP, scale / softcap (see `score_scales`)
+    cap_log2e,  # softcap * log2(e); ignored unless USE_SOFTCAP
     sliding_window,
     split_tokens,  # context tokens per split, a multiple of BLOCK_N
     stride_qt, stride_qh, stride_ot, stride_oh,
@@ -35,7 +61,7 @@ def _decode_split_kernel(
     NUM_SPLITS: tl.constexpr,
     GROUP: tl.constexpr, GROUP_P: tl.constexpr, ROWS: tl.constexpr,  # ROWS = max(GROUP_P, 16): tl.dot's minimum
     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_WINDOW: tl.constexpr, DOT_IN_FP32: tl.constexpr, PRECISION: tl.constexpr,
+    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, DOT_IN_FP32: tl.constexpr, PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -79,6 +105,8 @@ def _decode_split_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [ROWS, BLOCK_N]
+        if USE_SOFTCAP:
+            scores = capped_scores(scores, cap_log2e)
         visible = in_range
         if USE_WINDOW:
             visible = visible & (pos >= key_lo)
@@ -152,8 +180,9 @@ def paged_decode_attention(
     block_tables: torch.Tensor,  # [B, max_blocks] int32
     seq_lens: torch.Tensor,  # [B] int32
     max_seq_len: int,
-    qk_scale: float,  # already multiplied by log2(e)
+    scale: float,  # the softmax scale (natural log)
     sliding_window: int | None,
+    softcap: float | None = None,
     *,
     num_sms: int,
     block_n: int = 64,
@@ -176,15 +205,17 @@ def paged_decode_attention(
     else:
         part_acc = part_ml = out  # unused by the kernel
     precision = "ieee" if query.dtype == torch.float32 else "tf32"
+    qk_scale, cap_log2e = score_scales(scale, softcap)
     _decode_split_kernel[(num_seqs, num_kv_heads, splits)](
         out, part_acc, part_ml, query, key_cache, value_cache, block_tables, seq_lens,
-        qk_scale, sliding_window or 0, split_tokens,
+        qk_scale, cap_log2e, sliding_window or 0, split_tokens,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), block_tables.stride(0),
         NUM_SPLITS=splits, GROUP=group, GROUP_P=group_p, ROWS=max(group_p, 16),
         HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_p, BLOCK_SIZE=block_size, BLOCK_N=block_n,
-        USE_WINDOW=sliding_window is not None, DOT_IN_FP32=dot_in_fp32, PRECISION=precision,
+        USE_WINDOW=sliding_window is not None, USE_SOFTCAP=softcap is not None, DOT_IN_FP32=dot_in_fp32,
+        PRECISION=precision,
         num_warps=num_warps, num_stages=num_stages,
     )
     if splits > 1:

@@ -20,6 +20,7 @@ ARCHS = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
 }
 # Tiny mixture-of-experts defaults: 4 experts, top-2, narrow experts (Qwen3-MoE's dense layers keep 128).
@@ -36,6 +37,13 @@ ARCH_DEFAULTS = {
                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                     "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}},
                    tie_word_embeddings=True, pad_token_id=None),
+    # Gemma 2: the same shape of layers (no q/k norms, one RoPE setting) with soft-capping small enough
+    # to bite on random weights: attention scores capped at +-2, final logits at +-3 (the published
+    # models' 50 and 30 would leave a tiny model's scores and logits untouched).
+    "gemma2": dict(num_hidden_layers=4, head_dim=32, query_pre_attn_scalar=24, sliding_window=8,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                   attn_logit_softcapping=2.0, final_logit_softcapping=3.0, tie_word_embeddings=True,
+                   pad_token_id=None),
 }
 
 

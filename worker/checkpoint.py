@@ -1,5 +1,5 @@
-"""Reads a checkpoint into the model `model_family.build_model` picks (`LlamaForCausalLM`, or Gemma 3's
-subclass): the thaw format (through `loader`'s parallel,
+"""Reads a checkpoint into the model `model_family.build_model` picks (`LlamaForCausalLM`, or Gemma 2's and
+Gemma 3's subclasses): the thaw format (through `loader`'s parallel,
 checksummed loader) or a Hugging Face safetensors dir.
 
 Hugging Face dirs: a single ``model.safetensors`` or shards listed by ``model.safetensors.index.json``.
@@ -48,7 +48,7 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # Buffers some exporters save that we recompute.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-# Gemma 3's norms around the MLP, in addition to Llama's two per layer.
+# Gemma 2's and 3's norms around the MLP, in addition to Llama's two per layer.
 _GEMMA_FEEDFORWARD_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
 # transformers 5's own MoE layout (see the module docstring): the experts of a layer in one tensor each.
 _STACKED_EXPERTS = re.compile(r"model\.layers\.(\d+)\.mlp\.(experts\.gate_up_proj|experts\.down_proj|gate\.weight)")
@@ -128,7 +128,7 @@ def expected_layer_shapes(layer: int, config: ModelConfig) -> dict[str, tuple[in
             shapes[p + "self_attn.o_proj.bias"] = (h,)
     if config.qk_norm:
         shapes |= {p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)}
-    if config.family == "gemma3":
+    if config.is_gemma:
         shapes |= {p + name + ".weight": (h,) for name in _GEMMA_FEEDFORWARD_NORMS}
     return shapes
 
@@ -274,7 +274,7 @@ def _fuse_layer(layer: int, tensors: dict[str, torch.Tensor], config: ModelConfi
         state[dst + "mlp.down_proj.weight"] = t(src + "mlp.down_proj.weight")
     state[dst + "input_layernorm.weight"] = t(src + "input_layernorm.weight")
     state[dst + "post_attention_layernorm.weight"] = t(src + "post_attention_layernorm.weight")
-    if config.family == "gemma3":
+    if config.is_gemma:
         state |= {dst + name + ".weight": t(src + name + ".weight") for name in _GEMMA_FEEDFORWARD_NORMS}
     return state
 

@@ -1,7 +1,7 @@
-"""The Gemma 3 text decoder (``Gemma3ForCausalLM``) over a paged KV cache.
+"""The Gemma 2 and Gemma 3 text decoders (``Gemma2ForCausalLM``, ``Gemma3ForCausalLM``) over a paged KV cache.
 
-Gemma 3 is the Llama decoder (`llama.py`) with these differences, each as transformers 5's
-``modeling_gemma3.py`` computes it:
+Both are the Llama decoder (`llama.py`) with these differences, each as transformers 5's
+``modeling_gemma2.py`` and ``modeling_gemma3.py`` compute it:
 
 * the token embeddings are multiplied by ``sqrt(hidden_size)``, rounded to the model's dtype first
   (in bfloat16 sqrt(3072) = 55.43 becomes 55.5);
@@ -10,18 +10,23 @@ Gemma 3 is the Llama decoder (`llama.py`) with these differences, each as transf
   (``post_attention_layernorm``, ``post_feedforward_layernorm``) before their residual add, and the
   MLP input by ``pre_feedforward_layernorm``;
 * the MLP's gate goes through GELU (tanh approximation), not SiLU;
-* per-head q/k norms (the Gemma RMSNorm over ``head_dim``), and scores scaled by
-  ``query_pre_attn_scalar ** -0.5`` instead of ``head_dim ** -0.5``;
-* sliding-window and full-attention layers (``layer_types``) with two RoPE settings: sliding layers
-  rotate with ``local_rope_theta`` and no scaling, full layers with ``rope_theta`` and the config's
-  scaling (linear x8 in the published models).
+* scores scaled by ``query_pre_attn_scalar ** -0.5`` instead of ``head_dim ** -0.5``;
+* sliding-window and full-attention layers (``layer_types``; Gemma 2 alternates them by default).
 
-The two RoPE settings are why `embed` returns cos and sin stacked, ``[2, T, 1, D]`` (0 the local
-setting, 1 the global): the runner, the layer gate and zigzag prefill only pass them from `embed`
-to `decoder_layer`, and each layer picks its row. Everything else -- the forward pass split into
-`embed` / `decoder_layer` / `final_norm` / `compute_logits`, the layer gate, CPU pre-packing -- is
-`LlamaForCausalLM`'s, inherited. Logit and attention soft-capping (Gemma 2) are refused when the
-config is read (`model_config.py`).
+Gemma 2 also soft-caps, x -> ``cap * tanh(x / cap)``: every attention score after the scale and
+before the causal/window mask (``attn_logit_softcapping``, passed to the attention backend, which
+implements it in each kernel), and the final logits (``final_logit_softcapping``, on the head's
+output in the model's dtype before the float32 cast, transformers' order). It has one RoPE setting
+for every layer, so its `embed` is Llama's (any RoPE type Llama runs) times the embedding scale.
+
+Gemma 3 (`Gemma3ForCausalLM`, a subclass) drops the soft-capping (configs that set it are refused
+when read, `model_config.py`) and adds per-head q/k norms (the Gemma RMSNorm over ``head_dim``)
+and two RoPE settings: sliding layers rotate with ``local_rope_theta`` and no scaling, full layers
+with ``rope_theta`` and the config's scaling (linear x8 in the published models). That is why its
+`embed` returns cos and sin stacked, ``[2, T, 1, D]`` (0 the local setting, 1 the global): the
+runner, the layer gate and zigzag prefill only pass them from `embed` to `decoder_layer`, and each
+layer picks its row. Everything else -- the forward pass split into `embed` / `decoder_layer` /
+`final_norm` / `compute_logits`, the layer gate, CPU pre-packing -- is `LlamaForCausalLM`'s, inherited.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from worker.llama import MLP, Attention, LlamaForCausalLM
 from worker.model_config import ModelConfig, RopeScaling
 from worker.rotary_embedding import attention_factor, inverse_frequencies, rope_cos_sin
 
-LOCAL_ROPE, GLOBAL_ROPE = 0, 1  # rows of embed's stacked cos and sin
+LOCAL_ROPE, GLOBAL_ROPE = 0, 1  # rows of Gemma 3's stacked cos and sin
 
 
 class GemmaRMSNorm(nn.Module):
@@ -52,13 +57,15 @@ class GemmaRMSNorm(nn.Module):
 
 
 class GemmaAttention(Attention):
-    """Llama's paged attention with Gemma's q/k norms and score scale."""
+    """Llama's paged attention with Gemma's score scale, Gemma 2's score cap and Gemma 3's q/k norms."""
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
-        super().__init__(config, layer_idx)  # config.qk_norm is set for Gemma 3: the norms exist
+        super().__init__(config, layer_idx)
         self.scale = config.query_pre_attn_scalar ** -0.5
-        self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.softcap = config.attn_logit_softcapping  # None for Gemma 3
+        if config.qk_norm:  # Gemma 3
+            self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
 
 
 class GemmaMLP(MLP):
@@ -77,16 +84,21 @@ class GemmaDecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps)
         self.mlp = GemmaMLP(config)
         self.post_feedforward_layernorm = GemmaRMSNorm(h, eps)
-        self.rope = LOCAL_ROPE if config.sliding_windows[layer_idx] is not None else GLOBAL_ROPE
+        # Gemma 3: the row of embed's stacked cos/sin this layer rotates with; Gemma 2: one setting, no rows.
+        self.rope: int | None = None
+        if config.family == "gemma3":
+            self.rope = LOCAL_ROPE if config.sliding_windows[layer_idx] is not None else GLOBAL_ROPE
 
-    def forward(self, x, cos, sin, kv_cache, metadata, backend):  # x: [T, H]; cos, sin: [2, T, 1, D]
-        attn = self.self_attn(self.input_layernorm(x), cos[self.rope], sin[self.rope], kv_cache, metadata, backend)
+    def forward(self, x, cos, sin, kv_cache, metadata, backend):  # x: [T, H]; cos, sin: [T, 1, D] or [2, T, 1, D]
+        if self.rope is not None:
+            cos, sin = cos[self.rope], sin[self.rope]
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, metadata, backend)
         x = x + self.post_attention_layernorm(attn)
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
-class Gemma3ForCausalLM(LlamaForCausalLM):
-    """Gemma 3's modules under `LlamaForCausalLM`'s forward pass (see the module docstring)."""
+class Gemma2ForCausalLM(LlamaForCausalLM):
+    """Gemma 2's modules under `LlamaForCausalLM`'s forward pass (see the module docstring)."""
 
     def __init__(self, config: ModelConfig) -> None:
         # Not LlamaForCausalLM.__init__: its layers are Llama's. The same attribute names, so the
@@ -100,10 +112,32 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         self.layer_gate = None
         # transformers keeps sqrt(hidden_size) as a float32 tensor and casts it to the weights' dtype.
         self.embed_scale = float(torch.tensor(config.hidden_size ** 0.5, device="cpu").to(config.torch_dtype))
+        self.final_logit_softcapping = config.final_logit_softcapping  # None for Gemma 3
+        self.register_buffer("inv_freq", inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling),
+                             persistent=False)  # [D/2]; longrope: [2, D/2]
+        self.rope_attention_factor = attention_factor(config.rope_scaling)
+
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor,  # [T], [T] int64
+              rope_lengths: torch.Tensor | None = None,  # [T] int64, see LlamaForCausalLM.embed
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # x: [T, H]; cos, sin: [T, 1, D]
+        x, cos, sin = super().embed(input_ids, positions, rope_lengths)
+        return x * self.embed_scale, cos, sin
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] float32
+        logits = self.vocab_logits(hidden)  # [N, V] in the model's dtype, where transformers caps them
+        cap = self.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()
+
+
+class Gemma3ForCausalLM(Gemma2ForCausalLM):
+    """Gemma 2's model with Gemma 3's q/k norms (made by `GemmaAttention`) and two RoPE settings."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)  # rope_attention_factor: the global setting's (yarn)
         local = inverse_frequencies(config.head_dim, config.local_rope_theta, RopeScaling())
-        full = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
-        self.register_buffer("inv_freq", torch.stack((local, full)), persistent=False)  # [2, D/2]
-        self.rope_attention_factor = attention_factor(config.rope_scaling)  # the global setting's (yarn)
+        self.inv_freq = torch.stack((local, self.inv_freq))  # [2, D/2]: the local setting, then the global one
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor,  # [T], [T] int64
               rope_lengths: torch.Tensor | None = None,  # unused: longrope is refused for Gemma 3

@@ -71,6 +71,7 @@ class Attention(nn.Module):
         # Qwen3: each head's query and key are RMS-normalised (one [D] weight each) before RoPE.
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.softcap: float | None = None  # scores capped at +-softcap: Gemma 2 sets it (`gemma.py`)
 
     def forward(
         self,
@@ -92,7 +93,8 @@ class Attention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         key_cache, value_cache = kv_cache
         backend.write_kv_cache(k, v, key_cache, value_cache, metadata.slot_mapping)
-        out = backend.paged_attention(q, key_cache, value_cache, metadata, self.scale, self.sliding_window)
+        out = backend.paged_attention(q, key_cache, value_cache, metadata, self.scale, self.sliding_window,
+                                      self.softcap)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
@@ -182,11 +184,15 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] float32
+        return self.vocab_logits(hidden).float()
+
+    def vocab_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] in the model's dtype
+        """The head's output before `compute_logits` casts it (where Gemma 2 caps it, as transformers does)."""
         if self.layer_gate is not None:
             self.layer_gate.ensure(len(self.layers))
         if self.lm_head is None:  # tied: the embedding matrix is the head
-            return F.linear(hidden, self.embed_tokens.weight).float()
-        return self.lm_head(hidden).float()
+            return F.linear(hidden, self.embed_tokens.weight)
+        return self.lm_head(hidden)
 
     def prepack_for_cpu(self) -> int:
         """Swaps every linear layer (and the head, tied or not) for a `PrepackedLinear`; returns

@@ -6,9 +6,12 @@ Qwen2/2.5 (QKV bias) and Qwen3 (per-head q/k RMSNorm): they differ only in a han
 with the sparse expert block (`moe.py`) in place of the MLP of some or all layers (the ``num_experts`` to
 ``moe_layers`` fields); shared experts, which other MoE families have, are refused. Mixtral's
 ``router_jitter_noise`` is accepted: transformers applies it only while training, so inference is
-unaffected. Gemma 3 text differs in more than switches (its norms, MLP, embedding and two RoPE
-settings: `gemma.py`); its fields here are ``query_pre_attn_scalar`` and ``local_rope_theta``, and
-its logit soft-capping switches are refused. Phi-3/Phi-4-mini is the same decoder too: its
+unaffected. Gemma 2 and Gemma 3 text differ in more than switches (their norms, MLP and embedding:
+`gemma.py`); their fields here are ``query_pre_attn_scalar``, Gemma 3's ``local_rope_theta`` (its
+second RoPE setting) and Gemma 2's soft-capping of attention scores and final logits
+(``attn_logit_softcapping``, ``final_logit_softcapping``, transformers' defaults 50 and 30 when the
+file omits them); Gemma 3 configs that set the soft-capping switches are refused (published ones
+do not). Phi-3/Phi-4-mini is the same decoder too: its
 checkpoints store q/k/v and gate/up already fused (as our engine does), and Phi-4-mini rotates only
 part of each head (``partial_rotary_factor``).
 Both config dialects are read: the older ``rope_theta`` +
@@ -33,12 +36,15 @@ SUPPORTED_ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Phi3ForCausalLM": "phi3",
+    "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
 }
+# The families `gemma.py` runs: (1 + w) norms, four per layer, GELU-tanh, scaled embeddings.
+GEMMA_FAMILIES = ("gemma2", "gemma3")
+# transformers' Gemma2Config defaults, in effect when config.json omits the key (null turns it off).
+_GEMMA2_SOFTCAP_DEFAULTS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}
 # Near misses, with why (the engine lacks something they need).
 _REFUSED_ARCHITECTURES = {
-    "Gemma2ForCausalLM": ": it needs attention logit soft-capping (attn_logit_softcapping), which the attention "
-                         "backends do not implement",
     "Gemma3ForConditionalGeneration": ": the multimodal Gemma 3 is not supported; a text-only Gemma3ForCausalLM "
                                       "checkpoint (e.g. gemma-3-1b) is",
 }
@@ -155,10 +161,14 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     # Per layer: the sliding window width, or None for full attention.
     sliding_windows: tuple[int | None, ...] = ()
-    # Gemma 3 (`gemma.py`): scores scaled by query_pre_attn_scalar ** -0.5, and the RoPE base of the
-    # sliding-window layers, which rotate without scaling (full layers use rope_theta and rope_scaling).
+    # Gemma 2 and 3 (`gemma.py`): scores scaled by query_pre_attn_scalar ** -0.5. Gemma 3: the RoPE
+    # base of the sliding-window layers, which rotate without scaling (full layers use rope_theta and
+    # rope_scaling).
     query_pre_attn_scalar: float | None = None
     local_rope_theta: float | None = None
+    # Gemma 2: attention scores and final logits x become cap * tanh(x / cap); None: not capped.
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
     dtype: str = "float32"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -190,10 +200,20 @@ class ModelConfig:
             raise ValueError(f"partial_rotary_factor {self.rope_scaling.partial_rotary_factor} rotates {rotary_dim} of "
                              f"head_dim {self.head_dim} dimensions; RoPE needs an even number >= 2 of them")
         self._check_moe()
-        if self.family == "gemma3":
-            for name in ("query_pre_attn_scalar", "local_rope_theta"):
+        if self.is_gemma:
+            label, needed = (("Gemma 3", ("query_pre_attn_scalar", "local_rope_theta")) if self.family == "gemma3"
+                             else ("Gemma 2", ("query_pre_attn_scalar",)))
+            for name in needed:
                 if not _is_number(getattr(self, name)) or getattr(self, name) <= 0:
-                    raise ValueError(f"Gemma 3 needs {name} as a number > 0, got {getattr(self, name)!r}")
+                    raise ValueError(f"{label} needs {name} as a number > 0, got {getattr(self, name)!r}")
+        for name in _GEMMA2_SOFTCAP_DEFAULTS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if self.family != "gemma2":
+                raise ValueError(f"{name} is a Gemma 2 setting; leave it None for {self.architecture}")
+            if not _is_number(value) or value <= 0:
+                raise ValueError(f"Gemma 2 {name} must be a number > 0 or null (no capping), got {value!r}")
 
     def _check_moe(self) -> None:
         for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
@@ -217,8 +237,14 @@ class ModelConfig:
 
     @property
     def family(self) -> str:
-        """The family name of the architecture: llama, mistral, qwen2, qwen3, mixtral, qwen3_moe or phi3."""
+        """The family name of the architecture: llama, mistral, qwen2, qwen3, mixtral, qwen3_moe, phi3, gemma2 or
+        gemma3."""
         return SUPPORTED_ARCHITECTURES[self.architecture]
+
+    @property
+    def is_gemma(self) -> bool:
+        """Gemma 2 or 3: the decoder of `gemma.py`, with its pre/post-feedforward norms."""
+        return self.family in GEMMA_FAMILIES
 
     @property
     def rotary_dim(self) -> int:
@@ -235,8 +261,10 @@ class ModelConfig:
         q = self.num_attention_heads * self.head_dim
         kv = self.num_key_value_heads * self.head_dim
         per_layer = h * (q + 2 * kv) + q * h + 2 * h
-        if self.family == "gemma3":  # the pre/post-feedforward norms and the q/k norms
-            per_layer += 2 * h + 2 * self.head_dim
+        if self.is_gemma:  # the pre/post-feedforward norms
+            per_layer += 2 * h
+        if self.family == "gemma3":  # the q/k norms
+            per_layer += 2 * self.head_dim
         if self.attention_bias:
             per_layer += q + 2 * kv
         experts = self.num_experts * (3 * h * self.moe_intermediate_size + h)  # + h: the router's row
@@ -265,11 +293,12 @@ class ModelConfig:
                 f"quantization_config: quantized checkpoints ({method or 'this method'}) are not supported; "
                 "deploy the model's bfloat16/float16/float32 weights"
             )
-        act_key, act = ("hidden_activation", "gelu_pytorch_tanh") if family == "gemma3" else ("hidden_act", "silu")
+        gemma_family = family in GEMMA_FAMILIES
+        act_key, act = ("hidden_activation", "gelu_pytorch_tanh") if gemma_family else ("hidden_act", "silu")
         if raw.get(act_key, act) != act:
             raise UnsupportedModelError(f"{act_key} {raw[act_key]!r} is not supported for {architecture} (only {act!r})")
-        if family == "gemma3":
-            _check_gemma3(raw)
+        if gemma_family:
+            _check_gemma(raw, family)
         if raw.get("mlp_bias"):
             raise UnsupportedModelError("mlp_bias=true is not supported")
         for key in _SHARED_EXPERT_KEYS:
@@ -277,14 +306,17 @@ class ModelConfig:
                 raise UnsupportedModelError(f"{key}={raw[key]!r}: shared experts are not supported "
                                             "(supported MoE families: Mixtral, Qwen3-MoE)")
         num_heads = raw["num_attention_heads"]
-        # Gemma 3: transformers' defaults (head_dim 256, tied embeddings) are what the Hub's files omit.
-        head_dim = raw.get("head_dim") or (256 if family == "gemma3" else raw["hidden_size"] // num_heads)
+        # Gemma: transformers' defaults (head_dim 256, tied embeddings) are what the Hub's files omit.
+        head_dim = raw.get("head_dim") or (256 if gemma_family else raw["hidden_size"] // num_heads)
         if family == "gemma3":
             rope_theta, rope_scaling, gemma = _read_gemma3_rope(raw)
-            gemma["query_pre_attn_scalar"] = raw.get("query_pre_attn_scalar", 256)
         else:
             rope_theta, rope_scaling = _read_rope(raw, family)
             gemma = {}
+        if gemma_family:
+            gemma["query_pre_attn_scalar"] = raw.get("query_pre_attn_scalar", 256)
+        if family == "gemma2":
+            gemma |= {key: raw.get(key, default) for key, default in _GEMMA2_SOFTCAP_DEFAULTS.items()}
         layers = raw["num_hidden_layers"]
         file_dtype = raw.get("dtype") or raw.get("torch_dtype") or "float32"
         eos = raw.get("eos_token_id")
@@ -306,7 +338,7 @@ class ModelConfig:
             attention_bias=True if family == "qwen2" else family != "phi3" and bool(raw.get("attention_bias", False)),
             qk_norm=family in ("qwen3", "qwen3_moe", "gemma3"),
             **_read_moe(raw, family, layers),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", family == "gemma3")),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", gemma_family)),
             sliding_windows=_read_sliding_windows(raw, family, layers),
             **gemma,
             dtype=dtype or file_dtype,
@@ -389,18 +421,23 @@ def _read_rope(raw: dict[str, Any], family: str = "llama") -> tuple[float, RopeS
     return theta, RopeScaling(rope_type=rope_type, partial_rotary_factor=partial, **kwargs)
 
 
-def _check_gemma3(raw: dict[str, Any]) -> None:
-    """Refuses the Gemma 3 switches the engine does not run (transformers' defaults are all off)."""
-    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
-        if raw.get(key) is not None:
-            raise UnsupportedModelError(f"{key}={raw[key]!r} is not supported for Gemma3ForCausalLM "
-                                        "(published Gemma 3 models set it to null)")
+def _check_gemma(raw: dict[str, Any], family: str) -> None:
+    """Refuses the Gemma 2 / Gemma 3 switches the engine does not run (transformers' defaults are all off)."""
+    label = "Gemma 2" if family == "gemma2" else "Gemma 3"
+    if family == "gemma3":
+        for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+            if raw.get(key) is not None:
+                raise UnsupportedModelError(f"{key}={raw[key]!r} is not supported for Gemma3ForCausalLM "
+                                            "(published Gemma 3 models set it to null)")
+    elif raw.get("attention_bias"):  # Gemma 2 would bias o_proj too, which the engine's layout does not hold
+        raise UnsupportedModelError("attention_bias=true is not supported for Gemma2ForCausalLM "
+                                    "(published Gemma 2 models set it to false)")
     if raw.get("use_bidirectional_attention"):
         raise UnsupportedModelError("use_bidirectional_attention=true (an encoder) is not supported; "
-                                    "only causal Gemma 3 models")
+                                    f"only causal {label} models")
     window = raw.get("sliding_window", 4096)
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-        raise ValueError(f"Gemma 3 sliding_window must be a positive integer, got {window!r}")
+        raise ValueError(f"{label} sliding_window must be a positive integer, got {window!r}")
 
 
 def _read_gemma3_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling, dict[str, Any]]:
@@ -431,10 +468,10 @@ def _read_gemma3_rope(raw: dict[str, Any]) -> tuple[float, RopeScaling, dict[str
 
 def _read_sliding_windows(raw: dict[str, Any], family: str, num_layers: int) -> tuple[int | None, ...]:
     window = raw.get("sliding_window")
-    if family == "gemma3":  # transformers' defaults: a 4096 window on five layers of every six
-        window = raw.get("sliding_window", 4096)
+    if family in GEMMA_FAMILIES:  # transformers' defaults: a 4096 window on every other layer from the first
+        window = raw.get("sliding_window", 4096)  # (Gemma 2), on five layers of every six (Gemma 3)
         if not raw.get("layer_types"):
-            pattern = raw.get("sliding_window_pattern", 6)
+            pattern = raw.get("sliding_window_pattern", 6) if family == "gemma3" else 2
             return tuple(window if (i + 1) % pattern else None for i in range(num_layers))
     if family == "phi3":  # transformers' Phi3 windows every layer alike and has no layer_types
         return (window,) * num_layers

@@ -32,6 +32,21 @@ def test_matches_reference(cpu_backend, lens, num_heads, num_kv_heads, window, b
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("lens", [MIXED, DECODE_ONLY], ids=["mixed", "decode"])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2)], ids=["mha", "gqa4"])
+@pytest.mark.parametrize("window", [None, 6])
+def test_softcap_matches_reference(cpu_backend, lens, num_heads, num_kv_heads, window):
+    """Scores of spread ~3 (scale 0.5 over 32 dims) capped at 2: the cap changes the result."""
+    query_lens, seq_lens = lens
+    query, key_cache, value_cache, meta = make_batch(query_lens, seq_lens, num_heads, num_kv_heads, 32, 16,
+                                                     torch.float32, seed=num_heads)
+    want = ReferenceAttentionBackend().paged_attention(query, key_cache, value_cache, meta, 0.5, window, 2.0)
+    got = cpu_backend.paged_attention(query, key_cache, value_cache, meta, 0.5, window, 2.0)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    uncapped = cpu_backend.paged_attention(query, key_cache, value_cache, meta, 0.5, window)
+    assert (got - uncapped).abs().max() > 0.1
+
+
 def test_is_the_default_on_cpu_and_repeated_layers_reuse_the_plan(cpu_backend):
     assert get_attention_backend("cpu").name == "cpu"
     query, key_cache, value_cache, meta = make_batch(*MIXED, 8, 2, 32, 16, torch.float32, seed=1)

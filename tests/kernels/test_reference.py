@@ -3,7 +3,7 @@
 Each case builds per-sequence K/V, scatters them into a pool of physical blocks through
 `write_kv_cache` with shuffled block tables, then checks every query row against float64
 softmax attention over the sequence's contiguous K/V: the paging, the causal mask within a
-prefill chunk, GQA head mapping and sliding windows are all exercised.
+prefill chunk, GQA head mapping, sliding windows and score soft-capping are all exercised.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from kernels import AttentionMetadata, ReferenceAttentionBackend, get_attention_
 from tests.kernels.paged_cases import shuffled_block_tables
 
 
-def dense_attention(q, k, v, seq_len, scale, window):
+def dense_attention(q, k, v, seq_len, scale, window, softcap=None):
     # q: [Q, Hq, D]; k, v: [S, Hkv, D] -> [Q, Hq, D], float64
     q_len, num_heads, _ = q.shape
     group = num_heads // k.shape[1]
@@ -26,6 +26,8 @@ def dense_attention(q, k, v, seq_len, scale, window):
         for h in range(num_heads):
             keys = k[lo : pos + 1, h // group].double()
             scores = keys @ q[i, h].double() * scale
+            if softcap is not None:
+                scores = softcap * torch.tanh(scores / softcap)
             weights = torch.softmax(scores, dim=0)
             out[i, h] = weights @ v[lo : pos + 1, h // group].double()
     return out
@@ -52,7 +54,8 @@ def build_case(query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_si
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2), (8, 1)])
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("window", [None, 5])
-def test_mixed_batch_matches_dense(num_heads, num_kv_heads, block_size, window):
+@pytest.mark.parametrize("softcap", [None, 2.0])
+def test_mixed_batch_matches_dense(num_heads, num_kv_heads, block_size, window, softcap):
     # decode rows (q_len 1), a full prefill, a chunk continuing a cached prefix; odd lengths.
     query_lens = [1, 7, 1, 5, 1, 13]
     seq_lens = [9, 7, 33, 21, 1, 30]
@@ -60,13 +63,29 @@ def test_mixed_batch_matches_dense(num_heads, num_kv_heads, block_size, window):
     queries, keys, values, key_cache, value_cache, meta = build_case(
         query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, seed=block_size + num_heads)
     scale = head_dim ** -0.5
-    out = ReferenceAttentionBackend().paged_attention(torch.cat(queries), key_cache, value_cache, meta, scale, window)
+    out = ReferenceAttentionBackend().paged_attention(torch.cat(queries), key_cache, value_cache, meta, scale, window,
+                                                      softcap)
     assert out.shape == (sum(query_lens), num_heads, head_dim)
     start = 0
     for q, k, v, s in zip(queries, keys, values, seq_lens):
-        expected = dense_attention(q, k, v, s, scale, window)
+        expected = dense_attention(q, k, v, s, scale, window, softcap)
         torch.testing.assert_close(out[start : start + q.shape[0]].double(), expected, atol=1e-5, rtol=1e-5)
         start += q.shape[0]
+
+
+def test_softcap_bounds_the_scores_and_changes_the_result():
+    """A cap of 1 on scores of spread ~4: the capped attention is the dense one with scores in
+    (-1, 1), far from the uncapped one; a cap must be positive."""
+    queries, keys, values, key_cache, value_cache, meta = build_case([1, 6], [12, 6], 4, 2, 16, 4, seed=5)
+    query = torch.cat(queries)
+    capped = ReferenceAttentionBackend().paged_attention(query, key_cache, value_cache, meta, 1.0, None, 1.0)
+    plain = ReferenceAttentionBackend().paged_attention(query, key_cache, value_cache, meta, 1.0, None)
+    assert (capped - plain).abs().max() > 0.1
+    torch.testing.assert_close(capped[:1].double(), dense_attention(queries[0], keys[0], values[0], 12, 1.0, None, 1.0),
+                               atol=1e-5, rtol=1e-5)
+    for bad in (0.0, -2.0):
+        with pytest.raises(ValueError, match="softcap must be a number > 0 or None"):
+            ReferenceAttentionBackend().paged_attention(query, key_cache, value_cache, meta, 1.0, None, bad)
 
 
 def test_write_kv_cache_puts_each_token_in_its_slot():

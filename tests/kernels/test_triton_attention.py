@@ -1,7 +1,8 @@
 """The Triton kernels against the PyTorch reference, under Triton's interpreter on CPU
 (and compiled on CUDA where available): mixed decode + prefill batches, contexts that are not
 multiples of the block size, shuffled physical blocks, GQA ratios 1/4/8, head sizes incl. a
-non-power-of-two, sliding windows, and a KV pool large enough that 32-bit offsets overflow."""
+non-power-of-two, sliding windows, score soft-capping, and a KV pool large enough that 32-bit
+offsets overflow."""
 
 from __future__ import annotations
 
@@ -61,6 +62,28 @@ def test_sliding_window(triton_backend, window):
     want = ReferenceAttentionBackend().paged_attention(query, key_cache, value_cache, meta, 0.125, window)
     got = triton_backend.paged_attention(query, key_cache, value_cache, meta, 0.125, window)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("lens,window", [(MIXED, None), (PREFILL_ONLY, 7)], ids=["mixed", "prefill-window"])
+def test_softcap_matches_reference(triton_backend, lens, window):
+    """The mixed kernel (decode-only batches go to the split kernel: tests/kernels/test_triton_decode.py)
+    with scores of spread ~4 (scale 0.5 over 64 dims) capped at 2: the cap changes the result."""
+    query_lens, seq_lens = lens
+    query, key_cache, value_cache, meta = make_batch(query_lens, seq_lens, 8, 2, 64, 16, torch.float32, seed=4)
+    want = ReferenceAttentionBackend().paged_attention(query, key_cache, value_cache, meta, 0.5, window, 2.0)
+    got = triton_backend.paged_attention(query, key_cache, value_cache, meta, 0.5, window, 2.0)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    assert (got - ReferenceAttentionBackend().paged_attention(query, key_cache, value_cache, meta, 0.5, window)
+            ).abs().max() > 0.1
+
+
+def test_softcap_bfloat16(triton_backend):
+    query, key_cache, value_cache, meta = make_batch(*MIXED, 8, 2, 64, 16, torch.bfloat16, seed=6)
+    want = ReferenceAttentionBackend().paged_attention(query.float(), key_cache.float(), value_cache.float(), meta,
+                                                       0.5, None, 2.0)
+    got = triton_backend.paged_attention(query, key_cache, value_cache, meta, 0.5, None, 2.0)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
 
 
 def test_write_kv_cache_matches_reference(triton_backend):

@@ -1,6 +1,6 @@
 """The split-KV decode kernel against the PyTorch reference (Triton's interpreter on CPU, compiled
 on CUDA): several splits per sequence, an empty split, GQA groups below tl.dot's 16 rows, sliding
-windows, float32 exact to rounding and bf16 within its precision."""
+windows, score soft-capping, float32 exact to rounding and bf16 within its precision."""
 
 from __future__ import annotations
 
@@ -50,6 +50,25 @@ def test_decode_sliding_window_across_splits(backend, window):
     want = ReferenceAttentionBackend().paged_attention(query, key_cache, value_cache, meta, 0.125, window)
     got = backend.paged_attention(query, key_cache, value_cache, meta, 0.125, window)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("window", [None, 100])
+def test_decode_softcap_across_splits(backend, window):
+    """Scores of spread ~4 capped at 2, over several splits: the cap changes the result."""
+    query, key_cache, value_cache, meta = make_batch([1, 1], [1300, 40], 8, 2, 64, 16, torch.float32, seed=2)
+    want = ReferenceAttentionBackend().paged_attention(query, key_cache, value_cache, meta, 0.5, window, 2.0)
+    got = backend.paged_attention(query, key_cache, value_cache, meta, 0.5, window, 2.0)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+    assert (got - backend.paged_attention(query, key_cache, value_cache, meta, 0.5, window)).abs().max() > 0.1
+
+
+def test_decode_softcap_bfloat16(backend):
+    query, key_cache, value_cache, meta = make_batch([1, 1, 1], [1100, 17, 600], 8, 2, 64, 16, torch.bfloat16, seed=7)
+    want = ReferenceAttentionBackend().paged_attention(query.float(), key_cache.float(), value_cache.float(), meta,
+                                                       0.5, None, 2.0)
+    got = backend.paged_attention(query, key_cache, value_cache, meta, 0.5, None, 2.0)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("head_dim", [128, 80])

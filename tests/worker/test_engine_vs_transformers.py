@@ -62,6 +62,9 @@ CHECKPOINTS = {
     # Gemma 3 (tests/model_factory.py): sliding (window 8) and full layers with their two RoPE settings,
     # query_pre_attn_scalar 24 for head_dim 32, scaled and tied embeddings, (1 + w) norms, GELU-tanh.
     "gemma3-sliding-full-linear-rope": dict(arch="gemma3", seed=14),
+    # Gemma 2 (tests/model_factory.py): the same layers without q/k norms, one RoPE setting, attention
+    # scores capped at 2 and final logits at 3 (transformers runs it with eager attention: SDPA cannot cap).
+    "gemma2-softcap-sliding-full": dict(arch="gemma2", seed=15),
     # Mixture of experts: 4 experts, top-2 (tests/model_factory.py). Mixtral renormalises the top-k
     # probabilities; this one also has a sliding window.
     "mixtral-sliding-window": dict(arch="mixtral", sliding_window=8, init_std=0.2, seed=6),

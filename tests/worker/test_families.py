@@ -31,6 +31,7 @@ FAMILIES = {
     "mixtral": dict(arch="mixtral"),
     "qwen3_moe": dict(arch="qwen3_moe"),
     "phi3": dict(arch="phi3", sliding_window=8),
+    "gemma2": dict(arch="gemma2"),
     "gemma3": dict(arch="gemma3"),
 }
 THAW = str(Path(sys.executable).with_name("thaw"))
@@ -59,7 +60,7 @@ def test_bfloat16_logits_match_transformers_within_tolerance(family):
     assert error < BF16_RELATIVE_TOLERANCE, f"relative error {error:.4f}"
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "mixtral", "phi3", "gemma3"])
+@pytest.mark.parametrize("arch", ["qwen3", "mixtral", "phi3", "gemma2", "gemma3"])
 def test_thaw_generate_equals_transformers(tmp_path, arch):
     import transformers
 

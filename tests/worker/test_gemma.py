@@ -1,7 +1,8 @@
-"""Gemma 3 text beyond the float32 token-for-token check (tests/worker/test_engine_vs_transformers.py):
-its pieces bit for bit against transformers' in bfloat16 (whole-prompt bfloat16 logits are checked
-with every family in tests/worker/test_families.py), the thaw format (whole and layer by layer), and
-an engine that starts before its weights (layer gate + zigzag prefill)."""
+"""Gemma 2 and Gemma 3 text beyond the float32 token-for-token check (tests/worker/test_engine_vs_transformers.py):
+their pieces bit for bit against transformers' in bfloat16 (whole-prompt bfloat16 logits are checked
+with every family in tests/worker/test_families.py), Gemma 2's soft-capping shown to bite, the thaw
+format (whole and layer by layer), an engine that starts before its weights (layer gate + zigzag
+prefill), and the Triton kernels."""
 
 from __future__ import annotations
 
@@ -11,16 +12,22 @@ import torch
 from tests.model_factory import make_hf_checkpoint
 from tests.worker.test_layer_gate import Driver, FakeLayerSource, config_only, engine_config
 from worker import Engine, EngineConfig, SamplingParams
-from worker.gemma import Gemma3ForCausalLM, GemmaRMSNorm
+from kernels import AttentionMetadata
+from worker.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM, GemmaRMSNorm
 from worker.model_config import ModelConfig
 from worker.model_family import build_model
 
 MAX_TOKENS = 16
 
 
+@pytest.fixture(scope="module", params=["gemma2", "gemma3"])
+def gemma_dir(request, tmp_path_factory):
+    return make_hf_checkpoint(tmp_path_factory.mktemp(request.param), request.param, seed=21)
+
+
 @pytest.fixture(scope="module")
-def gemma_dir(tmp_path_factory):
-    return make_hf_checkpoint(tmp_path_factory.mktemp("gemma3"), "gemma3", seed=21)
+def gemma2_dir(tmp_path_factory):
+    return make_hf_checkpoint(tmp_path_factory.mktemp("gemma2-caps"), "gemma2", seed=22)
 
 
 def transformers_greedy(model_dir, prompts: list[list[int]], max_tokens: int = MAX_TOKENS) -> list[list[int]]:
@@ -66,6 +73,37 @@ def test_embedding_scale_is_rounded_to_the_model_dtype(dtype, scale):
     assert model.inv_freq.device.type == "cpu" and tuple(model.inv_freq.shape) == (2, 4)
 
 
+def test_gemma2_soft_capping_bites_and_matches_transformers(gemma2_dir):
+    """Whole-prompt float32 logits equal transformers' eager Gemma 2; with either cap switched off
+    in the engine's model they would not, so both caps (2 on scores, 3 on logits) are in effect."""
+    import transformers
+
+    prompt = torch.randint(3, 1000, (30,), generator=torch.Generator().manual_seed(3))  # [T]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(gemma2_dir, dtype=torch.float32,
+                                                           attn_implementation="eager").eval()
+    with torch.no_grad():
+        theirs = hf(prompt[None]).logits[0]  # [T, V]
+    engine = Engine(gemma2_dir, EngineConfig(block_size=16, num_kv_blocks=8))
+    runner, model = engine.runner, engine.runner.model
+    assert isinstance(model, Gemma2ForCausalLM) and not isinstance(model, Gemma3ForCausalLM)
+    metadata = AttentionMetadata.build(block_tables=[[0, 1]], query_lens=[30], seq_lens=[30], block_size=16)
+
+    def logits() -> torch.Tensor:  # [T, V] float32
+        with torch.inference_mode():
+            return model.compute_logits(model(prompt, torch.arange(30), runner.kv_caches, metadata, runner.backend))
+
+    ours = logits()
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    assert ours.abs().max() < 3.0 and ours.abs().max() > 2.0  # squashed into (-3, 3), and near the cap
+    model.final_logit_softcapping = None
+    assert (logits() - theirs).abs().max() > 0.3
+    model.final_logit_softcapping = 3.0
+    for layer in model.layers:
+        assert layer.self_attn.softcap == 2.0 and layer.self_attn.q_norm is None  # Gemma 2: no q/k norms
+        layer.self_attn.softcap = None
+    assert (logits() - theirs).abs().max() > 0.3
+
+
 def test_thaw_format_whole_and_layer_by_layer_matches_transformers(gemma_dir, tmp_path):
     from loader import convert_checkpoint
     from worker.checkpoint import layer_state_dict, read_checkpoint, to_engine_state_dict
@@ -74,7 +112,8 @@ def test_thaw_format_whole_and_layer_by_layer_matches_transformers(gemma_dir, tm
     ffn_norms = {t.name: t.layer for t in index.tensors if "feedforward_layernorm" in t.name}
     assert len(ffn_norms) == 2 * 4 and all(layer == int(name.split(".")[2]) for name, layer in ffn_norms.items())
     config = ModelConfig.from_model_dir(tmp_path / "thaw")
-    assert config.family == "gemma3" and config.sliding_windows == (8, None, 8, None)
+    assert config == ModelConfig.from_model_dir(gemma_dir) and config.is_gemma
+    assert config.sliding_windows == (8, None, 8, None)
     tensors, how = read_checkpoint(tmp_path / "thaw")
     assert how.startswith("thaw format")
     whole = to_engine_state_dict(tensors, config)
@@ -94,8 +133,8 @@ def test_thaw_format_whole_and_layer_by_layer_matches_transformers(gemma_dir, tm
 
 
 def test_requests_sent_before_any_layer_match_transformers(gemma_dir, tmp_path):
-    """Weights streamed in layer by layer with zigzag prefill: cos/sin for both RoPE settings pass
-    through the runner's per-layer path unchanged."""
+    """Weights streamed in layer by layer with zigzag prefill: cos/sin (Gemma 3: for both RoPE
+    settings) pass through the runner's per-layer path unchanged."""
     gen = torch.Generator().manual_seed(12)
     prompts = [torch.randint(0, 1000, (n,), generator=gen).tolist() for n in (3, 11, 40)]
     source = FakeLayerSource(gemma_dir)
@@ -115,8 +154,8 @@ def test_requests_sent_before_any_layer_match_transformers(gemma_dir, tmp_path):
 
 @pytest.mark.slow
 def test_greedy_matches_transformers_with_triton_kernels(gemma_dir):
-    """Both Triton kernels (compiled on CUDA, interpreted on CPU) with Gemma's score scale and its
-    sliding and full layers: prompts of 17 and 22 tokens exceed the window of 8."""
+    """Both Triton kernels (compiled on CUDA, interpreted on CPU) with Gemma's score scale, Gemma 2's
+    score cap, and the sliding and full layers: prompts of 17 and 22 tokens exceed the window of 8."""
     gen = torch.Generator().manual_seed(9)
     prompts = [torch.randint(0, 1000, (n,), generator=gen).tolist() for n in (3, 17, 22)]
     device = "cuda" if torch.cuda.is_available() else "cpu"

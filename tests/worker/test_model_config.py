@@ -329,8 +329,6 @@ def test_gemma3_config_reads_as_transformers_does_in_both_dialects():
         ({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 16, "long_factor": [2.0] * 16,
                            "original_max_position_embeddings": 64}},
          UnsupportedModelError, "rope_parameters.full_attention.rope_type 'longrope' is not supported for Gemma 3"),
-        ({"architectures": ["Gemma2ForCausalLM"]}, UnsupportedModelError,
-         "architecture 'Gemma2ForCausalLM' is not supported: it needs attention logit soft-capping"),
         ({"architectures": ["Gemma3ForConditionalGeneration"]}, UnsupportedModelError,
          "architecture 'Gemma3ForConditionalGeneration' is not supported: the multimodal Gemma 3"),
     ],
@@ -338,3 +336,67 @@ def test_gemma3_config_reads_as_transformers_does_in_both_dialects():
 def test_invalid_gemma3_configs_are_refused_by_name(patch, error, message):
     with pytest.raises(error, match=message):
         ModelConfig.from_hf_dict({**GEMMA3, **patch})
+
+
+# A published Gemma 2 config (the 2B's shape, 6 layers), in the older dialect the Hub's files use.
+GEMMA2 = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "vocab_size": 100, "hidden_size": 64,
+          "intermediate_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 32, "max_position_embeddings": 512, "hidden_act": "gelu_pytorch_tanh",
+          "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 24, "rope_theta": 10000.0,
+          "sliding_window": 16, "cache_implementation": "hybrid", "attn_logit_softcapping": 50.0,
+          "final_logit_softcapping": 30.0, "attention_bias": False, "rms_norm_eps": 1e-6}
+
+
+def test_gemma2_config_reads_as_transformers_does_in_both_dialects():
+    from transformers import Gemma2Config
+
+    old = ModelConfig.from_hf_dict(GEMMA2)
+    assert old.family == "gemma2" and old.is_gemma and not old.qk_norm and old.tie_word_embeddings
+    assert (old.attn_logit_softcapping, old.final_logit_softcapping) == (50.0, 30.0)
+    assert old.query_pre_attn_scalar == 24 and old.local_rope_theta is None and old.rope_theta == 1e4
+    assert old.rope_scaling == RopeScaling()
+    assert old.sliding_windows == (16, None, 16, None, 16, None)  # every other layer, from the first
+    hf = Gemma2Config(**{k: v for k, v in GEMMA2.items() if k not in ("architectures", "model_type")})
+    assert old.sliding_windows == tuple(16 if t == "sliding_attention" else None for t in hf.layer_types)
+    assert hf.rope_parameters["rope_theta"] == old.rope_theta
+    # transformers 5 writes layer_types and rope_parameters: the same model.
+    new_raw = {k: v for k, v in GEMMA2.items() if k not in ("rope_theta", "cache_implementation", "hidden_act")}
+    new = ModelConfig.from_hf_dict({**new_raw, "layer_types": hf.layer_types, "rope_parameters": hf.rope_parameters})
+    assert new == old
+    # Omitted soft-capping keys mean transformers' defaults (on); null means off.
+    bare = ModelConfig.from_hf_dict({k: v for k, v in new_raw.items() if "softcapping" not in k})
+    assert (bare.attn_logit_softcapping, bare.final_logit_softcapping) == (
+        Gemma2Config().attn_logit_softcapping, Gemma2Config().final_logit_softcapping) == (50.0, 30.0)
+    off = ModelConfig.from_hf_dict({**GEMMA2, "attn_logit_softcapping": None, "final_logit_softcapping": None})
+    assert (off.attn_logit_softcapping, off.final_logit_softcapping) == (None, None)
+    # No q/k norms: two norms fewer per layer than Gemma 3's count.
+    assert old.num_params == 6 * (64 * (128 + 2 * 64) + 128 * 64 + 4 * 64 + 3 * 64 * 128) + 100 * 64 + 64
+    assert ModelConfig.from_hf_dict({**GEMMA2, "head_dim": None}).head_dim == 256  # transformers' default
+
+
+@pytest.mark.parametrize(
+    "patch,error,message",
+    [
+        ({"attention_bias": True}, UnsupportedModelError, "attention_bias=true is not supported for Gemma2ForCausalLM"),
+        ({"use_bidirectional_attention": True}, UnsupportedModelError,
+         "use_bidirectional_attention=true .* only causal Gemma 2 models"),
+        ({"hidden_activation": "gelu"}, UnsupportedModelError,
+         "hidden_activation 'gelu' is not supported for Gemma2ForCausalLM \\(only 'gelu_pytorch_tanh'\\)"),
+        ({"sliding_window": None}, ValueError, "Gemma 2 sliding_window must be a positive integer, got None"),
+        ({"query_pre_attn_scalar": 0}, ValueError, "Gemma 2 needs query_pre_attn_scalar as a number > 0, got 0"),
+        ({"attn_logit_softcapping": 0.0}, ValueError,
+         "Gemma 2 attn_logit_softcapping must be a number > 0 or null \\(no capping\\), got 0.0"),
+        ({"final_logit_softcapping": "30"}, ValueError,
+         "Gemma 2 final_logit_softcapping must be a number > 0 or null \\(no capping\\), got '30'"),
+        ({"layer_types": ["sliding_attention"] * 5}, ValueError, "layer_types has 5 entries for 6 layers"),
+    ],
+)
+def test_invalid_gemma2_configs_are_refused_by_name(patch, error, message):
+    with pytest.raises(error, match=message):
+        ModelConfig.from_hf_dict({**GEMMA2, **patch})
+
+
+def test_soft_capping_is_a_gemma2_setting_only():
+    with pytest.raises(ValueError, match="attn_logit_softcapping is a Gemma 2 setting; leave it None for "
+                                         "LlamaForCausalLM"):
+        ModelConfig(architecture="LlamaForCausalLM", head_dim=16, attn_logit_softcapping=50.0, **BASE)
