@@ -19,6 +19,7 @@ pushes from outside the controller (``thaw models push``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -104,11 +105,12 @@ class ModelRegistry:
         spec = spec_from(spec_data)
         existing = self._models.get(spec.model_id)
         if existing is not None:
-            if existing.spec == spec:
-                return spec.to_dict()
+            if _same_deploy(existing.spec, spec):
+                return existing.spec.to_dict()
             raise ModelAlreadyDeployedError(spec.model_id)
         with self._claim(spec):
             published = await self._publish(spec)
+            spec = _with_resolved_tool_parser(spec, published)
             async with self._lock:
                 self._store.add_tenant(spec.tenant)
                 self._store.put_model_spec(spec)
@@ -133,6 +135,7 @@ class ModelRegistry:
             raise UnknownModelError(spec.model_id)
         with self._claim(spec):
             published = await self._publish(spec)
+            spec = _with_resolved_tool_parser(spec, published)
             async with self._lock:
                 state = self._models.get(spec.model_id)
                 if state is None:  # deleted while we were pushing
@@ -250,3 +253,19 @@ class ModelRegistry:
     def tenant_quotas(self) -> dict[str, dict[str, Any]]:
         """tenant -> quota (`TenantQuota.to_dict`), for the tenants that have a limit."""
         return {tenant: quota.to_dict() for tenant, quota in sorted(self._quotas.items())}
+
+
+def _with_resolved_tool_parser(spec: ModelSpec, published: PublishedModel) -> ModelSpec:
+    """The spec as stored: "auto" replaced by the format found in the model's chat templates (or
+    "none"), so the gateway reads it from the record and `thaw models show` tells what was found."""
+    if spec.tool_call_parser != "auto":
+        return spec
+    return dataclasses.replace(spec, tool_call_parser=published.tool_call_format or "none")
+
+
+def _same_deploy(stored: ModelSpec, asked: ModelSpec) -> bool:
+    """Whether deploying `asked` again changes nothing: equal, or equal but for an "auto" tool-call
+    parser that the stored spec holds resolved."""
+    if asked.tool_call_parser == "auto":
+        asked = dataclasses.replace(asked, tool_call_parser=stored.tool_call_parser)
+    return stored == asked

@@ -15,7 +15,9 @@ deploy turns the spec's ``source`` into such a name:
   pulls in someone else's weights;
 - a local directory whose config.json the engine would refuse (an architecture it lacks, a
   quantized checkpoint, a RoPE type it does not implement) is refused before the push, naming
-  the field (`check_engine_can_run`).
+  the field (`check_engine_can_run`);
+- the spec's ``tool_call_parser: auto`` is resolved from the model's chat templates
+  (`resolve_tool_call_format`), so the gateway knows how the model writes tool calls.
 
 ``tenant--name`` is unambiguous within one platform only if no two deployed ids map to the same
 string (``a--b/c`` and ``a/b--c`` would); the controller refuses the second such deploy.
@@ -24,6 +26,8 @@ All of this is blocking I/O (hashing, uploading): the controller runs it in a th
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,7 @@ from controller.controller_errors import InvalidSpecError
 from controller.model_spec import ModelSpec, parse_model_id
 from loader import model_dir_files
 from storage import LocalModelRepository, ModelManifest, ModelNotFoundError, ModelRepository
+from wire import detect_tool_call_format
 
 _HASH_BLOCK_BYTES = 8 << 20
 
@@ -47,6 +52,49 @@ class PublishedModel:
     num_bytes: int
     pushed: bool
     replaced: bool = False
+    tool_call_format: str | None = None  # the spec's tool_call_parser resolved (`resolve_tool_call_format`)
+
+
+# Where a Hugging Face model dir keeps its chat templates (transformers >= 4.50 writes the files;
+# older ones only tokenizer_config.json's "chat_template", a string or a list of named ones).
+_TEMPLATE_FILES = ("additional_chat_templates/tool_use.jinja", "chat_template.jinja")
+_TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+def resolve_tool_call_format(spec: ModelSpec, read_file: Callable[[str], bytes | None]) -> str | None:
+    """The tool-call format the gateway parses for this model: the spec's ``tool_call_parser``,
+    or for "auto" the one its chat templates teach (`wire.detect_tool_call_format`, the tool-use
+    template first); None for "none" or a model whose templates teach none. `read_file(path)`
+    gives a file of the model dir (None when absent)."""
+    if spec.tool_call_parser != "auto":
+        return None if spec.tool_call_parser == "none" else spec.tool_call_parser
+    templates = [data.decode("utf-8", "replace") for data in map(read_file, _TEMPLATE_FILES) if data is not None]
+    config_bytes = read_file(_TOKENIZER_CONFIG)
+    if config_bytes is not None:
+        try:
+            value = json.loads(config_bytes).get("chat_template")
+        except (ValueError, AttributeError):  # the engine reports a broken tokenizer config at load
+            value = None
+        if isinstance(value, str):
+            templates.append(value)
+        elif isinstance(value, list):
+            named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+            templates += [t for name, t in sorted(named.items(), key=lambda kv: kv[0] != "tool_use")
+                          if isinstance(t, str)]
+    for template in templates:
+        found = detect_tool_call_format(template)
+        if found is not None:
+            return found
+    return None
+
+
+def _dir_reader(src: Path) -> Callable[[str], bytes | None]:
+    def read(path: str) -> bytes | None:
+        try:
+            return (src / path).read_bytes()
+        except OSError:
+            return None
+    return read
 
 
 def repository_name(model_id: str) -> str:
@@ -128,7 +176,8 @@ def publish_source(spec: ModelSpec, repository: ModelRepository, engine_config: 
             manifest = repository.describe(inside)
         except (ModelNotFoundError, ValueError) as exc:
             raise InvalidSpecError("source", str(exc)) from None
-        return PublishedModel(inside, manifest.total_bytes, pushed=False)
+        tool_call_format = resolve_tool_call_format(spec, lambda path: repository.read_small_file(inside, path))
+        return PublishedModel(inside, manifest.total_bytes, pushed=False, tool_call_format=tool_call_format)
     if "://" in spec.source:
         raise InvalidSpecError("source", f"{spec.source!r} is not in the platform repository {repository.uri}: "
                                          f"push it there (thaw models push) and deploy <repository>/<model>, "
@@ -142,6 +191,7 @@ def publish_source(spec: ModelSpec, repository: ModelRepository, engine_config: 
         raise InvalidSpecError("source", str(exc)) from None
     if (src / "config.json").is_file():
         check_engine_can_run(src, spec, engine_config)
+    tool_call_format = resolve_tool_call_format(spec, _dir_reader(src))
     name = repository_name(spec.model_id)
     # A local repository's directory appears with its first push; until then it holds nothing.
     fresh = isinstance(repository, LocalModelRepository) and not repository.root.is_dir()
@@ -149,9 +199,9 @@ def publish_source(spec: ModelSpec, repository: ModelRepository, engine_config: 
     if existed:
         manifest = repository.describe(name)
         if same_content(src, manifest):
-            return PublishedModel(name, manifest.total_bytes, pushed=False)
+            return PublishedModel(name, manifest.total_bytes, pushed=False, tool_call_format=tool_call_format)
     try:
         manifest = repository.push(src, name, overwrite=True)
     except ValueError as exc:  # neither a thaw nor a Hugging Face dir
         raise InvalidSpecError("source", str(exc)) from None
-    return PublishedModel(name, manifest.total_bytes, pushed=True, replaced=existed)
+    return PublishedModel(name, manifest.total_bytes, pushed=True, replaced=existed, tool_call_format=tool_call_format)

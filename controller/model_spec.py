@@ -37,7 +37,10 @@ from typing import Any
 
 import yaml
 
+from wire import TOOL_CALL_FORMATS
+
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+TOOL_CALL_PARSERS = ("auto", "none", *TOOL_CALL_FORMATS)
 MAX_NAME_LENGTH = 63
 MAX_PRIORITY = 100
 # Starts and ends with a letter or digit (no hidden files, nothing that reads as a flag, no
@@ -267,6 +270,9 @@ class ModelSpec:
             (512 MiB: about 4,000 tokens of an 8B model in bf16).
         max_num_seqs: requests one instance runs in its batch at once; None means the platform's
             default (64).
+        tool_call_parser: how the gateway reads tool calls out of the model's chat output (vLLM's
+            names): "auto" (the default) picks the format the chat template teaches when the model
+            is deployed, "none" leaves calls as text, or one of `wire.TOOL_CALL_FORMATS`.
         resources: what one instance occupies.
         autoscaling: how the instance count follows load.
     """
@@ -278,6 +284,7 @@ class ModelSpec:
     max_model_len: int | None = None
     kv_cache_bytes: int | None = None
     max_num_seqs: int | None = None
+    tool_call_parser: str = "auto"
     resources: ResourceSpec = field(default_factory=ResourceSpec)
     autoscaling: AutoscalingPolicy = field(default_factory=AutoscalingPolicy)
 
@@ -290,6 +297,9 @@ class ModelSpec:
         for name, minimum in (("max_model_len", 1), ("kv_cache_bytes", 1 << 20), ("max_num_seqs", 1)):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, _int(name, getattr(self, name), minimum=minimum))
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise SpecError("tool_call_parser", f"must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                                                f"got {self.tool_call_parser!r}")
         if not isinstance(self.resources, ResourceSpec):
             raise SpecError("resources", f"must be a ResourceSpec, got {type(self.resources).__name__}")
         if not isinstance(self.autoscaling, AutoscalingPolicy):
@@ -337,6 +347,7 @@ class ModelSpec:
             "max_model_len": self.max_model_len,
             "kv_cache_bytes": self.kv_cache_bytes,
             "max_num_seqs": self.max_num_seqs,
+            "tool_call_parser": self.tool_call_parser,
             "resources": self.resources.to_dict(),
             "autoscaling": self.autoscaling.to_dict(),
         }
@@ -414,6 +425,8 @@ _FLAGS: tuple[tuple[str, str, type, str], ...] = (
     ("--max-model-len", "max_model_len", int, "longest prompt + output in tokens"),
     ("--kv-cache-bytes", "kv_cache_bytes", int, "KV-cache pool per instance, bytes (default 512 MiB)"),
     ("--max-num-seqs", "max_num_seqs", int, "requests batched at once per instance (default 64)"),
+    ("--tool-call-parser", "tool_call_parser", str,
+     f"how tool calls are read from chat output: {', '.join(TOOL_CALL_PARSERS)} (default auto: from the chat template)"),
     ("--num-cpus", "resources.num_cpus", float, "CPUs per instance"),
     ("--num-gpus", "resources.num_gpus", float, "GPUs per instance"),
     ("--num-worker-slots", "resources.num_worker_slots", int, "worker slots per instance"),

@@ -51,12 +51,20 @@ class ModelState:
     def model_id(self) -> str:
         return self.spec.model_id
 
+    @property
+    def tool_call_format(self) -> str | None:
+        """How the gateway reads the model's tool calls: the stored spec's parser, which a deploy
+        resolved from "auto" (None: "none", or a spec stored before the field existed)."""
+        parser = self.spec.tool_call_parser
+        return None if parser in ("auto", "none") else parser
+
     def record(self, instances: Iterable[InstanceLoadRecord] = ()) -> ModelRecord:
         """The model as the gateway reads it, with its `instances` (how each was loaded)."""
         autoscaling = self.spec.autoscaling
         return ModelRecord(model_id=self.model_id, deployed_s=self.deployed_s, max_model_len=self.spec.max_model_len,
                            max_queued_requests=autoscaling.max_queued_requests,
-                           queue_timeout_s=autoscaling.queue_timeout_s, instances=tuple(instances))
+                           queue_timeout_s=autoscaling.queue_timeout_s, instances=tuple(instances),
+                           tool_call_format=self.tool_call_format)
 
     def report_queue(self, reporter: str, num_queued: int, now: float, oldest_wait_s: float = 0.0) -> None:
         self.queue_reports[reporter] = (num_queued, max(0.0, oldest_wait_s), now)

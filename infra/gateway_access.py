@@ -7,7 +7,8 @@ without ever holding a key. This ASGI middleware sits in front of everything and
 the request line and headers:
 
 - with auth on (the normal case):
-  - ``/healthz`` and ``/readyz`` are open (probes carry no key);
+  - the probes (``/healthz``, ``/readyz``, ``/health``, ``/ping``) and ``/version`` are open: they
+    carry no key;
   - ``/metrics`` answers the admin key or the metrics scrape token (`infra.metrics_token`):
     it names every tenant's models and their traffic, so a tenant's key gets 403 and no key 401;
   - everything else, ``/openapi.json`` and the admin API included, needs a valid key (401
@@ -36,7 +37,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from infra.gateway_auth import AuthenticationFailed, GatewayAuth, Principal
 from infra.openai_errors import OpenAIError, authentication_failed
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/health", "/ping", "/version"})
 METRICS_PATH = "/metrics"
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 PRINCIPAL_SCOPE_KEY = "thaw.principal"

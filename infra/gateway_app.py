@@ -11,11 +11,12 @@ Routes (``{model}`` is ``tenant/name``, slash included):
   events, then ``data: [DONE]``; while the request waits for an instance, a comment line such
   as ``: waiting for a slot: position 2, about 1.4 s`` about once a second), one JSON body
   otherwise; ``usage`` always filled in, and in a stream as a last chunk when
-  ``stream_options.include_usage``;
+  ``stream_options.include_usage`` and on every chunk when ``continuous_usage_stats`` (vLLM's);
 - ``GET /v1/models``, ``GET /v1/models/{model}``: the models the caller's key may use;
 - the same under ``/models/{model}/v1/...``, where the model is in the URL and a body's
   ``model`` is optional (and must match when given);
-- ``GET /healthz`` (process up), ``GET /readyz`` (backend ready): open to anyone;
+- ``GET /healthz`` (process up), ``GET /readyz`` (backend ready), and vLLM's ``GET /health`` and
+  ``GET|POST /ping`` (backend ready, empty body) and ``GET /version``: open to anyone;
 - ``GET /metrics`` (Prometheus): the admin key or the metrics scrape token;
 - ``GET /openapi.json``: any valid key; ``/docs`` and ``/redoc`` only in no-auth mode.
 
@@ -30,6 +31,9 @@ before admitting.
 
 # No `from __future__ import annotations` here: FastAPI reads the route functions' annotations,
 # and `Caller` is local to the factory, which a string annotation could not be resolved against.
+import dataclasses
+import importlib.metadata
+import random
 import time
 import uuid
 from collections.abc import Callable
@@ -45,19 +49,12 @@ from infra.gateway_auth import GatewayAuth, Principal
 from infra.gateway_backend import GatewayBackend, ModelCard
 from infra.gateway_body_limit import DEFAULT_BODY_TIMEOUT_S, BodyLimit
 from infra.gateway_metrics import UNKNOWN_MODEL, GatewayMetrics
-from infra.gateway_stream import GenerationResponse, GenerationStream, RequestInfo
+from infra.gateway_stream import GenerationResponse, GenerationStream, Renderer, RequestInfo
 from infra.openai_errors import OpenAIError, bad_request, install_error_handlers, model_forbidden, model_not_found
-from infra.openai_protocol import (
-    COMPLETION_DEFAULT_MAX_TOKENS,
-    ChatCompletionRequest,
-    ChatCompletionResponse,
-    ChatRenderer,
-    CompletionRenderer,
-    CompletionRequest,
-    CompletionResponse,
-    ModelList,
-    ModelObject,
-)
+from infra.openai_protocol import COMPLETION_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest
+from infra.openai_renderers import ChatRenderer, CompletionRenderer
+from infra.openai_responses import ChatCompletionResponse, CompletionResponse, ModelList, ModelObject
+from infra.tool_call_parser import TOOL_CALL_FORMATS, ToolCallStreamParser
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20
 # Chat requests without max_tokens may run to the end of the model's context (as OpenAI's and
@@ -151,21 +148,42 @@ def build_gateway_app(
         card = await resolve(caller, model_of(body.model, url_model))
         request.state.model_id = card.model_id  # from here on, metrics may carry the model's name
         if isinstance(body, ChatCompletionRequest):
-            endpoint, prefix, prompt = "chat", "chatcmpl", body.prompt_messages()
+            endpoint, prefix, prompt = "chat", "chatcmpl", body.chat_prompt()
             default_max_tokens = chat_default_max_tokens or card.max_model_len or FALLBACK_CHAT_MAX_TOKENS
         else:
             endpoint, prefix, prompt = "completions", "cmpl", body.prompt_input()
             default_max_tokens = COMPLETION_DEFAULT_MAX_TOKENS
         params = body.to_sampling_params(default_max_tokens)
+        parser = tool_parser(body, card) if isinstance(body, ChatCompletionRequest) else None
+        if parser is not None and parser.needs_special_tokens:
+            params = dataclasses.replace(params, skip_special_tokens=False)
         info = RequestInfo(model_id=card.model_id, request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=endpoint,
                            arrival_s=arrival_s)
-        renderer_cls = ChatRenderer if endpoint == "chat" else CompletionRenderer
-        renderer = renderer_cls(request_id=info.request_id, model=card.model_id, created=int(time.time()))
+        created = int(time.time())
+        if isinstance(body, ChatCompletionRequest):
+            renderer: Renderer = ChatRenderer(request_id=info.request_id, model=card.model_id, created=created,
+                                              tool_parser=parser)
+        else:
+            renderer = CompletionRenderer(request_id=info.request_id, model=card.model_id, created=created)
         stream = GenerationStream(backend, metrics, info, prompt, params, clock)
         return GenerationResponse(
             stream, renderer, streaming=bool(body.stream), include_usage=body.include_usage,
+            continuous_usage=body.continuous_usage,
             on_done=lambda status: metrics.record_request(card.model_id, endpoint, status),
         )
+
+    def tool_parser(body: ChatCompletionRequest, card: ModelCard) -> ToolCallStreamParser | None:
+        """The parser for a chat whose output may hold tool calls (tools given, tool_choice "auto",
+        OpenAI's default with tools); 400 when the model's tool-call format is unknown."""
+        if not body.tools or body.tool_choice == "none":
+            return None
+        if card.tool_call_format is None:
+            raise bad_request(
+                f"model {card.model_id!r} has no tool-call format this server can read (its chat template "
+                f"teaches none of {', '.join(TOOL_CALL_FORMATS)}): deploy it with --tool-call-parser naming "
+                "the format, or send tool_choice \"none\" to show the tools to the model and get its reply as "
+                "text", "tool_choice")
+        return ToolCallStreamParser(card.tool_call_format, random.Random())
 
     async def list_models(caller: Principal, url_model: str | None) -> ModelList:
         if url_model is not None:
@@ -221,16 +239,37 @@ def build_gateway_app(
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", responses={503: _ERROR_RESPONSES[503]})
-    async def readyz() -> JSONResponse:
+    async def backend_ready() -> bool:
         try:
-            ready = await backend.is_ready()
+            return await backend.is_ready()
         except Exception:  # noqa: BLE001 - an unreachable controller is "not ready", not a crash
-            ready = False
-        if ready:
-            return JSONResponse({"status": "ready"})
+            return False
+
+    def not_ready() -> JSONResponse:
         return OpenAIError(503, "the serving backend is not ready", "service_unavailable", None,
                            "backend_unavailable", {"Retry-After": "1"}).to_response()
+
+    @app.get("/readyz", responses={503: _ERROR_RESPONSES[503]})
+    async def readyz() -> JSONResponse:
+        return JSONResponse({"status": "ready"}) if await backend_ready() else not_ready()
+
+    # vLLM's probes, which its tooling (guidellm, the production stack) and SageMaker call: 200 with
+    # an empty body once requests can be served, like /readyz.
+    @app.get("/health", responses={503: _ERROR_RESPONSES[503]})
+    async def health() -> Response:
+        return Response(status_code=200) if await backend_ready() else not_ready()
+
+    @app.get("/ping", responses={503: _ERROR_RESPONSES[503]})
+    async def ping() -> Response:
+        return Response(status_code=200) if await backend_ready() else not_ready()
+
+    @app.post("/ping", responses={503: _ERROR_RESPONSES[503]})
+    async def ping_post() -> Response:
+        return await ping()
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": thaw_version()}
 
     @app.get("/metrics", responses={401: _ERROR_RESPONSES[401],
                                     403: {"description": "neither the admin key nor the scrape token",
@@ -240,6 +279,14 @@ def build_gateway_app(
         return Response(body, media_type=content_type)
 
     return app
+
+
+def thaw_version() -> str:
+    """The installed thaw package's version ("unknown" when run from a tree that is not installed)."""
+    try:
+        return importlib.metadata.version("thaw")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _endpoint_of(request: Request) -> str | None:

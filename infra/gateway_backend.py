@@ -45,6 +45,8 @@ class ModelCard:
     owned_by: str  # the tenant
     created_s: int  # Unix time the model was deployed (OpenAI's `created`)
     max_model_len: int | None = None  # longest prompt + output, when known
+    # How the model writes tool calls (a `wire.TOOL_CALL_FORMATS` name); None: none the gateway reads.
+    tool_call_format: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_id, str) or not self.model_id:

@@ -32,6 +32,6 @@ def model_info_from_record(record: ModelRecord) -> ModelInfo:
         raise TypeError(f"expected a wire.ModelRecord from the controller, got {type(record).__name__}")
     card = ModelCard(model_id=record.model_id, owned_by=record.tenant,
                      created_s=int(record.deployed_s) if record.deployed_s is not None else 0,
-                     max_model_len=record.max_model_len)
+                     max_model_len=record.max_model_len, tool_call_format=record.tool_call_format)
     return ModelInfo(card=card, max_queued_requests=record.max_queued_requests,
                      queue_timeout_s=record.queue_timeout_s)

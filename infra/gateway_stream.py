@@ -31,7 +31,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,7 +43,8 @@ from starlette.types import Receive, Scope, Send
 from infra.gateway_backend import BackendError, GatewayBackend, GenerationChunk, Prompt, QueueProgress, SamplingParams
 from infra.gateway_metrics import GatewayMetrics
 from infra.openai_errors import OpenAIError, error_from_backend, internal_error
-from infra.openai_protocol import Usage
+from infra.openai_responses import Usage
+from wire import TokenLogprobs
 
 logger = logging.getLogger(__name__)
 
@@ -144,13 +145,16 @@ class GenerationStream:
 
 
 class Renderer(Protocol):
-    """How chunks become OpenAI objects (`openai_protocol.CompletionRenderer` / `ChatRenderer`)."""
+    """How chunks become OpenAI objects (`openai_renderers.CompletionRenderer` / `ChatRenderer`)."""
 
-    def stream_objects(self, chunk: GenerationChunk, is_first: bool) -> list[BaseModel]: ...
+    def stream_objects(self, chunk: GenerationChunk, is_first: bool, usage: Usage | None = None) -> list[BaseModel]:
+        """The SSE objects for one chunk; each carries `usage` when given (continuous usage)."""
 
     def usage_object(self, usage: Usage) -> BaseModel: ...
 
-    def whole(self, text: str, finish_reason: str | None, usage: Usage) -> BaseModel: ...
+    def whole(self, text: str, finish_reason: str | None, usage: Usage,
+              logprobs: Sequence[TokenLogprobs] | None = None) -> BaseModel:
+        """The whole response; `logprobs` holds every token's when the request asked for them."""
 
 
 class GenerationResponse(Response):
@@ -160,7 +164,7 @@ class GenerationResponse(Response):
     """
 
     def __init__(self, stream: GenerationStream, renderer: Renderer, *, streaming: bool, include_usage: bool,
-                 on_done: Callable[[int], None]) -> None:
+                 on_done: Callable[[int], None], continuous_usage: bool = False) -> None:
         # Response.__init__ would render a body; this response writes its own messages.
         self.status_code = 200
         self.background = None
@@ -169,6 +173,7 @@ class GenerationResponse(Response):
         self._renderer = renderer
         self._streaming = streaming
         self._include_usage = include_usage
+        self._continuous_usage = continuous_usage
         self._on_done = on_done
         self._status = 0
         self._complete = False  # the last body message is being (or has been) sent
@@ -218,7 +223,8 @@ class GenerationResponse(Response):
                 if isinstance(item, QueueProgress):
                     await send({"type": "http.response.body", "body": _sse_comment(item.text), "more_body": True})
                 else:
-                    for obj in self._renderer.stream_objects(item, is_first):
+                    usage = _usage(item) if self._continuous_usage else None
+                    for obj in self._renderer.stream_objects(item, is_first, usage):
                         await send({"type": "http.response.body", "body": _sse(obj), "more_body": True})
                     is_first = False
                 item = await self._stream.next()
@@ -236,10 +242,14 @@ class GenerationResponse(Response):
 
     async def _send_whole(self, send: Send, item: GenerationChunk | QueueProgress | None) -> None:
         parts: list[str] = []
+        logprobs: list[TokenLogprobs] | None = None
         try:
             while item is not None:
                 if isinstance(item, GenerationChunk):  # progress is for streams only
                     parts.append(item.text)
+                    if item.logprobs is not None:
+                        logprobs = logprobs if logprobs is not None else []
+                        logprobs.extend(item.logprobs)
                 item = await self._stream.next()
         except Exception as exc:  # noqa: BLE001
             await self._send_error(send, self._error_for(exc))
@@ -248,7 +258,8 @@ class GenerationResponse(Response):
         if last is None:
             await self._send_error(send, self._error_for(RuntimeError("the backend produced no output")))
             return
-        body = self._renderer.whole("".join(parts), last.finish_reason, _usage(last)).model_dump_json().encode()
+        body = self._renderer.whole("".join(parts), last.finish_reason, _usage(last),
+                                    logprobs).model_dump_json().encode()
         self._status = 200
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*self.raw_headers, (b"content-type", b"application/json"),

@@ -32,6 +32,7 @@ from infra.gateway_backend import (
     Prompt,
     RequestFailed,
 )
+from wire import ChatPrompt
 from worker import AsyncEngine, EngineDeadError, InvalidRequestError, RequestFailedError, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,8 @@ class LocalEngineBackend:
     def _card(self, model_id: str) -> ModelCard:
         engine = self._engine(model_id)
         return ModelCard(model_id=model_id, owned_by=model_id.partition("/")[0], created_s=self._created_s,
-                         max_model_len=engine.engine.max_model_len)
+                         max_model_len=engine.engine.max_model_len,
+                         tool_call_format=engine.engine.tokenizer.tool_call_format())
 
     async def list_models(self, tenant: str | None) -> list[ModelCard]:
         return [self._card(m) for m in sorted(self._engines) if tenant is None or m.partition("/")[0] == tenant]
@@ -77,6 +79,7 @@ class LocalEngineBackend:
                         finish_reason=out.finish_reason,
                         num_prompt_tokens=out.num_prompt_tokens, num_completion_tokens=out.num_output_tokens,
                         queue_s=0.0 if first else None,  # an in-process engine is always ready
+                        logprobs=out.logprobs,
                     )
                     first = False
         except InvalidRequestError as exc:
@@ -91,15 +94,11 @@ class LocalEngineBackend:
     @staticmethod
     def _tokenize(engine: AsyncEngine, prompt: Prompt) -> list[int]:
         tokenizer, max_model_len = engine.engine.tokenizer, engine.engine.max_model_len
-        is_chat = not isinstance(prompt, str) and bool(prompt) and all(isinstance(m, dict) for m in prompt)
+        is_chat = isinstance(prompt, ChatPrompt) or (
+            not isinstance(prompt, str) and bool(prompt) and all(isinstance(m, dict) for m in prompt))
         param = "messages" if is_chat else "prompt"
         try:
-            if isinstance(prompt, str):
-                ids = tokenizer.encode(prompt, add_special_tokens=True)
-            elif is_chat:
-                ids = tokenizer.encode_chat(list(prompt), add_generation_prompt=True)
-            else:
-                ids = list(prompt)  # token ids; the engine checks them against its vocab
+            ids = tokenizer.encode_prompt(prompt)
         except (ValueError, TypeError) as exc:  # the template refused the chat; text no tokenizer takes
             raise InvalidRequest(f"{param} cannot be tokenized: {exc}", param) from None
         if not ids:
@@ -123,6 +122,8 @@ def _param_of(message: str) -> str | None:
     # The engine's refusals of token-id prompts and of the KV-cache budget name what to change.
     if message.startswith("prompt"):
         return "prompt"
+    if message.startswith("logit_bias"):  # a token id outside the model's vocabulary
+        return "logit_bias"
     if "max_tokens" in message:
         return "max_tokens"
     return None

@@ -1,31 +1,35 @@
-"""OpenAI's completions and chat-completions wire format, as pydantic models.
+"""OpenAI's completions and chat-completions requests, as pydantic models.
 
 Requests are validated here, at the HTTP edge, so a bad body is refused before it reaches a
 worker, with every bad field named (``temperature: Input should be greater than or equal to
-0``). The field names and meanings are OpenAI's; ``top_k``, ``stop_token_ids`` and
-``ignore_eos`` are the vLLM extensions clients send through ``extra_body``. Three kinds of
-field are told apart on purpose:
+0``). The field names and meanings are OpenAI's; ``top_k``, ``stop_token_ids``, ``ignore_eos``
+and ``chat_template_kwargs`` are the vLLM extensions clients send through ``extra_body``. Four
+kinds of field are told apart on purpose:
 
-- supported: mapped one to one onto `wire.SamplingParams` by `to_sampling_params`;
-- known to OpenAI but not served here (``n > 1``, ``logprobs``, penalties, tools): accepted at
-  their neutral value, refused with "not supported" otherwise, so a client never silently
-  gets something other than it asked for;
+- supported: mapped one to one onto `wire.SamplingParams` by `to_sampling_params`, or onto the
+  chat's `wire.ChatPrompt` (messages, ``tools``, ``chat_template_kwargs``) by `chat_prompt`;
+- known but not served here yet (``n > 1``, ``echo``, ``response_format``,
+  ``tool_choice`` "required" or a named function): accepted at their neutral value, refused
+  with "not supported" otherwise, so a client never silently gets something other than it
+  asked for;
+- harmless: accepted and ignored, because they ask nothing of the model's output
+  (`IGNORED_FIELDS`: bookkeeping such as ``metadata`` and ``user``, routing hints such as
+  ``service_tier`` and ``prompt_cache_key``) -- SDKs and agent frameworks send them routinely;
 - unknown: refused by name (``extra="forbid"``), so a typo never falls back to a default.
 
 Numbers are strict (``"0.5"`` and ``true`` are not numbers) and finite (Python's JSON reader
-accepts ``NaN``). Response models mirror OpenAI's objects so the official clients parse them;
-they also document the API in the app's OpenAPI schema.
+accepts ``NaN``). The response objects are in `openai_responses.py`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from infra.gateway_backend import GenerationChunk, InvalidRequest, SamplingParams
-from wire import MODEL_DEFAULT_FIELDS
+from infra.gateway_backend import InvalidRequest, SamplingParams
+from wire import MAX_LOGPROBS, MODEL_DEFAULT_FIELDS, ChatPrompt
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _MAX_SEED_EXCLUSIVE = 2**64
@@ -37,15 +41,18 @@ _NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
     "response_format": (None, {"type": "text"}),
 }
+
+# Fields accepted and ignored: none of them changes what the model generates (see the module
+# docstring). `user`, `metadata` and `store` are the caller's bookkeeping; `service_tier`,
+# `prompt_cache_key` and `safety_identifier` are hints for OpenAI's own routing and abuse
+# tracking; `parallel_tool_calls` only permits several calls in one turn, which the tool-call
+# formats of the families served here already allow or not by themselves.
+IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
+                  "parallel_tool_calls")
+# Template variables a request's chat_template_kwargs may not set: the request itself gives them.
+_RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
 
 
 def _check_text(value: str) -> str:
@@ -69,6 +76,8 @@ def _finite(default: float | None = None, **constraints: Any) -> Any:
 
 class StreamOptions(_Strict):
     include_usage: bool | None = Field(None, strict=True)
+    continuous_usage_stats: bool | None = Field(
+        None, strict=True, description="vLLM extension: every chunk carries the usage so far")
 
 
 class _GenerationRequest(_Strict):
@@ -86,13 +95,22 @@ class _GenerationRequest(_Strict):
     ignore_eos: bool | None = Field(None, strict=True, description="vLLM extension")
     stream: bool | None = Field(None, strict=True)
     stream_options: StreamOptions | None = None
+    # Accepted and ignored (IGNORED_FIELDS).
     user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = Field(None, strict=True)
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
     n: int | None = Field(None, strict=True)
-    logprobs: bool | int | None = None
-    top_logprobs: int | None = None
-    logit_bias: dict[str, float] | None = None
-    presence_penalty: float | None = _finite()
-    frequency_penalty: float | None = _finite()
+    presence_penalty: float | None = _finite(ge=-2.0, le=2.0)
+    frequency_penalty: float | None = _finite(ge=-2.0, le=2.0)
+    logit_bias: dict[str, Any] | None = Field(
+        None, description="token id (as a string) -> bias in [-100, 100], added to its logit")
+    repetition_penalty: float | None = _finite(gt=0.0, description="vLLM extension; 1 is off")
+    min_p: float | None = _finite(ge=0.0, le=1.0, description="vLLM extension; 0 is off")
+    min_tokens: int | None = Field(None, ge=0, strict=True, description="vLLM extension")
+    skip_special_tokens: bool | None = Field(None, strict=True, description="vLLM extension; default true")
 
     @field_validator("stop")
     @classmethod
@@ -111,10 +129,22 @@ class _GenerationRequest(_Strict):
             raise ValueError("token ids must be integers >= 0")
         return value
 
-    @field_validator("n", "logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty")
+    @field_validator("n")
     @classmethod
     def _not_served(cls, value: Any, info: ValidationInfo) -> Any:
         return _require_neutral(value, info)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _biases(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        # Checked here rather than by type: pydantic would name the entry by its key, which for a
+        # token id reads like a type and not like a place in the body.
+        for key, bias in (value or {}).items():
+            if not key.isascii() or not key.isdigit():
+                raise ValueError(f"keys must be token ids (digits), got {key[:20]!r}")
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+                raise ValueError(f"the bias of token {key} must be a number in [-100, 100], got {bias!r}")
+        return value
 
     @field_validator("stream_options")
     @classmethod
@@ -128,6 +158,11 @@ class _GenerationRequest(_Strict):
         """Whether a stream ends with a usage chunk (``stream_options.include_usage``)."""
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        """Whether every streamed chunk carries the usage so far (``continuous_usage_stats``)."""
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
     def to_sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """The engine's settings for this request; `InvalidRequest` names the field if they clash."""
         try:
@@ -140,6 +175,14 @@ class _GenerationRequest(_Strict):
                 stop=() if self.stop is None else self.stop,
                 stop_token_ids=tuple(self.stop_token_ids or ()),
                 ignore_eos=bool(self.ignore_eos),
+                presence_penalty=self.presence_penalty or 0.0,
+                frequency_penalty=self.frequency_penalty or 0.0,
+                repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                min_p=self.min_p or 0.0,
+                logit_bias=self.logit_bias or {},
+                min_tokens=self.min_tokens or 0,
+                logprobs=self._logprobs(),
+                skip_special_tokens=self.skip_special_tokens is not False,
                 # Left out: the model's generation_config.json may set them (applied by the worker).
                 model_defaults=tuple(name for name in MODEL_DEFAULT_FIELDS if getattr(self, name) is None),
             )
@@ -151,6 +194,11 @@ class _GenerationRequest(_Strict):
 
     def _max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def _logprobs(self) -> int | None:
+        """None for no log-probabilities, else how many alternatives per token (each endpoint asks
+        its own way)."""
+        raise NotImplementedError
 
 
 def _require_neutral(value: Any, info: ValidationInfo) -> Any:
@@ -166,6 +214,8 @@ class CompletionRequest(_GenerationRequest):
     """``POST /v1/completions``: one prompt, as text or token ids."""
 
     prompt: str | list[int] | list[str] | list[list[int]]
+    # The legacy form: how many alternatives per token; 0 still returns each token's own logprob.
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, strict=True)
     echo: bool | None = None
     best_of: int | None = None
     suffix: str | None = None
@@ -191,6 +241,9 @@ class CompletionRequest(_GenerationRequest):
             raise ValueError("token ids must be integers >= 0")
         return value
 
+    def _logprobs(self) -> int | None:
+        return self.logprobs
+
     def prompt_input(self) -> str | list[int]:
         """The prompt as the backend takes it (validation left exactly one)."""
         return self.prompt  # type: ignore[return-value]
@@ -206,21 +259,99 @@ class TextContentPart(_Strict):
         return _check_text(value)
 
 
+class ToolCallFunction(_Strict):
+    name: str = Field(min_length=1, max_length=128)
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(_Strict):
+    """A call the assistant made in an earlier turn (sent back by the client with the history)."""
+
+    id: str = Field(min_length=1, max_length=200)
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+    def for_template(self) -> dict[str, Any]:
+        # Chat templates render the arguments as JSON themselves (Qwen's ``| tojson``); like vLLM,
+        # they get the object, not the text, whenever the text is a JSON object.
+        try:
+            arguments: Any = json.loads(self.function.arguments)
+        except ValueError:
+            arguments = self.function.arguments
+        if not isinstance(arguments, dict):
+            arguments = self.function.arguments
+        return {"id": self.id, "type": self.type, "function": {"name": self.function.name, "arguments": arguments}}
+
+
 class ChatMessage(_Strict):
     # "developer" is OpenAI's newer name for "system"; chat templates know "system".
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextContentPart]
+    content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = Field(None, max_length=200)
+    # An earlier turn's reasoning (vLLM's name); templates that show past reasoning read it.
+    reasoning_content: str | None = None
 
     @field_validator("content")
     @classmethod
-    def _unicode(cls, value: str | list[TextContentPart]) -> str | list[TextContentPart]:
+    def _unicode(cls, value: str | list[TextContentPart] | None) -> str | list[TextContentPart] | None:
         return _check_text(value) if isinstance(value, str) else value
 
-    def text(self) -> str:
-        if isinstance(self.content, str):
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"tool_calls are only allowed on assistant messages, not on a {self.role} message")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (it may be null only on an assistant message with tool_calls)")
+        if self.tool_call_id is not None and self.role != "tool":
+            raise ValueError(f"tool_call_id is only allowed on tool messages, not on a {self.role} message")
+        return self
+
+    def text(self) -> str | None:
+        if self.content is None or isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates read it (transformers' form: plain-text content, the
+        calls' arguments as objects); fields the client left out stay out."""
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role}
+        text = self.text()
+        if text is not None:
+            message["content"] = text
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [call.for_template() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            message["reasoning_content"] = self.reasoning_content
+        return message
+
+
+class FunctionDefinition(_Strict):
+    # OpenAI's rule for a function's name.
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+                      description="letters, digits, underscores, dots and dashes; at most 64")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON Schema object")
+    strict: bool | None = Field(None, strict=True)
+
+
+class ToolDefinition(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_GenerationRequest):
@@ -228,165 +359,68 @@ class ChatCompletionRequest(_GenerationRequest):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, strict=True)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool | None = Field(None, strict=True)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, strict=True)
+    tools: list[ToolDefinition] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = Field(None, strict=True, description="accepted and ignored")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="vLLM extension: extra variables for the model's chat template, e.g. enable_thinking")
     response_format: dict[str, Any] | None = None
 
-    @field_validator("tools", "tool_choice", "response_format")
+    @field_validator("response_format")
     @classmethod
     def _not_served_here(cls, value: Any, info: ValidationInfo) -> Any:
         return _require_neutral(value, info)
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("needs logprobs: true")
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _free_template_names(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        clashing = sorted(_RESERVED_TEMPLATE_KWARGS & set(value or ()))
+        if clashing:
+            raise ValueError(f"may not set {', '.join(clashing)}: the request's own fields give them")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _fits_tools(cls, choice: Any, info: ValidationInfo) -> Any:
+        if choice is None or choice == "none":
+            return choice
+        tools = info.data.get("tools")
+        if not tools:
+            raise ValueError("is only allowed when tools are given")
+        if choice == "auto":
+            return choice
+        if isinstance(choice, NamedToolChoice):
+            names = [tool.function.name for tool in tools]
+            if choice.function.name not in names:
+                raise ValueError(f"names the function {choice.function.name!r}, which is not among the tools "
+                                 f"({', '.join(names)})")
+        # Forcing a call needs the output constrained to the tools' schemas (structured output).
+        what = "a named function" if isinstance(choice, NamedToolChoice) else repr(choice)
+        raise ValueError(f"{what} is not supported by this server yet; send \"auto\" or \"none\"")
 
     def _max_tokens(self) -> int | None:
         # max_completion_tokens replaced max_tokens in OpenAI's chat API; it wins when both are given.
         return self.max_completion_tokens or self.max_tokens
 
-    def prompt_messages(self) -> list[dict[str, str]]:
-        """Messages as the chat template takes them: role + plain-text content."""
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages
-        ]
+    def _logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
+    def chat_prompt(self) -> ChatPrompt:
+        """The chat as a worker renders it: messages in the templates' form, the tools' definitions
+        (the template lists them for the model; OpenAI's default ``tool_choice`` "auto" with them,
+        and like vLLM with "none" too), and the template's extra variables."""
+        return ChatPrompt(
+            messages=tuple(m.for_template() for m in self.messages),
+            tools=tuple(tool.model_dump(exclude_none=True) for tool in self.tools or ()),
+            template_kwargs=dict(self.chat_template_kwargs or {}),
+        )
 
-# ---- responses ---------------------------------------------------------------------------------
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-    @classmethod
-    def of(cls, num_prompt_tokens: int, num_completion_tokens: int) -> Usage:
-        return cls(prompt_tokens=num_prompt_tokens, completion_tokens=num_completion_tokens,
-                   total_tokens=num_prompt_tokens + num_completion_tokens)
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: None = None
-    finish_reason: str | None = None
-
-
-class CompletionResponse(BaseModel):
-    """A whole completion, and (with ``object`` the same) one streamed chunk of one."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
-class ChatMessageOut(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: ChatMessageOut
-    logprobs: None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-class ChatDelta(BaseModel):
-    # Absent rather than null when unset, as OpenAI streams them: role only in the first delta.
-    role: Literal["assistant"] | None = Field(None, exclude_if=lambda v: v is None)
-    content: str | None = Field(None, exclude_if=lambda v: v is None)
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = 0
-    delta: ChatDelta
-    logprobs: None = None
-    finish_reason: str | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-
-
-class ModelObject(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str
-    max_model_len: int | None = None
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelObject]
-
-
-# ---- rendering engine chunks as OpenAI objects -------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CompletionRenderer:
-    """Turns one request's `GenerationChunk`s into ``text_completion`` objects."""
-
-    request_id: str
-    model: str
-    created: int
-
-    def stream_objects(self, chunk: GenerationChunk, is_first: bool) -> list[BaseModel]:
-        if not chunk.text and not chunk.finished:
-            return []  # a token that completes no character yet (part of a UTF-8 sequence)
-        choice = CompletionChoice(text=chunk.text, finish_reason=chunk.finish_reason if chunk.finished else None)
-        return [CompletionResponse(id=self.request_id, created=self.created, model=self.model, choices=[choice])]
-
-    def usage_object(self, usage: Usage) -> BaseModel:
-        return CompletionResponse(id=self.request_id, created=self.created, model=self.model, choices=[], usage=usage)
-
-    def whole(self, text: str, finish_reason: str | None, usage: Usage) -> BaseModel:
-        choice = CompletionChoice(text=text, finish_reason=finish_reason)
-        return CompletionResponse(id=self.request_id, created=self.created, model=self.model, choices=[choice],
-                                  usage=usage)
-
-
-@dataclass(frozen=True)
-class ChatRenderer:
-    """Turns one request's `GenerationChunk`s into ``chat.completion(.chunk)`` objects."""
-
-    request_id: str
-    model: str
-    created: int
-
-    def _chunk(self, delta: ChatDelta, finish_reason: str | None = None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model,
-                                   choices=[ChatChunkChoice(delta=delta, finish_reason=finish_reason)])
-
-    def stream_objects(self, chunk: GenerationChunk, is_first: bool) -> list[BaseModel]:
-        # Like OpenAI: the first chunk announces the role with empty content.
-        objects: list[BaseModel] = [self._chunk(ChatDelta(role="assistant", content=""))] if is_first else []
-        if chunk.text or chunk.finished:
-            objects.append(self._chunk(ChatDelta(content=chunk.text or None),
-                                       chunk.finish_reason if chunk.finished else None))
-        return objects
-
-    def usage_object(self, usage: Usage) -> BaseModel:
-        return ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model, choices=[],
-                                   usage=usage)
-
-    def whole(self, text: str, finish_reason: str | None, usage: Usage) -> BaseModel:
-        choice = ChatChoice(message=ChatMessageOut(content=text), finish_reason=finish_reason)
-        return ChatCompletionResponse(id=self.request_id, created=self.created, model=self.model,
-                                      choices=[choice], usage=usage)

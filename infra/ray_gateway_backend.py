@@ -88,7 +88,7 @@ from infra.queue_outlooks import QueueOutlooks
 from infra.queue_ticket import QueueTicket, RequestPlace, prune_settled
 from infra.ray_backend_config import RayBackendConfig
 from infra.serving_cluster import InstanceGone, InstanceRoute, ServingCluster
-from wire import SUSPENDED, InvalidRequestError, ModelRecord, RequestFailedError, SamplingParams
+from wire import SUSPENDED, ChatPrompt, InvalidRequestError, ModelRecord, RequestFailedError, SamplingParams
 
 __all__ = ["RayBackendConfig", "RayGatewayBackend", "model_info_from_record"]
 
@@ -182,7 +182,8 @@ class RayGatewayBackend:
     async def generate(self, model_id: str, request_id: str, prompt: Prompt,
                        params: SamplingParams) -> AsyncIterator[GenerationChunk | QueueProgress]:
         info = await self._info(model_id)
-        payload: Any = prompt if isinstance(prompt, str) else [dict(p) if isinstance(p, Mapping) else p for p in prompt]
+        payload: Any = prompt if isinstance(prompt, (str, ChatPrompt)) else \
+            [dict(p) if isinstance(p, Mapping) else p for p in prompt]
         if request_id in self._requests:
             raise InvalidRequest(f"request id {request_id!r} is already in use", "request_id")
         request = RequestPlace(model_id)

@@ -208,6 +208,7 @@ class MigratableInstanceActor(InstanceWorkerActor):
                         finish_reason=self._model_worker().finish_reason(request_id, out.finish_reason),
                         num_prompt_tokens=out.num_prompt_tokens,
                         num_completion_tokens=out.num_output_tokens,
+                        logprobs=out.logprobs,  # of the tokens generated here; those streamed before are the client's
                     )
         finally:
             self._resumed.discard(request_id)

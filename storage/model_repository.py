@@ -255,6 +255,16 @@ class ModelRepository(ABC):
                 manifests.append(ModelManifest.from_json(data, origin=self._key_uri(self._manifest_key(name))))
         return manifests
 
+    def read_small_file(self, model: str, path: str, max_bytes: int = 4 << 20) -> bytes | None:
+        """One file of a complete model as pushed (e.g. its ``tokenizer_config.json``), without
+        fetching the rest; None when the model has no such file or it is larger than `max_bytes`
+        (this is for small metadata, read whole into memory)."""
+        manifest = self.describe(model)
+        entry = next((f for f in manifest.files if f.path == path), None)
+        if entry is None or entry.size > max_bytes:
+            return None
+        return self._read_object(manifest.object_key(path))
+
     def push(self, src_dir: str | Path, model: str, *, overwrite: bool = False, convert: bool = True) -> ModelManifest:
         """Upload a Hugging Face or thaw-format model dir as `model`; returns its manifest.
 

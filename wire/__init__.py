@@ -11,9 +11,15 @@ gateway's HTTP app imports it), so every folder may import it. Messages that car
 migration's `KVPayload`, `PartialPrefillPayload`) stay in `migration/`, since wire imports no torch.
 
 Public API:
-- `SamplingParams`: how a request samples and stops (gateway -> worker).
-- `Prompt`, `ChatMessage`: what a request asks; `GenerationChunk`: what its stream carries
+- `SamplingParams`: how a request samples and stops (gateway -> worker); `MAX_LOGPROBS`, the most
+  alternatives its ``logprobs`` may ask for.
+- `TokenLogprobs`: one generated token's log-probability and its position's most likely tokens,
+  carried in `GenerationChunk.logprobs` (worker -> gateway).
+- `Prompt`, `ChatMessage`, `ChatPrompt`: what a request asks (a chat with its tools and template
+  arguments); `GenerationChunk`: what its stream carries
   (worker -> gateway), with `SUSPENDED`, the finish reason of a request that moves on.
+- `TOOL_CALL_FORMATS`, `detect_tool_call_format`: the text formats models write tool calls in,
+  and which one a chat template teaches (controller -> gateway, in `ModelRecord`).
 - `InstanceRoute`: one ready instance in the controller's routing table (controller -> gateway).
 - `InstanceStats`, `InstanceLoad`, `InstanceState`: what a worker reports about itself -- its load
   now, how its model was loaded, its lifecycle state (worker -> controller).
@@ -31,6 +37,7 @@ Public API:
   `ActorUnreachableError` (for now; a `TimeoutError`).
 """
 
+from wire.chat_prompt import ChatPrompt
 from wire.generation_chunk import SUSPENDED, ChatMessage, GenerationChunk, Prompt
 from wire.instance_route import InstanceRoute
 from wire.instance_stats import InstanceLoad, InstanceState, InstanceStats
@@ -40,12 +47,14 @@ from wire.ray_calls import (ActorGoneError, ActorUnreachableError, call, is_ours
                             translated)
 from wire.request_errors import EngineDeadError, InvalidRequestError, RequestFailedError
 from wire.request_snapshot import RequestSnapshot
-from wire.sampling_params import MODEL_DEFAULT_FIELDS, SamplingParams
+from wire.sampling_params import MAX_LOGPROBS, MODEL_DEFAULT_FIELDS, SamplingParams
+from wire.token_logprobs import TokenLogprobs
+from wire.tool_call_format import TOOL_CALL_FORMATS, detect_tool_call_format
 from wire.wire_record import WireRecord
 
 __all__ = [
-    "MODEL_DEFAULT_FIELDS",
-    "SUSPENDED", "ActorGoneError", "ActorUnreachableError", "ChatMessage", "GenerationChunk", "InstanceLoadRecord",
+    "MAX_LOGPROBS", "MODEL_DEFAULT_FIELDS", "TOOL_CALL_FORMATS", "TokenLogprobs", "detect_tool_call_format",
+    "SUSPENDED", "ActorGoneError", "ActorUnreachableError", "ChatMessage", "ChatPrompt", "GenerationChunk", "InstanceLoadRecord",
     "InstanceRoute", "ModelRecord", "Prompt", "SamplingParams", "WireRecord", "call", "is_ours",
     "ray_errors_translated", "stream", "translated",
     "InstanceLoad", "InstanceState", "InstanceStats",

@@ -9,14 +9,19 @@ stored ``finished`` beside ``finish_reason``) and three prompt aliases, with a t
 Finish reasons: "stop", "length", "abort" (cancelled) end a request; `SUSPENDED` does not -- the
 instance gave up its slot and the gateway continues the request on the model's next instance. A
 chunk prints without its text (house rule: logs never leak prompts or completions).
+
+A request that asked for log-probabilities (``SamplingParams.logprobs``) gets them in ``logprobs``,
+one `TokenLogprobs` per token of ``token_ids``; every other chunk carries None.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from wire.chat_prompt import ChatPrompt
+from wire.token_logprobs import TokenLogprobs
 from wire.wire_record import WireRecord, check_count, check_name, check_optional_seconds, check_token_ids
 
 __all__ = ["SUSPENDED", "ChatMessage", "GenerationChunk", "Prompt"]
@@ -25,11 +30,12 @@ __all__ = ["SUSPENDED", "ChatMessage", "GenerationChunk", "Prompt"]
 # preempted: the client's side (the gateway) continues it on the model's next instance.
 SUSPENDED = "suspended"
 
-# A chat message as `worker.Tokenizer.encode_chat` renders it: {"role": ..., "content": ...}.
-ChatMessage = Mapping[str, str]
+# A chat message as `worker.Tokenizer.encode_chat` renders it: {"role": ..., "content": ..., ...}.
+ChatMessage = Mapping[str, Any]
 
-# A completion prompt (text or token ids) or a chat (its messages).
-Prompt = str | Sequence[int] | Sequence[ChatMessage]
+# A completion prompt (text or token ids) or a chat: its messages alone, or with tools and
+# template arguments (`ChatPrompt`).
+Prompt = str | Sequence[int] | Sequence[ChatMessage] | ChatPrompt
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +46,8 @@ class GenerationChunk(WireRecord):
     ``num_completion_tokens`` are running totals, so on the last chunk they are the request's
     usage. ``queue_s`` is set by the gateway's backend on a request's first chunk: how long it
     waited for a ready instance (None where there is no queue, and on every later chunk).
+    ``logprobs``: one `TokenLogprobs` per token of ``token_ids`` for a request that asked for them
+    (``SamplingParams.logprobs``), else None.
     """
 
     SCHEMA: ClassVar[str] = "generation_chunk/1"
@@ -51,6 +59,7 @@ class GenerationChunk(WireRecord):
     num_prompt_tokens: int
     num_completion_tokens: int
     queue_s: float | None = None
+    logprobs: tuple[TokenLogprobs, ...] | None = None
 
     def __post_init__(self) -> None:
         name = self.record_name()
@@ -63,6 +72,27 @@ class GenerationChunk(WireRecord):
         object.__setattr__(self, "num_completion_tokens",
                            check_count(name, "num_completion_tokens", self.num_completion_tokens))
         object.__setattr__(self, "queue_s", check_optional_seconds(name, "queue_s", self.queue_s))
+        if self.logprobs is not None:
+            if not isinstance(self.logprobs, (tuple, list)) \
+                    or not all(isinstance(item, TokenLogprobs) for item in self.logprobs):
+                raise ValueError(f"{name}.logprobs must be None or a list of TokenLogprobs")
+            if len(self.logprobs) != len(self.token_ids):
+                raise ValueError(f"{name}.logprobs must have one entry per token: {len(self.logprobs)} for "
+                                 f"{len(self.token_ids)} tokens")
+            object.__setattr__(self, "logprobs", tuple(self.logprobs))
+
+    @classmethod
+    def from_fields(cls, values: dict[str, Any]) -> GenerationChunk:
+        logprobs = values.get("logprobs")
+        if isinstance(logprobs, (tuple, list)):
+            items = []
+            for i, item in enumerate(logprobs):
+                try:
+                    items.append(item if isinstance(item, TokenLogprobs) else TokenLogprobs.from_dict(item))
+                except ValueError as exc:
+                    raise ValueError(f"{cls.record_name()}.logprobs[{i}]: {exc}") from None
+            values = {**values, "logprobs": tuple(items)}
+        return super().from_fields(values)
 
     @property
     def finished(self) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from wire.tool_call_format import TOOL_CALL_FORMATS
 from wire.wire_record import WireRecord, check_count, check_name, check_optional_seconds, check_seconds
 
 __all__ = ["InstanceLoadRecord", "ModelRecord"]
@@ -52,6 +53,9 @@ class ModelRecord(WireRecord):
         max_queued_requests / queue_timeout_s: the gateway's queue for the model (the spec's
             autoscaling section).
         instances: its instances now, with how each was loaded.
+        tool_call_format: how the model writes tool calls (one of `TOOL_CALL_FORMATS`), which the
+            gateway parses out of a chat's output when the request gives ``tools``; None: the
+            model has none the gateway can read (tool calls then stay text).
     """
 
     SCHEMA: ClassVar[str] = "model_record/1"
@@ -62,9 +66,13 @@ class ModelRecord(WireRecord):
     max_queued_requests: int
     queue_timeout_s: float
     instances: tuple[InstanceLoadRecord, ...] = ()
+    tool_call_format: str | None = None
 
     def __post_init__(self) -> None:
         name = self.record_name()
+        if self.tool_call_format is not None and self.tool_call_format not in TOOL_CALL_FORMATS:
+            raise ValueError(f"{name}.tool_call_format must be None or one of {', '.join(TOOL_CALL_FORMATS)}, "
+                             f"got {self.tool_call_format!r}")
         check_name(name, "model_id", self.model_id)
         tenant, slash, model = self.model_id.partition("/")
         if not (tenant and slash and model):

@@ -2,13 +2,17 @@
 
 `SamplingParams` is the immutable record a request carries from the HTTP edge to the
 worker's `Sampler`. It follows the OpenAI/vLLM names (`temperature`, `top_k`, `top_p`,
-`max_tokens`, `stop`, `seed`) so the API layer maps fields one to one. It lives in `wire/`
+`max_tokens`, `stop`, `seed`, `presence_penalty`, `frequency_penalty`, `repetition_penalty`,
+`min_p`, `logit_bias`, `min_tokens`, `logprobs`) and their meanings, so the API layer maps fields
+one to one; every field defaults to "off". It lives in `wire/`
 because it crosses from the gateway to the workers: the gateway builds it without importing the
 engine (or torch), and, as every wire record, it crosses Ray tagged (`WireRecord`).
 
 All validation happens here, once, in `__post_init__`: the sampler runs every decode step
-and trusts these values. Collections are normalised to tuples so the record stays hashable
-and cannot be changed behind the sampler's back.
+and trusts these values. Each message starts with the field's name (the gateway maps it back to
+the HTTP field). Collections are normalised to tuples (`logit_bias` to sorted ``(token id, bias)``
+pairs) so the record stays hashable and cannot be changed behind the sampler's back. What needs
+the model (a `logit_bias` token id inside the vocabulary) is checked by the worker's engine.
 """
 
 from __future__ import annotations
@@ -33,6 +37,13 @@ MAX_STOP_TOKEN_IDS = 256
 MODEL_DEFAULT_FIELDS = ("temperature", "top_k", "top_p")
 # Below this a temperature samples as greedy (see `SamplingParams.is_greedy`).
 MIN_SAMPLING_TEMPERATURE = 1e-5
+# OpenAI's ranges for the presence and frequency penalties, and for a logit bias.
+MAX_ABS_PENALTY = 2.0
+MAX_ABS_LOGIT_BIAS = 100.0
+# Bound on `logit_bias` entries, so one request's bias stays cheap to apply every step.
+MAX_LOGIT_BIAS_TOKENS = 1024
+# Most alternatives `logprobs` may ask for per token (OpenAI's top_logprobs limit, vLLM's default).
+MAX_LOGPROBS = 20
 
 
 def _is_int(value: object) -> bool:
@@ -62,9 +73,30 @@ class SamplingParams(WireRecord):
             `MAX_STOP_SEQUENCES`, each at most `MAX_STOP_CHARS` characters).
         stop_token_ids: token ids that end generation when sampled (at most `MAX_STOP_TOKEN_IDS`).
         ignore_eos: keep generating past the model's end-of-sequence token.
+        skip_special_tokens: leave the text of special tokens out of the output (vLLM's default);
+            False keeps them, e.g. Mistral's ``[TOOL_CALLS]``, which the gateway's tool-call parser
+            needs. The token that ends a request (end-of-sequence, a stop token id) never adds text.
         model_defaults: the fields of `MODEL_DEFAULT_FIELDS` the client left out, which the model's
             own defaults (its ``generation_config.json``) fill in at the worker, as vLLM does: the
             gateway does not know the model's files, the worker does (`with_model_defaults`).
+        presence_penalty: OpenAI's, in [-2, 2]: subtracted once from the logit of every token that
+            occurs in the output so far (the prompt does not count). 0 is off.
+        frequency_penalty: OpenAI's, in [-2, 2]: subtracted from a token's logit once per
+            occurrence in the output so far. 0 is off.
+        repetition_penalty: vLLM's and transformers', > 0: the logit of every token that occurs in
+            the prompt or the output so far is divided by it if positive, multiplied by it
+            otherwise. 1.0 is off.
+        min_p: in [0, 1]: after temperature, drop the tokens whose probability is below min_p
+            times the most likely token's. 0 is off; greedy rows ignore it (it keeps the argmax).
+        logit_bias: ``(token id, bias)`` pairs, bias in [-100, 100], added to those tokens' logits
+            (given as a mapping or pairs; stored sorted by id, at most `MAX_LOGIT_BIAS_TOKENS`;
+            JSON's string keys of digits are read as ids). The worker checks the ids against its
+            vocabulary.
+        min_tokens: the end-of-sequence tokens and `stop_token_ids` cannot be sampled until this
+            many tokens are generated (vLLM's meaning; at most ``max_tokens``). 0 is off.
+        logprobs: None (off), or how many most likely alternatives to report with each generated
+            token's own log-probability, 0 to `MAX_LOGPROBS`. Log-probabilities are those of the
+            model's raw logits (before penalties, bias and temperature: vLLM's default).
     """
 
     SCHEMA: ClassVar[str] = "sampling_params/1"
@@ -78,6 +110,14 @@ class SamplingParams(WireRecord):
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     model_defaults: tuple[str, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -118,11 +158,36 @@ class SamplingParams(WireRecord):
 
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if not isinstance(self.skip_special_tokens, bool):
+            raise ValueError(f"skip_special_tokens must be True or False, got {self.skip_special_tokens!r}")
 
         defaults = self.model_defaults
         if not isinstance(defaults, (list, tuple)) or not set(defaults) <= set(MODEL_DEFAULT_FIELDS):
             raise ValueError(f"model_defaults must name fields of {', '.join(MODEL_DEFAULT_FIELDS)}, got {defaults!r}")
         object.__setattr__(self, "model_defaults", tuple(dict.fromkeys(defaults)))
+
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not (-MAX_ABS_PENALTY <= value <= MAX_ABS_PENALTY):
+                raise ValueError(f"{name} must be a number in [-2, 2] (0 is off), got {value!r}")
+            object.__setattr__(self, name, float(value))
+        penalty = self.repetition_penalty
+        if not _is_real(penalty) or not math.isfinite(penalty) or penalty <= 0:
+            raise ValueError(f"repetition_penalty must be a finite number > 0 (1 is off), got {penalty!r}")
+        object.__setattr__(self, "repetition_penalty", float(penalty))
+        if not _is_real(self.min_p) or not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be a number in [0, 1] (0 is off), got {self.min_p!r}")
+        object.__setattr__(self, "min_p", float(self.min_p))
+        object.__setattr__(self, "logit_bias", self._normalise_logit_bias(self.logit_bias))
+        if not _is_int(self.min_tokens) or not (0 <= self.min_tokens <= self.max_tokens):
+            raise ValueError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], "
+                             f"got {self.min_tokens!r}")
+        object.__setattr__(self, "min_tokens", int(self.min_tokens))
+        if self.logprobs is not None:
+            if not _is_int(self.logprobs) or not (0 <= self.logprobs <= MAX_LOGPROBS):
+                raise ValueError(f"logprobs must be None (off) or an integer in [0, {MAX_LOGPROBS}] (how many "
+                                 f"alternatives to report per token), got {self.logprobs!r}")
+            object.__setattr__(self, "logprobs", int(self.logprobs))
 
     def with_model_defaults(self, defaults: Mapping[str, float | int]) -> SamplingParams:
         """These settings with the model's `defaults` in the fields the client left out (those in
@@ -167,6 +232,39 @@ class SamplingParams(WireRecord):
                     f"stop_token_ids[{i}] must be an integer >= 0, got {token_id!r}"
                 )
         return tuple(int(token_id) for token_id in stop_token_ids)
+
+    @staticmethod
+    def _normalise_logit_bias(logit_bias: object) -> tuple[tuple[int, float], ...]:
+        if isinstance(logit_bias, Mapping):
+            items = list(logit_bias.items())
+        elif isinstance(logit_bias, (list, tuple)):
+            items = list(logit_bias)
+            for i, item in enumerate(items):
+                if not isinstance(item, (list, tuple)) or len(item) != 2:
+                    raise ValueError(f"logit_bias[{i}] must be a (token id, bias) pair, got {item!r}")
+        else:
+            raise ValueError(f"logit_bias must map token ids to biases, got {type(logit_bias).__name__}")
+        if len(items) > MAX_LOGIT_BIAS_TOKENS:
+            raise ValueError(f"logit_bias may hold at most {MAX_LOGIT_BIAS_TOKENS} tokens, got {len(items)}")
+        biases: dict[int, float] = {}
+        for token_id, bias in items:
+            # JSON object keys are strings: "50256" is token 50256.
+            if isinstance(token_id, str) and token_id.isascii() and token_id.isdigit():
+                token_id = int(token_id)
+            if not _is_int(token_id) or token_id < 0:
+                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token_id!r}")
+            if not _is_real(bias) or not (-MAX_ABS_LOGIT_BIAS <= bias <= MAX_ABS_LOGIT_BIAS):
+                raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {token_id}")
+            if int(token_id) in biases:
+                raise ValueError(f"logit_bias names token {int(token_id)} twice")
+            biases[int(token_id)] = float(bias)
+        return tuple(sorted(biases.items()))
+
+    @property
+    def has_penalties(self) -> bool:
+        """True when any of the presence, frequency or repetition penalties is on: sampling then
+        needs the request's token counts."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     @property
     def is_greedy(self) -> bool:

@@ -17,6 +17,12 @@ the cause in its output's ``error``, and the engine keeps serving the others. On
 the batch itself (the forward pass) escapes `step`; `request_ids_in_step` then names the
 requests that were in it, the only ones that can have caused it.
 
+Sampling settings that need the model are applied here: `Sampler` is built with the model's
+end-of-sequence ids (``min_tokens`` holds them back), a request with a penalty gets its
+`TokenCounts` on its `Sequence` at its first step, and one that asks for ``logprobs`` gets them
+from the raw logits of its rows alone, each token's text decoded alone (vLLM's way), in its
+`RequestOutput`.
+
 An engine can also start before its weights (``Engine(model_dir, config, weights=source)`` with a
 `loader.LayerReadiness` source: the SSD/DRAM loader or a peer stream; `model_dir` then needs only
 config.json and the tokenizer). It returns at once; requests are admitted and stepped right away,
@@ -49,14 +55,16 @@ from worker.model_runner import ModelRunner, kv_bytes_per_block
 from worker.request_lifecycle import RequestLifecycle, request_output
 from worker.request_output import Completion, RequestOutput
 from worker.reserved_memory import ReservedMemory
-from worker.sampler import Sampler
+from worker.sampler import RawLogprobs, Sampler
 from worker.sampling_params import SamplingParams
 from worker.scheduler import Scheduler
 from worker.sequence import FinishReason, Sequence
+from worker.token_counts import TokenCounts
 from worker.tokenizer import Tokenizer
 from worker.zigzag_prefill import ZigzagPrefill
 from wire import Prompt  # noqa: F401 - re-exported: the engine's prompt is the wire's
 from wire import InvalidRequestError  # defined in wire: the gateway catches it without importing the engine
+from wire import TokenLogprobs
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +144,7 @@ class Engine:
             # Decode steps replay captured graphs (the Triton kernels read every length from the
             # device; the reference backend reads host lists, which a graph cannot refresh).
             self.runner.enable_decode_graphs(min(config.max_num_seqs, 256), self.max_model_len)
-        self.sampler = Sampler()
+        self.sampler = Sampler(self.eos_token_ids)
         self._in_step: tuple[str, ...] = ()  # requests of the forward pass under way (see request_ids_in_step)
         self._next_id = itertools.count()
         self._zigzag: ZigzagPrefill | None = None
@@ -237,6 +245,7 @@ class Engine:
             raise InvalidRequestError(f"params must be SamplingParams, got {type(params).__name__}")
         if params.model_defaults:  # fields the client left out: the model's generation_config.json fills them
             params = params.with_model_defaults(self.generation_defaults)
+        self.check_params(params)
         self._check_kv_room(len(prompt_ids), params.max_tokens)
         generator = torch.Generator(device=self.device)
         if params.seed is not None:
@@ -250,6 +259,15 @@ class Engine:
             max_model_len=self.max_model_len,
             generator=generator,
         )
+
+    def check_params(self, params: SamplingParams) -> None:
+        """The checks of `params` that need the model (`SamplingParams` checks the rest itself):
+        ``logit_bias`` names tokens of the vocabulary. Raises `InvalidRequestError` naming the field."""
+        vocab = self.model_config.vocab_size
+        bad = [token_id for token_id, _ in params.logit_bias if token_id >= vocab]
+        if bad:
+            raise InvalidRequestError(f"logit_bias token ids must be in [0, {vocab}) (this model's vocabulary), "
+                                      f"got {bad[:5]}")
 
     def _check_kv_room(self, num_prompt_tokens: int, max_tokens: int) -> None:
         needed = min(num_prompt_tokens + max_tokens, self.max_model_len)
@@ -273,23 +291,17 @@ class Engine:
         return seq.request_id
 
     def _tokenize(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidRequestError("prompt must not be empty")
-            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
-        elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
-            try:
-                ids = self.tokenizer.encode_chat(prompt, add_generation_prompt=True)
-            except ValueError as exc:
-                raise InvalidRequestError(str(exc)) from exc
-        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if isinstance(prompt, str) and not prompt:
+            raise InvalidRequestError("prompt must not be empty")
+        try:
+            ids = self.tokenizer.encode_prompt(prompt)
+        except ValueError as exc:  # a chat the template refused, or a prompt of no known form
+            raise InvalidRequestError(str(exc)) from exc
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):  # token ids
             vocab = self.model_config.vocab_size
-            bad = [t for t in prompt if not 0 <= t < vocab]
+            bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise InvalidRequestError(f"prompt token ids must be in [0, {vocab}), got {bad[:5]}")
-            ids = list(prompt)
-        else:
-            raise InvalidRequestError("prompt must be a string, a list of token ids, or a list of chat messages")
         if not ids:
             raise InvalidRequestError("prompt must not be empty")
         return ids
@@ -340,26 +352,76 @@ class Engine:
         # the rows that redraw one by one below take the same tokens they would have taken.
         states = [g.get_state() if g is not None and not p.is_greedy else None for p, g in zip(params, generators)]
         try:
-            token_ids: list[int | BaseException] = list(self.sampler.sample(logits, params, generators))
+            token_ids: list[int | BaseException] = list(self.sampler.sample(
+                logits, params, generators, num_output_tokens=[s.num_output_tokens for s in seqs],
+                token_counts=[self._token_counts(s) for s in seqs]))
         except Exception:  # noqa: BLE001 - find the row at fault, fail it alone
             token_ids = []
             for row, (seq, state) in enumerate(zip(seqs, states)):
                 if state is not None:
                     seq.generator.set_state(state)
                 try:
-                    token_ids.extend(self.sampler.sample(logits[row:row + 1], [seq.params], [seq.generator]))
+                    token_ids.extend(self.sampler.sample(
+                        logits[row:row + 1], [seq.params], [seq.generator], num_output_tokens=[seq.num_output_tokens],
+                        token_counts=[self._token_counts(seq)]))
                 except Exception as exc:  # noqa: BLE001
                     token_ids.append(exc)
+        logprobs = self._logprobs(logits, seqs, token_ids)
         outputs = []
-        for seq, token_id in zip(seqs, token_ids):
+        for seq, token_id, token_logprobs in zip(seqs, token_ids, logprobs):
             if isinstance(token_id, BaseException):
                 outputs.append(self._fail(seq, "sampling", token_id))
                 continue
+            if isinstance(token_logprobs, BaseException):
+                outputs.append(self._fail(seq, "logprobs", token_logprobs))
+                continue
             try:
-                outputs.append(self._append(seq, token_id))
+                outputs.append(self._append(seq, token_id, token_logprobs))
             except Exception as exc:  # noqa: BLE001 - stop handling or detokenizing: this request's alone
                 outputs.append(self._fail(seq, "stop handling or detokenizing", exc))
         return outputs
+
+    def _token_counts(self, seq: Sequence) -> TokenCounts | None:
+        """The request's penalty counts, up to date with its output (made at its first step); None
+        without a penalty."""
+        params = seq.params
+        if not params.has_penalties:
+            return None
+        if seq.token_counts is None:
+            prompt = seq.prompt_token_ids if params.repetition_penalty != 1.0 else None
+            seq.token_counts = TokenCounts(self.model_config.vocab_size, self.device, prompt)
+        seq.token_counts.update(seq.token_ids, start=seq.num_prompt_tokens)
+        return seq.token_counts
+
+    def _logprobs(self, logits: torch.Tensor, seqs: list[Sequence], token_ids: list[int | BaseException]
+                  ) -> list[TokenLogprobs | BaseException | None]:
+        """Each sampled token's `TokenLogprobs` for the rows that asked (from their raw logits, in one
+        batch); None for the others, and the exception for rows whose logprobs failed."""
+        rows = [i for i, (seq, token_id) in enumerate(zip(seqs, token_ids))
+                if seq.params.logprobs is not None and not isinstance(token_id, BaseException)]
+        found: list[TokenLogprobs | BaseException | None] = [None] * len(seqs)
+        if not rows:
+            return found
+        try:
+            index = torch.tensor(rows, dtype=torch.long, device=logits.device)  # [L]
+            raw = self.sampler.logprobs(logits[index], [token_ids[i] for i in rows],
+                                        [seqs[i].params.logprobs for i in rows])  # from the raw logits
+            for i, values in zip(rows, raw):
+                found[i] = self._token_logprobs(token_ids[i], values)
+        except Exception as exc:  # noqa: BLE001 - these rows' failure, not the batch's
+            for i in rows:
+                found[i] = exc
+        return found
+
+    def _token_logprobs(self, token_id: int, values: RawLogprobs) -> TokenLogprobs:
+        """The wire record, each token's text decoded alone with special tokens kept (vLLM's way)."""
+        decode = self.tokenizer.decode
+        return TokenLogprobs(
+            token_id=token_id, token=decode([token_id], skip_special_tokens=False), logprob=values.logprob,
+            top_token_ids=tuple(values.top_token_ids),
+            top_tokens=tuple(decode([t], skip_special_tokens=False) for t in values.top_token_ids),
+            top_logprobs=tuple(values.top_logprobs),
+        )
 
     def _fail(self, seq: Sequence, stage: str, exc: BaseException) -> RequestOutput:
         """Finishes one request with reason "error" (its output's ``error`` says why), freeing its
@@ -388,23 +450,27 @@ class Engine:
                 self.requests.retire(request_id, FinishReason.ABORT)
             raise
 
-    def _append(self, seq: Sequence, token_id: int) -> RequestOutput:
+    def _append(self, seq: Sequence, token_id: int, logprobs: TokenLogprobs | None = None) -> RequestOutput:
         detokenizer = self.requests.detokenizer(seq.request_id)
         seq.append_token(token_id)
-        text = detokenizer.append(token_id)
         params = seq.params
         reason: FinishReason | None = None
-        if detokenizer.stopped:
+        if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
+            # The token that ends the request adds no text (vLLM's rule): with special tokens
+            # kept, an end-of-sequence token would otherwise end the output with its name.
+            text = ""
             reason = FinishReason.STOP
-        elif token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
-            reason = FinishReason.STOP
-        elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-            reason = FinishReason.LENGTH
+        else:
+            text = detokenizer.append(token_id)
+            if detokenizer.stopped:
+                reason = FinishReason.STOP
+            elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+                reason = FinishReason.LENGTH
         if reason is not None:
             if not detokenizer.stopped:
                 text += detokenizer.flush()
             self.requests.retire(seq.request_id, reason)
-        return request_output(seq, (token_id,), text)
+        return request_output(seq, (token_id,), text, None if logprobs is None else (logprobs,))
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Cancels a request wherever it is; its KV blocks are freed at once. None if unknown."""

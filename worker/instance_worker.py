@@ -47,6 +47,7 @@ from worker.peer_weights import PeerWeights, PeerWeightsReceiver, WeightStreams
 from worker.reserved_memory import ReservedMemory
 from worker.sampling_params import SamplingParams
 from worker.sequence import Sequence
+from wire import ChatPrompt  # a chat with its tools and template arguments (wire/)
 from wire import SUSPENDED, GenerationChunk  # one chunk record for worker and gateway (wire/)
 from wire import InstanceLoad, InstanceState, InstanceStats  # its reports to the controller (wire/)
 
@@ -344,6 +345,7 @@ class InstanceWorker:
                         finish_reason=self.finish_reason(request_id, out.finish_reason),
                         num_prompt_tokens=out.num_prompt_tokens,
                         num_completion_tokens=out.num_output_tokens,
+                        logprobs=out.logprobs,
                     )
         except InvalidRequestError as exc:
             # Prompt and params passed the checks above; what is left is the engine still holding
@@ -442,13 +444,19 @@ class InstanceWorker:
 def _validated_request(engine: Engine, request_id: str, prompt: Prompt, params: SamplingParams) -> Sequence:
     """Tokenizes the prompt once and runs the engine's admission checks, blaming the right field:
     the prompt alone (`Engine.tokenize_prompt`) is the prompt's (or the messages') fault, the
-    prompt with the request's ``max_tokens`` (`Engine.prepare_tokens`) is ``max_tokens``'s.
+    prompt with the request's ``max_tokens`` (`Engine.prepare_tokens`) is ``max_tokens``'s, a
+    ``logit_bias`` token outside the vocabulary (`Engine.check_params`) is ``logit_bias``'s.
     Touches no engine state, so it runs in a worker thread."""
-    prompt_field = "messages" if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) else "prompt"
+    is_chat = isinstance(prompt, ChatPrompt) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], dict))
+    prompt_field = "messages" if is_chat else "prompt"
     try:
         prompt_ids = engine.tokenize_prompt(prompt)
     except InvalidRequestError as exc:
         raise InvalidFieldError(str(exc), field=prompt_field) from exc
+    try:
+        engine.check_params(params)
+    except InvalidRequestError as exc:  # a logit_bias token outside the vocabulary
+        raise InvalidFieldError(str(exc), field="logit_bias") from exc
     try:
         return engine.prepare_tokens(prompt_ids, params, request_id)
     except InvalidRequestError as exc:

@@ -41,6 +41,7 @@ from worker.scheduler import ScheduledBatch, Scheduler
 from worker.sequence import FinishReason, Sequence, SequenceStatus
 from worker.tokenizer import Tokenizer
 from worker.zigzag_prefill import LayerPass, ZigzagPrefill
+from wire import TokenLogprobs
 
 __all__ = ["RequestLifecycle", "UnknownRequestError", "request_output"]
 
@@ -55,8 +56,10 @@ class _Tracked:
     detokenizer: IncrementalDetokenizer
 
 
-def request_output(seq: Sequence, new_token_ids: tuple[int, ...] = (), text: str = "") -> RequestOutput:
-    """The news about `seq` after a step: its new tokens and text, and whether (and why) it finished."""
+def request_output(seq: Sequence, new_token_ids: tuple[int, ...] = (), text: str = "",
+                   logprobs: tuple[TokenLogprobs, ...] | None = None) -> RequestOutput:
+    """The news about `seq` after a step: its new tokens and text (with their log-probabilities, if
+    it asked for them), and whether (and why) it finished."""
     return RequestOutput(
         request_id=seq.request_id,
         new_token_ids=new_token_ids,
@@ -65,6 +68,7 @@ def request_output(seq: Sequence, new_token_ids: tuple[int, ...] = (), text: str
         finish_reason=seq.finish_reason.value if seq.finish_reason else None,
         num_prompt_tokens=seq.num_prompt_tokens,
         num_output_tokens=seq.num_output_tokens,
+        logprobs=logprobs,
     )
 
 
@@ -262,5 +266,6 @@ class RequestLifecycle:
     def _track(self, seq: Sequence) -> None:
         if seq.request_id in self._tracked:
             raise ValueError(f"request id {seq.request_id!r} is already in use")
-        detokenizer = IncrementalDetokenizer(self._tokenizer, seq.prompt_token_ids, stop=seq.params.stop)
+        detokenizer = IncrementalDetokenizer(self._tokenizer, seq.prompt_token_ids, stop=seq.params.stop,
+                                             skip_special_tokens=seq.params.skip_special_tokens)
         self._tracked[seq.request_id] = _Tracked(seq, detokenizer)

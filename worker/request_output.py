@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from wire import TokenLogprobs
+
 
 @dataclass(frozen=True)
 class RequestOutput:
@@ -20,6 +22,8 @@ class RequestOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     error: str | None = None  # why this request alone failed (finish reason "error"); for logs, not clients
+    # One per new token, for a request that asked for them (SamplingParams.logprobs); else None.
+    logprobs: tuple[TokenLogprobs, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ own modules and for callers of ``worker.sampling_params``; ``from worker import 
 works as before.
 """
 
-from wire.sampling_params import (MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS, MIN_SAMPLING_TEMPERATURE,
-                                  SamplingParams)
+from wire.sampling_params import (MAX_LOGIT_BIAS_TOKENS, MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_SEQUENCES,
+                                  MAX_STOP_TOKEN_IDS, MIN_SAMPLING_TEMPERATURE, SamplingParams)
 
-__all__ = ["MAX_STOP_CHARS", "MAX_STOP_SEQUENCES", "MAX_STOP_TOKEN_IDS", "MIN_SAMPLING_TEMPERATURE",
-           "SamplingParams"]
+__all__ = ["MAX_LOGIT_BIAS_TOKENS", "MAX_LOGPROBS", "MAX_STOP_CHARS", "MAX_STOP_SEQUENCES", "MAX_STOP_TOKEN_IDS",
+           "MIN_SAMPLING_TEMPERATURE", "SamplingParams"]

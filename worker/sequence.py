@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from worker.sampling_params import SamplingParams
+from worker.token_counts import TokenCounts
 
 
 class SequenceStatus(enum.Enum):
@@ -49,6 +50,8 @@ class Sequence:
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
     first_token_s: float | None = None
+    # The sampler's penalty counts, made at the first step that needs them (`worker.token_counts`).
+    token_counts: TokenCounts | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -35,6 +35,8 @@ import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import processors
 
+from wire import ChatPrompt, Prompt, detect_tool_call_format
+
 __all__ = ["Tokenizer", "CHAT_ROLES"]
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -231,7 +233,9 @@ def _validate_messages(messages: Any) -> list[dict[str, Any]]:
         role = message.get("role")
         if not isinstance(role, str) or role not in CHAT_ROLES:
             raise ValueError(f"messages[{index}]['role'] must be one of {sorted(CHAT_ROLES)}")
-        if not isinstance(message.get("content"), str):
+        content = message.get("content")
+        # An assistant turn that only calls tools has no content (OpenAI sends null).
+        if not isinstance(content, str) and not (content is None and message.get("tool_calls")):
             raise ValueError(f"messages[{index}]['content'] must be a string")
     # Like transformers: drop None-valued keys, hand the template copies (not the caller's dicts),
     # and expose reasoning under every name templates read it by.
@@ -270,6 +274,7 @@ class Tokenizer:
         # Named chat templates ("default", and e.g. "tool_use"), compiled once.
         templates = {"default": chat_template} if isinstance(chat_template, str) else dict(chat_template or {})
         self._chat_templates = {name: _compile_chat_template(source) for name, source in templates.items()}
+        self._chat_template_sources = dict(templates)
         # BPE output is corrupted by the WordPiece-era clean-up, so transformers 5 skips it for BPE.
         self._clean_up = clean_up_tokenization_spaces and type(backend.model).__name__ != "BPE"
 
@@ -367,11 +372,25 @@ class Tokenizer:
     def chat_template_names(self) -> tuple[str, ...]:
         return tuple(sorted(self._chat_templates))
 
+    def tool_call_format(self) -> str | None:
+        """The format the chat templates teach the model to call tools in (`wire.TOOL_CALL_FORMATS`;
+        the tool-use template first), or None."""
+        for name in ("tool_use", "default", *sorted(self._chat_template_sources)):
+            source = self._chat_template_sources.get(name)
+            if source is not None and (found := detect_tool_call_format(source)) is not None:
+                return found
+        return None
+
     def token_to_id(self, token: str) -> int | None:
         return self._backend.token_to_id(token)
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
         return [self._backend.id_to_token(i) for i in ids]
+
+    def to_json_str(self) -> str:
+        """The whole pipeline as tokenizer.json text, the special tokens added at load included:
+        what libraries that read that format take (the structured-output grammar engine)."""
+        return self._backend.to_str()
 
     # ---- text <-> ids ------------------------------------------------------------------------
 
@@ -416,6 +435,22 @@ class Tokenizer:
         except jinja2.TemplateError as exc:
             # e.g. raise_exception("Conversation roles must alternate user/assistant"): the user's to fix
             raise ValueError(f"the model's chat template refused these messages: {exc}") from exc
+
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        """A request's prompt as token ids: text is encoded with the special tokens the model adds,
+        a chat (messages alone, or a `ChatPrompt` with tools and template arguments) is rendered by
+        the chat template, token ids pass through unchecked (the engine knows the vocab).
+        `ValueError` says what is wrong with the prompt, never what it contains."""
+        if isinstance(prompt, str):
+            return self.encode(prompt, add_special_tokens=True)
+        if isinstance(prompt, ChatPrompt):
+            return self.encode_chat(list(prompt.messages), tools=prompt.tools or None,
+                                    template_kwargs=prompt.template_kwargs)
+        if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, Mapping) for m in prompt):
+            return self.encode_chat([dict(m) for m in prompt])
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return list(prompt)
+        raise ValueError("prompt must be a string, a list of token ids, or a chat (a list of messages)")
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, *,
                     tools: Sequence[Mapping[str, Any]] | None = None,

@@ -196,3 +196,16 @@ def test_moe_benchmark_quick():
         assert figures[f"{shape}_ratio_vs_transformers"] == pytest.approx(
             figures[f"{shape}_transformers_ms"] / figures[f"{shape}_thaw_ms"], rel=0.01, abs=0.002)
     assert figures["decode_per_token_loop_ms"] > 0
+
+
+def test_grammar_benchmark_quick():
+    figures = run_quick("grammar.py")  # every document is checked accepted by both libraries first
+    assert figures["bench"] == "grammar" and figures["mode"] == "quick" and figures["chosen"] == "llguidance"
+    assert figures["tokens"] > figures["documents"] > 0
+    for library in ("llguidance", "xgrammar"):
+        assert 0 < figures[f"{library}_p50_us"] <= figures[f"{library}_p99_us"], library
+        assert figures[f"{library}_mean_us"] > 0, library
+    for key in ("mean", "p99"):
+        assert figures[f"{key}_ratio_xgrammar_to_llguidance"] == pytest.approx(
+            figures[f"xgrammar_{key}_us"] / figures[f"llguidance_{key}_us"], rel=0.01)
+    assert figures["apply_one_row_us"]["thaw"] > 0 and figures["apply_one_row_us"]["xgrammar_cpu_kernel"] > 0

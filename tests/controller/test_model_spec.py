@@ -29,6 +29,7 @@ FULL = {
     "max_model_len": 8192,
     "kv_cache_bytes": 8 << 30,
     "max_num_seqs": 128,
+    "tool_call_parser": "hermes",
     "resources": {"num_cpus": 2.0, "num_gpus": 1.0, "num_worker_slots": 1},
     "autoscaling": {
         "min_instances": 0, "max_instances": 3, "target_ongoing_requests": 4.0, "upscale_delay_s": 0.5,
@@ -41,7 +42,7 @@ FULL = {
 def test_defaults():
     spec = ModelSpec(tenant="acme", name="llama", source="/models/llama")
     assert spec.model_id == "acme/llama"
-    assert spec.dtype == "auto" and spec.max_model_len is None
+    assert spec.dtype == "auto" and spec.max_model_len is None and spec.tool_call_parser == "auto"
     assert spec.resources == ResourceSpec(num_cpus=1.0, num_gpus=0.0, num_worker_slots=1)
     assert spec.autoscaling == AutoscalingPolicy(
         min_instances=0, max_instances=1, target_ongoing_requests=2.0, upscale_delay_s=1.0,
@@ -166,6 +167,8 @@ def test_invalid_sources(source, reason):
         ({"kv_cache_bytes": 1000}, "kv_cache_bytes: must be >= 1048576, got 1000"),
         ({"kv_cache_bytes": "4GiB"}, "kv_cache_bytes: must be an integer, got '4GiB'"),
         ({"max_num_seqs": 0}, "max_num_seqs: must be >= 1, got 0"),
+        ({"tool_call_parser": "qwen"},
+         "tool_call_parser: must be one of auto, none, hermes, llama3_json, mistral, got 'qwen'"),
         ({"resources": {"num_cpus": 0}}, "resources.num_cpus: must be > 0, got 0"),
         ({"resources": {"num_gpus": -1}}, "resources.num_gpus: must be >= 0, got -1"),
         ({"resources": {"num_worker_slots": 0}}, "resources.num_worker_slots: must be >= 1, got 0"),
@@ -183,7 +186,7 @@ def test_invalid_sources(source, reason):
         ({"autoscaling": {"queue_timeout_s": 0}}, "autoscaling.queue_timeout_s: must be > 0, got 0"),
         ({"autoscaling": [1, 2]}, "autoscaling: must be a mapping, got list"),
         ({"replicas": 3}, "replicas: unknown field; known fields: tenant, name, source, dtype, max_model_len, "
-                          "kv_cache_bytes, max_num_seqs, resources, autoscaling"),
+                          "kv_cache_bytes, max_num_seqs, tool_call_parser, resources, autoscaling"),
         ({"autoscaling": {"max_instnaces": 3}},
          "autoscaling.max_instnaces: unknown field; did you mean 'max_instances'?"),
         ({"resources": {"gpus": 1}}, "resources.gpus: unknown field; did you mean 'num_gpus'?"),

@@ -17,7 +17,7 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from infra.gateway_app import build_gateway_app
+from infra.gateway_app import build_gateway_app, thaw_version
 from infra.gateway_auth import GatewayAuth, Principal
 from infra.gateway_backend import (
     BackendUnavailable,
@@ -32,6 +32,7 @@ from infra.gateway_backend import (
     QueueTimeout,
 )
 from infra.gateway_metrics import GatewayMetrics
+from wire import ChatPrompt
 from worker import SamplingParams
 
 KEYS = {"key-acme": "acme", "key-other": "other"}
@@ -71,7 +72,7 @@ class ScriptedBackend:
     async def generate(self, model_id: str, request_id: str, prompt, params: SamplingParams
                        ) -> AsyncIterator[GenerationChunk]:
         self.calls.append((model_id, request_id, prompt, params))
-        text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+        text = prompt if isinstance(prompt, str) else prompt.messages[-1]["content"]
         try:
             if text == "overloaded":
                 raise ModelOverloaded("model acme/m has 8 requests queued, the most it holds", 2.5)
@@ -194,7 +195,22 @@ def test_chat_stream_with_usage(client, backend):
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {
         "prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
     # A chat without max_tokens may use the model's whole context.
-    assert backend.calls[0][3].max_tokens == 64 and backend.calls[0][2] == CHAT
+    assert backend.calls[0][3].max_tokens == 64 and backend.calls[0][2] == ChatPrompt(messages=tuple(CHAT))
+
+
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(client):
+    # vLLM's extension, which its benchmark tool (guidellm) sends on every request.
+    response = client.post("/v1/chat/completions", headers=ACME, json={
+        "model": "acme/m", "messages": CHAT, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    chunks = sse_events(response.text)[:-1]
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 1, 2, 3, 3]
+    assert {c["usage"]["prompt_tokens"] for c in chunks} == {4}
+    assert chunks[-1]["choices"] == []  # include_usage's closing chunk as well
+    response = client.post("/v1/completions", headers=ACME, json={
+        "model": "acme/m", "prompt": "x", "stream": True, "stream_options": {"continuous_usage_stats": True}})
+    chunks = sse_events(response.text)[:-1]
+    assert [c["usage"]["total_tokens"] for c in chunks] == [5, 6, 7]
 
 
 def test_stream_without_include_usage_has_no_usage_chunk(client):
@@ -446,6 +462,17 @@ def test_health_and_readiness(client, backend):
     error_of(client.get("/readyz"), 503)
     backend.ready = ConnectionError("controller unreachable")
     assert error_of(client.get("/readyz"), 503)["code"] == "backend_unavailable"
+
+
+def test_vllm_probes_and_version_need_no_key(client, backend):
+    # guidellm checks GET /health before a run; SageMaker calls /ping.
+    for method, path in (("GET", "/health"), ("GET", "/ping"), ("POST", "/ping")):
+        response = client.request(method, path)
+        assert (response.status_code, response.content) == (200, b"")
+    assert client.get("/version").json() == {"version": thaw_version()} and thaw_version() != ""
+    backend.ready = False
+    assert error_of(client.get("/health"), 503)["code"] == "backend_unavailable"
+    error_of(client.post("/ping"), 503)
 
 
 def test_metrics_count_requests_per_model_and_status(client, metrics):

@@ -1,26 +1,42 @@
 """Chat through the gateway (real HTTP, the official `openai` client) for a model whose chat
-template lives only in ``chat_template.jinja``, as transformers 5 saves it: the gateway answers
-what the engine renders from that file, and the rendered prompt is the file's, not a default."""
+templates live only in files, as transformers 5 saves them: the default in ``chat_template.jinja``
+and a ``tool_use`` one in ``additional_chat_templates/``. The gateway answers what the engine
+renders from those files; a request with ``tools`` gets the tool template, which lists the tools,
+renders earlier calls with their arguments as objects, and reads a ``chat_template_kwargs`` switch."""
 
 from __future__ import annotations
 
 import json
-import threading
 
 import openai
 import pytest
-import uvicorn
 
 from infra.gateway_app import build_gateway_app
 from infra.gateway_auth import GatewayAuth
 from infra.local_engine_backend import LocalEngineBackend
-from tests.infra.test_gateway_openai_client import _free_socket, _wait_healthy
+from tests.infra.served_app import served_app
+from wire import ChatPrompt
 from worker import AsyncEngine, DemoModelConfig, Engine, EngineConfig, SamplingParams, write_demo_model
 
 MODEL, KEY = "demo/jinja", "key-jinja"
 TEMPLATE = ("{%- for m in messages %}[{{ m['role'] | upper }}] {{ m['content'] }}{{ eos_token }}{%- endfor %}"
             "{%- if add_generation_prompt %}[ASSISTANT]{%- endif %}")
+TOOL_TEMPLATE = (
+    "{%- if tools %}[TOOLS]{% for t in tools %} {{ t.function.name }}{% endfor %}{{ eos_token }}{% endif %}"
+    "{%- for m in messages %}[{{ m['role'] | upper }}] "
+    "{%- if m.content %}{{ m.content | upper if shout else m.content }}{% endif %}"
+    "{%- for c in m.tool_calls or [] %}<call>{{ c.function.name }} {{ c.function.arguments | tojson }}</call>"
+    "{%- endfor %}{{ eos_token }}{%- endfor %}"
+    "{%- if add_generation_prompt %}[ASSISTANT]{%- endif %}")
 CHAT = [{"role": "user", "content": "Name a colour."}]
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+TOOL_CHAT = [
+    {"role": "user", "content": "Weather in Oslo?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "cold"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,23 +49,17 @@ def served(tmp_path_factory):
     config.pop("chat_template", None)  # only the file carries it now
     config_path.write_text(json.dumps(config))
     (model_dir / "chat_template.jinja").write_text(TEMPLATE)
+    (model_dir / "additional_chat_templates").mkdir()
+    (model_dir / "additional_chat_templates" / "tool_use.jinja").write_text(TOOL_TEMPLATE)
     engine = Engine(model_dir, EngineConfig(block_size=4, num_kv_blocks=64))
     want = engine.generate([CHAT], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))[0]
     async_engine = AsyncEngine(engine)
     app = build_gateway_app(LocalEngineBackend({MODEL: async_engine}), GatewayAuth(verify_api_key={KEY: "demo"}.get))
-    sock = _free_socket()
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     try:
-        _wait_healthy(base_url, thread)
-        yield engine, want, openai.OpenAI(base_url=f"{base_url}/v1", api_key=KEY, max_retries=0, timeout=20)
+        with served_app(app) as base_url:
+            yield engine, want, openai.OpenAI(base_url=f"{base_url}/v1", api_key=KEY, max_retries=0, timeout=20)
     finally:
-        server.should_exit = True
-        thread.join(20)
         async_engine.shutdown()
-        sock.close()
 
 
 def test_chat_uses_the_template_file(served):
@@ -60,3 +70,29 @@ def test_chat_uses_the_template_file(served):
                                          extra_body={"ignore_eos": True})
     assert got.choices[0].message.content == want.text
     assert got.usage.prompt_tokens == len(engine.tokenizer.encode(rendered, add_special_tokens=False))
+
+
+def test_chat_with_tools_and_a_template_kwarg_uses_the_tool_template(served):
+    engine, _, client = served
+    prompt = ChatPrompt(messages=tuple(
+        {k: v for k, v in m.items() if v is not None} for m in TOOL_CHAT[:1]) + (
+        {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
+                                              "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "cold"}), tools=(TOOL,), template_kwargs={"shout": True})
+    rendered = engine.tokenizer.apply_chat_template(list(prompt.messages), tools=prompt.tools,
+                                                    template_kwargs=prompt.template_kwargs)
+    (eos,) = engine.tokenizer.convert_ids_to_tokens(engine.tokenizer.eos_token_ids[:1])
+    assert rendered == (f"[TOOLS] get_weather{eos}[USER]WEATHER IN OSLO?{eos}"
+                        f'[ASSISTANT]<call>get_weather {{"city": "Oslo"}}</call>{eos}[TOOL]COLD{eos}[ASSISTANT]')
+    want = engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))[0]
+    # tool_choice "none": this template teaches no tool-call format the gateway could parse calls in.
+    got = client.chat.completions.create(model=MODEL, messages=TOOL_CHAT, tools=[TOOL], tool_choice="none",
+                                         max_tokens=8, temperature=0,
+                                         extra_body={"ignore_eos": True, "chat_template_kwargs": {"shout": True}})
+    assert got.choices[0].message.content == want.text
+    assert got.usage.prompt_tokens == len(engine.tokenizer.encode(rendered, add_special_tokens=False))
+    # Without the switch the template renders the messages as they are: a different prompt.
+    quiet = client.chat.completions.create(model=MODEL, messages=TOOL_CHAT, tools=[TOOL], tool_choice="none",
+                                           max_tokens=1, temperature=0)
+    assert quiet.usage.prompt_tokens == len(engine.tokenizer.encode(
+        rendered.replace("WEATHER IN OSLO?", "Weather in Oslo?").replace("COLD", "cold"), add_special_tokens=False))

@@ -45,7 +45,7 @@ TENANT = "demo"
 MAX_MODEL_LEN = 64
 MAX_EXAMPLES = 100  # per operation and mode (issue 19 asked for many more than the first pass's 25)
 # Routes anyone may call; every other one needs a key (/metrics the admin key or the scrape token).
-PUBLIC_PATHS = {"/healthz", "/readyz"}
+PUBLIC_PATHS = {"/healthz", "/readyz", "/health", "/ping", "/version"}
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,8 @@ block manager with a deadline — nothing waits on a sleep.
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import openai
@@ -24,6 +22,7 @@ from infra.gateway_app import build_gateway_app
 from infra.gateway_auth import GatewayAuth
 from infra.gateway_backend import GatewayBackend
 from infra.local_engine_backend import LocalEngineBackend
+from tests.infra.served_app import free_socket, wait_healthy
 from worker import AsyncEngine, DemoModelConfig, Engine, EngineConfig, SamplingParams, write_demo_model
 
 MODEL = "demo/tiny"
@@ -69,27 +68,6 @@ class Platform:
             time.sleep(0.01)
 
 
-def _free_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))  # the OS picks a free port; uvicorn serves on this very socket
-    return sock
-
-
-def _wait_healthy(base_url: str, thread: threading.Thread) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base_url}/healthz", timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        assert thread.is_alive(), "uvicorn exited during start-up"
-        assert time.monotonic() < deadline, "the gateway did not answer /healthz in time"
-        time.sleep(0.02)
-
-
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory) -> Iterator[Platform]:
     model_dir = write_demo_model(tmp_path_factory.mktemp("gateway") / "tiny", DemoModelConfig(
@@ -104,13 +82,13 @@ def platform(tmp_path_factory) -> Iterator[Platform]:
     async_engine = AsyncEngine(engine)
     backend = RecordingBackend({MODEL: async_engine})
     app = build_gateway_app(backend, GatewayAuth(verify_api_key={KEY: "demo"}.get))
-    sock = _free_socket()
+    sock = free_socket()
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="gateway-uvicorn", daemon=True)
     thread.start()
     base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     try:
-        _wait_healthy(base_url, thread)
+        wait_healthy(base_url, thread)
         yield Platform(engine, backend, base_url, references)
     finally:
         server.should_exit = True

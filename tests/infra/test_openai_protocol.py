@@ -1,21 +1,15 @@
 """The OpenAI request models: what is accepted, what is refused (each field named), and the
-SamplingParams a valid request becomes."""
+SamplingParams and ChatPrompt a valid request becomes."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from infra.gateway_backend import GenerationChunk, InvalidRequest
+from infra.gateway_backend import InvalidRequest
 from infra.openai_errors import error_from_validation, param_from_loc
-from infra.openai_protocol import (
-    COMPLETION_DEFAULT_MAX_TOKENS,
-    ChatCompletionRequest,
-    ChatRenderer,
-    CompletionRenderer,
-    CompletionRequest,
-    Usage,
-)
+from infra.openai_protocol import IGNORED_FIELDS, COMPLETION_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest
+from wire import ChatPrompt
 from worker import SamplingParams
 
 CHAT = [{"role": "user", "content": "hi"}]
@@ -59,6 +53,33 @@ def test_every_supported_field_reaches_sampling_params():
     assert completion(top_k=-1).to_sampling_params(16).top_k == 0  # vLLM's "disabled"
 
 
+def test_penalties_bias_and_vllm_extras_reach_sampling_params():
+    fields = dict(presence_penalty=0.5, frequency_penalty=-1.5, repetition_penalty=1.3, min_p=0.05,
+                  logit_bias={"7": 5.0, "3": -100}, min_tokens=2, max_tokens=9)
+    for request in (completion(**fields), chat(**fields)):
+        params = request.to_sampling_params(16)
+        assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty, params.min_p,
+                params.logit_bias, params.min_tokens) == (0.5, -1.5, 1.3, 0.05, ((3, -100.0), (7, 5.0)), 2)
+        assert params.skip_special_tokens is True
+    assert completion(skip_special_tokens=False).to_sampling_params(16).skip_special_tokens is False
+
+
+def test_logprobs_in_each_endpoints_form():
+    assert completion().to_sampling_params(16).logprobs is None
+    # The legacy completions form: 0 still asks for each token's own log-probability.
+    assert completion(logprobs=0).to_sampling_params(16).logprobs == 0
+    assert completion(logprobs=5).to_sampling_params(16).logprobs == 5
+    assert chat(logprobs=False, top_logprobs=0).to_sampling_params(16).logprobs is None
+    assert chat(logprobs=True).to_sampling_params(16).logprobs == 0
+    assert chat(logprobs=True, top_logprobs=20).to_sampling_params(16).logprobs == 20
+
+
+def test_a_logit_bias_with_too_many_tokens_is_a_400_naming_logit_bias():
+    with pytest.raises(InvalidRequest) as info:
+        completion(logit_bias={str(i): 1.0 for i in range(5000)}).to_sampling_params(16)
+    assert info.value.param == "logit_bias" and "at most" in info.value.message
+
+
 def test_nulls_mean_defaults():
     body = {name: None for name in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream")}
     assert completion(**body).to_sampling_params(16) == SamplingParams(
@@ -78,10 +99,52 @@ def test_chat_messages_become_template_input():
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "name": "x"},
         {"role": "assistant", "content": "ok"},
     ])
-    assert request.prompt_messages() == [
-        {"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"},
+    assert request.chat_prompt() == ChatPrompt(messages=(
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "ab", "name": "x"},
         {"role": "assistant", "content": "ok"},
-    ]
+    ))
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "the weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def test_tools_calls_and_template_kwargs_reach_the_chat_prompt():
+    request = chat(messages=[
+        {"role": "user", "content": "weather in Oslo?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+            {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": "not json"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"},
+    ], tools=[WEATHER_TOOL], tool_choice="auto", chat_template_kwargs={"enable_thinking": False})
+    prompt = request.chat_prompt()
+    assert prompt.messages == (
+        {"role": "user", "content": "weather in Oslo?"},
+        # Arguments that are a JSON object reach the template as the object (vLLM's rule), others as text.
+        {"role": "assistant", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}},
+            {"id": "call_2", "type": "function", "function": {"name": "get_weather", "arguments": "not json"}}]},
+        {"role": "tool", "content": "-3 C", "tool_call_id": "call_1"},
+    )
+    assert prompt.tools == (WEATHER_TOOL,)
+    assert prompt.template_kwargs == {"enable_thinking": False}
+
+
+def test_harmless_fields_are_accepted_and_change_nothing():
+    plain = chat().to_sampling_params(8)
+    harmless = {"user": "u1", "metadata": {"k": "v"}, "store": False, "service_tier": "auto",
+                "prompt_cache_key": "abc", "safety_identifier": "s", "parallel_tool_calls": True}
+    assert set(harmless) == set(IGNORED_FIELDS)
+    request = chat(**harmless)
+    assert request.to_sampling_params(8) == plain and request.chat_prompt() == chat().chat_prompt()
+    assert completion(**{k: v for k, v in harmless.items() if k != "parallel_tool_calls"}).to_sampling_params(8) \
+        == completion().to_sampling_params(8)
+
+
+def test_continuous_usage_is_read_from_stream_options():
+    assert chat(stream=True, stream_options={"continuous_usage_stats": True}).continuous_usage
+    assert not chat(stream=True, stream_options={"include_usage": True}).continuous_usage
 
 
 @pytest.mark.parametrize("prompt, expected", [
@@ -108,8 +171,17 @@ def test_one_prompt_in_any_form(prompt, expected):
     ("ignore_eos", "yes", "ignore_eos", "valid boolean"),
     ("stream", 1, "stream", "valid boolean"),
     ("n", 2, "n", "not supported"),
-    ("logprobs", 5, "logprobs", "not supported"),
-    ("presence_penalty", 0.5, "presence_penalty", "not supported"),
+    ("logprobs", 21, "logprobs", "less than or equal to 20"),
+    ("logprobs", True, "logprobs", "valid integer"),
+    ("presence_penalty", 2.5, "presence_penalty", "less than or equal to 2"),
+    ("frequency_penalty", -3, "frequency_penalty", "greater than or equal to -2"),
+    ("repetition_penalty", 0, "repetition_penalty", "greater than 0"),
+    ("min_p", 1.5, "min_p", "less than or equal to 1"),
+    ("min_tokens", -1, "min_tokens", "greater than or equal to 0"),
+    ("logit_bias", {"5": "x"}, "logit_bias", "the bias of token 5 must be a number in [-100, 100]"),
+    ("logit_bias", {"5": float("nan")}, "logit_bias", "the bias of token 5 must be"),
+    ("logit_bias", {"5": 101}, "logit_bias", "the bias of token 5 must be"),
+    ("logit_bias", {"a b": 1}, "logit_bias", "keys must be token ids"),
     ("echo", True, "echo", "not supported"),
     ("best_of", 3, "best_of", "not supported"),
     ("tempreature", 0.5, "tempreature", "not a known field"),
@@ -145,14 +217,33 @@ def test_every_bad_field_is_listed_and_the_first_is_param():
     ({"messages": []}, "messages", "at least 1"),
     ({}, "messages", "is required"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role", "'system'"),
-    ({"messages": [{"role": "user"}]}, "messages[0].content", "is required"),
+    ({"messages": [{"role": "user"}]}, "messages[0]", "content is required"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]},
      "messages[0].content[0].type", "'text'"),
     ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content", "lone surrogate"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
      "messages[0].content[0].text", "lone surrogate"),
     ({"messages": CHAT, "max_completion_tokens": 0}, "max_completion_tokens", "greater than or equal to 1"),
-    ({"messages": CHAT, "tools": [{"type": "function"}]}, "tools", "not supported"),
+    ({"messages": CHAT, "tools": [{"type": "function"}]}, "tools[0].function", "is required"),
+    ({"messages": CHAT, "tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name",
+     "should match pattern"),
+    ({"messages": CHAT, "tool_choice": "auto"}, "tool_choice", "only allowed when tools are given"),
+    ({"messages": CHAT, "top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
+    ({"messages": CHAT, "logprobs": 1}, "logprobs", "valid boolean"),
+    ({"messages": CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or equal to 20"),
+    ({"messages": CHAT, "tools": [WEATHER_TOOL], "tool_choice": "required"}, "tool_choice", "not supported"),
+    ({"messages": CHAT, "tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+     "tool_choice", "not among the tools (get_weather)"),
+    ({"messages": CHAT, "tools": [WEATHER_TOOL], "tool_choice": "sometimes"}, "tool_choice", "'none'"),
+    ({"messages": CHAT, "chat_template_kwargs": {"messages": []}}, "chat_template_kwargs", "may not set messages"),
+    ({"messages": [{"role": "assistant", "content": None}]}, "messages[0]", "content is required"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
+     "messages[0]", "only allowed on assistant messages"),
+    ({"messages": [{"role": "user", "content": "x", "tool_call_id": "c"}]}, "messages[0]", "only allowed on tool"),
+    ({"messages": CHAT, "metadata": {"k": 1}}, "metadata.k", "valid string"),
+    ({"messages": CHAT, "stream": True, "stream_options": {"continuous_usage_stats": "yes"}},
+     "stream_options.continuous_usage_stats", "valid boolean"),
     ({"messages": CHAT, "response_format": {"type": "json_object"}}, "response_format", "not supported"),
 ])
 def test_chat_refusals_name_the_field(body, param, words):
@@ -162,6 +253,7 @@ def test_chat_refusals_name_the_field(body, param, words):
 
 def test_neutral_values_of_unserved_fields_are_accepted():
     request = chat(tools=[], tool_choice="none", response_format={"type": "text"}, logprobs=False, top_logprobs=0)
+    assert request.chat_prompt().tools == ()
     assert request.to_sampling_params(4).max_tokens == 4
 
 
@@ -182,34 +274,6 @@ def test_sampling_params_refusal_becomes_invalid_request_naming_the_field():
 ])
 def test_param_from_loc(loc, param):
     assert param_from_loc(loc) == param
-
-
-def chunk(text: str, finished: bool = False, **counts) -> GenerationChunk:
-    return GenerationChunk(request_id="r", text=text, token_ids=(1,), finish_reason="length" if finished else None,
-                           num_prompt_tokens=counts.get("p", 3), num_completion_tokens=counts.get("o", 1))
-
-
-def test_chat_renderer_streams_role_then_content_then_finish():
-    renderer = ChatRenderer(request_id="chatcmpl-1", model="acme/m", created=5)
-    first = [o.model_dump(mode="json") for o in renderer.stream_objects(chunk("He"), is_first=True)]
-    assert [c["choices"][0]["delta"] for c in first] == [{"role": "assistant", "content": ""}, {"content": "He"}]
-    assert first[0]["object"] == "chat.completion.chunk" and first[0]["usage"] is None
-    assert renderer.stream_objects(chunk(""), is_first=False) == []  # half a UTF-8 character: nothing yet
-    (last,) = [o.model_dump(mode="json") for o in renderer.stream_objects(chunk("", finished=True), False)]
-    assert last["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}
-    usage = renderer.usage_object(Usage.of(3, 2)).model_dump(mode="json")
-    assert usage["choices"] == [] and usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 2,
-                                                         "total_tokens": 5}
-
-
-def test_completion_renderer_whole_response():
-    renderer = CompletionRenderer(request_id="cmpl-1", model="acme/m", created=5)
-    body = renderer.whole("abc", "stop", Usage.of(4, 3)).model_dump(mode="json")
-    assert body == {
-        "id": "cmpl-1", "object": "text_completion", "created": 5, "model": "acme/m",
-        "choices": [{"index": 0, "text": "abc", "logprobs": None, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7},
-    }
 
 
 def test_too_many_or_too_long_stop_sequences_are_a_400_naming_stop():

@@ -33,7 +33,8 @@ def test_a_snapshot_has_an_exact_tagged_dict_form_with_its_state_as_bytes():
         "schema": "request_snapshot/1", "request_id": "r1", "prompt_token_ids": [5, 6, 7], "output_token_ids": [8],
         "params": {"schema": "sampling_params/1", "max_tokens": 9, "temperature": 0.5, "top_k": 0, "top_p": 1.0,
                    "seed": 3, "stop": ["\n"], "stop_token_ids": [], "ignore_eos": False,
-                   "model_defaults": []},
+                   "model_defaults": [], "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                   "repetition_penalty": 1.0, "min_p": 0.0, "logit_bias": [], "min_tokens": 0, "logprobs": None},
         "num_computed_tokens": 3, "generator_state": STATE, "generator_device_type": "cpu",
         "checkpoint_id": "ckpt-00000000000000v1"}
     assert type(SNAPSHOT.to_dict()["generator_state"]) is bytes  # one blob, not a list of ints
@@ -54,9 +55,13 @@ def test_an_outcome_has_an_exact_tagged_dict_form_with_plain_strings_for_its_enu
 @pytest.mark.parametrize("record", [
     SNAPSHOT,
     RequestSnapshot("r2", [1], [], SamplingParams(), 0),  # no generator state, no checkpoint, lists in
+    # Every sampling setting survives the move (logit_bias as sorted pairs).
+    RequestSnapshot("r4", [1, 2], [3], SamplingParams(max_tokens=8, presence_penalty=1.0, frequency_penalty=0.5,
+                                                      repetition_penalty=1.2, min_p=0.1, logit_bias={7: -3.0, 2: 1.5},
+                                                      min_tokens=4, logprobs=2), 1),
     OUTCOME,
     MigrationOutcome("r3", "tokens", "failed", "i1", "i2", 0, 0, 0, 0, 0, 0.0, 0.5, error=""),
-], ids=["snapshot", "bare-snapshot", "outcome", "failed-outcome"])
+], ids=["snapshot", "bare-snapshot", "tuned-snapshot", "outcome", "failed-outcome"])
 def test_each_record_round_trips_through_its_dict_and_through_pickle(record):
     assert type(record).from_dict(record.to_dict()) == record
     copy = pickle.loads(pickle.dumps(record))

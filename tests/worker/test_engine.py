@@ -4,6 +4,8 @@ problem, while the requests around it finish exactly as they would without it.""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -193,3 +195,18 @@ def test_thaw_format_loads_the_same_model(tiny_llama_dir, tmp_path):
 def test_cuda_device_without_cuda_is_refused_clearly(tiny_llama_dir):
     with pytest.raises(ValueError, match="no usable CUDA device"):
         Engine(tiny_llama_dir, EngineConfig(device="cuda"))
+
+
+def test_special_tokens_text_is_kept_only_when_asked_and_the_ending_token_adds_none(engine):
+    tokenizer = engine.tokenizer
+    header = tokenizer.token_to_id("<|start_header_id|>")
+    (eot,) = [t for t in engine.eos_token_ids if tokenizer.convert_ids_to_tokens([t]) == ["<|eot_id|>"]]
+    forced = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, logit_bias={header: 100.0})
+    [skipped] = engine.generate(["hello"], forced)
+    [kept] = engine.generate(["hello"], dataclasses.replace(forced, skip_special_tokens=False))
+    assert list(skipped.output_token_ids) == list(kept.output_token_ids) == [header, header]
+    assert skipped.text == "" and kept.text == "<|start_header_id|><|start_header_id|>"
+    # The end-of-sequence token ends the request without adding its name, special tokens kept or not.
+    [ended] = engine.generate(["hello"], SamplingParams(temperature=0.0, max_tokens=4, logit_bias={eot: 100.0},
+                                                        skip_special_tokens=False))
+    assert (list(ended.output_token_ids), ended.text, ended.finish_reason) == ([eot], "", "stop")

@@ -31,8 +31,8 @@ class PoisonSampler(Sampler):
     """Samples the whole batch (every row's generator advances), then fails if a row is poisoned:
     the engine must put the generators back and redraw row by row, failing that row alone."""
 
-    def sample(self, logits, params, generators):
-        token_ids = super().sample(logits, params, generators)
+    def sample(self, logits, params, generators, **rows):
+        token_ids = super().sample(logits, params, generators, **rows)
         if any(p.seed == POISON_SEED for p in params):
             raise RuntimeError("probability tensor contains either inf, nan or element < 0")
         return token_ids
@@ -42,8 +42,8 @@ class BadTokenSampler(Sampler):
     """Hands the poisoned row a token id the tokenizer cannot decode: its stop handling or
     detokenizing fails, not its sampling."""
 
-    def sample(self, logits, params, generators):
-        token_ids = super().sample(logits, params, generators)
+    def sample(self, logits, params, generators, **rows):
+        token_ids = super().sample(logits, params, generators, **rows)
         return [-5 if p.seed == POISON_SEED else t for p, t in zip(params, token_ids)]
 
 

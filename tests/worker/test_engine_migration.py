@@ -5,7 +5,9 @@ text it would have produced unmoved, greedy or seeded; what a client saw from th
 hand-off and from the destination after is exactly the unmoved output; refusals and failures leave
 both engines as they were, down to the free-block count. A snapshot of another checkpoint is
 refused (one naming none, rebuilt from a client's tokens, is not); a request running again is not
-released; `request_progress` says where a request stands."""
+released; `request_progress` says where a request stands. A request with every sampling setting on
+(penalties, bias, min-p, min_tokens, logprobs) moves the same: its penalty counts are rebuilt from
+its tokens, and the logprobs of the tokens generated after the move come from the destination."""
 
 from __future__ import annotations
 
@@ -30,6 +32,9 @@ CONFIG = EngineConfig(block_size=4, num_kv_blocks=64, max_num_batched_tokens=16)
 PROMPT = "Paged attention stores keys and values"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 SEEDED = SamplingParams(temperature=1.0, top_p=0.95, seed=1234, max_tokens=40, ignore_eos=True)
+TUNED = SamplingParams(temperature=0.9, top_p=0.95, seed=99, max_tokens=40, ignore_eos=True, repetition_penalty=1.3,
+                       presence_penalty=0.5, frequency_penalty=0.3, min_p=0.05, logit_bias={5: 2.0, 9: -1.0},
+                       min_tokens=10, logprobs=2)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +80,7 @@ class Client:
         self.token_ids: list[int] = []
         self.text = ""
         self.finish_reason: str | None = None
+        self.logprobs: list = []  # TokenLogprobs, for a request that asks for them
 
     def take(self, outputs, request_id: str) -> None:
         for out in outputs:
@@ -83,6 +89,7 @@ class Client:
                 self.token_ids.extend(out.new_token_ids)
                 self.text += out.new_text
                 self.finish_reason = out.finish_reason
+                self.logprobs.extend(out.logprobs or ())
 
 
 def run_alone(engine: Engine, params: SamplingParams, prompt: str = PROMPT) -> Client:
@@ -124,6 +131,28 @@ def test_one_shot_migration_at_a_random_step_changes_nothing(source, dest, param
         expected.token_ids, expected.text, expected.finish_reason)
     if with_kv:  # the destination computed only the last token: its KV is the source's
         assert snapshot.num_computed_tokens == snapshot.num_tokens - 1
+
+
+@pytest.mark.parametrize("with_kv", [False, True], ids=["recompute", "kv-blocks"])
+def test_a_request_with_every_sampling_setting_moves_unchanged_with_its_logprobs(source, dest, with_kv, unmoved):
+    expected = unmoved(TUNED)
+    assert len(expected.logprobs) == len(expected.token_ids) == 40
+    client = Client()
+    rid = start(source, TUNED, 6, client)  # mid-way through min_tokens, penalties counting
+    num_before = len(client.token_ids)
+    snapshot = freeze_request(source, rid)
+    assert snapshot.params == TUNED  # every setting rides in the snapshot
+    kv = export_kv(source, rid, 0, include_partial=True)[1] if with_kv else None
+    import_request(dest, snapshot, kv)
+    client.take([release_request(source, rid)], rid)
+    client.finish_reason = None
+    finish(dest, rid, client)
+    assert (client.token_ids, client.text, client.finish_reason) == (
+        expected.token_ids, expected.text, expected.finish_reason)
+    assert 0 < num_before < 40 and len(client.logprobs) == 40  # one per token: the source's, then the destination's
+    for got, want in zip(client.logprobs, expected.logprobs):
+        assert (got.token_id, set(got.top_token_ids)) == (want.token_id, set(want.top_token_ids))
+        assert abs(got.logprob - want.logprob) < 1e-4
 
 
 def test_kv_staged_while_the_source_decodes_then_a_short_stop(source, dest, unmoved):

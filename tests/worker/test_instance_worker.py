@@ -94,6 +94,21 @@ def test_stream_matches_the_engine_run_directly(worker, reference, prompt):
     assert all_blocks_free(worker)
 
 
+def test_a_stream_carries_each_tokens_logprobs_for_a_request_that_asks(worker, reference):
+    params = {**GREEDY, "logprobs": 3, "repetition_penalty": 1.2, "logit_bias": {"300": 1.5}}
+    chunks = asyncio.run(collect(worker, "with-logprobs", "The quick brown fox", params))
+    want = reference.generate(["The quick brown fox"], SamplingParams(**params))[0]
+    assert [t for c in chunks for t in c.token_ids] == list(want.output_token_ids)
+    for chunk in chunks:
+        assert chunk.logprobs is not None and len(chunk.logprobs) == len(chunk.token_ids)
+        for token_id, lp in zip(chunk.token_ids, chunk.logprobs):
+            assert lp.token_id == token_id and len(lp.top_token_ids) == 3 and lp.logprob <= 0.0
+            assert lp.token == reference.tokenizer.decode([token_id], skip_special_tokens=False)
+    plain = asyncio.run(collect(worker, "without", "The quick brown fox"))
+    assert all(chunk.logprobs is None for chunk in plain)
+    assert all_blocks_free(worker)
+
+
 def test_requests_sent_during_the_load_wait_for_it(model_dir, reference):
     want = reference.generate(["Once upon a time"], SamplingParams(**GREEDY))[0]
 
@@ -120,8 +135,10 @@ def test_requests_sent_during_the_load_wait_for_it(model_dir, reference):
     ([7] * 256, GREEDY, "prompt", "prompt is 256 tokens but the model's context is 256 tokens"),
     ([{"role": "user"}], GREEDY, "messages", "content"),
     ("hi", {"max_tokens": 255}, "max_tokens", "KV-cache slots"),
+    ("hi", {"logit_bias": {"1024": 5}}, "logit_bias", "logit_bias token ids must be in \\[0, 1024\\)"),
+    ("hi", {"logprobs": 21}, "logprobs", "logprobs must be None \\(off\\) or an integer in \\[0, 20\\]"),
 ], ids=["temperature", "max_tokens", "stop", "unknown", "not-a-mapping", "empty", "token-range", "too-long",
-        "bad-message", "over-kv-cache"])
+        "bad-message", "over-kv-cache", "logit-bias-vocab", "logprobs"])
 def test_invalid_request_names_its_field_and_others_keep_going(worker, reference, prompt, params, field, match):
     want = reference.generate(["a fine prompt"], SamplingParams(**GREEDY))[0]
 

@@ -375,3 +375,181 @@ def test_the_smallest_sampling_temperature_still_samples_finitely():
     assert not params.is_greedy
     logits = torch.tensor([[0.5, 3.0, -1.0, 2.9]], dtype=torch.float32) * 1e3  # [1, V=4], large logits
     assert Sampler().sample(logits, [params], [generator(3)]) == [1]  # no NaN: the argmax, effectively
+
+
+# ---------------------------------------------------------------- penalties, bias, min-p, min_tokens
+#
+# References are transformers' logits processors on the same logits and tokens (prompt + output as
+# their input_ids). transformers has no OpenAI presence/frequency penalty; its formula is written
+# out: logit - frequency_penalty * count_in_output - presence_penalty * (count_in_output > 0).
+
+from transformers.generation.logits_process import (  # noqa: E402 - the references of this section
+    MinNewTokensLengthLogitsProcessor, MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor, TemperatureLogitsWarper,
+)
+
+from worker.token_counts import TokenCounts  # noqa: E402
+
+VOCAB = 48
+EOS_ID = 0
+
+
+def random_logits(num_rows: int, seed: int, scale: float = 2.0) -> torch.Tensor:
+    return torch.randn(num_rows, VOCAB, generator=generator(seed)) * scale  # [N, V]
+
+
+def counts_for(params: SamplingParams, prompt: list[int], output: list[int]) -> TokenCounts | None:
+    if not params.has_penalties:
+        return None
+    counts = TokenCounts(VOCAB, "cpu", prompt if params.repetition_penalty != 1.0 else None)
+    counts.update(prompt + output, start=len(prompt))
+    return counts
+
+
+def sampler_probs(logits, params, prompts, outputs):
+    return Sampler(eos_token_ids=[EOS_ID]).probabilities(
+        logits, params, num_output_tokens=[len(o) for o in outputs],
+        token_counts=[counts_for(p, pr, o) for p, pr, o in zip(params, prompts, outputs)])
+
+
+def openai_penalties(logits: torch.Tensor, output: list[int], presence: float, frequency: float) -> torch.Tensor:
+    counts = torch.bincount(torch.tensor(output, dtype=torch.long), minlength=VOCAB).to(torch.float32)  # [V]
+    return logits - frequency * counts - presence * (counts > 0).to(torch.float32)
+
+
+PROMPTS = [[1, 2, 3, 5], [7, 7, 8], [9, 10, 11], [4, 5, 6], [12, 13]]
+OUTPUTS = [[5, 14, 14, 15], [3, 3, 9], [], [6, 6, 6, 16], [13, 17]]
+
+
+def test_each_setting_gives_the_distribution_of_transformers_processors_batched_in_one_call():
+    logits = random_logits(5, seed=1)
+    params = [
+        SamplingParams(repetition_penalty=1.3, temperature=0.7),
+        SamplingParams(min_p=0.05, temperature=0.8),
+        SamplingParams(logit_bias={5: 3.0, 9: -2.0, 30: 100}),
+        SamplingParams(presence_penalty=0.6, frequency_penalty=0.4, temperature=1.5),
+        SamplingParams(repetition_penalty=0.8, presence_penalty=-1.0, frequency_penalty=2.0, min_p=0.2,
+                       logit_bias={13: -5.0}, temperature=0.5),
+    ]
+    probs = sampler_probs(logits, params, PROMPTS, OUTPUTS)  # [5, V]
+
+    def ids(row):
+        return torch.tensor([PROMPTS[row] + OUTPUTS[row]])
+
+    expected = [
+        TemperatureLogitsWarper(0.7)(ids(0), RepetitionPenaltyLogitsProcessor(1.3)(ids(0), logits[0:1])),
+        MinPLogitsWarper(0.05)(ids(1), TemperatureLogitsWarper(0.8)(ids(1), logits[1:2])),
+        SequenceBiasLogitsProcessor({(5,): 3.0, (9,): -2.0, (30,): 100.0})(ids(2), logits[2:3]),
+        TemperatureLogitsWarper(1.5)(ids(3), openai_penalties(logits[3:4], OUTPUTS[3], 0.6, 0.4)),
+        # vLLM's order: bias, then repetition, frequency, presence; min-p after temperature.
+        MinPLogitsWarper(0.2)(ids(4), TemperatureLogitsWarper(0.5)(ids(4), openai_penalties(
+            RepetitionPenaltyLogitsProcessor(0.8)(ids(4), SequenceBiasLogitsProcessor({(13,): -5.0})(
+                ids(4), logits[4:5])), OUTPUTS[4], -1.0, 2.0))),
+    ]
+    for row, reference in enumerate(expected):
+        assert torch.equal(probs[row], torch.softmax(reference[0], dim=-1)), f"row {row}"
+    # The settings did something: every row differs from the plain softmax at its temperature.
+    for row, p in enumerate(params):
+        assert not torch.equal(probs[row], torch.softmax(logits[row] / p.temperature, dim=-1)), f"row {row}"
+    # min-p kept exactly the tokens at or above min_p x the top probability.
+    tempered_probs = torch.softmax(logits[1] / 0.8, dim=-1)
+    assert (probs[1] > 0).nonzero().flatten().tolist() == \
+        (tempered_probs >= 0.05 * tempered_probs.max()).nonzero().flatten().tolist()
+    assert 3 <= int((probs[1] > 0).sum()) < VOCAB
+
+
+def test_min_p_composes_with_top_k_and_top_p_in_vllm_order():
+    logits = random_logits(1, seed=2, scale=1.0)
+    params = SamplingParams(min_p=0.3, top_k=6, top_p=0.7, temperature=0.9)
+    probs = Sampler().probabilities(logits, [params])[0]
+    # temperature -> min-p -> top-k -> softmax -> top-p (renormalised over what is left)
+    scaled = MinPLogitsWarper(0.3)(None, logits / torch.tensor(0.9))
+    scaled = apply_top_k(scaled, 6)
+    kept = torch.softmax(scaled, dim=-1)
+    kept = kept.masked_fill(~top_p_keep_mask(kept, 0.7), 0.0)
+    assert torch.equal(probs, (kept / kept.sum())[0])
+
+
+def test_min_tokens_holds_back_eos_and_stop_ids_until_reached_as_transformers_min_new_tokens():
+    logits = random_logits(1, seed=3)
+    logits[0, EOS_ID] = 50.0  # the model wants to stop now
+    logits[0, 7] = 40.0
+    params = SamplingParams(min_tokens=3, stop_token_ids=[7], temperature=0.0, max_tokens=8)
+    sampler = Sampler(eos_token_ids=[EOS_ID])
+    prompt = [1, 2]
+    tokens = []
+    for num_output in range(5):
+        probs = sampler.probabilities(logits, [params], num_output_tokens=[num_output])[0]
+        processor = MinNewTokensLengthLogitsProcessor(len(prompt), 3, eos_token_id=[EOS_ID, 7])
+        reference = processor(torch.tensor([prompt + [20] * num_output]), logits.clone())[0]
+        assert probs.argmax().item() == reference.argmax().item()
+        tokens.append(sampler.sample(logits, [params], [None], num_output_tokens=[num_output])[0])
+    held = logits.clone()
+    held[0, [EOS_ID, 7]] = float("-inf")
+    assert tokens[:3] == [held.argmax().item()] * 3 and held.argmax().item() not in (EOS_ID, 7)
+    assert tokens[3:] == [EOS_ID, EOS_ID]  # from the fourth token on, EOS may come
+    # ignore_eos does not lift it (vLLM holds back every stop id), and no min_tokens holds nothing.
+    assert sampler.sample(logits, [SamplingParams(min_tokens=2, ignore_eos=True, temperature=0.0)], [None],
+                          num_output_tokens=[1]) != [EOS_ID]
+    assert sampler.sample(logits, [SamplingParams(temperature=0.0)], [None]) == [EOS_ID]
+
+
+def test_greedy_rows_get_penalties_and_bias_too():
+    logits = torch.tensor([[0.0, 5.0, 4.0, 1.0, -3.0], [0.0, 5.0, 4.0, 1.0, -3.0], [0.0, 5.0, 4.0, 1.0, -3.0]])
+    counts = TokenCounts(5, "cpu", [1])
+    counts.update([])
+    params = [SamplingParams(temperature=0.0, logit_bias={1: -2}),  # 3.0 < 4.0: token 2
+              SamplingParams(temperature=0.0, repetition_penalty=2.0),  # token 1 is in the prompt: 2.5 < 4.0
+              SamplingParams(temperature=0.0)]
+    assert Sampler().sample(logits, params, [None] * 3, num_output_tokens=[0] * 3,
+                            token_counts=[None, counts, None]) == [2, 2, 1]
+
+
+def test_a_row_without_settings_samples_as_before_beside_rows_with_them():
+    steps = steps_logits(6, VOCAB, seed=4)
+    plain = SamplingParams(temperature=0.9, seed=5)
+    alone = draw_sequence(Sampler(), steps, plain, seed=5)
+    busy = SamplingParams(temperature=0.0, logit_bias={3: 10.0}, min_tokens=2)
+    counts = TokenCounts(VOCAB, "cpu", [1, 2])
+    penalised = SamplingParams(temperature=0.7, repetition_penalty=1.5, frequency_penalty=1.0, min_p=0.1)
+    sampler = Sampler(eos_token_ids=[EOS_ID])
+    gen = generator(5)
+    companion_gen = generator(6)
+    together = []
+    for row_logits in steps:
+        batch = torch.stack([row_logits, row_logits, row_logits])  # [3, V]
+        tokens = sampler.sample(batch, [busy, penalised, plain], [None, companion_gen, gen],
+                                num_output_tokens=[0, 0, 0], token_counts=[None, counts, None])
+        together.append(tokens[-1])
+        assert tokens[0] == 3
+    assert together == alone
+
+
+def test_a_penalty_without_its_counts_is_refused_by_row():
+    logits = random_logits(2, seed=6)
+    params = [SamplingParams(), SamplingParams(presence_penalty=1.0)]
+    with pytest.raises(ValueError, match="row 1 has a penalty: pass its TokenCounts over the 48 logits"):
+        Sampler().sample(logits, params, [None, None])
+    counts = TokenCounts(VOCAB, "cpu")
+    with pytest.raises(ValueError, match="row 0 has a repetition penalty: its TokenCounts needs the prompt"):
+        Sampler().sample(logits[:1], [SamplingParams(repetition_penalty=1.2)], [None], token_counts=[counts])
+    with pytest.raises(ValueError, match="row 0 has min_tokens 2: pass num_output_tokens"):
+        Sampler().sample(logits[:1], [SamplingParams(min_tokens=2)], [None])
+    with pytest.raises(ValueError, match=r"logit_bias names token 48, outside the model's vocabulary \[0, 48\)"):
+        Sampler().sample(logits[:1], [SamplingParams(logit_bias={48: 1.0})], [None])
+
+
+# ---------------------------------------------------------------- logprobs
+
+
+def test_logprobs_are_log_softmax_of_the_logits_given_with_each_rows_top_n():
+    logits = random_logits(3, seed=7).to(torch.bfloat16)
+    raw = Sampler.logprobs(logits, [4, 11, 0], [0, 2, 5])
+    reference = torch.log_softmax(logits.to(torch.float64), dim=-1)  # [3, V]
+    for row, (token_id, num_top) in enumerate([(4, 0), (11, 2), (0, 5)]):
+        assert raw[row].logprob == pytest.approx(reference[row, token_id].item(), abs=1e-5)
+        expected_top = torch.topk(reference[row], num_top).indices.tolist()
+        assert raw[row].top_token_ids == expected_top  # random logits: no ties
+        assert raw[row].top_logprobs == pytest.approx(reference[row, expected_top].tolist(), abs=1e-5)
+        assert raw[row].top_logprobs == sorted(raw[row].top_logprobs, reverse=True)
+    assert Sampler.logprobs(logits[:0], [], []) == []

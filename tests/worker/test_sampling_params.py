@@ -92,6 +92,34 @@ def test_positional_arguments_refused():
         ("stop_token_ids", 5),
         ("ignore_eos", 1),
         ("ignore_eos", "yes"),
+        ("presence_penalty", 2.0001),
+        ("presence_penalty", -3),
+        ("presence_penalty", math.nan),
+        ("presence_penalty", "0.5"),
+        ("frequency_penalty", -2.5),
+        ("frequency_penalty", True),
+        ("repetition_penalty", 0.0),
+        ("repetition_penalty", -1.0),
+        ("repetition_penalty", math.inf),
+        ("repetition_penalty", math.nan),
+        ("min_p", -0.01),
+        ("min_p", 1.5),
+        ("min_p", math.nan),
+        ("logit_bias", {5: 100.5}),
+        ("logit_bias", {5: math.nan}),
+        ("logit_bias", {-1: 1.0}),
+        ("logit_bias", {"abc": 1.0}),
+        ("logit_bias", {1.0: 1.0}),
+        ("logit_bias", [(1, 2.0, 3.0)]),
+        ("logit_bias", [(1, 1.0), (1, 2.0)]),
+        ("logit_bias", 5),
+        ("min_tokens", -1),
+        ("min_tokens", 17),  # above the default max_tokens (16)
+        ("min_tokens", 1.0),
+        ("logprobs", -1),
+        ("logprobs", 21),
+        ("logprobs", True),
+        ("logprobs", 2.0),
     ],
 )
 def test_invalid_value_raises_value_error_naming_field(field, value):
@@ -109,6 +137,16 @@ def test_invalid_value_raises_value_error_naming_field(field, value):
         ({"seed": -1}, "seed must be None or an integer in [0, 2**64), got -1"),
         ({"stop": ["a", ""]}, "stop[1] must be a non-empty string, got ''"),
         ({"stop_token_ids": [3, -2]}, "stop_token_ids[1] must be an integer >= 0, got -2"),
+        ({"presence_penalty": 2.5}, "presence_penalty must be a number in [-2, 2] (0 is off), got 2.5"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty must be a number in [-2, 2] (0 is off), got -2.5"),
+        ({"repetition_penalty": 0}, "repetition_penalty must be a finite number > 0 (1 is off), got 0"),
+        ({"min_p": 1.5}, "min_p must be a number in [0, 1] (0 is off), got 1.5"),
+        ({"logit_bias": {"7": 101}}, "logit_bias values must be numbers in [-100, 100], got 101 for token 7"),
+        ({"logit_bias": {"x": 1}}, "logit_bias keys must be token ids (integers >= 0), got 'x'"),
+        ({"logit_bias": [[1, 2], [3]]}, "logit_bias[1] must be a (token id, bias) pair, got [3]"),
+        ({"max_tokens": 4, "min_tokens": 5}, "min_tokens must be an integer in [0, max_tokens=4], got 5"),
+        ({"logprobs": 21},
+         "logprobs must be None (off) or an integer in [0, 20] (how many alternatives to report per token), got 21"),
     ],
 )
 def test_error_messages_are_exact(kwargs, message):
@@ -178,3 +216,31 @@ def test_stop_conditions_are_bounded_so_a_request_cannot_make_every_token_expens
         SamplingParams(stop=["ok", "y" * (MAX_STOP_CHARS + 1)])
     with pytest.raises(ValueError, match=f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids"):
         SamplingParams(stop_token_ids=list(range(MAX_STOP_TOKEN_IDS + 1)))
+
+
+def test_the_vllm_and_openai_settings_default_to_off_and_keep_their_values():
+    off = SamplingParams()
+    assert (off.presence_penalty, off.frequency_penalty, off.repetition_penalty, off.min_p, off.logit_bias,
+            off.min_tokens, off.logprobs) == (0.0, 0.0, 1.0, 0.0, (), 0, None)
+    assert off.has_penalties is False
+    params = SamplingParams(presence_penalty=-2, frequency_penalty=2, repetition_penalty=1, min_p=1, min_tokens=16,
+                            logprobs=0, logit_bias={"50": -100, 3: 100, 9: 0.5})
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty, params.min_p) == \
+        (-2.0, 2.0, 1.0, 1.0)
+    assert [type(v) for v in (params.presence_penalty, params.repetition_penalty, params.min_p)] == [float] * 3
+    assert params.logit_bias == ((3, 100.0), (9, 0.5), (50, -100.0))
+    assert (params.min_tokens, params.logprobs) == (16, 0)
+    assert params.has_penalties is True
+    assert SamplingParams(repetition_penalty=1.1).has_penalties is True
+    assert SamplingParams(frequency_penalty=0.1).has_penalties is True
+    # A bias given as a mapping or as pairs is the same record (hashable).
+    assert SamplingParams(logit_bias=[(9, 0.5), (3, 100)]) == SamplingParams(logit_bias={3: 100.0, 9: 0.5})
+    assert hash(SamplingParams(logit_bias={3: 1})) == hash(SamplingParams(logit_bias=[[3, 1.0]]))
+
+
+def test_logit_bias_is_bounded():
+    from worker.sampling_params import MAX_LOGIT_BIAS_TOKENS
+
+    assert len(SamplingParams(logit_bias={i: 1.0 for i in range(MAX_LOGIT_BIAS_TOKENS)}).logit_bias) == 1024
+    with pytest.raises(ValueError, match="logit_bias may hold at most 1024 tokens, got 1025"):
+        SamplingParams(logit_bias={i: 1.0 for i in range(MAX_LOGIT_BIAS_TOKENS + 1)})
