@@ -41,7 +41,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from worker.demo_model import BOS_TOKEN, EOT_TOKEN, SPECIAL_TOKENS  # noqa: E402
-from worker.grammar_spec import GrammarSpec  # noqa: E402
+from wire import GrammarSpec  # noqa: E402
 from worker.structured_output import GrammarEngine, apply_token_bitmask  # noqa: E402
 from worker.tokenizer import Tokenizer  # noqa: E402
 

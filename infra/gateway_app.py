@@ -54,6 +54,7 @@ from infra.openai_errors import OpenAIError, bad_request, install_error_handlers
 from infra.openai_protocol import COMPLETION_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest
 from infra.openai_renderers import ChatRenderer, CompletionRenderer
 from infra.openai_responses import ChatCompletionResponse, CompletionResponse, ModelList, ModelObject
+from infra.forced_tool_calls import ForcedToolCalls, forced_tool_grammar
 from infra.tool_call_parser import TOOL_CALL_FORMATS, ToolCallStreamParser
 
 DEFAULT_MAX_BODY_BYTES = 8 << 20
@@ -157,6 +158,12 @@ def build_gateway_app(
         parser = tool_parser(body, card) if isinstance(body, ChatCompletionRequest) else None
         if parser is not None and parser.needs_special_tokens:
             params = dataclasses.replace(params, skip_special_tokens=False)
+        if isinstance(body, ChatCompletionRequest) and body.forces_tool_calls:
+            if params.structured_output is not None:
+                raise bad_request("tool_choice forces tool calls, which constrains the output as the response "
+                                  "format does; send one of them", "tool_choice")
+            params = dataclasses.replace(params, structured_output=forced_tool_grammar(body.tools or [],
+                                                                                       body.forced_function))
         info = RequestInfo(model_id=card.model_id, request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=endpoint,
                            arrival_s=arrival_s)
         created = int(time.time())
@@ -172,11 +179,14 @@ def build_gateway_app(
             on_done=lambda status: metrics.record_request(card.model_id, endpoint, status),
         )
 
-    def tool_parser(body: ChatCompletionRequest, card: ModelCard) -> ToolCallStreamParser | None:
-        """The parser for a chat whose output may hold tool calls (tools given, tool_choice "auto",
-        OpenAI's default with tools); 400 when the model's tool-call format is unknown."""
+    def tool_parser(body: ChatCompletionRequest, card: ModelCard) -> ToolCallStreamParser | ForcedToolCalls | None:
+        """The parser for a chat whose output may hold tool calls: forced ones (tool_choice
+        "required" or a function) are JSON the grammar enforces; with "auto" (OpenAI's default
+        with tools) the model's own format is parsed -- 400 when the model's format is unknown."""
         if not body.tools or body.tool_choice == "none":
             return None
+        if body.forces_tool_calls:
+            return ForcedToolCalls(body.forced_function, random.Random())
         if card.tool_call_format is None:
             raise bad_request(
                 f"model {card.model_id!r} has no tool-call format this server can read (its chat template "

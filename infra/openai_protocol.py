@@ -8,10 +8,9 @@ kinds of field are told apart on purpose:
 
 - supported: mapped one to one onto `wire.SamplingParams` by `to_sampling_params`, or onto the
   chat's `wire.ChatPrompt` (messages, ``tools``, ``chat_template_kwargs``) by `chat_prompt`;
-- known but not served here yet (``n > 1``, ``echo``, ``response_format``,
-  ``tool_choice`` "required" or a named function): accepted at their neutral value, refused
-  with "not supported" otherwise, so a client never silently gets something other than it
-  asked for;
+- known but not served here yet (``n > 1``, ``echo``, ``best_of``, ``suffix``): accepted at their
+  neutral value, refused with "not supported" otherwise, so a client never silently gets
+  something other than it asked for;
 - harmless: accepted and ignored, because they ask nothing of the model's output
   (`IGNORED_FIELDS`: bookkeeping such as ``metadata`` and ``user``, routing hints such as
   ``service_tier`` and ``prompt_cache_key``) -- SDKs and agent frameworks send them routinely;
@@ -29,7 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from infra.gateway_backend import InvalidRequest, SamplingParams
-from wire import MAX_LOGPROBS, MODEL_DEFAULT_FIELDS, ChatPrompt
+from wire import MAX_LOGPROBS, MODEL_DEFAULT_FIELDS, ChatPrompt, GrammarSpec
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _MAX_SEED_EXCLUSIVE = 2**64
@@ -41,7 +40,6 @@ _NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
-    "response_format": (None, {"type": "text"}),
 }
 
 # Fields accepted and ignored: none of them changes what the model generates (see the module
@@ -80,6 +78,65 @@ class StreamOptions(_Strict):
         None, strict=True, description="vLLM extension: every chunk carries the usage so far")
 
 
+class JsonSchemaFormat(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="letters, digits, underscores, dashes")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="a JSON Schema object")
+    strict: bool | None = Field(None, strict=True)
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError('json_schema must be given exactly when type is "json_schema"')
+        return self
+
+    def grammar(self) -> GrammarSpec | None:
+        if self.type == "json_object":
+            return GrammarSpec.json_object()
+        if self.type == "json_schema":
+            # No schema: any JSON value would do, but OpenAI's clients mean an object.
+            schema = self.json_schema.schema_ if self.json_schema else None  # type: ignore[union-attr]
+            return GrammarSpec.json_schema(schema) if schema is not None else GrammarSpec.json_object()
+        return None
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's ``structured_outputs`` (the newer form of its ``guided_*`` fields): one constraint."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    json_object: bool | None = Field(None, strict=True)
+
+    def grammar(self) -> GrammarSpec | None:
+        given = [name for name in ("json_", "regex", "choice") if getattr(self, name) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) > 1:
+            raise ValueError(f"give one constraint, not {len(given)} ({', '.join(g.rstrip('_') for g in given)})")
+        if self.json_ is not None:
+            return GrammarSpec.json_schema(self.json_)
+        if self.regex is not None:
+            return GrammarSpec.regex(self.regex)
+        if self.choice is not None:
+            return GrammarSpec.choice(self.choice)
+        return GrammarSpec.json_object() if self.json_object else None
+
+
+# The request fields that constrain the output, each read into a `GrammarSpec` by its own rule.
+_GRAMMAR_FIELDS: dict[str, Any] = {
+    "response_format": lambda value: value.grammar(),
+    "structured_outputs": lambda value: value.grammar(),
+    "guided_json": GrammarSpec.json_schema,
+    "guided_regex": GrammarSpec.regex,
+    "guided_choice": GrammarSpec.choice,
+}
+
+
 class _GenerationRequest(_Strict):
     """Fields shared by both endpoints."""
 
@@ -111,6 +168,12 @@ class _GenerationRequest(_Strict):
     min_p: float | None = _finite(ge=0.0, le=1.0, description="vLLM extension; 0 is off")
     min_tokens: int | None = Field(None, ge=0, strict=True, description="vLLM extension")
     skip_special_tokens: bool | None = Field(None, strict=True, description="vLLM extension; default true")
+    # Structured output: OpenAI's response_format, or one of vLLM's forms (at most one of them).
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM extension")
+    guided_json: dict[str, Any] | str | None = Field(None, description="vLLM extension: a JSON Schema")
+    guided_regex: str | None = Field(None, description="vLLM extension")
+    guided_choice: list[str] | None = Field(None, description="vLLM extension")
 
     @field_validator("stop")
     @classmethod
@@ -144,6 +207,15 @@ class _GenerationRequest(_Strict):
                 raise ValueError(f"keys must be token ids (digits), got {key[:20]!r}")
             if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
                 raise ValueError(f"the bias of token {key} must be a number in [-100, 100], got {bias!r}")
+        return value
+
+    @field_validator(*_GRAMMAR_FIELDS)
+    @classmethod
+    def _enforceable(cls, value: Any, info: ValidationInfo) -> Any:
+        # The shape only (GrammarSpec's checks); whether the model's grammar engine can enforce
+        # it is the worker's to say, when the request is admitted.
+        if value is not None:
+            _GRAMMAR_FIELDS[info.field_name](value)
         return value
 
     @field_validator("stream_options")
@@ -183,6 +255,7 @@ class _GenerationRequest(_Strict):
                 min_tokens=self.min_tokens or 0,
                 logprobs=self._logprobs(),
                 skip_special_tokens=self.skip_special_tokens is not False,
+                structured_output=self.grammar(),
                 # Left out: the model's generation_config.json may set them (applied by the worker).
                 model_defaults=tuple(name for name in MODEL_DEFAULT_FIELDS if getattr(self, name) is None),
             )
@@ -194,6 +267,17 @@ class _GenerationRequest(_Strict):
 
     def _max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def grammar(self) -> GrammarSpec | None:
+        """What the output must match, from whichever structured-output field was given;
+        `InvalidRequest` naming the second one when two are."""
+        given = [name for name in _GRAMMAR_FIELDS if getattr(self, name) is not None]
+        specs = [(name, _GRAMMAR_FIELDS[name](getattr(self, name))) for name in given]
+        specs = [(name, spec) for name, spec in specs if spec is not None]  # response_format "text"
+        if len(specs) > 1:
+            raise InvalidRequest(f"{specs[1][0]} and {specs[0][0]} both constrain the output; send one of them",
+                                 specs[1][0])
+        return specs[0][1] if specs else None
 
     def _logprobs(self) -> int | None:
         """None for no log-probabilities, else how many alternatives per token (each endpoint asks
@@ -366,12 +450,6 @@ class ChatCompletionRequest(_GenerationRequest):
     parallel_tool_calls: bool | None = Field(None, strict=True, description="accepted and ignored")
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="vLLM extension: extra variables for the model's chat template, e.g. enable_thinking")
-    response_format: dict[str, Any] | None = None
-
-    @field_validator("response_format")
-    @classmethod
-    def _not_served_here(cls, value: Any, info: ValidationInfo) -> Any:
-        return _require_neutral(value, info)
 
     @field_validator("top_logprobs")
     @classmethod
@@ -403,9 +481,18 @@ class ChatCompletionRequest(_GenerationRequest):
             if choice.function.name not in names:
                 raise ValueError(f"names the function {choice.function.name!r}, which is not among the tools "
                                  f"({', '.join(names)})")
-        # Forcing a call needs the output constrained to the tools' schemas (structured output).
-        what = "a named function" if isinstance(choice, NamedToolChoice) else repr(choice)
-        raise ValueError(f"{what} is not supported by this server yet; send \"auto\" or \"none\"")
+        return choice
+
+    @property
+    def forced_function(self) -> str | None:
+        """The function ``tool_choice`` names, if it names one."""
+        return self.tool_choice.function.name if isinstance(self.tool_choice, NamedToolChoice) else None
+
+    @property
+    def forces_tool_calls(self) -> bool:
+        """Whether ``tool_choice`` requires calls ("required" or a named function): the output is
+        then constrained to them (`infra.forced_tool_calls`)."""
+        return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
 
     def _max_tokens(self) -> int | None:
         # max_completion_tokens replaced max_tokens in OpenAI's chat API; it wins when both are given.

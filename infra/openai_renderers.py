@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel
 
 from infra.gateway_backend import GenerationChunk
+from infra.forced_tool_calls import ForcedToolCalls
 from infra.openai_responses import (
     ChatChoice,
     ChatChunkChoice,
@@ -124,7 +125,7 @@ class ChatRenderer:
     request_id: str
     model: str
     created: int
-    tool_parser: ToolCallStreamParser | None = None
+    tool_parser: ToolCallStreamParser | ForcedToolCalls | None = None
 
     def _chunk(self, delta: ChatDelta, finish_reason: str | None = None, usage: Usage | None = None,
                logprobs: ChatLogprobs | None = None) -> ChatCompletionChunk:

@@ -11,7 +11,8 @@ gateway's HTTP app imports it), so every folder may import it. Messages that car
 migration's `KVPayload`, `PartialPrefillPayload`) stay in `migration/`, since wire imports no torch.
 
 Public API:
-- `SamplingParams`: how a request samples and stops (gateway -> worker); `MAX_LOGPROBS`, the most
+- `SamplingParams`: how a request samples and stops (gateway -> worker), with `GrammarSpec`
+  (`GRAMMAR_KINDS`), what its output must match when it asks for structured output; `MAX_LOGPROBS`, the most
   alternatives its ``logprobs`` may ask for.
 - `TokenLogprobs`: one generated token's log-probability and its position's most likely tokens,
   carried in `GenerationChunk.logprobs` (worker -> gateway).
@@ -38,6 +39,7 @@ Public API:
 """
 
 from wire.chat_prompt import ChatPrompt
+from wire.grammar_spec import GRAMMAR_KINDS, GrammarSpec
 from wire.generation_chunk import SUSPENDED, ChatMessage, GenerationChunk, Prompt
 from wire.instance_route import InstanceRoute
 from wire.instance_stats import InstanceLoad, InstanceState, InstanceStats
@@ -53,7 +55,7 @@ from wire.tool_call_format import TOOL_CALL_FORMATS, detect_tool_call_format
 from wire.wire_record import WireRecord
 
 __all__ = [
-    "MAX_LOGPROBS", "MODEL_DEFAULT_FIELDS", "TOOL_CALL_FORMATS", "TokenLogprobs", "detect_tool_call_format",
+    "GRAMMAR_KINDS", "GrammarSpec", "MAX_LOGPROBS", "MODEL_DEFAULT_FIELDS", "TOOL_CALL_FORMATS", "TokenLogprobs", "detect_tool_call_format",
     "SUSPENDED", "ActorGoneError", "ActorUnreachableError", "ChatMessage", "ChatPrompt", "GenerationChunk", "InstanceLoadRecord",
     "InstanceRoute", "ModelRecord", "Prompt", "SamplingParams", "WireRecord", "call", "is_ours",
     "ray_errors_translated", "stream", "translated",

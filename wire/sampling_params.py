@@ -22,8 +22,9 @@ import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from wire.grammar_spec import GrammarSpec
 from wire.wire_record import WireRecord
 
 # torch.Generator.manual_seed accepts seeds up to 2**64 - 1.
@@ -76,6 +77,8 @@ class SamplingParams(WireRecord):
         skip_special_tokens: leave the text of special tokens out of the output (vLLM's default);
             False keeps them, e.g. Mistral's ``[TOOL_CALLS]``, which the gateway's tool-call parser
             needs. The token that ends a request (end-of-sequence, a stop token id) never adds text.
+        structured_output: what the output must match (a JSON schema, any JSON object, a regex, one
+            of a list of strings: `GrammarSpec`), enforced token by token; None: free text.
         model_defaults: the fields of `MODEL_DEFAULT_FIELDS` the client left out, which the model's
             own defaults (its ``generation_config.json``) fill in at the worker, as vLLM does: the
             gateway does not know the model's files, the worker does (`with_model_defaults`).
@@ -118,6 +121,7 @@ class SamplingParams(WireRecord):
     min_tokens: int = 0
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured_output: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -160,6 +164,8 @@ class SamplingParams(WireRecord):
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
         if not isinstance(self.skip_special_tokens, bool):
             raise ValueError(f"skip_special_tokens must be True or False, got {self.skip_special_tokens!r}")
+        if self.structured_output is not None and not isinstance(self.structured_output, GrammarSpec):
+            raise ValueError(f"structured_output must be None or a GrammarSpec, got {self.structured_output!r}")
 
         defaults = self.model_defaults
         if not isinstance(defaults, (list, tuple)) or not set(defaults) <= set(MODEL_DEFAULT_FIELDS):
@@ -188,6 +194,16 @@ class SamplingParams(WireRecord):
                 raise ValueError(f"logprobs must be None (off) or an integer in [0, {MAX_LOGPROBS}] (how many "
                                  f"alternatives to report per token), got {self.logprobs!r}")
             object.__setattr__(self, "logprobs", int(self.logprobs))
+
+    @classmethod
+    def from_fields(cls, values: dict[str, Any]) -> SamplingParams:
+        grammar = values.get("structured_output")
+        if isinstance(grammar, Mapping):
+            try:
+                values = {**values, "structured_output": GrammarSpec.from_dict(grammar)}
+            except ValueError as exc:
+                raise ValueError(f"{cls.record_name()}.structured_output: {exc}") from None
+        return super().from_fields(values)
 
     def with_model_defaults(self, defaults: Mapping[str, float | int]) -> SamplingParams:
         """These settings with the model's `defaults` in the fields the client left out (those in

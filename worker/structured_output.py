@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import llguidance
 import torch
 
-from worker.grammar_spec import GrammarSpec
+from wire import GrammarSpec
 from worker.tokenizer import Tokenizer
 
 __all__ = [

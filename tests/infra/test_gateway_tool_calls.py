@@ -141,3 +141,45 @@ def test_mistral_calls_keep_the_special_token_they_start_with(client, model):
     assert model.params[-1].skip_special_tokens is False
     client.chat.completions.create(model="acme/mistral", messages=ask("hi"))
     assert model.params[-1].skip_special_tokens is True
+
+
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.mark.parametrize("tool_choice, reply", [
+    (NAMED, '{"city": "Oslo"}'),
+    ("required", '[{"name": "get_weather", "parameters": {"city": "Oslo"}}]'),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_calls_are_constrained_json_read_back_into_calls(client, model, tool_choice, reply, stream):
+    # Forcing works for any model, whatever format its template teaches: acme/plain knows none.
+    kwargs = dict(model="acme/plain", messages=ask(reply), tools=TOOLS, tool_choice=tool_choice)
+    if stream:
+        calls, finish = {}, None
+        for chunk in client.chat.completions.create(stream=True, **kwargs):
+            for call in chunk.choices[0].delta.tool_calls or []:
+                calls[call.index] = (call.function.name, json.loads(call.function.arguments))
+            finish = chunk.choices[0].finish_reason or finish
+        got = [calls[i] for i in sorted(calls)]
+    else:
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        got = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+        finish = choice.finish_reason
+        assert choice.message.content is None
+    assert got == [("get_weather", {"city": "Oslo"})] and finish == "tool_calls"
+    # The worker was asked to constrain the output to exactly that JSON.
+    grammar = model.params[-1].structured_output
+    schema = grammar.value()
+    if tool_choice == "required":
+        assert schema["type"] == "array" and schema["minItems"] == 1
+        assert schema["items"]["properties"]["name"] == {"const": "get_weather"}
+        assert schema["items"]["properties"]["parameters"] == TOOLS[0]["function"]["parameters"]
+    else:
+        assert schema == TOOLS[0]["function"]["parameters"]
+
+
+def test_forced_calls_with_a_response_format_is_a_400(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="acme/plain", messages=ask("{}"), tools=TOOLS, tool_choice="required",
+                                       response_format={"type": "json_object"})
+    assert info.value.body["param"] == "tool_choice"

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from infra.gateway_backend import InvalidRequest
 from infra.openai_errors import error_from_validation, param_from_loc
 from infra.openai_protocol import IGNORED_FIELDS, COMPLETION_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest
-from wire import ChatPrompt
+from wire import ChatPrompt, GrammarSpec
 from worker import SamplingParams
 
 CHAT = [{"role": "user", "content": "hi"}]
@@ -231,7 +231,6 @@ def test_every_bad_field_is_listed_and_the_first_is_param():
     ({"messages": CHAT, "top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
     ({"messages": CHAT, "logprobs": 1}, "logprobs", "valid boolean"),
     ({"messages": CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or equal to 20"),
-    ({"messages": CHAT, "tools": [WEATHER_TOOL], "tool_choice": "required"}, "tool_choice", "not supported"),
     ({"messages": CHAT, "tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "x"}}},
      "tool_choice", "not among the tools (get_weather)"),
     ({"messages": CHAT, "tools": [WEATHER_TOOL], "tool_choice": "sometimes"}, "tool_choice", "'none'"),
@@ -244,11 +243,55 @@ def test_every_bad_field_is_listed_and_the_first_is_param():
     ({"messages": CHAT, "metadata": {"k": 1}}, "metadata.k", "valid string"),
     ({"messages": CHAT, "stream": True, "stream_options": {"continuous_usage_stats": "yes"}},
      "stream_options.continuous_usage_stats", "valid boolean"),
-    ({"messages": CHAT, "response_format": {"type": "json_object"}}, "response_format", "not supported"),
-])
+    ({"messages": CHAT, "response_format": {"type": "json_schema"}}, "response_format",
+     'json_schema must be given exactly when type is "json_schema"'),
+    ({"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}},
+     "response_format.json_schema.name", "should match pattern"),
+    ({"messages": CHAT, "response_format": {"type": "xml"}}, "response_format.type", "'json_schema'"),
+    ({"messages": CHAT, "guided_json": "{not json"}, "guided_json", "the JSON schema is not valid JSON"),
+    ({"messages": CHAT, "guided_choice": []}, "guided_choice", "non-empty list of strings"),
+    ({"messages": CHAT, "structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs",
+     "give one constraint, not 2 (regex, choice)"),
+    ({"messages": CHAT, "structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs.grammar",
+     "not a known field"),])
 def test_chat_refusals_name_the_field(body, param, words):
     got_param, message = refusal(ChatCompletionRequest, body)
     assert got_param == param and words in message
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({"response_format": {"type": "json_object"}}, GrammarSpec.json_object()),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA, "strict": True}}},
+     GrammarSpec.json_schema(SCHEMA)),
+    ({"response_format": {"type": "text"}}, None),
+    ({"guided_json": SCHEMA}, GrammarSpec.json_schema(SCHEMA)),
+    ({"guided_json": '{"type": "object"}'}, GrammarSpec.json_schema({"type": "object"})),
+    ({"guided_regex": "[0-9]+"}, GrammarSpec.regex("[0-9]+")),
+    ({"guided_choice": ["yes", "no"]}, GrammarSpec.choice(["yes", "no"])),
+    ({"structured_outputs": {"json": SCHEMA}}, GrammarSpec.json_schema(SCHEMA)),
+    ({"structured_outputs": {"choice": ["x"]}}, GrammarSpec.choice(["x"])),
+    ({"structured_outputs": {"json_object": True}}, GrammarSpec.json_object()),
+    ({}, None),
+])
+def test_structured_output_in_each_form_becomes_one_grammar(fields, expected):
+    assert chat(**fields).to_sampling_params(8).structured_output == expected
+    assert completion(**fields).to_sampling_params(8).structured_output == expected
+
+
+def test_two_structured_output_fields_are_a_400_naming_the_second():
+    with pytest.raises(InvalidRequest) as info:
+        chat(response_format={"type": "json_object"}, guided_regex="a+").to_sampling_params(8)
+    assert info.value.param == "guided_regex" and "send one of them" in info.value.message
+
+
+def test_tool_choice_required_or_named_forces_calls():
+    assert chat(tools=[WEATHER_TOOL], tool_choice="required").forces_tool_calls
+    named = chat(tools=[WEATHER_TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert named.forces_tool_calls and named.forced_function == "get_weather"
+    assert not chat(tools=[WEATHER_TOOL], tool_choice="auto").forces_tool_calls
 
 
 def test_neutral_values_of_unserved_fields_are_accepted():

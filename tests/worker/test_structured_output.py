@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.model_factory import make_hf_checkpoint
-from worker.grammar_spec import GrammarSpec
+from wire import GrammarSpec
 from worker.structured_output import GrammarEngine, StructuredOutputConfig, apply_token_bitmask
 from worker.tokenizer import Tokenizer
 

@@ -1,8 +1,8 @@
 """What a request's output must match: the structured-output forms of the OpenAI and vLLM APIs.
 
 One small, hashable record per constraint, independent of the grammar library, so it can key the
-compiled-grammar cache (`worker.structured_output.GrammarEngine`) and later travel from the
-gateway to the worker as it is. The forms:
+compiled-grammar cache (`worker.structured_output.GrammarEngine`) and travel from the gateway to
+the worker in `SamplingParams.structured_output` (a wire record: tagged dict form). The forms:
 
 - ``json_object``: any JSON object (OpenAI's ``response_format: {"type": "json_object"}``);
 - ``json_schema``: a JSON document valid against a JSON Schema (``response_format:
@@ -27,7 +27,9 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
+
+from wire.wire_record import WireRecord
 
 __all__ = ["GRAMMAR_KINDS", "GrammarSpec"]
 
@@ -117,10 +119,12 @@ def _canonical_text(kind: str, text: str) -> str:
 
 
 @dataclass(frozen=True)
-class GrammarSpec:
+class GrammarSpec(WireRecord):
     """One structured-output constraint. `text` is the schema / choice list / structural tag as
     JSON text, or the regex; it is validated and rewritten compactly on construction. The
     classmethods take Python values."""
+
+    SCHEMA: ClassVar[str] = "grammar_spec/1"
 
     kind: str
     text: str = ""
