@@ -49,6 +49,7 @@ from infra.gateway_auth import GatewayAuth, Principal
 from infra.gateway_backend import GatewayBackend, ModelCard
 from infra.gateway_body_limit import DEFAULT_BODY_TIMEOUT_S, BodyLimit
 from infra.gateway_metrics import UNKNOWN_MODEL, GatewayMetrics
+from infra.choice_streams import ChoiceStreams
 from infra.gateway_stream import GenerationResponse, GenerationStream, Renderer, RequestInfo
 from infra.openai_errors import OpenAIError, bad_request, install_error_handlers, model_forbidden, model_not_found
 from infra.openai_protocol import COMPLETION_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest
@@ -61,6 +62,7 @@ DEFAULT_MAX_BODY_BYTES = 8 << 20
 # Chat requests without max_tokens may run to the end of the model's context (as OpenAI's and
 # vLLM's do); this bounds them when the backend does not know the context length.
 FALLBACK_CHAT_MAX_TOKENS = 1024
+SEED_MODULUS = 2**64  # seeds are unsigned 64-bit
 _ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 _ERROR_RESPONSES = {
     status: {"description": text, "content": {"application/json": {}}}
@@ -155,10 +157,10 @@ def build_gateway_app(
             endpoint, prefix, prompt = "completions", "cmpl", body.prompt_input()
             default_max_tokens = COMPLETION_DEFAULT_MAX_TOKENS
         params = body.to_sampling_params(default_max_tokens)
-        parser = tool_parser(body, card) if isinstance(body, ChatCompletionRequest) else None
-        if parser is not None and parser.needs_special_tokens:
+        is_chat = isinstance(body, ChatCompletionRequest)
+        if is_chat and (probe := tool_parser(body, card)) is not None and probe.needs_special_tokens:
             params = dataclasses.replace(params, skip_special_tokens=False)
-        if isinstance(body, ChatCompletionRequest) and body.forces_tool_calls:
+        if is_chat and body.forces_tool_calls:
             if params.structured_output is not None:
                 raise bad_request("tool_choice forces tool calls, which constrains the output as the response "
                                   "format does; send one of them", "tool_choice")
@@ -167,15 +169,24 @@ def build_gateway_app(
         info = RequestInfo(model_id=card.model_id, request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=endpoint,
                            arrival_s=arrival_s)
         created = int(time.time())
-        if isinstance(body, ChatCompletionRequest):
-            renderer: Renderer = ChatRenderer(request_id=info.request_id, model=card.model_id, created=created,
-                                              tool_parser=parser)
-        else:
-            renderer = CompletionRenderer(request_id=info.request_id, model=card.model_id, created=created)
-        stream = GenerationStream(backend, metrics, info, prompt, params, clock)
+        num_choices = body.n or 1
+        streams: list[GenerationStream] = []
+        renderers: list[Renderer] = []
+        for index in range(num_choices):
+            # Several choices are several requests (see choice_streams.py); a seeded one gets seed + i.
+            child = info if num_choices == 1 else dataclasses.replace(info, request_id=f"{info.request_id}-{index}")
+            child_params = params if params.seed is None else dataclasses.replace(
+                params, seed=(params.seed + index) % SEED_MODULUS)
+            streams.append(GenerationStream(backend, metrics, child, prompt, child_params, clock))
+            if is_chat:
+                renderers.append(ChatRenderer(request_id=info.request_id, model=card.model_id, created=created,
+                                              index=index, tool_parser=tool_parser(body, card)))
+            else:
+                renderers.append(CompletionRenderer(request_id=info.request_id, model=card.model_id,
+                                                    created=created, index=index))
         return GenerationResponse(
-            stream, renderer, streaming=bool(body.stream), include_usage=body.include_usage,
-            continuous_usage=body.continuous_usage,
+            ChoiceStreams(info.request_id, streams), renderers, streaming=bool(body.stream),
+            include_usage=body.include_usage, continuous_usage=body.continuous_usage,
             on_done=lambda status: metrics.record_request(card.model_id, endpoint, status),
         )
 

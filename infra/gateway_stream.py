@@ -31,9 +31,9 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 from pydantic import BaseModel
@@ -45,6 +45,9 @@ from infra.gateway_metrics import GatewayMetrics
 from infra.openai_errors import OpenAIError, error_from_backend, internal_error
 from infra.openai_responses import Usage
 from wire import TokenLogprobs
+
+if TYPE_CHECKING:  # choice_streams builds on GenerationStream, defined here
+    from infra.choice_streams import ChoiceItem, ChoiceStreams
 
 logger = logging.getLogger(__name__)
 
@@ -163,14 +166,16 @@ class GenerationResponse(Response):
     `on_done(status)` is called once with the HTTP status the client got (499 if it left).
     """
 
-    def __init__(self, stream: GenerationStream, renderer: Renderer, *, streaming: bool, include_usage: bool,
-                 on_done: Callable[[int], None], continuous_usage: bool = False) -> None:
+    def __init__(self, choices: ChoiceStreams, renderers: Sequence[Renderer], *, streaming: bool,
+                 include_usage: bool, on_done: Callable[[int], None], continuous_usage: bool = False) -> None:
         # Response.__init__ would render a body; this response writes its own messages.
+        if len(renderers) != len(choices.streams):
+            raise ValueError(f"one renderer per choice: {len(renderers)} for {len(choices.streams)} choices")
         self.status_code = 200
         self.background = None
-        self.raw_headers = [(b"x-request-id", stream.info.request_id.encode())]
-        self._stream = stream
-        self._renderer = renderer
+        self.raw_headers = [(b"x-request-id", choices.request_id.encode())]
+        self._stream = choices
+        self._renderers = list(renderers)
         self._streaming = streaming
         self._include_usage = include_usage
         self._continuous_usage = continuous_usage
@@ -214,23 +219,27 @@ class GenerationResponse(Response):
         else:
             await self._send_whole(send, first)
 
-    async def _send_events(self, send: Send, item: GenerationChunk | QueueProgress | None) -> None:
+    async def _send_events(self, send: Send, item: ChoiceItem | None) -> None:
         self._status = 200
         await send({"type": "http.response.start", "status": 200, "headers": [*self.raw_headers, *_SSE_HEADERS]})
-        is_first = True
+        started: set[int] = set()
+        latest: dict[int, GenerationChunk] = {}
         try:
             while item is not None:
-                if isinstance(item, QueueProgress):
-                    await send({"type": "http.response.body", "body": _sse_comment(item.text), "more_body": True})
+                index, record = item
+                if isinstance(record, QueueProgress):
+                    await send({"type": "http.response.body", "body": _sse_comment(record.text), "more_body": True})
                 else:
-                    usage = _usage(item) if self._continuous_usage else None
-                    for obj in self._renderer.stream_objects(item, is_first, usage):
+                    latest[index] = record
+                    usage = _total_usage(latest.values()) if self._continuous_usage else None
+                    for obj in self._renderers[index].stream_objects(record, index not in started, usage):
                         await send({"type": "http.response.body", "body": _sse(obj), "more_body": True})
-                    is_first = False
+                    started.add(index)
                 item = await self._stream.next()
-            if self._include_usage and self._stream.last is not None:
-                usage = _usage(self._stream.last)
-                await send({"type": "http.response.body", "body": _sse(self._renderer.usage_object(usage)),
+            lasts = [self._stream.last(i) for i in range(len(self._renderers))]
+            if self._include_usage and all(last is not None for last in lasts):
+                usage = _total_usage(lasts)  # type: ignore[arg-type]
+                await send({"type": "http.response.body", "body": _sse(self._renderers[0].usage_object(usage)),
                             "more_body": True})
         except OSError:
             raise
@@ -240,26 +249,32 @@ class GenerationResponse(Response):
             await send({"type": "http.response.body", "body": error.sse_event(), "more_body": True})
         await self._send_last(send, _DONE)
 
-    async def _send_whole(self, send: Send, item: GenerationChunk | QueueProgress | None) -> None:
-        parts: list[str] = []
-        logprobs: list[TokenLogprobs] | None = None
+    async def _send_whole(self, send: Send, item: ChoiceItem | None) -> None:
+        parts: list[list[str]] = [[] for _ in self._renderers]
+        logprobs: list[list[TokenLogprobs] | None] = [None for _ in self._renderers]
         try:
             while item is not None:
-                if isinstance(item, GenerationChunk):  # progress is for streams only
-                    parts.append(item.text)
-                    if item.logprobs is not None:
-                        logprobs = logprobs if logprobs is not None else []
-                        logprobs.extend(item.logprobs)
+                index, record = item
+                if isinstance(record, GenerationChunk):  # progress is for streams only
+                    parts[index].append(record.text)
+                    if record.logprobs is not None:
+                        kept = logprobs[index] if logprobs[index] is not None else []
+                        kept.extend(record.logprobs)
+                        logprobs[index] = kept
                 item = await self._stream.next()
         except Exception as exc:  # noqa: BLE001
             await self._send_error(send, self._error_for(exc))
             return
-        last = self._stream.last
-        if last is None:
+        lasts = [self._stream.last(i) for i in range(len(self._renderers))]
+        if any(last is None for last in lasts):
             await self._send_error(send, self._error_for(RuntimeError("the backend produced no output")))
             return
-        body = self._renderer.whole("".join(parts), last.finish_reason, _usage(last),
-                                    logprobs).model_dump_json().encode()
+        usage = _total_usage(lasts)  # type: ignore[arg-type]
+        wholes = [renderer.whole("".join(parts[i]), lasts[i].finish_reason, usage, logprobs[i])  # type: ignore[union-attr]
+                  for i, renderer in enumerate(self._renderers)]
+        response = wholes[0] if len(wholes) == 1 else wholes[0].model_copy(
+            update={"choices": [choice for whole in wholes for choice in whole.choices]})  # type: ignore[attr-defined]
+        body = response.model_dump_json().encode()
         self._status = 200
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*self.raw_headers, (b"content-type", b"application/json"),
@@ -284,7 +299,7 @@ class GenerationResponse(Response):
             return error_from_backend(exc)
         if isinstance(exc, OpenAIError):
             return exc
-        logger.error("request %s failed", self._stream.info.request_id, exc_info=exc)
+        logger.error("request %s failed", self._stream.request_id, exc_info=exc)
         return internal_error()
 
 
@@ -297,5 +312,8 @@ def _sse_comment(text: str) -> bytes:
     return b": " + " ".join(text.splitlines()).encode() + b"\n\n"
 
 
-def _usage(chunk: GenerationChunk) -> Usage:
-    return Usage.of(chunk.num_prompt_tokens, chunk.num_completion_tokens)
+def _total_usage(lasts: Iterable[GenerationChunk]) -> Usage:
+    """A request's usage from its choices' latest chunks: the prompt once (every choice has the
+    same), the completions' tokens summed (OpenAI's rule for ``n``)."""
+    lasts = list(lasts)
+    return Usage.of(lasts[0].num_prompt_tokens if lasts else 0, sum(c.num_completion_tokens for c in lasts))

@@ -8,7 +8,7 @@ kinds of field are told apart on purpose:
 
 - supported: mapped one to one onto `wire.SamplingParams` by `to_sampling_params`, or onto the
   chat's `wire.ChatPrompt` (messages, ``tools``, ``chat_template_kwargs``) by `chat_prompt`;
-- known but not served here yet (``n > 1``, ``echo``, ``best_of``, ``suffix``): accepted at their
+- known but not served here yet (``echo``, ``best_of``, ``suffix``): accepted at their
   neutral value, refused with "not supported" otherwise, so a client never silently gets
   something other than it asked for;
 - harmless: accepted and ignored, because they ask nothing of the model's output
@@ -31,12 +31,13 @@ from infra.gateway_backend import InvalidRequest, SamplingParams
 from wire import MAX_LOGPROBS, MODEL_DEFAULT_FIELDS, ChatPrompt, GrammarSpec
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+# Most completions one request may ask for (``n``): each is a request of its own on the workers.
+MAX_CHOICES = 16
 _MAX_SEED_EXCLUSIVE = 2**64
 
 # Fields OpenAI defines that this server does not implement, with the values that mean
 # "off" (what SDKs and frameworks send by default).
 _NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
@@ -159,7 +160,7 @@ class _GenerationRequest(_Strict):
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    n: int | None = Field(None, strict=True)
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES, strict=True, description="completions of the prompt")
     presence_penalty: float | None = _finite(ge=-2.0, le=2.0)
     frequency_penalty: float | None = _finite(ge=-2.0, le=2.0)
     logit_bias: dict[str, Any] | None = Field(
@@ -191,11 +192,6 @@ class _GenerationRequest(_Strict):
         if value is not None and any(isinstance(t, bool) or t < 0 for t in value):
             raise ValueError("token ids must be integers >= 0")
         return value
-
-    @field_validator("n")
-    @classmethod
-    def _not_served(cls, value: Any, info: ValidationInfo) -> Any:
-        return _require_neutral(value, info)
 
     @field_validator("logit_bias")
     @classmethod

@@ -81,6 +81,7 @@ class CompletionRenderer:
     request_id: str
     model: str
     created: int
+    index: int = 0  # the choice's place among the request's ``n``
     _text_offset: int = field(default=0, init=False)  # where the next token starts in the completion's text
 
     def _logprobs(self, entries: Sequence[TokenLogprobs] | None) -> CompletionLogprobs | None:
@@ -98,7 +99,7 @@ class CompletionRenderer:
     def stream_objects(self, chunk: GenerationChunk, is_first: bool, usage: Usage | None = None) -> list[BaseModel]:
         if not chunk.text and not chunk.finished and not chunk.logprobs:
             return []  # a token that completes no character yet (part of a UTF-8 sequence)
-        choice = CompletionChoice(text=chunk.text, logprobs=self._logprobs(chunk.logprobs),
+        choice = CompletionChoice(index=self.index, text=chunk.text, logprobs=self._logprobs(chunk.logprobs),
                                   finish_reason=chunk.finish_reason if chunk.finished else None)
         return [CompletionResponse(id=self.request_id, created=self.created, model=self.model, choices=[choice],
                                    usage=usage)]
@@ -108,7 +109,8 @@ class CompletionRenderer:
 
     def whole(self, text: str, finish_reason: str | None, usage: Usage,
               logprobs: Sequence[TokenLogprobs] | None = None) -> BaseModel:
-        choice = CompletionChoice(text=text, logprobs=self._logprobs(logprobs), finish_reason=finish_reason)
+        choice = CompletionChoice(index=self.index, text=text, logprobs=self._logprobs(logprobs),
+                                  finish_reason=finish_reason)
         return CompletionResponse(id=self.request_id, created=self.created, model=self.model, choices=[choice],
                                   usage=usage)
 
@@ -125,11 +127,12 @@ class ChatRenderer:
     request_id: str
     model: str
     created: int
+    index: int = 0  # the choice's place among the request's ``n``
     tool_parser: ToolCallStreamParser | ForcedToolCalls | None = None
 
     def _chunk(self, delta: ChatDelta, finish_reason: str | None = None, usage: Usage | None = None,
                logprobs: ChatLogprobs | None = None) -> ChatCompletionChunk:
-        choice = ChatChunkChoice(delta=delta, logprobs=logprobs, finish_reason=finish_reason)
+        choice = ChatChunkChoice(index=self.index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
         return ChatCompletionChunk(id=self.request_id, created=self.created, model=self.model, choices=[choice],
                                    usage=usage)
 
@@ -169,7 +172,7 @@ class ChatRenderer:
             message = ChatMessageOut(content=parsed.content, tool_calls=calls or None)
             if finish_reason is not None:
                 finish_reason = tool_calls_finish_reason(finish_reason, len(calls))
-        choice = ChatChoice(message=message, finish_reason=finish_reason,
+        choice = ChatChoice(index=self.index, message=message, finish_reason=finish_reason,
                             logprobs=chat_logprobs(logprobs) if logprobs is not None else None)
         return ChatCompletionResponse(id=self.request_id, created=self.created, model=self.model,
                                       choices=[choice], usage=usage)

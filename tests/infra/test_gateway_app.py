@@ -708,3 +708,37 @@ def test_a_cancelled_request_task_still_aborts_even_if_cancelled_again(metrics):
 
     asyncio.run(main())
     assert backend.aborts == [("acme/m", backend.calls[0][1])] and backend.closed == [backend.calls[0][1]]
+
+
+# ---- several choices (n) ---------------------------------------------------------------------------
+
+
+def test_n_choices_are_requests_of_their_own_with_seeds_in_turn(client, backend):
+    response = client.post("/v1/completions", headers=ACME,
+                           json={"model": "acme/m", "prompt": "x", "n": 3, "seed": 2**64 - 2})
+    body = response.json()
+    assert [(c["index"], c["text"]) for c in body["choices"]] == [(0, "Hello!"), (1, "Hello!"), (2, "Hello!")]
+    # The prompt counted once, the completions summed (OpenAI's rule).
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 9, "total_tokens": 13}
+    ids = [call[1] for call in backend.calls]
+    assert ids[0] == f"{body['id']}-0" and sorted(ids) == [f"{body['id']}-{i}" for i in range(3)]
+    assert [call[3].seed for call in sorted(backend.calls, key=lambda c: c[1])] == [2**64 - 2, 2**64 - 1, 0]
+
+
+def test_n_choices_stream_each_with_its_index(client, backend):
+    response = client.post("/v1/chat/completions", headers=ACME, json={
+        "model": "acme/m", "messages": CHAT, "n": 2, "stream": True, "stream_options": {"include_usage": True}})
+    chunks = sse_events(response.text)[:-1]
+    for index in (0, 1):
+        mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == index]
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert "".join(c["delta"].get("content") or "" for c in mine) == "Hello!"
+        assert mine[-1]["finish_reason"] == "length"
+    assert chunks[-1]["usage"] == {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10}
+    assert {c["id"] for c in chunks} == {response.headers["x-request-id"]}
+
+
+def test_when_the_first_choice_fails_the_others_are_never_sent(client, backend):
+    error = error_of(client.post("/v1/completions", headers=ACME,
+                                 json={"model": "acme/m", "prompt": "overloaded", "n": 4}), 429)
+    assert error["code"] is not None and len(backend.calls) == 1

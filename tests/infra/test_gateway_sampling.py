@@ -142,3 +142,17 @@ def test_penalties_and_bias_match_transformers_processors(served):
     want = engine.tokenizer.decode(out[0, len(prompt_ids):].tolist())
     assert got.choices[0].text == want and banned not in out[0, len(prompt_ids):].tolist()
     assert got.choices[0].text != plain.choices[0].text
+
+
+def test_n_seeded_choices_are_reproducible_and_each_is_its_seed(served):
+    _, _, client = served
+    kwargs = dict(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, extra_body={"ignore_eos": True})
+    first = client.completions.create(n=4, seed=7, **kwargs)
+    again = client.completions.create(n=4, seed=7, **kwargs)
+    texts = [c.text for c in sorted(first.choices, key=lambda c: c.index)]
+    assert texts == [c.text for c in sorted(again.choices, key=lambda c: c.index)]
+    assert len(set(texts)) > 1  # four samples, not one repeated
+    # Choice i is the request with seed 7 + i.
+    assert texts == [client.completions.create(seed=7 + i, **kwargs).choices[0].text for i in range(4)]
+    assert first.usage.completion_tokens == 32 and first.usage.prompt_tokens == len(
+        served[0].tokenizer.encode(PROMPT))
