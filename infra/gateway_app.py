@@ -182,8 +182,9 @@ def build_gateway_app(
                 renderers.append(ChatRenderer(request_id=info.request_id, model=card.model_id, created=created,
                                               index=index, tool_parser=tool_parser(body, card)))
             else:
+                echo = prompt if body.echo and isinstance(prompt, str) else ""
                 renderers.append(CompletionRenderer(request_id=info.request_id, model=card.model_id,
-                                                    created=created, index=index))
+                                                    created=created, index=index, echo=echo))
         return GenerationResponse(
             ChoiceStreams(info.request_id, streams), renderers, streaming=bool(body.stream),
             include_usage=body.include_usage, continuous_usage=body.continuous_usage,

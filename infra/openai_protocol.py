@@ -8,7 +8,7 @@ kinds of field are told apart on purpose:
 
 - supported: mapped one to one onto `wire.SamplingParams` by `to_sampling_params`, or onto the
   chat's `wire.ChatPrompt` (messages, ``tools``, ``chat_template_kwargs``) by `chat_prompt`;
-- known but not served here yet (``echo``, ``best_of``, ``suffix``): accepted at their
+- known but not served here (``best_of``, which vLLM dropped too; ``suffix``): accepted at their
   neutral value, refused with "not supported" otherwise, so a client never silently gets
   something other than it asked for;
 - harmless: accepted and ignored, because they ask nothing of the model's output
@@ -39,7 +39,6 @@ _MAX_SEED_EXCLUSIVE = 2**64
 # "off" (what SDKs and frameworks send by default).
 _NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
-    "echo": (None, False),
     "suffix": (None, ""),
 }
 
@@ -296,11 +295,24 @@ class CompletionRequest(_GenerationRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     # The legacy form: how many alternatives per token; 0 still returns each token's own logprob.
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, strict=True)
-    echo: bool | None = None
+    echo: bool | None = Field(None, strict=True, description="the prompt's text before the completion's")
     best_of: int | None = None
     suffix: str | None = None
 
-    @field_validator("echo", "best_of", "suffix")
+    @field_validator("echo")
+    @classmethod
+    def _echo_of_text(cls, value: bool | None, info: ValidationInfo) -> bool | None:
+        # The gateway has the text of a text prompt only; echoing token ids, or the prompt's own
+        # log-probabilities that echo implies with logprobs, would need the worker.
+        if value:
+            if info.data.get("logprobs") is not None:
+                raise ValueError("together with logprobs is not supported (it asks for the prompt's log-probabilities)")
+            prompt = info.data.get("prompt")
+            if prompt is not None and not isinstance(prompt, str):
+                raise ValueError("is supported for a text prompt only, not for token ids")
+        return value
+
+    @field_validator("best_of", "suffix")
     @classmethod
     def _not_served_here(cls, value: Any, info: ValidationInfo) -> Any:
         return _require_neutral(value, info)

@@ -82,6 +82,7 @@ class CompletionRenderer:
     model: str
     created: int
     index: int = 0  # the choice's place among the request's ``n``
+    echo: str = field(default="", repr=False)  # the prompt's text, sent before the completion's (``echo``)
     _text_offset: int = field(default=0, init=False)  # where the next token starts in the completion's text
 
     def _logprobs(self, entries: Sequence[TokenLogprobs] | None) -> CompletionLogprobs | None:
@@ -97,9 +98,10 @@ class CompletionRenderer:
             text_offset=offsets)
 
     def stream_objects(self, chunk: GenerationChunk, is_first: bool, usage: Usage | None = None) -> list[BaseModel]:
-        if not chunk.text and not chunk.finished and not chunk.logprobs:
+        text = self.echo + chunk.text if is_first else chunk.text
+        if not text and not chunk.finished and not chunk.logprobs:
             return []  # a token that completes no character yet (part of a UTF-8 sequence)
-        choice = CompletionChoice(index=self.index, text=chunk.text, logprobs=self._logprobs(chunk.logprobs),
+        choice = CompletionChoice(index=self.index, text=text, logprobs=self._logprobs(chunk.logprobs),
                                   finish_reason=chunk.finish_reason if chunk.finished else None)
         return [CompletionResponse(id=self.request_id, created=self.created, model=self.model, choices=[choice],
                                    usage=usage)]
@@ -109,7 +111,7 @@ class CompletionRenderer:
 
     def whole(self, text: str, finish_reason: str | None, usage: Usage,
               logprobs: Sequence[TokenLogprobs] | None = None) -> BaseModel:
-        choice = CompletionChoice(index=self.index, text=text, logprobs=self._logprobs(logprobs),
+        choice = CompletionChoice(index=self.index, text=self.echo + text, logprobs=self._logprobs(logprobs),
                                   finish_reason=finish_reason)
         return CompletionResponse(id=self.request_id, created=self.created, model=self.model, choices=[choice],
                                   usage=usage)

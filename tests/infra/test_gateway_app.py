@@ -742,3 +742,12 @@ def test_when_the_first_choice_fails_the_others_are_never_sent(client, backend):
     error = error_of(client.post("/v1/completions", headers=ACME,
                                  json={"model": "acme/m", "prompt": "overloaded", "n": 4}), 429)
     assert error["code"] is not None and len(backend.calls) == 1
+
+
+def test_echo_puts_the_prompt_before_the_completion(client):
+    body = client.post("/v1/completions", headers=ACME, json={"model": "acme/m", "prompt": "say ", "echo": True}).json()
+    assert body["choices"][0]["text"] == "say Hello!"
+    chunks = sse_events(client.post("/v1/completions", headers=ACME, json={
+        "model": "acme/m", "prompt": "say ", "echo": True, "stream": True}).text)[:-1]
+    assert chunks[0]["choices"][0]["text"] == "say Hel"
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "say Hello!"

@@ -183,7 +183,7 @@ def test_one_prompt_in_any_form(prompt, expected):
     ("logit_bias", {"5": float("nan")}, "logit_bias", "the bias of token 5 must be"),
     ("logit_bias", {"5": 101}, "logit_bias", "the bias of token 5 must be"),
     ("logit_bias", {"a b": 1}, "logit_bias", "keys must be token ids"),
-    ("echo", True, "echo", "not supported"),
+    ("echo", 1, "echo", "valid boolean"),
     ("best_of", 3, "best_of", "not supported"),
     ("tempreature", 0.5, "tempreature", "not a known field"),
     ("prompt", "", "prompt", "must not be empty"),
@@ -280,6 +280,14 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required"
 def test_structured_output_in_each_form_becomes_one_grammar(fields, expected):
     assert chat(**fields).to_sampling_params(8).structured_output == expected
     assert completion(**fields).to_sampling_params(8).structured_output == expected
+
+
+def test_echo_needs_a_text_prompt_and_no_logprobs():
+    assert completion(echo=True).echo
+    assert refusal(CompletionRequest, {"prompt": [1, 2], "echo": True}) == (
+        "echo", "invalid request: echo: is supported for a text prompt only, not for token ids")
+    param, message = refusal(CompletionRequest, {"prompt": "x", "logprobs": 1, "echo": True})
+    assert param == "echo" and "prompt's log-probabilities" in message
 
 
 def test_two_structured_output_fields_are_a_400_naming_the_second():
