@@ -188,6 +188,8 @@ def build_gateway_app(
         return GenerationResponse(
             ChoiceStreams(info.request_id, streams), renderers, streaming=bool(body.stream),
             include_usage=body.include_usage, continuous_usage=body.continuous_usage,
+            param_names={"structured_output": "tool_choice" if is_chat and body.forces_tool_calls
+                         else body.grammar_field() or "response_format"},
             on_done=lambda status: metrics.record_request(card.model_id, endpoint, status),
         )
 

@@ -28,10 +28,11 @@ response is written out rather than built on Starlette's `StreamingResponse` for
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -40,7 +41,8 @@ from pydantic import BaseModel
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from infra.gateway_backend import BackendError, GatewayBackend, GenerationChunk, Prompt, QueueProgress, SamplingParams
+from infra.gateway_backend import (BackendError, GatewayBackend, GenerationChunk, InvalidRequest, Prompt, QueueProgress,
+                                   SamplingParams)
 from infra.gateway_metrics import GatewayMetrics
 from infra.openai_errors import OpenAIError, error_from_backend, internal_error
 from infra.openai_responses import Usage
@@ -167,7 +169,8 @@ class GenerationResponse(Response):
     """
 
     def __init__(self, choices: ChoiceStreams, renderers: Sequence[Renderer], *, streaming: bool,
-                 include_usage: bool, on_done: Callable[[int], None], continuous_usage: bool = False) -> None:
+                 include_usage: bool, on_done: Callable[[int], None], continuous_usage: bool = False,
+                 param_names: Mapping[str, str] | None = None) -> None:
         # Response.__init__ would render a body; this response writes its own messages.
         if len(renderers) != len(choices.streams):
             raise ValueError(f"one renderer per choice: {len(renderers)} for {len(choices.streams)} choices")
@@ -180,6 +183,8 @@ class GenerationResponse(Response):
         self._include_usage = include_usage
         self._continuous_usage = continuous_usage
         self._on_done = on_done
+        # A worker names the SamplingParams field it refused; the client knows the field it sent.
+        self._param_names = dict(param_names or {})
         self._status = 0
         self._complete = False  # the last body message is being (or has been) sent
 
@@ -295,6 +300,9 @@ class GenerationResponse(Response):
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     def _error_for(self, exc: Exception) -> OpenAIError:
+        if isinstance(exc, InvalidRequest) and exc.param in self._param_names:
+            exc = copy.copy(exc)  # keeps its class and code
+            exc.param = self._param_names[exc.param]
         if isinstance(exc, BackendError):
             return error_from_backend(exc)
         if isinstance(exc, OpenAIError):

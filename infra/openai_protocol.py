@@ -263,6 +263,10 @@ class _GenerationRequest(_Strict):
     def _max_tokens(self) -> int | None:
         return self.max_tokens
 
+    def grammar_field(self) -> str | None:
+        """The structured-output field the request gave, if any (where a refusal points)."""
+        return next((name for name in _GRAMMAR_FIELDS if getattr(self, name) is not None), None)
+
     def grammar(self) -> GrammarSpec | None:
         """What the output must match, from whichever structured-output field was given;
         `InvalidRequest` naming the second one when two are."""

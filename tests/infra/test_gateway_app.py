@@ -82,6 +82,9 @@ class ScriptedBackend:
                 raise ContextLengthExceeded("the prompt is 99 tokens but the model's context is 64 tokens", "prompt")
             if text == "bad ids":
                 raise InvalidRequest("prompt token ids must be in [0, 10)", "prompt")
+            if text == "bad grammar":  # what a worker says of a schema its grammar engine cannot enforce
+                raise InvalidRequest("structured_output: the JSON schema cannot be enforced: Unimplemented keys "
+                                     '["not"]; change or remove that part of the schema', "structured_output")
             if text == "dead":
                 raise BackendUnavailable("the engine stopped", retry_after_s=1)
             if text == "bug":
@@ -751,3 +754,14 @@ def test_echo_puts_the_prompt_before_the_completion(client):
         "model": "acme/m", "prompt": "say ", "echo": True, "stream": True}).text)[:-1]
     assert chunks[0]["choices"][0]["text"] == "say Hel"
     assert "".join(c["choices"][0]["text"] for c in chunks) == "say Hello!"
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"guided_json": {"not": {}}}, "guided_json"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {}}}}},
+     "response_format"),
+])
+def test_a_grammar_the_worker_cannot_enforce_is_a_400_naming_the_field_sent(client, fields, param):
+    error = error_of(client.post("/v1/completions", headers=ACME,
+                                 json={"model": "acme/m", "prompt": "bad grammar", **fields}), 400)
+    assert error["param"] == param and "cannot be enforced" in error["message"]
