@@ -23,7 +23,15 @@ between `generate(max_new_tokens=n)` and `generate(max_new_tokens=1)`.
 Targets (from the issue): throughput at least 2x transformers', batch-1 time per output token no
 worse than 1.2x transformers'. Prints exactly one JSON line on stdout; progress goes to stderr.
 
+``--shared-prefix`` measures automatic prefix caching instead (no transformers peer): a burst of
+requests that all start with one long system prompt and end with varied tails, served by one engine
+with prefix caching and one without (same model, same workload, same process); the figures are the
+mean time to first token from the burst's arrival, the prompt tokens served from the cache, and
+whether the greedy outputs agree. The first requests of the burst find nothing cached (blocks are
+named once computed); the ones admitted after the system prompt's first prefill reuse it.
+
     python bench/engine.py [--quick] [--num-requests 32] [--seed 0] [--threads N] [--out-dir DIR]
+    python bench/engine.py --shared-prefix [--quick] [--num-requests 32] [--seed 0] [--threads N]
 """
 
 from __future__ import annotations
@@ -114,6 +122,26 @@ QUICK = BenchMode(
     batch1_output_len=16,
     batch1_repeats=2,
 )
+
+
+@dataclass(frozen=True)
+class SharedPrefixMode:
+    """Sizes of the shared-prefix (prefix caching) workload."""
+
+    name: str
+    model: DemoModelConfig
+    num_requests: int
+    system_prompt_len: int
+    tail_len_range: tuple[int, int]  # inclusive
+    num_output_tokens: int
+    max_num_batched_tokens: int  # the engines' per-step budget: about two prompts, so the burst spans steps
+    repeats: int  # fresh engine pairs, caching on and off alternating; the mean TTFT is over all of them
+
+
+SHARED_FULL = SharedPrefixMode(name="full", model=FULL.model, num_requests=32, system_prompt_len=1024,
+                               tail_len_range=(16, 64), num_output_tokens=8, max_num_batched_tokens=2048, repeats=2)
+SHARED_QUICK = SharedPrefixMode(name="quick", model=QUICK.model, num_requests=6, system_prompt_len=64,
+                                tail_len_range=(4, 12), num_output_tokens=2, max_num_batched_tokens=128, repeats=2)
 
 
 @dataclass(frozen=True)
@@ -373,6 +401,82 @@ def run(mode: BenchMode, num_requests: int, seed: int, threads: int, model_dir: 
     }
 
 
+def make_shared_prefix_requests(mode: SharedPrefixMode, num_requests: int, vocab_size: int,
+                                seed: int) -> list[BenchRequest]:
+    """One seeded system prompt, then per request a seeded tail of its own."""
+    rng = random.Random(seed)
+    system = tuple(rng.randrange(vocab_size) for _ in range(mode.system_prompt_len))
+    return [BenchRequest(system + tuple(rng.randrange(vocab_size) for _ in range(rng.randint(*mode.tail_len_range))),
+                         mode.num_output_tokens) for _ in range(num_requests)]
+
+
+def run_burst(engine: Engine, requests: list[BenchRequest]) -> tuple[list[float], WorkloadResult, int]:
+    """Every request at once; returns each one's time to first token (from the burst's arrival),
+    the outputs, and the prompt tokens served from the prefix cache."""
+    start = time.perf_counter()
+    request_ids = [engine.add_request(list(r.prompt_token_ids), _greedy(r.num_output_tokens)) for r in requests]
+    outputs: dict[str, list[int]] = {rid: [] for rid in request_ids}
+    first_token_s: dict[str, float] = {}
+    cached: dict[str, int] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.new_token_ids and out.request_id not in first_token_s:
+                first_token_s[out.request_id] = time.perf_counter() - start
+            outputs[out.request_id].extend(out.new_token_ids)
+            cached[out.request_id] = out.num_cached_tokens
+    elapsed_s = time.perf_counter() - start
+    token_ids = [tuple(outputs[rid]) for rid in request_ids]
+    return ([first_token_s[rid] for rid in request_ids],
+            WorkloadResult(sum(len(ids) for ids in token_ids), elapsed_s, token_ids), sum(cached.values()))
+
+
+def run_shared_prefix(mode: SharedPrefixMode, num_requests: int, seed: int, threads: int, model_dir: Path) -> dict:
+    torch.set_num_threads(threads)
+    tune_host_allocator()
+    _log(f"shared prefix, mode={mode.name} threads={threads}; writing the demo model to {model_dir}")
+    write_demo_model(model_dir, mode.model, overwrite=True)
+    vocab_size = mode.model.vocab_size or json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    requests = make_shared_prefix_requests(mode, num_requests, vocab_size, seed)
+    warmup = make_shared_prefix_requests(mode, 2, vocab_size, seed + 1)  # another system prompt: nothing shared
+    num_prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
+    base = _engine_config(requests + warmup)
+    base = EngineConfig(**{**base.__dict__, "max_num_batched_tokens": mode.max_num_batched_tokens})
+    runs: dict[bool, list[tuple[list[float], WorkloadResult, int]]] = {True: [], False: []}
+    for _ in range(mode.repeats):
+        for caching in (True, False):  # a fresh engine each time: the burst meets a cold cache
+            engine = Engine(model_dir, EngineConfig(**{**base.__dict__, "enable_prefix_caching": caching}))
+            run_burst(engine, warmup)
+            result = run_burst(engine, requests)
+            runs[caching].append(result)
+            _log(f"prefix caching {'on' if caching else 'off'}: mean TTFT {statistics.mean(result[0]) * 1e3:.1f} ms, "
+                 f"{result[2]} of {num_prompt_tokens} prompt tokens from the cache, all done in "
+                 f"{result[1].elapsed_s:.2f} s")
+    on, off = runs[True][-1], runs[False][-1]
+    num_matching = sum(a == b for a, b in zip(on[1].output_token_ids, off[1].output_token_ids))
+    ttft_on = statistics.mean(t for result in runs[True] for t in result[0])
+    ttft_off = statistics.mean(t for result in runs[False] for t in result[0])
+    return {
+        "bench": "engine_prefix_cache",
+        "mode": mode.name,
+        "num_requests": len(requests),
+        "system_prompt_len": mode.system_prompt_len,
+        "prompt_tokens": num_prompt_tokens,
+        "output_tokens_per_request": mode.num_output_tokens,
+        "cached_prompt_tokens": on[2],
+        "mean_ttft_ms_caching": round(ttft_on * 1e3, 2),
+        "mean_ttft_ms_no_caching": round(ttft_off * 1e3, 2),
+        "ttft_ratio_no_caching_to_caching": round(ttft_off / ttft_on, 3),
+        "total_s_caching": round(statistics.mean(result[1].elapsed_s for result in runs[True]), 3),
+        "total_s_no_caching": round(statistics.mean(result[1].elapsed_s for result in runs[False]), 3),
+        "max_num_batched_tokens": mode.max_num_batched_tokens,
+        "repeats": mode.repeats,
+        "outputs_match": f"{num_matching}/{len(requests)}",
+        "torch": torch.__version__,
+        "threads": threads,
+        "machine": _machine(),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny model and workload (seconds; what CI runs)")
@@ -383,19 +487,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch intra-op threads for both systems (default: all cores)")
     parser.add_argument("--out-dir", type=Path, default=None,
                         help="where to write the demo model (replaced if present; default: a temp dir)")
+    parser.add_argument("--shared-prefix", action="store_true",
+                        help="measure prefix caching: a burst sharing one system prompt, mean TTFT with caching "
+                             f"on and off ({SHARED_FULL.num_requests} requests, a "
+                             f"{SHARED_FULL.system_prompt_len}-token system prompt)")
     args = parser.parse_args(argv)
     mode = QUICK if args.quick else FULL
+    if args.shared_prefix:
+        mode = SHARED_QUICK if args.quick else SHARED_FULL
     num_requests = mode.num_requests if args.num_requests is None else args.num_requests
     if num_requests < 1:
         parser.error("--num-requests must be >= 1")
     if args.threads < 1:
         parser.error("--threads must be >= 1")
 
+    bench = run_shared_prefix if args.shared_prefix else run
     if args.out_dir is not None:
-        result = run(mode, num_requests, args.seed, args.threads, args.out_dir)
+        result = bench(mode, num_requests, args.seed, args.threads, args.out_dir)
     else:
         with tempfile.TemporaryDirectory(prefix="thaw-bench-engine-") as tmp:
-            result = run(mode, num_requests, args.seed, args.threads, Path(tmp) / "model")
+            result = bench(mode, num_requests, args.seed, args.threads, Path(tmp) / "model")
     print(json.dumps(result), flush=True)
     return 0
 

@@ -164,8 +164,8 @@ def build_gateway_app(
             if params.structured_output is not None:
                 raise bad_request("tool_choice forces tool calls, which constrains the output as the response "
                                   "format does; send one of them", "tool_choice")
-            params = dataclasses.replace(params, structured_output=forced_tool_grammar(body.tools or [],
-                                                                                       body.forced_function))
+            grammar = forced_tool_grammar(body.tools or [], body.forced_function, body.parallel_tool_calls is not False)
+            params = dataclasses.replace(params, structured_output=grammar)
         info = RequestInfo(model_id=card.model_id, request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=endpoint,
                            arrival_s=arrival_s)
         created = int(time.time())

@@ -322,6 +322,10 @@ def _sse_comment(text: str) -> bytes:
 
 def _total_usage(lasts: Iterable[GenerationChunk]) -> Usage:
     """A request's usage from its choices' latest chunks: the prompt once (every choice has the
-    same), the completions' tokens summed (OpenAI's rule for ``n``)."""
+    same; its cached tokens are the first choice's), the completions' tokens summed (OpenAI's
+    rule for ``n``)."""
     lasts = list(lasts)
-    return Usage.of(lasts[0].num_prompt_tokens if lasts else 0, sum(c.num_completion_tokens for c in lasts))
+    if not lasts:
+        return Usage.of(0, 0)
+    return Usage.of(lasts[0].num_prompt_tokens, sum(c.num_completion_tokens for c in lasts),
+                    lasts[0].num_cached_tokens)

@@ -79,7 +79,7 @@ class LocalEngineBackend:
                         finish_reason=out.finish_reason,
                         num_prompt_tokens=out.num_prompt_tokens, num_completion_tokens=out.num_output_tokens,
                         queue_s=0.0 if first else None,  # an in-process engine is always ready
-                        logprobs=out.logprobs,
+                        logprobs=out.logprobs, num_cached_tokens=out.num_cached_tokens,
                     )
                     first = False
         except InvalidRequestError as exc:

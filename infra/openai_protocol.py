@@ -46,7 +46,8 @@ _NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
 # docstring). `user`, `metadata` and `store` are the caller's bookkeeping; `service_tier`,
 # `prompt_cache_key` and `safety_identifier` are hints for OpenAI's own routing and abuse
 # tracking; `parallel_tool_calls` only permits several calls in one turn, which the tool-call
-# formats of the families served here already allow or not by themselves.
+# formats of the families served here allow or not by themselves (a forced call, tool_choice
+# "required", does honour false: exactly one call).
 IGNORED_FIELDS = ("user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
                   "parallel_tool_calls")
 # Template variables a request's chat_template_kwargs may not set: the request itself gives them.

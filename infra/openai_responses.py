@@ -16,20 +16,28 @@ from pydantic import BaseModel, Field
 __all__ = [
     "ChatChoice", "ChatChunkChoice", "ChatCompletionChunk", "ChatCompletionResponse", "ChatDelta", "ChatLogprobs",
     "ChatMessageOut", "ChatTokenLogprob", "CompletionChoice", "CompletionLogprobs", "CompletionResponse",
-    "FunctionCallDelta", "FunctionCallOut", "ModelList", "ModelObject", "ToolCallDeltaOut", "ToolCallOut", "TopLogprob",
+    "FunctionCallDelta", "FunctionCallOut", "ModelList", "ModelObject", "PromptTokensDetails", "ToolCallDeltaOut",
+    "ToolCallOut", "TopLogprob",
     "Usage",
 ]
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens the worker's prefix cache served
 
 
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    # Only when the prefix cache served part of the prompt (as vLLM, which sends it only on request).
+    prompt_tokens_details: PromptTokensDetails | None = Field(None, exclude_if=lambda v: v is None)
 
     @classmethod
-    def of(cls, num_prompt_tokens: int, num_completion_tokens: int) -> Usage:
+    def of(cls, num_prompt_tokens: int, num_completion_tokens: int, num_cached_tokens: int = 0) -> Usage:
+        details = PromptTokensDetails(cached_tokens=num_cached_tokens) if num_cached_tokens else None
         return cls(prompt_tokens=num_prompt_tokens, completion_tokens=num_completion_tokens,
-                   total_tokens=num_prompt_tokens + num_completion_tokens)
+                   total_tokens=num_prompt_tokens + num_completion_tokens, prompt_tokens_details=details)
 
 
 class CompletionLogprobs(BaseModel):

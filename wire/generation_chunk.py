@@ -47,7 +47,9 @@ class GenerationChunk(WireRecord):
     usage. ``queue_s`` is set by the gateway's backend on a request's first chunk: how long it
     waited for a ready instance (None where there is no queue, and on every later chunk).
     ``logprobs``: one `TokenLogprobs` per token of ``token_ids`` for a request that asked for them
-    (``SamplingParams.logprobs``), else None.
+    (``SamplingParams.logprobs``), else None. ``num_cached_tokens``: how many of the prompt tokens
+    the instance found in its prefix cache instead of computing them (every chunk carries it: what
+    OpenAI's ``usage.prompt_tokens_details.cached_tokens`` reports).
     """
 
     SCHEMA: ClassVar[str] = "generation_chunk/1"
@@ -60,6 +62,7 @@ class GenerationChunk(WireRecord):
     num_completion_tokens: int
     queue_s: float | None = None
     logprobs: tuple[TokenLogprobs, ...] | None = None
+    num_cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         name = self.record_name()
@@ -71,6 +74,7 @@ class GenerationChunk(WireRecord):
         object.__setattr__(self, "num_prompt_tokens", check_count(name, "num_prompt_tokens", self.num_prompt_tokens))
         object.__setattr__(self, "num_completion_tokens",
                            check_count(name, "num_completion_tokens", self.num_completion_tokens))
+        object.__setattr__(self, "num_cached_tokens", check_count(name, "num_cached_tokens", self.num_cached_tokens))
         object.__setattr__(self, "queue_s", check_optional_seconds(name, "queue_s", self.queue_s))
         if self.logprobs is not None:
             if not isinstance(self.logprobs, (tuple, list)) \

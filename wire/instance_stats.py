@@ -98,6 +98,10 @@ class InstanceStats(WireRecord):
     prefills_at_frontier: tuple[str, ...] = ()
     num_requests_started: int = 0  # requests given to it since it started (a running total)
     pid: int = 0  # the worker's process id on its node (for an operator, and for chaos tests)
+    # Prefix caching, running totals in tokens: looked up at admission, and found cached (vLLM's
+    # queries and hits; their ratio is the hit rate).
+    num_prefix_cache_queried_tokens: int = 0
+    num_prefix_cache_hit_tokens: int = 0
 
     def __post_init__(self) -> None:
         name = self.record_name()
@@ -105,7 +109,8 @@ class InstanceStats(WireRecord):
         check_name(name, "model_id", self.model_id)
         object.__setattr__(self, "state", _check_state(name, "state", self.state))
         for field in ("num_ongoing_requests", "num_waiting_requests", "num_running_requests", "num_free_kv_blocks",
-                      "num_kv_blocks", "num_generated_tokens", "num_weight_streams", "num_requests_started", "pid"):
+                      "num_kv_blocks", "num_generated_tokens", "num_weight_streams", "num_requests_started", "pid",
+                      "num_prefix_cache_queried_tokens", "num_prefix_cache_hit_tokens"):
             object.__setattr__(self, field, check_count(name, field, getattr(self, field)))
         object.__setattr__(self, "started_at", check_seconds(name, "started_at", self.started_at))
         object.__setattr__(self, "load_s", check_seconds(name, "load_s", self.load_s))

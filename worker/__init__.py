@@ -6,11 +6,13 @@ and `worker.host_allocator` for a process that runs one engine; bench/ measures 
   ``Engine(model_dir, config, weights=source)`` starts before its weights (a `loader.LayerReadiness`)
   and computes layers as they land; `LayerLoadError` is how it fails when they cannot arrive.
 - `AsyncEngine`: ``async for out in AsyncEngine(engine).generate(prompt, params)``.
-- `SamplingParams`, `RequestOutput`, `Completion`, `InvalidRequestError`; `RequestFailedError`: one
-  request failed inside the engine (the others and the engine go on); `EngineDeadError` (with
-  ``suspect``: the request was in the forward pass that killed the engine). `SamplingParams` and
-  the three errors are `wire`'s, re-exported (the same classes): a caller in another process
-  (the gateway) imports them from `wire` without importing the engine and torch.
+- `SamplingParams`, `GrammarSpec` (its ``structured_output``: what the output must match, enforced
+  by the engine token by token), `RequestOutput`, `Completion`, `InvalidRequestError`;
+  `RequestFailedError`: one request failed inside the engine (the others and the engine go on);
+  `EngineDeadError` (with ``suspect``: the request was in the forward pass that killed the engine).
+  `SamplingParams`, `GrammarSpec` and the three errors are `wire`'s, re-exported (the same classes):
+  a caller in another process (the gateway) imports them from `wire` without importing the engine
+  and torch.
 - `ModelConfig`, `UnsupportedModelError`, `CheckpointError`: what a checkpoint is, and why it was refused;
   `kv_pool_tokens`, `kv_bytes_per_token`, `max_model_len_problem`: what an instance's KV pool holds.
 - `Tokenizer`: tokenizer + chat template without `transformers`.
@@ -58,12 +60,13 @@ from worker.request_snapshot import RequestSnapshot
 from worker.sampling_params import SamplingParams
 from worker.tokenizer import Tokenizer
 from wire import InstanceLoad, InstanceState, InstanceStats  # the reports, defined in wire/; re-exported
-from wire import EngineDeadError, InvalidRequestError, RequestFailedError  # re-exported: see the docstring
+from wire import EngineDeadError, GrammarSpec, InvalidRequestError, RequestFailedError  # re-exported: see the docstring
 
 __all__ = [
     "SUSPENDED",
     "AsyncEngine", "CheckpointError", "Completion", "DemoModelConfig", "Engine", "EngineConfig",
-    "EngineDeadError", "GenerationChunk", "InstanceLoad", "InstanceLoadError", "InstanceState", "InstanceStats",
+    "EngineDeadError", "GenerationChunk", "GrammarSpec", "InstanceLoad", "InstanceLoadError", "InstanceState",
+    "InstanceStats",
     "InstanceWorker", "InstanceWorkerActor", "InvalidFieldError", "InvalidRequestError", "LayerLoadError",
     "MigrationRefusedError", "ModelConfig", "PeerWeights", "RequestFailedError", "RequestLifecycle", "RequestOutput",
     "RequestSnapshot",

@@ -5,31 +5,85 @@ sequence owns a block table: the list of block ids holding its tokens in order. 
 comes as a check/commit pair — `can_allocate` says whether a sequence can grow to hold N
 tokens, `allocate` does it — so the scheduler can decide to preempt before touching state.
 Free blocks are handed out first-in first-out, which makes block ids predictable in tests.
+
+With a `PrefixHasher` (automatic prefix caching, vLLM v1's design) full blocks are also shared:
+
+- `cache_full_blocks` names each full block whose KV is computed by the hash of its prefix
+  (`worker.prefix_hasher`): prompt blocks once prefilled, generated blocks as decoding fills
+  them (so a chat's next turn finds its whole history);
+- `find_cached_prefix` finds a new sequence's longest run of named blocks from its start, and
+  `can_allocate` / `allocate` given that `PrefixHit` start its table with those blocks (one more
+  reference each) and take fresh blocks only for the rest. The hit stops short of the block
+  holding the sequence's last token, which is always computed (its logits are sampled): a whole
+  cached prompt recomputes its last block into a private one, so a sequence only ever writes
+  into blocks it alone holds and a shared block is never written;
+- `free` drops one reference per block; cached blocks nobody holds wait in an LRU (`BlockPool`)
+  until a later hit takes them back or a fresh block evicts them. They count as free.
+
+``num_prefix_queried_tokens`` / ``num_prefix_hit_tokens`` count the tokens looked up at
+admission and the tokens found (vLLM's prefix-cache queries and hits).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from worker.block_pool import BlockPool
+from worker.prefix_hasher import PrefixHasher
+
+__all__ = ["NO_HIT", "BlockManager", "PrefixHit"]
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    """What `find_cached_prefix` found: the cached blocks a sequence's table starts with, the
+    tokens they hold, and how many tokens were looked up (the sequence's length)."""
+
+    block_ids: tuple[int, ...] = ()
+    num_tokens: int = 0
+    num_queried_tokens: int = 0
+
+
+NO_HIT = PrefixHit()  # no lookup made (prefix caching off, or a sequence that keeps its own blocks)
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, prefix_hasher: PrefixHasher | None = None) -> None:
+        """`prefix_hasher`: turns on prefix caching (None: every block is private, as before)."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if prefix_hasher is not None and prefix_hasher.block_size != block_size:
+            raise ValueError(f"prefix_hasher hashes blocks of {prefix_hasher.block_size} tokens, not {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free_block_ids: deque[int] = deque(range(num_blocks))
+        self._pool = BlockPool(num_blocks)
+        self._hasher = prefix_hasher
         self._block_tables: dict[str, list[int]] = {}
+        self._block_hashes: dict[str, list[bytes]] = {}  # per sequence: its chain so far (computed once)
+        self._num_registered: dict[str, int] = {}  # per sequence: leading table blocks already named
+        self.num_prefix_queried_tokens = 0
+        self.num_prefix_hit_tokens = 0
+
+    @property
+    def enable_prefix_caching(self) -> bool:
+        return self._hasher is not None
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_block_ids)
+        """Blocks no sequence holds, cached ones included (they are reclaimed on demand)."""
+        return self._pool.num_free
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free_block_ids)
+        return self.num_blocks - self._pool.num_free
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks whose KV a later prefix can reuse (held by sequences or waiting in the LRU)."""
+        return self._pool.num_cached
 
     @property
     def capacity_tokens(self) -> int:
@@ -41,27 +95,102 @@ class BlockManager:
     def block_table(self, seq_id: str) -> list[int]:
         return self._block_tables.get(seq_id, [])
 
-    def num_missing_blocks(self, seq_id: str, num_tokens: int) -> int:
-        """Blocks ``seq_id`` still needs so that it can hold ``num_tokens`` tokens in total."""
-        return max(0, self.blocks_for(num_tokens) - len(self._block_tables.get(seq_id, ())))
+    def ref_count(self, block_id: int) -> int:
+        """How many sequences hold the block."""
+        return self._pool.ref_count(block_id)
 
-    def can_allocate(self, seq_id: str, num_tokens: int) -> bool:
-        return self.num_missing_blocks(seq_id, num_tokens) <= len(self._free_block_ids)
+    def evictable_block_ids(self) -> list[int]:
+        """Cached blocks no sequence holds, the next to be evicted first."""
+        return self._pool.evictable_block_ids()
 
-    def allocate(self, seq_id: str, num_tokens: int) -> list[int]:
-        """Grows ``seq_id``'s table to hold ``num_tokens`` tokens; returns the new block ids."""
-        missing = self.num_missing_blocks(seq_id, num_tokens)
-        if missing > len(self._free_block_ids):
+    def num_missing_blocks(self, seq_id: str, num_tokens: int, hit: PrefixHit = NO_HIT) -> int:
+        """Fresh blocks ``seq_id`` still needs so that it can hold ``num_tokens`` tokens in total
+        (its table starting with `hit`'s blocks, if given)."""
+        have = len(self._block_tables.get(seq_id, ())) + len(hit.block_ids)
+        return max(0, self.blocks_for(num_tokens) - have)
+
+    def can_allocate(self, seq_id: str, num_tokens: int, hit: PrefixHit = NO_HIT) -> bool:
+        return self.num_missing_blocks(seq_id, num_tokens, hit) <= self._num_available(hit)
+
+    def allocate(self, seq_id: str, num_tokens: int, hit: PrefixHit = NO_HIT) -> list[int]:
+        """Grows ``seq_id``'s table to hold ``num_tokens`` tokens; returns the new (fresh) block
+        ids. `hit`: what `find_cached_prefix` just found for this sequence, which has no table yet
+        (nothing allocated or freed since the lookup); its blocks start the table."""
+        if hit.num_queried_tokens:
+            self._check_hit(seq_id, hit)
+        missing = self.num_missing_blocks(seq_id, num_tokens, hit)
+        available = self._num_available(hit)
+        if missing > available:
             raise RuntimeError(
-                f"cannot allocate {missing} blocks for {seq_id}: only {len(self._free_block_ids)} free "
-                "(call can_allocate first)"
+                f"cannot allocate {missing} blocks for {seq_id}: only {available} free (call can_allocate first)"
             )
-        new_ids = [self._free_block_ids.popleft() for _ in range(missing)]
+        if hit.num_queried_tokens:
+            self._pool.share(hit.block_ids)
+            self._block_tables[seq_id] = list(hit.block_ids)
+            self._num_registered[seq_id] = len(hit.block_ids)
+            self.num_prefix_queried_tokens += hit.num_queried_tokens
+            self.num_prefix_hit_tokens += hit.num_tokens
+        new_ids = self._pool.take(missing)
         self._block_tables.setdefault(seq_id, []).extend(new_ids)
         return new_ids
 
     def free(self, seq_id: str) -> int:
-        """Returns all of ``seq_id``'s blocks to the pool; returns how many were freed."""
+        """Drops ``seq_id``'s hold on all its blocks (blocks other sequences share stay theirs);
+        returns how many blocks it held."""
         table = self._block_tables.pop(seq_id, [])
-        self._free_block_ids.extend(table)
+        self._block_hashes.pop(seq_id, None)
+        self._num_registered.pop(seq_id, None)
+        self._pool.release(table)
         return len(table)
+
+    # ---- prefix caching ----------------------------------------------------------------------
+
+    def find_cached_prefix(self, seq_id: str, token_ids: Sequence[int], num_prompt_tokens: int) -> PrefixHit:
+        """The longest run of cached blocks that ``seq_id``'s tokens start with, stopping short of
+        the block holding its last token (always computed); changes nothing but a memo of the
+        sequence's hashes. `NO_HIT` with prefix caching off."""
+        if self._hasher is None:
+            return NO_HIT
+        size = self.block_size
+        hashes = self._block_hashes.setdefault(seq_id, [])
+        block_ids: list[int] = []
+        for i in range((len(token_ids) - 1) // size):
+            if i == len(hashes):
+                self._hasher.extend(hashes, token_ids, num_prompt_tokens, i + 1)
+            block_id = self._pool.cached_block(hashes[i])
+            if block_id is None:
+                break
+            block_ids.append(block_id)
+        return PrefixHit(tuple(block_ids), len(block_ids) * size, len(token_ids))
+
+    def cache_full_blocks(self, seq_id: str, token_ids: Sequence[int], num_prompt_tokens: int,
+                          num_computed_tokens: int) -> int:
+        """Names ``seq_id``'s full blocks whose KV is computed (its first ``num_computed_tokens``
+        tokens) so later prefixes can reuse them; returns how many were newly cached (a block
+        whose prefix another block already holds stays private). Cheap when nothing is new."""
+        table = self._block_tables.get(seq_id)
+        if self._hasher is None or not table:
+            return 0
+        num_full = min(num_computed_tokens // self.block_size, len(table))
+        done = self._num_registered.get(seq_id, 0)
+        if num_full <= done:
+            return 0
+        hashes = self._block_hashes.setdefault(seq_id, [])
+        self._hasher.extend(hashes, token_ids, num_prompt_tokens, num_full)
+        num_new = sum(self._pool.register(table[i], hashes[i]) for i in range(done, num_full))
+        self._num_registered[seq_id] = num_full
+        return num_new
+
+    def _check_hit(self, seq_id: str, hit: PrefixHit) -> None:
+        """Raises `RuntimeError` unless `hit` can start ``seq_id``'s table: it has none yet and each
+        hit block still holds the KV its prefix names (no eviction since the lookup)."""
+        if self._block_tables.get(seq_id):
+            raise RuntimeError(f"{seq_id} already holds blocks: a prefix hit only starts a new table")
+        hashes = self._block_hashes.get(seq_id, [])
+        if len(hit.block_ids) > len(hashes) or any(
+                self._pool.cached_block(block_hash) != block_id for block_hash, block_id in zip(hashes, hit.block_ids)):
+            raise RuntimeError(f"the cached prefix found for {seq_id} is no longer cached: look it up again")
+
+    def _num_available(self, hit: PrefixHit) -> int:
+        """Free blocks left for fresh allocation once `hit`'s blocks are taken back."""
+        return self._pool.num_free - self._pool.num_reclaimable(hit.block_ids)

@@ -1,6 +1,7 @@
 """The inference engine: requests in, tokens out, one continuous-batching step at a time.
 
-`Engine` wires the parts together — tokenizer, `Scheduler` over a `BlockManager`,
+`Engine` wires the parts together — tokenizer, `Scheduler` over a `BlockManager` (with prefix
+caching unless ``EngineConfig.enable_prefix_caching`` is off: its KV blocks named by the checkpoint),
 `ModelRunner` with its KV pool and attention backend, `Sampler`, and ``requests``, the
 `RequestLifecycle` that holds each admitted request with its `IncrementalDetokenizer` — and
 drives the request lifecycle: validate and admit (`add_request`), advance everything one step
@@ -22,6 +23,15 @@ end-of-sequence ids (``min_tokens`` holds them back), a request with a penalty g
 `TokenCounts` on its `Sequence` at its first step, and one that asks for ``logprobs`` gets them
 from the raw logits of its rows alone, each token's text decoded alone (vLLM's way), in its
 `RequestOutput`.
+
+A request with ``structured_output`` (a JSON schema, any JSON object, a regex, a choice) has its
+grammar compiled at admission (`check_structured_output`: a spec that cannot be enforced is refused
+there, "structured_output: ..."), and every step its rows' logits masked to what the grammar allows
+before the sampler sees them (penalties, temperature and greedy alike), the masks computed on a
+helper thread while the forward pass runs; its logprobs stay the model's own. It finishes with
+"stop" when its grammar accepts the end of the output (even under ``ignore_eos``); a grammar that
+fails or refuses a token fails that request alone. Its matcher follows its tokens, so a migrated or
+preempted request continues under it (`worker.structured_output_manager`).
 
 An engine can also start before its weights (``Engine(model_dir, config, weights=source)`` with a
 `loader.LayerReadiness` source: the SSD/DRAM loader or a peer stream; `model_dir` then needs only
@@ -46,19 +56,23 @@ from kernels.cpu_linear import cpu_prepack_unavailable_reason
 from loader import LayerReadiness
 from worker.block_manager import BlockManager
 from worker.checkpoint import load_model
+from worker.checkpoint_identity import checkpoint_identity
 from worker.engine_config import EngineConfig
 from worker.generation_defaults import read_generation_defaults
 from worker.layer_gate import LayerGate, LayerLoadError
 from worker.model_config import ModelConfig
 from worker.model_family import build_model
 from worker.model_runner import ModelRunner, kv_bytes_per_block
+from worker.prefix_hasher import PrefixHasher
 from worker.request_lifecycle import RequestLifecycle, request_output
 from worker.request_output import Completion, RequestOutput
 from worker.reserved_memory import ReservedMemory
+from worker.rotary_embedding import needs_rope_lengths
 from worker.sampler import RawLogprobs, Sampler
 from worker.sampling_params import SamplingParams
 from worker.scheduler import Scheduler
 from worker.sequence import FinishReason, Sequence
+from worker.structured_output_manager import MaskJob, StructuredOutputManager
 from worker.token_counts import TokenCounts
 from worker.tokenizer import Tokenizer
 from worker.zigzag_prefill import ZigzagPrefill
@@ -127,7 +141,9 @@ class Engine:
             raise ValueError(
                 f"kv_cache_bytes={config.kv_cache_bytes} is smaller than one KV block ({block_bytes} bytes)"
             )
-        self.block_manager = BlockManager(num_blocks, config.block_size)
+        self.block_manager = BlockManager(num_blocks, config.block_size, prefix_hasher=(
+            _prefix_hasher(self.model_dir, self.model_config, config.block_size) if config.enable_prefix_caching
+            else None))
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=config.max_num_seqs,
@@ -145,6 +161,9 @@ class Engine:
             # device; the reference backend reads host lists, which a graph cannot refresh).
             self.runner.enable_decode_graphs(min(config.max_num_seqs, 256), self.max_model_len)
         self.sampler = Sampler(self.eos_token_ids)
+        # Grammars for requests with structured_output; its grammar engine is built by the first one.
+        self.structured_output = StructuredOutputManager(self.tokenizer, self.model_config.vocab_size,
+                                                         overlap=config.overlap_structured_output)
         self._in_step: tuple[str, ...] = ()  # requests of the forward pass under way (see request_ids_in_step)
         self._next_id = itertools.count()
         self._zigzag: ZigzagPrefill | None = None
@@ -262,12 +281,22 @@ class Engine:
 
     def check_params(self, params: SamplingParams) -> None:
         """The checks of `params` that need the model (`SamplingParams` checks the rest itself):
-        ``logit_bias`` names tokens of the vocabulary. Raises `InvalidRequestError` naming the field."""
+        ``logit_bias`` names tokens of the vocabulary, and `check_structured_output`. Raises
+        `InvalidRequestError` naming the field."""
         vocab = self.model_config.vocab_size
         bad = [token_id for token_id, _ in params.logit_bias if token_id >= vocab]
         if bad:
             raise InvalidRequestError(f"logit_bias token ids must be in [0, {vocab}) (this model's vocabulary), "
                                       f"got {bad[:5]}")
+        self.check_structured_output(params)
+
+    def check_structured_output(self, params: SamplingParams) -> None:
+        """Compiles ``structured_output`` (cached for the request's steps), if any; raises
+        `InvalidRequestError` ("structured_output: ..." and what to change) if this model cannot
+        enforce it. Thread-safe; the first structured request builds the grammar engine (about a
+        second for a 128k-token vocabulary)."""
+        if params.structured_output is not None:
+            self.structured_output.check(params.structured_output)
 
     def _check_kv_room(self, num_prompt_tokens: int, max_tokens: int) -> None:
         needed = min(num_prompt_tokens + max_tokens, self.max_model_len)
@@ -336,17 +365,46 @@ class Engine:
             return []
         self._in_step = tuple(seq.request_id for seq in batch.seqs)
         block_tables = [self.block_manager.block_table(seq.request_id) for seq in batch.seqs]
-        logits, sample_indices = self.runner.execute(batch, block_tables)
+        # The rows that will sample (the runner's rule): their grammar masks, if any, are filled on
+        # a helper thread while the forward pass runs (`worker.structured_output_manager`).
+        masks = self.structured_output.begin([seq for seq, num_new in zip(batch.seqs, batch.num_new_tokens)
+                                              if seq.num_computed_tokens + num_new == seq.num_tokens])
+        try:
+            logits, sample_indices = self.runner.execute(batch, block_tables)
+        except BaseException:
+            if masks is not None:
+                masks.wait()
+            raise
         self._in_step = ()
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += num_new
-        return self._sample(logits, [batch.seqs[i] for i in sample_indices])
+        return self._sample(logits, [batch.seqs[i] for i in sample_indices], masks)
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[RequestOutput]:  # logits: [S, V]
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], masks: MaskJob | None = None
+                ) -> list[RequestOutput]:  # logits: [S, V]
         """One token per sequence, each appended; a sequence whose sampling or appending fails
-        finishes with reason "error" and the rest carry on (see the module docstring)."""
+        finishes with reason "error" and the rest carry on (see the module docstring). `masks`: the
+        grammar masks begun for these rows (made here, inline, if None)."""
         if not seqs:
             return []
+        outputs: list[RequestOutput] = []
+        raw_logits = logits  # the logprobs are the model's own, before any mask
+        if masks is None or masks.seqs != seqs:
+            if masks is not None:
+                masks.wait()
+            masks = self.structured_output.begin(seqs, overlap=False)
+        if masks is not None:
+            if any(seqs[i].params.logprobs is not None for i in masks.rows):
+                logits = logits.clone()
+            masks.apply(logits)  # [S, V]: what the grammars disallow is -inf, before penalties and temperature
+            if masks.failed:  # these requests' grammars failed: they end, the others are sampled
+                outputs = [self._fail(seqs[i], "structured output", exc) for i, exc in masks.failed.items()]
+                keep = [i for i in range(len(seqs)) if i not in masks.failed]
+                index = torch.tensor(keep, dtype=torch.long, device=logits.device)  # [K]
+                logits, raw_logits = logits[index], raw_logits[index]
+                seqs = [seqs[i] for i in keep]
+                if not seqs:
+                    return outputs
         params, generators = [s.params for s in seqs], [s.generator for s in seqs]
         # A batch draw that fails half-way has advanced some rows' generators; put them back, so
         # the rows that redraw one by one below take the same tokens they would have taken.
@@ -366,8 +424,7 @@ class Engine:
                         token_counts=[self._token_counts(seq)]))
                 except Exception as exc:  # noqa: BLE001
                     token_ids.append(exc)
-        logprobs = self._logprobs(logits, seqs, token_ids)
-        outputs = []
+        logprobs = self._logprobs(raw_logits, seqs, token_ids)
         for seq, token_id, token_logprobs in zip(seqs, token_ids, logprobs):
             if isinstance(token_id, BaseException):
                 outputs.append(self._fail(seq, "sampling", token_id))
@@ -376,7 +433,12 @@ class Engine:
                 outputs.append(self._fail(seq, "logprobs", token_logprobs))
                 continue
             try:
-                outputs.append(self._append(seq, token_id, token_logprobs))
+                complete = seq.params.structured_output is not None and self.structured_output.accept(seq, token_id)
+            except Exception as exc:  # noqa: BLE001 - a token its grammar refuses: this request alone
+                outputs.append(self._fail(seq, "structured output", exc))
+                continue
+            try:
+                outputs.append(self._append(seq, token_id, token_logprobs, complete))
             except Exception as exc:  # noqa: BLE001 - stop handling or detokenizing: this request's alone
                 outputs.append(self._fail(seq, "stop handling or detokenizing", exc))
         return outputs
@@ -431,7 +493,7 @@ class Engine:
             self.requests.retire(seq.request_id, FinishReason.ERROR)
         return RequestOutput(request_id=seq.request_id, new_token_ids=(), new_text="", finished=True,
                              finish_reason=FinishReason.ERROR.value, num_prompt_tokens=seq.num_prompt_tokens,
-                             num_output_tokens=seq.num_output_tokens,
+                             num_output_tokens=seq.num_output_tokens, num_cached_tokens=seq.num_cached_tokens,
                              error=f"{stage} failed: {type(exc).__name__}: {exc}")
 
     def _step_while_loading(self) -> list[RequestOutput]:
@@ -450,12 +512,16 @@ class Engine:
                 self.requests.retire(request_id, FinishReason.ABORT)
             raise
 
-    def _append(self, seq: Sequence, token_id: int, logprobs: TokenLogprobs | None = None) -> RequestOutput:
+    def _append(self, seq: Sequence, token_id: int, logprobs: TokenLogprobs | None = None,
+                complete: bool = False) -> RequestOutput:
+        """`complete`: the request's grammar accepted `token_id` as its end (an end-of-sequence token
+        where the output is whole): it stops, even under ``ignore_eos``."""
         detokenizer = self.requests.detokenizer(seq.request_id)
         seq.append_token(token_id)
         params = seq.params
         reason: FinishReason | None = None
-        if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
+        if (complete or token_id in params.stop_token_ids
+                or (not params.ignore_eos and token_id in self.eos_token_ids)):
             # The token that ends the request adds no text (vLLM's rule): with special tokens
             # kept, an end-of-sequence token would otherwise end the output with its name.
             text = ""
@@ -503,6 +569,15 @@ class Engine:
             )
             for seq in seqs
         ]
+
+
+def _prefix_hasher(model_dir: Path, config: ModelConfig, block_size: int) -> PrefixHasher:
+    """Names this engine's KV blocks for prefix caching: by the checkpoint and the KV dtype, and for
+    longrope by whether a prompt is past the original context (see `worker.prefix_hasher`)."""
+    scaling = config.rope_scaling
+    return PrefixHasher(f"{checkpoint_identity(model_dir)}/{config.torch_dtype}", block_size,
+                        long_prompt_tokens=scaling.original_max_position_embeddings
+                        if needs_rope_lengths(scaling) else None)
 
 
 def _read_eos_ids(model_dir: Path, config: ModelConfig, tokenizer: Tokenizer) -> tuple[int, ...]:

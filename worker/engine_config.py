@@ -20,6 +20,10 @@ class EngineConfig:
     # Per-step token budget shared by prefill chunks and decodes.
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
+    # Automatic prefix caching (vLLM v1's default): full KV blocks are named by their prefix and
+    # shared, so a prompt that starts like an earlier one (a system prompt, a chat's history, the
+    # other choices of an n > 1 request) computes only its new tail (`worker.block_manager`).
+    enable_prefix_caching: bool = True
     # Longest prompt + output; None means the model's max_position_embeddings.
     max_model_len: int | None = None
     # Weights and KV dtype; None means the checkpoint's.
@@ -41,6 +45,9 @@ class EngineConfig:
     # On CUDA: replay decode-only steps of up to min(max_num_seqs, 256) sequences from captured CUDA
     # graphs (`worker.decode_graphs`), each batch size captured on first use. False: always eager.
     cuda_graphs: bool = True
+    # Structured output: compute the grammar masks of a step's structured requests on a helper thread
+    # while its forward pass runs (`worker.structured_output_manager`). False: inline, before it.
+    overlap_structured_output: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens"):
@@ -56,5 +63,7 @@ class EngineConfig:
             raise ValueError(f"layer_timeout_s must be a positive number of seconds, got {self.layer_timeout_s!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)} or None, got {self.dtype!r}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
         if not self.device.startswith(("cpu", "cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")

@@ -346,6 +346,7 @@ class InstanceWorker:
                         num_prompt_tokens=out.num_prompt_tokens,
                         num_completion_tokens=out.num_output_tokens,
                         logprobs=out.logprobs,
+                        num_cached_tokens=out.num_cached_tokens,
                     )
         except InvalidRequestError as exc:
             # Prompt and params passed the checks above; what is left is the engine still holding
@@ -430,6 +431,8 @@ class InstanceWorker:
             prefills_at_frontier=tuple(engine.movable_prefill_ids()) if engine else (),
             num_requests_started=self._num_requests_started,
             pid=os.getpid(),
+            num_prefix_cache_queried_tokens=engine.block_manager.num_prefix_queried_tokens if engine else 0,
+            num_prefix_cache_hit_tokens=engine.block_manager.num_prefix_hit_tokens if engine else 0,
         )
 
     def _weights_read(self, engine: Engine | None) -> str:
@@ -445,14 +448,19 @@ def _validated_request(engine: Engine, request_id: str, prompt: Prompt, params: 
     """Tokenizes the prompt once and runs the engine's admission checks, blaming the right field:
     the prompt alone (`Engine.tokenize_prompt`) is the prompt's (or the messages') fault, the
     prompt with the request's ``max_tokens`` (`Engine.prepare_tokens`) is ``max_tokens``'s, a
-    ``logit_bias`` token outside the vocabulary (`Engine.check_params`) is ``logit_bias``'s.
-    Touches no engine state, so it runs in a worker thread."""
+    ``logit_bias`` token outside the vocabulary (`Engine.check_params`) is ``logit_bias``'s, a
+    ``structured_output`` the model cannot enforce (`Engine.check_structured_output`, which compiles
+    it) is ``structured_output``'s. Touches no engine state, so it runs in a worker thread."""
     is_chat = isinstance(prompt, ChatPrompt) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], dict))
     prompt_field = "messages" if is_chat else "prompt"
     try:
         prompt_ids = engine.tokenize_prompt(prompt)
     except InvalidRequestError as exc:
         raise InvalidFieldError(str(exc), field=prompt_field) from exc
+    try:
+        engine.check_structured_output(params)
+    except InvalidRequestError as exc:
+        raise InvalidFieldError(str(exc), field="structured_output") from exc
     try:
         engine.check_params(params)
     except InvalidRequestError as exc:  # a logit_bias token outside the vocabulary

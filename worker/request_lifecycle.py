@@ -69,6 +69,7 @@ def request_output(seq: Sequence, new_token_ids: tuple[int, ...] = (), text: str
         num_prompt_tokens=seq.num_prompt_tokens,
         num_output_tokens=seq.num_output_tokens,
         logprobs=logprobs,
+        num_cached_tokens=seq.num_cached_tokens,
     )
 
 

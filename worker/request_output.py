@@ -24,6 +24,8 @@ class RequestOutput:
     error: str | None = None  # why this request alone failed (finish reason "error"); for logs, not clients
     # One per new token, for a request that asked for them (SamplingParams.logprobs); else None.
     logprobs: tuple[TokenLogprobs, ...] | None = None
+    # Prompt tokens whose KV came from the prefix cache, not computed for this request.
+    num_cached_tokens: int = 0
 
 
 @dataclass(frozen=True)

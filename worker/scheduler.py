@@ -11,6 +11,16 @@ youngest, so the oldest requests keep making progress and the system cannot live
 
 A sequence can also be paused (`pause`: out of both queues, its blocks kept) and resumed at the
 front of the queue (`resume`): what a live migration holds still (`worker.request_lifecycle`).
+
+With prefix caching on in the block manager, a sequence admitted with no blocks (new, or
+preempted) starts at its longest cached prefix: its table begins with those shared blocks and its
+``num_computed_tokens`` with their tokens, so the token budget is spent only on the rest (a
+preempted sequence usually finds most of its own blocks still cached). The first admission's hit
+is the request's ``num_cached_tokens``. Each running sequence's newly computed full blocks are
+named for reuse before it grows, and a finished or preempted one's before its blocks are freed.
+`admit_next` (prefill while weights arrive) looks nothing up: a pass begun layer by layer must hold
+its whole prompt to be handed to a loaded helper at a layer (`worker.layer_handoff`), and nothing
+is cached before the last layer lands anyway.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from worker.block_manager import BlockManager
+from worker.block_manager import NO_HIT, BlockManager, PrefixHit
 from worker.sequence import FinishReason, Sequence, SequenceStatus
 
 
@@ -91,14 +101,16 @@ class Scheduler:
             return batch  # memory is tight: admit nothing new this step
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            num_new = seq.num_tokens - seq.num_computed_tokens
+            hit = self._find_cached_prefix(seq)
+            start = seq.num_computed_tokens + hit.num_tokens
+            num_new = seq.num_tokens - start  # only what is not cached costs budget
             if self.enable_chunked_prefill:
                 num_new = min(num_new, budget)
             elif num_new > budget and batch.seqs:
                 break  # an unchunked prefill waits for a step of its own
-            if not self.block_manager.can_allocate(seq.request_id, seq.num_computed_tokens + num_new):
+            if not self.block_manager.can_allocate(seq.request_id, start + num_new, hit):
                 break
-            self._admit(seq, num_new)
+            self._admit(seq, num_new, hit)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new
@@ -109,7 +121,8 @@ class Scheduler:
         outside `schedule`, when a sequence slot and the chunk's KV blocks are free: returns
         (seq, num_new), else None. The caller computes that chunk itself and adds num_new to
         ``num_computed_tokens`` when it is done; it must not call `schedule` meanwhile, which would
-        schedule the chunk again. (Used while weights are still arriving: `worker.zigzag_prefill`.)"""
+        schedule the chunk again. No cached prefix is looked up (see the module docstring).
+        (Used while weights are still arriving: `worker.zigzag_prefill`.)"""
         if not self.waiting or len(self.running) >= self.max_num_seqs:
             return None
         seq = self.waiting[0]
@@ -119,8 +132,12 @@ class Scheduler:
         self._admit(seq, num_new)
         return seq, num_new
 
-    def _admit(self, seq: Sequence, num_new: int) -> None:
-        self.block_manager.allocate(seq.request_id, seq.num_computed_tokens + num_new)
+    def _admit(self, seq: Sequence, num_new: int, hit: PrefixHit = NO_HIT) -> None:
+        self.block_manager.allocate(seq.request_id, seq.num_computed_tokens + hit.num_tokens + num_new, hit)
+        if hit.num_queried_tokens:  # looked up: it starts after its cached prefix
+            seq.num_computed_tokens = hit.num_tokens
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = hit.num_tokens
         self.waiting.popleft()
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
@@ -128,6 +145,7 @@ class Scheduler:
     def _grow_or_preempt(self, seq: Sequence, num_new: int, batch: ScheduledBatch) -> bool:
         """Makes room for ``seq``'s next ``num_new`` tokens, preempting the youngest running
         sequences as needed. Returns False if ``seq`` itself had to be preempted."""
+        self._cache_computed(seq)
         total = seq.num_computed_tokens + num_new
         while not self.block_manager.can_allocate(seq.request_id, total):
             victim = self.running.pop()
@@ -139,6 +157,7 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence) -> None:
+        self._cache_computed(seq)  # what it computed outlives it: its recompute will hit most of it
         self.block_manager.free(seq.request_id)
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
@@ -163,9 +182,22 @@ class Scheduler:
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Retires ``seq`` (running, waiting or paused) and frees its blocks."""
         self._dequeue(seq)
+        self._cache_computed(seq)
         self.block_manager.free(seq.request_id)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+
+    def _find_cached_prefix(self, seq: Sequence) -> PrefixHit:
+        """The cached prefix a sequence with no blocks and no KV starts from; `NO_HIT` for one that
+        keeps its own (paused and resumed, imported by a migration)."""
+        if seq.num_computed_tokens or self.block_manager.block_table(seq.request_id):
+            return NO_HIT
+        return self.block_manager.find_cached_prefix(seq.request_id, seq.token_ids, seq.num_prompt_tokens)
+
+    def _cache_computed(self, seq: Sequence) -> None:
+        """Names the sequence's full blocks whose KV is computed, for later prefixes to reuse."""
+        self.block_manager.cache_full_blocks(seq.request_id, seq.token_ids, seq.num_prompt_tokens,
+                                             seq.num_computed_tokens)
 
     def _dequeue(self, seq: Sequence) -> None:
         if seq.status is SequenceStatus.RUNNING:

@@ -12,11 +12,15 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from worker.sampling_params import SamplingParams
 from worker.token_counts import TokenCounts
+
+if TYPE_CHECKING:  # for the annotation only: a sequence never calls the grammar library
+    from worker.structured_output import GrammarMatcher
 
 
 class SequenceStatus(enum.Enum):
@@ -49,9 +53,14 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
+    # Prompt tokens whose KV its first admission found in the prefix cache (`worker.block_manager`).
+    num_cached_tokens: int = 0
     first_token_s: float | None = None
     # The sampler's penalty counts, made at the first step that needs them (`worker.token_counts`).
     token_counts: TokenCounts | None = field(default=None, repr=False)
+    # Where its output stands in its structured_output grammar, made at its first step and kept up
+    # with its output tokens (`worker.structured_output_manager`); None without structured_output.
+    grammar: GrammarMatcher | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -328,8 +328,13 @@ class GrammarEngine:
         if spec.kind == "json_object":
             return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, overrides=self._json_options())
         if spec.kind == "json_schema":
-            # Our options as overrides: a schema's own "x-guidance" settings cannot lift the bounds.
-            return llguidance.LLMatcher.grammar_from_json_schema(spec.text, overrides=self._json_options())
+            # Our options as overrides: a schema's own "x-guidance" settings cannot lift the bounds,
+            # only tighten them to compact JSON (what the gateway asks for forced tool calls).
+            options = self._json_options()
+            own = spec.value().get("x-guidance")
+            if isinstance(own, dict) and own.get("whitespace_flexible") is False:
+                options = {"whitespace_flexible": False}
+            return llguidance.LLMatcher.grammar_from_json_schema(spec.text, overrides=options)
         if spec.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(spec.text)
         if spec.kind == "choice":

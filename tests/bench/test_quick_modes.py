@@ -209,3 +209,32 @@ def test_grammar_benchmark_quick():
         assert figures[f"{key}_ratio_xgrammar_to_llguidance"] == pytest.approx(
             figures[f"xgrammar_{key}_us"] / figures[f"llguidance_{key}_us"], rel=0.01)
     assert figures["apply_one_row_us"]["thaw"] > 0 and figures["apply_one_row_us"]["xgrammar_cpu_kernel"] > 0
+
+
+def test_structured_engine_benchmark_quick():
+    figures = run_quick("structured_engine.py")
+    assert figures["bench"] == "structured_engine" and figures["mode"] == "quick" and figures["rows"] == 8
+    [tiny] = figures["models"]
+    for key in ("free_ms_per_step", "structured_overlap_ms_per_step", "structured_inline_ms_per_step",
+                "fill_ms_8_rows_replayed"):
+        assert tiny[key] > 0, key
+    for case in ("overlap", "inline"):
+        assert tiny[f"ratio_{case}_to_free"] == pytest.approx(
+            tiny[f"structured_{case}_ms_per_step"] / tiny["free_ms_per_step"], rel=0.01)
+    assert sorted(tiny["steps_timed"]) == ["free", "structured_inline", "structured_overlap"]
+    assert min(tiny["steps_timed"].values()) > 0
+
+
+def test_engine_shared_prefix_benchmark_quick():
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "engine.py"), "--shared-prefix", "--quick"],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [line] = [line for line in result.stdout.splitlines() if line.strip()]
+    figures = json.loads(line)
+    assert figures["bench"] == "engine_prefix_cache" and figures["mode"] == "quick" and figures["num_requests"] == 6
+    assert figures["mean_ttft_ms_caching"] > 0 and figures["mean_ttft_ms_no_caching"] > 0
+    assert figures["ttft_ratio_no_caching_to_caching"] == pytest.approx(
+        figures["mean_ttft_ms_no_caching"] / figures["mean_ttft_ms_caching"], rel=0.02)
+    # 6 requests of a 64-token system prompt under a 128-token budget: the first two share a step and
+    # find nothing; the other four each reuse the system prompt's 4 full 16-token blocks.
+    assert figures["cached_prompt_tokens"] == 4 * 64 and figures["outputs_match"] == "6/6"

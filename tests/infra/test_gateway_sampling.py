@@ -8,6 +8,7 @@ logit bias on a greedy request change the output exactly as transformers' logits
 
 from __future__ import annotations
 
+import json
 
 import openai
 import pytest
@@ -156,3 +157,67 @@ def test_n_seeded_choices_are_reproducible_and_each_is_its_seed(served):
     assert texts == [client.completions.create(seed=7 + i, **kwargs).choices[0].text for i in range(4)]
     assert first.usage.completion_tokens == 32 and first.usage.prompt_tokens == len(
         served[0].tokenizer.encode(PROMPT))
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                     "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+    "additionalProperties": False}}}
+RUNS = 20
+
+
+def valid_weather(arguments: dict) -> bool:
+    return (set(arguments) == {"city", "days"} and isinstance(arguments["city"], str) and len(arguments["city"]) <= 12
+            and type(arguments["days"]) is int and 1 <= arguments["days"] <= 7)
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_forced_tool_calls_from_a_random_model_always_parse(served, tool_choice):
+    _, _, client = served
+    for seed in range(RUNS):
+        # One call (parallel_tool_calls false): its longest form (~75 characters) fits the tiny
+        # model's 256-token context, which up to 8 parallel calls of a random walk would not.
+        choice = client.chat.completions.create(model=MODEL, messages=CHAT, tools=[WEATHER, TIME],
+                                                tool_choice=tool_choice, temperature=1.0, seed=seed,
+                                                parallel_tool_calls=False, max_tokens=200).choices[0]
+        assert choice.finish_reason == "tool_calls", (seed, choice)
+        calls = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+        assert len(calls) == 1
+        for name, arguments in calls:
+            if isinstance(tool_choice, dict) or name == "get_weather":
+                assert name == "get_weather" and valid_weather(arguments), (seed, arguments)
+            else:
+                assert name == "get_time" and arguments in ({"zone": "UTC"}, {"zone": "CET"}), (seed, arguments)
+
+
+def test_a_json_schema_response_format_from_a_random_model_always_validates(served):
+    _, _, client = served
+    schema = WEATHER["function"]["parameters"]
+    for seed in range(RUNS):
+        got = client.chat.completions.create(
+            model=MODEL, messages=CHAT, temperature=1.0, seed=seed, max_tokens=400,
+            response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": schema, "strict": True}})
+        assert got.choices[0].finish_reason == "stop"
+        assert valid_weather(json.loads(got.choices[0].message.content)), seed
+
+
+def test_n_choices_share_the_prompts_kv_blocks(served):
+    engine, _, client = served
+    prompt = "The same long opening line, shared by every choice of this one request: " + PROMPT
+    num_prompt = len(engine.tokenizer.encode(prompt))
+    block = engine.block_manager.block_size
+    # Each later choice finds the prompt's full blocks cached, up to the block holding its last token.
+    shared = (num_prompt - 1) // block * block
+    before = engine.block_manager.num_prefix_hit_tokens
+    got = client.completions.create(model=MODEL, prompt=prompt, n=4, seed=1, max_tokens=4, temperature=1.0,
+                                    extra_body={"ignore_eos": True})
+    assert len(got.choices) == 4 and shared >= 2 * block
+    assert engine.block_manager.num_prefix_hit_tokens - before == 3 * shared
+    # Usage counts the prompt once; the first choice computed it.
+    assert got.usage.prompt_tokens == num_prompt
+    # A second request with the same prompt is served from the cache, and says so.
+    again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens == shared

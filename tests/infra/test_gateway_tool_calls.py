@@ -170,12 +170,20 @@ def test_forced_calls_are_constrained_json_read_back_into_calls(client, model, t
     # The worker was asked to constrain the output to exactly that JSON.
     grammar = model.params[-1].structured_output
     schema = grammar.value()
+    # Compact JSON: the calls are read by the gateway, no token goes to layout.
+    assert schema.pop("x-guidance") == {"whitespace_flexible": False}
     if tool_choice == "required":
-        assert schema["type"] == "array" and schema["minItems"] == 1
+        assert schema["type"] == "array" and (schema["minItems"], schema["maxItems"]) == (1, 8)
         assert schema["items"]["properties"]["name"] == {"const": "get_weather"}
         assert schema["items"]["properties"]["parameters"] == TOOLS[0]["function"]["parameters"]
     else:
         assert schema == TOOLS[0]["function"]["parameters"]
+
+
+def test_required_without_parallel_calls_allows_exactly_one(client, model):
+    client.chat.completions.create(model="acme/plain", messages=ask('[{"name": "get_weather", "parameters": {}}]'),
+                                   tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    assert model.params[-1].structured_output.value()["maxItems"] == 1
 
 
 def test_forced_calls_with_a_response_format_is_a_400(client):

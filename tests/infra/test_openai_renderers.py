@@ -81,3 +81,9 @@ def test_chat_whole_response_with_logprobs():
         {"token": "é", "logprob": -1.5, "bytes": [195, 169], "top_logprobs": [{"token": "e", "logprob": -0.5, "bytes": [101]}]},
     ], "refusal": None}
     assert renderer.whole("x", "stop", Usage.of(1, 1)).model_dump(mode="json")["choices"][0]["logprobs"] is None
+
+
+def test_usage_shows_cached_prompt_tokens_only_when_the_cache_served_some():
+    assert Usage.of(10, 2).model_dump(mode="json") == {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
+    assert Usage.of(10, 2, 8).model_dump(mode="json") == {
+        "prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12, "prompt_tokens_details": {"cached_tokens": 8}}

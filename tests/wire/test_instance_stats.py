@@ -22,7 +22,8 @@ STATS = InstanceStats(instance_id="i1", model_id="acme/m1", state=InstanceState.
                       num_waiting_requests=1, num_running_requests=2, num_free_kv_blocks=48, num_kv_blocks=64,
                       num_generated_tokens=120, started_at=1_700_000_000.5, load_s=1.25, weights_read="safetensors",
                       weights_resident=False, num_weight_streams=1, prefills_at_frontier=("r1", "r2"),
-                      num_requests_started=9, pid=4242)
+                      num_requests_started=9, pid=4242, num_prefix_cache_queried_tokens=300,
+                      num_prefix_cache_hit_tokens=120)
 # What `InstanceWorker.stats()` sends while the model loads: zeros, nothing read yet, defaults.
 LOADING = InstanceStats("i2", "acme/m1", InstanceState.LOADING, 0, 0, 0, 0, 0, 0, 1_700_000_000.0, 0.0, "")
 RECORDS = [LOAD, STREAMED, STATS, LOADING]
@@ -30,7 +31,8 @@ RECORDS = [LOAD, STREAMED, STATS, LOADING]
 
 def test_a_loading_instance_reports_zeros_and_the_defaults():
     assert (LOADING.weights_resident, LOADING.num_weight_streams, LOADING.prefills_at_frontier,
-            LOADING.num_requests_started, LOADING.pid) == (True, 0, (), 0, 0)
+            LOADING.num_requests_started, LOADING.pid, LOADING.num_prefix_cache_queried_tokens,
+            LOADING.num_prefix_cache_hit_tokens) == (True, 0, (), 0, 0, 0, 0)
     assert LOADING.kv_cache_usage == 0.0 and STATS.kv_cache_usage == 0.25
 
 
@@ -45,7 +47,8 @@ def test_each_report_has_an_exact_tagged_dict_form_with_the_state_as_its_value()
                     "num_free_kv_blocks": 48, "num_kv_blocks": 64, "num_generated_tokens": 120,
                     "started_at": 1_700_000_000.5, "load_s": 1.25, "weights_read": "safetensors",
                     "weights_resident": False, "num_weight_streams": 1, "prefills_at_frontier": ["r1", "r2"],
-                    "num_requests_started": 9, "pid": 4242}
+                    "num_requests_started": 9, "pid": 4242, "num_prefix_cache_queried_tokens": 300,
+                    "num_prefix_cache_hit_tokens": 120}
     assert type(data["state"]) is str  # the plain value, not the enum member (which compares equal to it)
     assert InstanceStats.from_dict(json.loads(json.dumps(data))) == STATS
 

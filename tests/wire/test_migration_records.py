@@ -34,7 +34,8 @@ def test_a_snapshot_has_an_exact_tagged_dict_form_with_its_state_as_bytes():
         "params": {"schema": "sampling_params/1", "max_tokens": 9, "temperature": 0.5, "top_k": 0, "top_p": 1.0,
                    "seed": 3, "stop": ["\n"], "stop_token_ids": [], "ignore_eos": False,
                    "model_defaults": [], "presence_penalty": 0.0, "frequency_penalty": 0.0,
-                   "repetition_penalty": 1.0, "min_p": 0.0, "logit_bias": [], "min_tokens": 0, "logprobs": None},
+                   "repetition_penalty": 1.0, "min_p": 0.0, "logit_bias": [], "min_tokens": 0, "logprobs": None,
+                       "skip_special_tokens": True, "structured_output": None},
         "num_computed_tokens": 3, "generator_state": STATE, "generator_device_type": "cpu",
         "checkpoint_id": "ckpt-00000000000000v1"}
     assert type(SNAPSHOT.to_dict()["generator_state"]) is bytes  # one blob, not a list of ints

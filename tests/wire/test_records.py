@@ -11,7 +11,7 @@ from wire import (SUSPENDED, ChatPrompt, GenerationChunk, InstanceLoadRecord, In
                   SamplingParams, TokenLogprobs, WireRecord)
 
 CHUNK = GenerationChunk(request_id="r1", text="secret words", token_ids=(5, 6), finish_reason=None,
-                        num_prompt_tokens=3, num_completion_tokens=2)
+                        num_prompt_tokens=3, num_completion_tokens=2, num_cached_tokens=2)
 ROUTE = InstanceRoute("i1", "thaw-worker-i1", "thaw", "node0", 4)
 LOADS = (InstanceLoadRecord(instance_id="i1", tier="dram", load_s=0.25),
          InstanceLoadRecord(instance_id="i2", tier=None, load_s=None))
@@ -36,7 +36,8 @@ RECORDS = [CHUNK, ROUTE, *LOADS, MODEL, PARAMS, TUNED, LOGPROBS, LOGPROB_CHUNK, 
 def test_each_record_has_an_exact_tagged_dict_form():
     assert CHUNK.to_dict() == {"schema": "generation_chunk/1", "request_id": "r1", "text": "secret words",
                                "token_ids": [5, 6], "finish_reason": None, "num_prompt_tokens": 3,
-                               "num_completion_tokens": 2, "queue_s": None, "logprobs": None}
+                               "num_completion_tokens": 2, "queue_s": None, "logprobs": None,
+                               "num_cached_tokens": 2}
     assert ROUTE.to_dict() == {"schema": "instance_route/1", "instance_id": "i1", "actor_name": "thaw-worker-i1",
                                "namespace": "thaw", "node_id": "node0", "num_ongoing_requests": 4}
     assert MODEL.to_dict() == {
@@ -49,7 +50,7 @@ def test_each_record_has_an_exact_tagged_dict_form():
                                 "top_p": 1.0, "seed": 9, "stop": ["\n"], "stop_token_ids": [2], "ignore_eos": False,
                                 "model_defaults": [], "presence_penalty": 0.0, "frequency_penalty": 0.0,
                                 "repetition_penalty": 1.0, "min_p": 0.0, "logit_bias": [], "min_tokens": 0,
-                                "logprobs": None}
+                                "logprobs": None, "skip_special_tokens": True, "structured_output": None}
     assert TUNED.logit_bias == ((3, 2.5), (17, -100.0))  # sorted pairs, JSON's string key read as an id
     assert [TUNED.to_dict()[key] for key in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
                                              "logit_bias", "min_tokens", "logprobs")] == \
@@ -95,6 +96,8 @@ def test_a_dict_without_a_tag_is_read_as_the_current_version():
      r"generation_chunk.token_ids\[1\] must be a token id \(an integer >= 0\), got -2"),
     (GenerationChunk, {**CHUNK.to_dict(), "num_completion_tokens": True},
      "generation_chunk.num_completion_tokens must be an integer >= 0, got True"),
+    (GenerationChunk, {**CHUNK.to_dict(), "num_cached_tokens": -1},
+     "generation_chunk.num_cached_tokens must be an integer >= 0, got -1"),
     (GenerationChunk, {**CHUNK.to_dict(), "queue_s": float("nan")},
      "generation_chunk.queue_s must be a finite number >= 0, got nan"),
     (GenerationChunk, {**CHUNK.to_dict(), "request_id": ""},

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from wire import GrammarSpec
 from worker import (
     DemoModelConfig, Engine, EngineConfig, EngineDeadError, InstanceLoadError, InstanceState, InstanceWorker,
     InvalidFieldError, InvalidRequestError, SamplingParams, write_demo_model,
@@ -137,8 +138,10 @@ def test_requests_sent_during_the_load_wait_for_it(model_dir, reference):
     ("hi", {"max_tokens": 255}, "max_tokens", "KV-cache slots"),
     ("hi", {"logit_bias": {"1024": 5}}, "logit_bias", "logit_bias token ids must be in \\[0, 1024\\)"),
     ("hi", {"logprobs": 21}, "logprobs", "logprobs must be None \\(off\\) or an integer in \\[0, 20\\]"),
+    ("hi", {"structured_output": GrammarSpec.json_schema({"type": "foo"})}, "structured_output",
+     "^structured_output: the JSON schema cannot be enforced: Invalid type: foo; change or remove that part"),
 ], ids=["temperature", "max_tokens", "stop", "unknown", "not-a-mapping", "empty", "token-range", "too-long",
-        "bad-message", "over-kv-cache", "logit-bias-vocab", "logprobs"])
+        "bad-message", "over-kv-cache", "logit-bias-vocab", "logprobs", "structured-output"])
 def test_invalid_request_names_its_field_and_others_keep_going(worker, reference, prompt, params, field, match):
     want = reference.generate(["a fine prompt"], SamplingParams(**GREEDY))[0]
 
@@ -279,3 +282,17 @@ def test_suspend_ends_every_stream_suspended_and_new_ones_at_once(model_dir):
     assert [(c.finish_reason, c.token_ids) for c in late] == [("suspended", ())]
     assert stats.num_ongoing_requests == 0 and stats.num_free_kv_blocks == stats.num_kv_blocks
     assert stats.num_requests_started == 1  # the late one never started here
+
+
+def test_chunks_carry_the_prompt_tokens_served_from_the_prefix_cache_and_stats_count_them(worker):
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23]  # 13 tokens: 3 full 4-token blocks
+    before = worker.stats()
+    first = asyncio.run(collect(worker, "cache-first", prompt))
+    second = asyncio.run(collect(worker, "cache-second", prompt))
+    assert [c.num_cached_tokens for c in first] == [0] * len(first)
+    assert [c.num_cached_tokens for c in second] == [12] * len(second)  # all but the last token's block
+    assert [t for c in second for t in c.token_ids] == [t for c in first for t in c.token_ids]
+    after = worker.stats()
+    assert (after.num_prefix_cache_queried_tokens - before.num_prefix_cache_queried_tokens,
+            after.num_prefix_cache_hit_tokens - before.num_prefix_cache_hit_tokens) == (26, 12)
+    assert all_blocks_free(worker)

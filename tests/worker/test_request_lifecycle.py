@@ -67,15 +67,17 @@ def test_a_paused_request_keeps_its_kv_is_not_stepped_and_resumed_ends_as_if_nev
     assert seq.output_token_ids == unmoved[0] and seq.finish_reason is FinishReason.LENGTH
 
 
-def test_retire_ends_the_request_with_the_reason_and_frees_its_blocks(engine):
+def test_retire_ends_the_request_with_the_reason_and_frees_its_blocks(engine, unmoved):
     requests = engine.requests
     rid = engine.add_request(PROMPT, GREEDY)
     step_until(engine, lambda: requests.sequence(rid).num_output_tokens == 2)
     requests.pause(rid)
     final = requests.retire(rid, FinishReason.MIGRATED)
     num_prompt_tokens = len(engine.tokenizer.encode(PROMPT, add_special_tokens=True))
+    cached = (num_prompt_tokens - 1) // CONFIG.block_size * CONFIG.block_size  # `unmoved` ran the prompt first
     assert final == RequestOutput(request_id=rid, new_token_ids=(), new_text="", finished=True,
-                                  finish_reason="migrated", num_prompt_tokens=num_prompt_tokens, num_output_tokens=2)
+                                  finish_reason="migrated", num_prompt_tokens=num_prompt_tokens, num_output_tokens=2,
+                                  num_cached_tokens=cached)
     assert rid not in requests and requests.find(rid) is None
     with pytest.raises(UnknownRequestError, match="not on this instance"):
         requests.sequence(rid)

@@ -358,3 +358,17 @@ def test_engine_needs_an_end_of_sequence_token(tmp_path):
     with pytest.raises(ValueError, match="needs the model's end-of-sequence token"):
         GrammarEngine(Tokenizer(backend), 16)
 
+
+
+def test_a_schema_may_ask_for_compact_json_but_not_for_unbounded_whitespace(engine, tokenizer):
+    space = tokenizer.encode(" ", add_special_tokens=False)
+    assert len(space) == 1
+    open_brace = tokenizer.encode("{", add_special_tokens=False)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    flexible = engine.matcher(GrammarSpec.json_schema(schema))
+    compact = engine.matcher(GrammarSpec.json_schema({**schema, "x-guidance": {"whitespace_flexible": False}}))
+    for matcher in (flexible, compact):
+        for token_id in open_brace:
+            assert matcher.accept_token(token_id)
+    assert flexible.accept_token(space[0])  # the default allows (bounded) whitespace
+    assert not compact.accept_token(space[0])  # the schema tightened it to none
