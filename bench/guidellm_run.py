@@ -30,13 +30,10 @@ import argparse
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -50,7 +47,6 @@ from bench.guidellm_venv import GuidellmUnavailable, GuidellmVenvConfig, prepare
 DEMO_MODEL_ID = "demo/tiny"  # what `thaw serve --demo` deploys
 QUICK = dict(streams=(1, 4), max_requests=8, prompt_tokens=64, output_tokens=32)
 FULL = dict(streams=(1, 4, 16), max_requests=64, prompt_tokens=256, output_tokens=128)
-SERVER_DEADLINE_S = 60.0
 # guidellm must not reach a hub: the tokenizer is a local folder and the data synthetic.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONUNBUFFERED": "1"}
@@ -217,36 +213,13 @@ def summarize(config: GuidellmRunConfig, report: dict) -> dict:
     }
 
 
-def _free_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))  # the OS picks the port; uvicorn serves on this very socket
-    return sock
-
-
-def _wait_healthy(base_url: str, thread: threading.Thread) -> None:
-    deadline = time.monotonic() + SERVER_DEADLINE_S
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base_url}/health", timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        if not thread.is_alive():
-            raise RuntimeError("the in-process gateway exited during start-up")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the in-process gateway did not answer /health within {SERVER_DEADLINE_S:g} s")
-        time.sleep(0.05)  # a poll interval, bounded by the deadline
-
-
 @contextmanager
 def demo_gateway(work_dir: Path, api_key: str) -> Iterator[tuple[str, Path]]:
     """The gateway over `LocalEngineBackend` serving the demo model; yields (base URL, model dir)."""
-    import uvicorn
-
     from infra.gateway_app import build_gateway_app
     from infra.gateway_auth import GatewayAuth
     from infra.local_engine_backend import LocalEngineBackend
+    from infra.threaded_server import served_app
     from worker import AsyncEngine, Engine, EngineConfig, write_demo_model
 
     model_dir = write_demo_model(work_dir / "demo-model", overwrite=True)
@@ -254,19 +227,11 @@ def demo_gateway(work_dir: Path, api_key: str) -> Iterator[tuple[str, Path]]:
     tenant = DEMO_MODEL_ID.partition("/")[0]
     app = build_gateway_app(LocalEngineBackend({DEMO_MODEL_ID: async_engine}),
                             GatewayAuth(verify_api_key={api_key: tenant}.get))
-    sock = _free_socket()
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="gateway-uvicorn", daemon=True)
-    thread.start()
-    base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     try:
-        _wait_healthy(base_url, thread)
-        yield base_url, model_dir
+        with served_app(app, health_path="/health") as base_url:
+            yield base_url, model_dir
     finally:
-        server.should_exit = True
-        thread.join(SERVER_DEADLINE_S)
         async_engine.shutdown()
-        sock.close()
 
 
 def _streams(text: str) -> tuple[int, ...]:

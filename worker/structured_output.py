@@ -133,6 +133,17 @@ class GrammarMatcher:
         """Tokens accepted so far (rolled-back ones not counted)."""
         return self._num_tokens
 
+    @property
+    def library_matcher(self) -> llguidance.LLMatcher:
+        """The llguidance matcher itself, for `GrammarEngine.fill_bitmasks`' one library call over
+        a batch of them."""
+        return self._matcher
+
+    def raise_if_failed(self, whom: str) -> None:
+        """`StructuredOutputError` if the library stopped this matcher (after a mask fill)."""
+        if self._matcher.is_error():
+            raise StructuredOutputError(f"the grammar engine stopped {whom}: {self._error()}")
+
     def accept_token(self, token_id: int) -> bool:
         """Advances past `token_id` if the grammar allows it here; False (and no change) if not,
         or once terminated."""
@@ -168,8 +179,7 @@ class GrammarMatcher:
             raise ValueError(f"bitmask row {row} is outside its {bitmask.shape[0]} rows")
         target = bitmask[row]
         self._matcher.unsafe_compute_mask_ptr(target.data_ptr(), target.numel() * target.element_size())
-        if self._matcher.is_error():
-            raise StructuredOutputError(f"the grammar engine stopped this request: {self._error()}")
+        self.raise_if_failed("this request")
 
     def is_terminated(self) -> bool:
         """True once an end-of-sequence token was accepted: the output is complete."""
@@ -277,11 +287,10 @@ class GrammarEngine:
         for _, row in rows:
             if not 0 <= row < bitmask.shape[0]:
                 raise ValueError(f"bitmask row {row} is outside its {bitmask.shape[0]} rows")
-        self._executor.unsafe_compute_mask_ptr([(m._matcher, row) for m, row in rows], bitmask.data_ptr(),
+        self._executor.unsafe_compute_mask_ptr([(m.library_matcher, row) for m, row in rows], bitmask.data_ptr(),
                                                self._bitmask_width * 4, bitmask.shape[0])
         for m, _ in rows:
-            if m._matcher.is_error():
-                raise StructuredOutputError(f"the grammar engine stopped a request: {m._error()}")
+            m.raise_if_failed("a request")
 
     @property
     def num_cached_grammars(self) -> int:

@@ -14,7 +14,7 @@ import pytest
 from infra.gateway_app import build_gateway_app
 from infra.gateway_auth import GatewayAuth
 from infra.local_engine_backend import LocalEngineBackend
-from tests.infra.served_app import served_app
+from infra.threaded_server import served_app
 from wire import ChatPrompt
 from worker import AsyncEngine, DemoModelConfig, Engine, EngineConfig, SamplingParams, write_demo_model
 

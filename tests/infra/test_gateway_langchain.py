@@ -13,7 +13,7 @@ import pytest
 
 from infra.gateway_app import build_gateway_app
 from infra.gateway_auth import GatewayAuth
-from tests.infra.served_app import served_app
+from infra.threaded_server import served_app
 from tests.infra.test_gateway_tool_calls import KEY, REPLY, ScriptedModel
 from wire import GrammarSpec
 

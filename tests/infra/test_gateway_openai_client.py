@@ -22,7 +22,7 @@ from infra.gateway_app import build_gateway_app
 from infra.gateway_auth import GatewayAuth
 from infra.gateway_backend import GatewayBackend
 from infra.local_engine_backend import LocalEngineBackend
-from tests.infra.served_app import free_socket, wait_healthy
+from infra.threaded_server import free_socket, wait_healthy
 from worker import AsyncEngine, DemoModelConfig, Engine, EngineConfig, SamplingParams, write_demo_model
 
 MODEL = "demo/tiny"

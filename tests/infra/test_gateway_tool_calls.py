@@ -18,7 +18,7 @@ import pytest
 from infra.gateway_app import build_gateway_app
 from infra.gateway_auth import GatewayAuth
 from infra.gateway_backend import GenerationChunk, ModelCard, ModelNotFound, SamplingParams
-from tests.infra.served_app import served_app
+from infra.threaded_server import served_app
 
 KEY = "key-tools"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather in a city", "parameters": {
