@@ -2,8 +2,9 @@
 
 Decode steps dominate a continuous-batching engine, and on CPU the reference's decode path
 spends most of its time copying each sequence's context out of the block pool for SDPA.
-`cpu_decode_attention.cpp` reads K/V through the block table instead (float32, exact
-two-pass softmax, parallel over sequence x KV head, Gemma 2's score soft-capping when asked).
+`cpu_decode_attention.cpp` reads K/V through the block table instead (float32 or bfloat16 storage,
+float32 arithmetic, exact two-pass softmax, parallel over sequence x KV head, Gemma 2's score
+soft-capping when asked).
 It is compiled on first use with PyTorch's extension builder (g++ and ninja) — ``infra/setup.sh`` builds it once at install. The
 build is cached in the checkout (``kernels/.build/``, ignored by git), not in the user-wide
 ``~/.cache/torch_extensions``: two checkouts sharing that directory rebuild it for each other in
@@ -30,6 +31,8 @@ from kernels.reference import ReferenceAttentionBackend
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_decode_attention.cpp")
+# Storage dtypes the C++ kernel reads (others, e.g. float16, take the reference path).
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @functools.cache  # one build check per process: the compiled module is immutable
@@ -93,7 +96,8 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         sliding_window: int | None = None,
         softcap: float | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
-        if not (query.dtype == key_cache.dtype == value_cache.dtype == torch.float32) or 1 not in metadata.query_lens_host:
+        if (query.dtype not in KERNEL_DTYPES or not query.dtype == key_cache.dtype == value_cache.dtype
+                or 1 not in metadata.query_lens_host):
             return super().paged_attention(query, key_cache, value_cache, metadata, scale, sliding_window, softcap)
         num_heads, num_kv_heads = query.shape[1], key_cache.shape[2]
         check_gqa_heads(num_heads, num_kv_heads)

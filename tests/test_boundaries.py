@@ -44,6 +44,9 @@ ALLOWED: dict[tuple[str, str], str] = {
         "the probe for the private op above: without it the fp32 CPU path falls back to plain linear layers",
     ("kernels/cpu_linear.py", "hasattr(torch.ops.mkldnn, '_linear_pointwise')"):
         "the probe for the private op above: without it the fp32 CPU path falls back to plain linear layers",
+    ("kernels/cpu_linear.py", "getattr(torch.ops.mkldnn, '_is_mkldnn_bf16_supported', None)"):
+        "oneDNN's own bfloat16-support check is a private torch op (torch.backends.mkldnn has none); "
+        "probed, and bfloat16 layers stay plain when it is absent",
     ("loader/peer_link.py", "options._timeout"):
         "a ProcessGroupNCCL built directly takes its timeout only through Options._timeout (torch has no public field)",
 }

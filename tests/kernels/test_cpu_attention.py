@@ -58,8 +58,32 @@ def test_is_the_default_on_cpu_and_repeated_layers_reuse_the_plan(cpu_backend):
     assert not torch.allclose(first, again)
 
 
-def test_half_precision_falls_back_to_the_reference(cpu_backend):
-    query, key_cache, value_cache, meta = make_batch(*MIXED, 8, 2, 32, 16, torch.bfloat16, seed=2)
+@pytest.mark.parametrize("window,softcap", [(None, None), (6, None), (None, 2.0)], ids=["plain", "window", "softcap"])
+def test_bfloat16_decode_is_float32_arithmetic_on_bfloat16_storage(cpu_backend, window, softcap):
+    """bfloat16 K/V and queries, widened exactly, attended in float32, rounded once at the end:
+    the float32 reference on the widened inputs, rounded to bfloat16 (ties aside, bit for bit)."""
+    query, key_cache, value_cache, meta = make_batch(*DECODE_ONLY, 8, 2, 32, 16, torch.bfloat16, seed=2)
+    got = cpu_backend.paged_attention(query, key_cache, value_cache, meta, 0.5, window, softcap)
+    assert got.dtype == torch.bfloat16
+    exact = ReferenceAttentionBackend().paged_attention(query.float(), key_cache.float(), value_cache.float(),
+                                                        meta, 0.5, window, softcap)
+    # float32 summation order differs from SDPA's by ~1e-7, so a rounding can land one bfloat16 step away
+    torch.testing.assert_close(got, exact.to(torch.bfloat16), atol=1e-6, rtol=2 ** -7)
+    assert (got == exact.to(torch.bfloat16)).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("lens", [MIXED, DECODE_ONLY], ids=["mixed", "decode"])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2)], ids=["mha", "gqa4"])
+def test_bfloat16_matches_the_bfloat16_reference(cpu_backend, lens, num_heads, num_kv_heads):
+    """Prefill rows take the reference in bfloat16; decode rows the kernel: within bfloat16 rounding."""
+    query, key_cache, value_cache, meta = make_batch(*lens, num_heads, num_kv_heads, 32, 16, torch.bfloat16, seed=3)
+    got = cpu_backend.paged_attention(query, key_cache, value_cache, meta, 0.5, 6)
+    want = ReferenceAttentionBackend().paged_attention(query, key_cache, value_cache, meta, 0.5, 6)
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_float16_falls_back_to_the_reference(cpu_backend):
+    query, key_cache, value_cache, meta = make_batch(*MIXED, 8, 2, 32, 16, torch.float16, seed=2)
     got = cpu_backend.paged_attention(query, key_cache, value_cache, meta, 0.2)
     want = ReferenceAttentionBackend().paged_attention(query, key_cache, value_cache, meta, 0.2)
     assert torch.equal(got, want)

@@ -32,9 +32,35 @@ def test_non_contiguous_input_and_dense_weight_round_trip():
     assert torch.equal(layer.dense_weight(), weight)
 
 
+bf16_packable = pytest.mark.skipif(
+    cpu_prepack_unavailable_reason(torch.bfloat16, torch.device("cpu")) is not None,
+    reason="oneDNN has no bfloat16 kernels on this CPU",
+)
+
+
+@bf16_packable
+@pytest.mark.parametrize("rows", [1, 2, 7, 32, 300])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bfloat16_is_a_float32_accumulated_product_rounded_once(rows, with_bias):
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 80, generator=gen).to(torch.bfloat16)  # [N, K]
+    bias = torch.randn(96, generator=gen).to(torch.bfloat16) if with_bias else None
+    x = torch.randn(rows, 80, generator=gen).to(torch.bfloat16)  # [M, K]
+    layer = PrepackedLinear(weight, bias)
+    got = layer(x)
+    assert got.dtype == torch.bfloat16
+    exact = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    # one rounding to bfloat16 of a float32 sum: within 2**-8 relative (plus float32 noise near 0)
+    torch.testing.assert_close(got.float(), exact, rtol=2 ** -8, atol=1e-3)
+    torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=2e-2, atol=2e-2)
+    # no plain copy is kept: the packed GEMV serves every row count in bfloat16
+    assert layer.plain_weight is None
+    assert torch.equal(layer.dense_weight(), weight)
+
+
 def test_refuses_what_it_cannot_pack():
-    with pytest.raises(ValueError, match="only float32"):
-        PrepackedLinear(torch.randn(8, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="only float32 and bfloat16"):
+        PrepackedLinear(torch.randn(8, 8, dtype=torch.float16))
     with pytest.raises(ValueError, match="2-D"):
         PrepackedLinear(torch.randn(8))
     with pytest.raises(ValueError, match="bias must have shape"):

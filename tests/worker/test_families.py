@@ -76,3 +76,32 @@ def test_thaw_generate_equals_transformers(tmp_path, arch):
         out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, min_new_tokens=10,
                           do_sample=False)[0, ids.shape[1]:]
     assert got["text"] == tokenizer.decode(out, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_bfloat16_greedy_decode_picks_transformers_best_token_up_to_rounding(tmp_path, arch):
+    """bfloat16 decode (the C++ paged kernel, oneDNN's packed bfloat16 GEMMs, batched rows): at every
+    generated position the engine's greedy token is transformers' argmax or within bfloat16 rounding
+    of it (its transformers logit at most 3e-2 of the row's range below the best), and most are equal."""
+    from worker import SamplingParams
+    import transformers
+
+    model_dir = make_hf_checkpoint(tmp_path / arch, **FAMILIES[arch], seed=11)
+    prompts = [torch.randint(3, 400, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 19, 40)]
+    engine = Engine(model_dir, EngineConfig(dtype="bfloat16", block_size=16, num_kv_blocks=32))
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    equal = total = 0
+    for prompt, out in zip(prompts, outputs):
+        generated = list(out.output_token_ids)
+        assert len(generated) == 24
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + generated])).logits[0].float()  # [T, V]
+        rows = logits[len(prompt) - 1:len(prompt) - 1 + len(generated)]  # [24, V]: the logits each token was chosen from
+        best = rows.max(dim=-1).values
+        chosen = rows.gather(1, torch.tensor(generated)[:, None])[:, 0]
+        spread = best - rows.min(dim=-1).values
+        assert bool(((best - chosen) <= 3e-2 * spread).all()), (best - chosen) / spread
+        equal += int((rows.argmax(dim=-1) == torch.tensor(generated)).sum())
+        total += len(generated)
+    assert equal >= 0.9 * total, f"{equal}/{total} greedy tokens equal transformers' argmax"
