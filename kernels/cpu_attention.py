@@ -5,22 +5,15 @@ spends most of its time copying each sequence's context out of the block pool fo
 `cpu_decode_attention.cpp` reads K/V through the block table instead (float32 or bfloat16 storage,
 float32 arithmetic, exact two-pass softmax, parallel over sequence x KV head, Gemma 2's score
 soft-capping when asked).
-It is compiled on first use with PyTorch's extension builder (g++ and ninja) — ``infra/setup.sh`` builds it once at install. The
-build is cached in the checkout (``kernels/.build/``, ignored by git), not in the user-wide
-``~/.cache/torch_extensions``: two checkouts sharing that directory rebuild it for each other in
-turn, and a process killed during such a rebuild (a chaos test's SIGKILL) leaves PyTorch's build
-lock behind, on which every later load waits for ever. Where the checkout is not writable the
-user-wide directory is used. If the build is impossible (no compiler),
-`build_cpu_decode_extension` says why and the engine uses the reference everywhere: slower, same
-results.
+It is part of Thaw's one CPU extension (`cpu_extension.py`: built once, cached in the checkout);
+if that cannot be built, `get_attention_backend` says why and the engine uses the reference
+everywhere: slower, same results.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -30,44 +23,8 @@ from kernels.reference import ReferenceAttentionBackend
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_decode_attention.cpp")
 # Storage dtypes the C++ kernel reads (others, e.g. float16, take the reference path).
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
-
-
-@functools.cache  # one build check per process: the compiled module is immutable
-def build_cpu_decode_extension(verbose: bool = False):
-    """Compiles (or loads the cached build of) the C++ decode kernel; raises on failure."""
-    from torch.utils.cpp_extension import load
-
-    return load(
-        name="thaw_cpu_decode_attention",
-        sources=[str(SOURCE)],
-        extra_cflags=["-O3", "-march=native", "-fopenmp"],
-        extra_ldflags=["-fopenmp"],
-        build_directory=_build_directory(),
-        verbose=verbose,
-    )
-
-
-def _build_directory() -> str | None:
-    """This checkout's build cache for the kernel (per torch version), or None (PyTorch's default)
-    when the checkout is read-only."""
-    directory = SOURCE.parent / ".build" / f"torch-{torch.__version__}"
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return str(directory)
-
-
-@functools.cache
-def try_build_cpu_decode_extension() -> tuple[object | None, str | None]:
-    """(module, None) if the kernel is usable here, else (None, why not)."""
-    try:
-        return build_cpu_decode_extension(), None
-    except Exception as exc:  # noqa: BLE001 - any build failure means: use the reference
-        return None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc!r}"
 
 
 @dataclass(frozen=True)

@@ -174,7 +174,3 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
                                               sliding_window, softcap);
   }
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, "Paged decode attention (CPU, float32 or bfloat16)");
-}

@@ -36,9 +36,10 @@ def get_attention_backend(device: torch.device | str, prefer: str | None = None)
     if name == "cpu":
         if device.type != "cpu":
             raise ValueError(f"the 'cpu' attention backend runs on CPU tensors, not {device.type!r}")
-        from kernels.cpu_attention import CpuAttentionBackend, try_build_cpu_decode_extension
+        from kernels.cpu_attention import CpuAttentionBackend
+        from kernels.cpu_extension import try_build_cpu_extension
 
-        extension, why_not = try_build_cpu_decode_extension()
+        extension, why_not = try_build_cpu_extension()
         if extension is None:
             if prefer == "cpu":
                 raise RuntimeError(f"the CPU attention kernel could not be built: {why_not}")
@@ -58,6 +59,6 @@ def get_attention_backend(device: torch.device | str, prefer: str | None = None)
 def prepare_cpu_kernels() -> str | None:
     """Builds the CPU kernel now (setup does this so the first request does not wait ~40 s).
     Returns None on success, else why it is unavailable."""
-    from kernels.cpu_attention import try_build_cpu_decode_extension
+    from kernels.cpu_extension import try_build_cpu_extension
 
-    return try_build_cpu_decode_extension()[1]
+    return try_build_cpu_extension()[1]

@@ -90,9 +90,9 @@ def test_float16_falls_back_to_the_reference(cpu_backend):
 
 
 def test_unbuildable_kernel_falls_back_with_a_warning(monkeypatch, caplog):
-    import kernels.cpu_attention as cpu_attention
+    import kernels.cpu_extension as cpu_extension
 
-    monkeypatch.setattr(cpu_attention, "try_build_cpu_decode_extension", lambda: (None, "no compiler"))
+    monkeypatch.setattr(cpu_extension, "try_build_cpu_extension", lambda: (None, "no compiler"))
     with caplog.at_level(logging.WARNING):
         assert get_attention_backend("cpu").name == "reference"
     assert "no compiler" in caplog.text

@@ -1,0 +1,16 @@
+// The Python module of Thaw's CPU kernels: one extension, one build, several source files.
+#include <torch/extension.h>
+
+void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tensor key_cache,
+                            torch::Tensor value_cache, torch::Tensor block_tables, torch::Tensor seq_lens,
+                            double scale, int64_t sliding_window, double softcap);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+torch::Tensor silu_and_mul(torch::Tensor x);
+torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode_attention", &paged_decode_attention, "Paged decode attention (CPU, float32 or bfloat16)");
+  m.def("rms_norm", &rms_norm, "RMSNorm as transformers' Llama computes it (CPU, float32 or bfloat16)");
+  m.def("silu_and_mul", &silu_and_mul, "SiLU(gate) * up of a fused gate_up projection (CPU)");
+  m.def("rope", &rope, "Rotary embedding, rotate-half layout, partial rotary (CPU)");
+}
