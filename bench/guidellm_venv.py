@@ -9,7 +9,8 @@ the multi-gigabyte CUDA build (the same wheel `infra/setup.sh` picks on a machin
 
 `prepare_guidellm_venv` creates the venv, installs into it, and writes a marker naming what was
 installed only when every step succeeded; a later call that finds the marker returns at once. A
-lock file serialises two callers (two test sessions) making the same venv. What cannot be had
+lock file serialises two callers (two test sessions) making the same venv (the lock, marker and
+pip steps are `bench.isolated_venv`'s, shared with vLLM's venv). What cannot be had
 (no package index, no network) raises `GuidellmUnavailable` whose message says what failed and
 what to change, so a test can skip with it. Progress goes to ``log`` (stderr by default).
 
@@ -18,36 +19,42 @@ what to change, so a test can skip with it. Progress goes to ``log`` (stderr by 
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+if __package__ in (None, ""):
+    # Run as a script (`python bench/guidellm_venv.py`): make the repo root importable.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.isolated_venv import (  # noqa: E402
+    VenvUnavailable,
+    create_venv,
+    is_marked,
+    pip_install,
+    refuse_running_venv,
+    venv_lock,
+    write_marker,
+)
+from bench.isolated_venv import default_venv_dir as _cache_venv_dir  # noqa: E402
+
 GUIDELLM_VERSION = "0.8.1"
 TORCH_SPEC = "torch==2.13.0+cpu"
 VENV_ENV_VAR = "THAW_GUIDELLM_VENV"
 MARKER = "thaw-guidellm-ready.json"
 INSTALL_TIMEOUT_S = 1800.0
-# Some machines' pip configs name index folders that do not exist; that noise is not ours.
-PIP_NOISE = "is ignored: it is neither a file nor a directory"
 
 
-class GuidellmUnavailable(RuntimeError):
+class GuidellmUnavailable(VenvUnavailable):
     """guidellm could not be installed; the message says why and what to change."""
 
 
 def default_venv_dir(version: str = GUIDELLM_VERSION, environ: dict[str, str] | None = None) -> Path:
     """``$THAW_GUIDELLM_VENV``, else ``<cache>/thaw/venvs/guidellm-<version>``."""
-    environ = os.environ if environ is None else environ
-    if environ.get(VENV_ENV_VAR):
-        return Path(environ[VENV_ENV_VAR]).expanduser()
-    cache = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "thaw" / "venvs" / f"guidellm-{version}"
+    return _cache_venv_dir("guidellm", version, VENV_ENV_VAR, os.environ if environ is None else environ)
 
 
 @dataclass(frozen=True)
@@ -101,35 +108,8 @@ def _stderr(line: str) -> None:
 
 def is_ready(config: GuidellmVenvConfig) -> bool:
     """True when the venv was fully made for exactly this config."""
-    marker = config.venv_dir / MARKER
-    try:
-        recorded = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return False
-    return recorded == config.marker() and config.python.is_file() and config.guidellm.is_file()
-
-
-def _run(argv: list[str], what: str, timeout_s: float) -> None:
-    """Runs one install step; raises `GuidellmUnavailable` naming the step and pip's last words."""
-    try:
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise GuidellmUnavailable(f"{what} took longer than {timeout_s:.0f} s (a slow or absent package index?); "
-                                  "raise install_timeout_s or check the network") from None
-    except OSError as exc:  # the interpreter itself is missing or not executable
-        raise GuidellmUnavailable(f"{what} could not start {argv[0]} ({exc.strerror}); "
-                                  "give base_python an interpreter that exists") from None
-    if result.returncode != 0:
-        lines = [line for line in (result.stderr + result.stdout).splitlines()
-                 if line.strip() and PIP_NOISE not in line]
-        tail = " | ".join(lines[-3:]) or f"exit status {result.returncode}"
-        raise GuidellmUnavailable(f"{what} failed ({tail}); check that a package index is reachable "
-                                  "(pip's index-url / PIP_EXTRA_INDEX_URL)")
-
-
-def _pip_install(config: GuidellmVenvConfig, requirement: str) -> None:
-    _run([str(config.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", requirement],
-         f"pip install {requirement}", config.install_timeout_s)
+    return is_marked(config.venv_dir, MARKER, config.marker()) and config.python.is_file() \
+        and config.guidellm.is_file()
 
 
 def prepare_guidellm_venv(config: GuidellmVenvConfig | None = None,
@@ -139,31 +119,27 @@ def prepare_guidellm_venv(config: GuidellmVenvConfig | None = None,
     Raises `GuidellmUnavailable` when it cannot be made; a half-made venv is finished next time.
     """
     config = GuidellmVenvConfig.default() if config is None else config
-    if config.venv_dir.resolve() == Path(sys.prefix).resolve():
-        raise GuidellmUnavailable(f"{config.venv_dir} is the venv this Python runs in (the project's); "
-                                  f"give guidellm a folder of its own (unset {VENV_ENV_VAR} for the default)")
+    refuse_running_venv(config.venv_dir, GuidellmUnavailable,
+                        f"give guidellm a folder of its own (unset {VENV_ENV_VAR} for the default)")
     if is_ready(config):
         return config.guidellm
-    config.venv_dir.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = config.venv_dir.parent / f".{config.venv_dir.name}.lock"
-    with open(lock_path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another caller making it: wait, then find it made
+    with venv_lock(config.venv_dir):  # another caller making it: wait, then find it made
         if is_ready(config):
             return config.guidellm
         started = time.monotonic()
         (config.venv_dir / MARKER).unlink(missing_ok=True)
         if not config.python.is_file():
             log(f"[guidellm-venv] creating {config.venv_dir}")
-            _run([config.base_python, "-m", "venv", str(config.venv_dir)], "creating the venv",
-                 config.install_timeout_s)
+            create_venv(config.base_python, config.venv_dir, config.install_timeout_s, GuidellmUnavailable)
         log(f"[guidellm-venv] installing {config.torch_spec} (first, so guidellm never pulls a CUDA torch)")
-        _pip_install(config, config.torch_spec)
+        pip_install(config.python, config.torch_spec, config.install_timeout_s, GuidellmUnavailable)
         log(f"[guidellm-venv] installing guidellm=={config.guidellm_version}")
-        _pip_install(config, f"guidellm=={config.guidellm_version}")
+        pip_install(config.python, f"guidellm=={config.guidellm_version}", config.install_timeout_s,
+                    GuidellmUnavailable)
         if not config.guidellm.is_file():
             raise GuidellmUnavailable(f"guidellm=={config.guidellm_version} installed no {config.guidellm}; "
                                       f"delete {config.venv_dir} and try again")
-        (config.venv_dir / MARKER).write_text(json.dumps(config.marker()))
+        write_marker(config.venv_dir, MARKER, config.marker())
         log(f"[guidellm-venv] ready in {time.monotonic() - started:.0f} s: {config.guidellm}")
         return config.guidellm
 
