@@ -27,6 +27,10 @@ Public API (everything else in this folder is private to it):
   pickle across Ray with their fields).
 - `choose_destination`: where ``migrate`` and a drain send an instance's requests (pure policy).
 - `repository_name`, `worker_actor_name`, `node_store_actor_name`: how models and actors are named.
+- For the simulator (`sim/`), the rest of the policy layer it calls unchanged: `desired_instances`,
+  `choose_eviction`/`EvictionCandidate`, `choose_preemption`/`PreemptionCandidate`,
+  `order_waiting`/`WaitingModel`, `choose_load_path`/`PeerStreamSettings`, `ManagedInstance`/
+  `InstancePhase` (their input), `UsageMeter` (the eviction score's frequency).
 
 The controller itself, its config and its Ray side are imported on first use (PEP 562
 `__getattr__`): they bring the storage and worker packages (boto3, torch), which code that only
@@ -80,6 +84,19 @@ _LAZY = {
     "start_controller": "controller.controller_actor",
     "stop_controller": "controller.controller_actor",
     "worker_actor_name": "controller.cluster_client",
+    # The policy layer the simulator (sim/) drives unchanged, beside `decide` and `place` above.
+    "desired_instances": "controller.autoscale_policy",
+    "EvictionCandidate": "controller.eviction_policy",
+    "choose_eviction": "controller.eviction_policy",
+    "PreemptionCandidate": "controller.preemption_policy",
+    "choose_preemption": "controller.preemption_policy",
+    "WaitingModel": "controller.slot_queue_policy",
+    "order_waiting": "controller.slot_queue_policy",
+    "PeerStreamSettings": "controller.stream_source_policy",
+    "choose_load_path": "controller.stream_source_policy",
+    "ManagedInstance": "controller.managed_instance",
+    "InstancePhase": "controller.managed_instance",
+    "UsageMeter": "controller.usage_meter",
 }
 
 
@@ -101,4 +118,7 @@ __all__ = [
     "model_spec_from_arguments", "node_store_actor_name", "open_state_store", "parse_model_id", "place",
     "place_locality_blind", "queued_over_quota", "repository_name", "start_controller", "stop_controller",
     "worker_actor_name",
+    "desired_instances", "EvictionCandidate", "choose_eviction", "PreemptionCandidate", "choose_preemption",
+    "WaitingModel", "order_waiting", "PeerStreamSettings", "choose_load_path", "ManagedInstance", "InstancePhase",
+    "UsageMeter",
 ]

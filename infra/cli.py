@@ -235,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_command(sub)
     add_admin_commands(sub)
+    from sim import add_simulate_command  # the trace-driven simulator (sim/)
+
+    add_simulate_command(sub)
     return parser
 
 

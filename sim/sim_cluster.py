@@ -1,0 +1,420 @@
+"""The simulated cluster: nodes of accelerators with DRAM and SSD tiers, and the model instances on them.
+
+What it models (and what a policy drives through its public methods):
+
+- Nodes: `gpus_per_node` slots each, a DRAM and an SSD checkpoint cache (`TierCache`, LRU, byte
+  budgets) and one loader. A load from the SSD or the repository (S3) queues on the node's
+  loader (they share the disk and the NIC); a load from DRAM (over each GPU's own PCIe link) or a
+  peer's stream does not.
+- Instances (`SimInstance`): a model needing k accelerators (`cost.accelerators_needed`) takes k
+  slots of one node from the moment it starts (LOADING) until it is gone. A load from tier T
+  takes `cost.load_s(weight_bytes, T)` plus the node loader's wait plus `start_overhead_s`. A
+  stream from a running peer (BlitzScale's zig-zag) takes `cost.load_s(bytes, "gpu")` from a
+  peer on the same node or `"remote"` from another node, and the instance serves once
+  `stream_serve_fraction` of that has passed (its first layers arrived; the stated model of
+  zig-zag: prompts run through the layers present while the rest arrive). After a load the
+  checkpoint is kept in the node's SSD (when it came from the repository) and DRAM tiers,
+  unless the policy keeps no node copies (Ray Serve reads the repository every time).
+- Requests: each model has one FIFO queue (the gateway's). A request goes to the least-loaded
+  READY instance of its model with room (`max_batch` in flight), else waits in the queue;
+  every finish and every instance becoming ready pulls from it.
+- Suspension (a preempted instance's requests back to the head of their queue, resumed by their
+  tokens) and live migration (to another instance, after `cost.migration_pause_s`; KV-based:
+  decode continues, token-based: the destination recomputes the KV by a prefill).
+
+The cluster calls its policy back (`on_queued`, `on_demand`, `on_ready`, `on_idle`,
+`on_released`) so the policy keeps its own dirty set; it takes no decision itself. Accounting:
+accelerator-seconds (slots held x time, loading and idle included), cold starts by tier,
+evictions, migrations, and each request's TTFT.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from array import array
+from collections import deque
+from dataclasses import dataclass
+
+from sim.event_loop import EventLoop
+from sim.sim_instance import Flight, InstancePhase, SimInstance
+from sim.tier_cache import TierCache
+
+__all__ = ["ClusterSpec", "SimCluster", "SimModelState", "SimNode", "COLD_START_TIERS"]
+
+GIB = 1 << 30
+COLD_START_TIERS = ("gpu", "remote", "dram", "ssd", "s3")
+_QUEUED_TIERS = frozenset({"ssd", "s3"})  # loads that share the node's disk/NIC loader
+
+
+def _count(name: str, value: object, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"ClusterSpec.{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    """The simulated hardware.
+
+    Fields:
+        num_nodes / gpus_per_node: the cluster's shape (one slot per GPU).
+        dram_bytes_per_node / ssd_bytes_per_node: each node's checkpoint cache budgets (0: none).
+        max_batch: requests one instance serves at once (vLLM's max_num_seqs, scaled down to
+            what a KV cache of a few GB holds for the traces' prompt lengths).
+        start_overhead_s: fixed cost of a start beyond the weight read (engine build, CUDA graphs).
+        stream_serve_fraction: share of a peer stream's time after which the new instance serves.
+    """
+
+    num_nodes: int
+    gpus_per_node: int
+    dram_bytes_per_node: int = 512 * GIB
+    ssd_bytes_per_node: int = 4096 * GIB
+    max_batch: int = 64
+    start_overhead_s: float = 0.0
+    stream_serve_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        _count("num_nodes", self.num_nodes, 1)
+        _count("gpus_per_node", self.gpus_per_node, 1)
+        _count("dram_bytes_per_node", self.dram_bytes_per_node, 0)
+        _count("ssd_bytes_per_node", self.ssd_bytes_per_node, 0)
+        _count("max_batch", self.max_batch, 1)
+        if not isinstance(self.start_overhead_s, (int, float)) or not math.isfinite(self.start_overhead_s) \
+                or self.start_overhead_s < 0:
+            raise ValueError(f"ClusterSpec.start_overhead_s must be a finite number >= 0, got {self.start_overhead_s!r}")
+        if not isinstance(self.stream_serve_fraction, (int, float)) or not 0 < self.stream_serve_fraction <= 1:
+            raise ValueError(f"ClusterSpec.stream_serve_fraction must be in (0, 1], got {self.stream_serve_fraction!r}")
+
+
+class SimNode:
+    __slots__ = ("index", "node_id", "num_slots", "free_slots", "dram", "ssd", "loader_free_s")
+
+    def __init__(self, index: int, num_slots: int, dram_bytes: int, ssd_bytes: int) -> None:
+        self.index = index
+        self.node_id = f"node-{index:05d}"
+        self.num_slots = num_slots
+        self.free_slots = num_slots
+        self.dram = TierCache(dram_bytes)
+        self.ssd = TierCache(ssd_bytes)
+        self.loader_free_s = 0.0
+
+    def loader_wait_s(self, now: float) -> float:
+        return self.loader_free_s - now if self.loader_free_s > now else 0.0
+
+
+class SimModelState:
+    """One model in the cluster: its queue and its live (loading or ready) instances."""
+
+    __slots__ = ("index", "model", "num_slots", "queue", "instances", "num_ongoing", "last_request_s",
+                 "num_requests")
+
+    def __init__(self, index: int, model, num_slots: int) -> None:
+        self.index = index
+        self.model = model
+        self.num_slots = num_slots
+        self.queue: deque[Flight] = deque()
+        self.instances: list[SimInstance] = []
+        self.num_ongoing = 0
+        self.last_request_s: float | None = None
+        self.num_requests = 0
+
+    @property
+    def model_id(self) -> str:
+        return self.model.model_id
+
+    def ready_instances(self) -> list[SimInstance]:
+        return [i for i in self.instances if i.phase == InstancePhase.READY]
+
+    def oldest_wait_s(self, now: float) -> float:
+        return now - self.queue[0].queued_s if self.queue else 0.0
+
+
+class SimCluster:
+    """See the module docstring. `unbounded=True` gives every start its own virtual node (no slot
+    limit, no load): the lower bound's cluster."""
+
+    def __init__(self, spec: ClusterSpec, models, cost, gpu, loop: EventLoop, num_requests: int = 0) -> None:
+        self.spec = spec
+        self.cost = cost
+        self.gpu = gpu
+        self.loop = loop
+        self.nodes = [SimNode(i, spec.gpus_per_node, spec.dram_bytes_per_node, spec.ssd_bytes_per_node)
+                      for i in range(spec.num_nodes)]
+        self.models = [SimModelState(i, m, cost.accelerators_needed(m, gpu)) for i, m in enumerate(models)]
+        self.model_index = {m.model_id: i for i, m in enumerate(models)}
+        self.instances: dict[int, SimInstance] = {}  # index -> live or stopping instance
+        self.policy = None
+        self.keep_copies = True
+        self.num_free_slots = spec.num_nodes * spec.gpus_per_node
+        self.num_used_slots = 0
+        self.ttft_s = array("d", [math.nan]) * num_requests
+        self.finish_s = array("d", [math.nan]) * num_requests
+        self.accelerator_s = 0.0
+        self.cold_starts = dict.fromkeys(COLD_START_TIERS, 0)
+        self.counts = {"evictions": 0, "migrations": 0, "requests_migrated": 0, "preemptions": 0,
+                       "requests_suspended": 0, "dram_cache_evictions": 0, "ssd_cache_evictions": 0}
+        self.num_finished = 0
+        self._next_instance = 0
+        # Indexes for placement at scale: nodes by free slot count, and the nodes holding a copy.
+        self._free_buckets: list[set[int]] = [set() for _ in range(spec.gpus_per_node + 1)]
+        self._free_buckets[spec.gpus_per_node].update(range(spec.num_nodes))
+        self._copies: dict[int, set[int]] = {}
+
+    def attach(self, policy) -> None:
+        self.policy = policy
+        self.keep_copies = policy.keeps_node_copies
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def arrive(self, index: int, model_index: int, input_tokens: int, output_tokens: int) -> None:
+        """A request arrives now (an event callback)."""
+        now = self.loop.now
+        if index >= len(self.ttft_s):
+            grow = index + 1 - len(self.ttft_s)
+            self.ttft_s.extend([math.nan] * grow)
+            self.finish_s.extend([math.nan] * grow)
+        flight = Flight(index, model_index, now, input_tokens, output_tokens)
+        state = self.models[model_index]
+        state.last_request_s = now
+        state.num_requests += 1
+        state.queue.append(flight)
+        self._route(state, now)
+        if state.queue:
+            self.policy.on_queued(state)
+        self.policy.on_demand(state)
+
+    def _route(self, state: SimModelState, now: float) -> None:
+        queue = state.queue
+        while queue:
+            best = None
+            for instance in state.instances:
+                if instance.has_room and (best is None or instance.num_ongoing < best.num_ongoing):
+                    best = instance
+            if best is None:
+                return
+            flight = queue.popleft()
+            state.num_ongoing += 1
+            best.admit(flight, now)
+            self.policy.on_started(state, now)
+
+    def _finished(self, instance: SimInstance, flight: Flight, now: float) -> None:
+        self.ttft_s[flight.index] = flight.first_token_s - flight.arrival_s
+        self.finish_s[flight.index] = now
+        self.num_finished += 1
+        state = self.models[flight.model_index]
+        state.num_ongoing -= 1
+        state.last_request_s = now
+        if instance.phase == InstancePhase.STOPPING:
+            if instance.num_ongoing == 0:
+                self._release(instance, now)
+        else:
+            self._route(state, now)
+            if instance.num_ongoing == 0:
+                instance.busy_since_s = None
+                instance.idle_since_s = now
+                self.policy.on_idle(instance)
+        self.policy.on_demand(state)
+
+    # --- instances ---------------------------------------------------------------------------
+
+    def nodes_with_room(self, num_slots: int, limit: int) -> list[SimNode]:
+        """Up to `limit` nodes with at least `num_slots` free, emptiest first (then lowest index)."""
+        found: list[SimNode] = []
+        for free in range(self.spec.gpus_per_node, num_slots - 1, -1):
+            bucket = self._free_buckets[free]
+            if bucket:
+                want = limit - len(found)
+                picked = sorted(bucket) if len(bucket) <= want else heapq.nsmallest(want, bucket)
+                found.extend(self.nodes[i] for i in picked)
+                if len(found) >= limit:
+                    break
+        return found
+
+    def nodes_holding(self, model_index: int) -> list[SimNode]:
+        """Nodes with the model's checkpoint in DRAM or SSD, by index."""
+        return [self.nodes[i] for i in sorted(self._copies.get(model_index, ()))]
+
+    def _set_free(self, node: SimNode, free_slots: int) -> None:
+        self._free_buckets[node.free_slots].discard(node.index)
+        node.free_slots = free_slots
+        self._free_buckets[free_slots].add(node.index)
+
+    def _keep_copy(self, node: SimNode, tier: TierCache, model_index: int, num_bytes: int, counter: str) -> None:
+        evicted = tier.insert(model_index, num_bytes)
+        if model_index in tier:
+            self._copies.setdefault(model_index, set()).add(node.index)
+        self.counts[counter] += len(evicted)
+        for old in evicted:
+            if old not in node.dram and old not in node.ssd:
+                holders = self._copies.get(old)
+                if holders is not None:
+                    holders.discard(node.index)
+
+    def preload(self, node_index: int, model_index: int, tier: str) -> None:
+        """Put the model's checkpoint in a node's "dram" or "ssd" tier before the run (a warm cache)."""
+        if tier not in ("dram", "ssd"):
+            raise ValueError(f"a node keeps checkpoints in 'dram' or 'ssd', not {tier!r}")
+        node = self.nodes[node_index]
+        self._keep_copy(node, node.dram if tier == "dram" else node.ssd, model_index,
+                        self.models[model_index].model.weight_bytes, f"{tier}_cache_evictions")
+
+    def checkpoint_tiers(self, node: SimNode, model_index: int) -> tuple[str, ...]:
+        """The node tiers holding the model, fastest first."""
+        tiers = ()
+        if model_index in node.dram:
+            tiers += ("dram",)
+        if model_index in node.ssd:
+            tiers += ("ssd",)
+        return tiers
+
+    def start_instance(self, model_index: int, node_index: int | None, tier: str, *,
+                       stream_from: SimInstance | None = None) -> SimInstance:
+        """Take the slots and begin the load (from `tier`, or streamed from a peer instance).
+        `node_index` None: the unbounded cluster's own virtual node, weights already resident."""
+        now = self.loop.now
+        state = self.models[model_index]
+        weight_bytes = state.model.weight_bytes
+        resident_s = now
+        if node_index is None:
+            node_index, load_s, tier = -1, 0.0, "gpu"
+        else:
+            node = self.nodes[node_index]
+            if node.free_slots < state.num_slots:
+                raise ValueError(f"{node.node_id} has {node.free_slots} free slots, {state.model_id} needs "
+                                 f"{state.num_slots}")
+            self._set_free(node, node.free_slots - state.num_slots)
+            self.num_free_slots -= state.num_slots
+            if stream_from is not None:
+                tier = "gpu" if stream_from.node_index == node_index else "remote"
+                stream_s = self.cost.load_s(weight_bytes, tier)
+                resident_s = now + stream_s + self.spec.start_overhead_s
+                load_s = stream_s * self.spec.stream_serve_fraction
+            else:
+                load_s = self.cost.load_s(weight_bytes, tier)
+                if tier in _QUEUED_TIERS:
+                    wait_s = node.loader_wait_s(now)
+                    node.loader_free_s = now + wait_s + load_s
+                    load_s += wait_s
+                if tier == "dram":
+                    node.dram.touch(model_index)
+                elif tier == "ssd":
+                    node.ssd.touch(model_index)
+            load_s += self.spec.start_overhead_s
+        self.num_used_slots += state.num_slots
+        if node_index >= 0:  # the unbounded cluster's instances are warm by assumption
+            self.cold_starts[tier] += 1
+        self._next_instance += 1
+        instance = SimInstance(instance_id=f"{state.model_id}#{self._next_instance}", index=self._next_instance,
+                               model_index=model_index, node_index=node_index, num_slots=state.num_slots,
+                               tier=tier, started_s=now, max_batch=self.spec.max_batch, loop=self.loop,
+                               cost=self.cost, model=state.model, gpu=self.gpu, on_finish=self._finished)
+        instance.stream_source = stream_from.instance_id if stream_from is not None else None
+        instance.resident_s = resident_s if stream_from is not None else now + load_s
+        self.instances[instance.index] = instance
+        state.instances.append(instance)
+        if load_s == 0.0:
+            self._ready(instance)
+        else:
+            instance.load_event = self.loop.schedule(now + load_s, self._ready, instance, priority=0)
+        return instance
+
+    def _ready(self, instance: SimInstance) -> None:
+        now = self.loop.now
+        instance.load_event = None
+        instance.phase = InstancePhase.READY
+        instance.ready_s = now
+        instance.idle_since_s = now
+        state = self.models[instance.model_index]
+        if instance.node_index >= 0 and self.keep_copies:
+            node = self.nodes[instance.node_index]
+            nbytes = state.model.weight_bytes
+            if instance.tier == "s3":
+                self._keep_copy(node, node.ssd, instance.model_index, nbytes, "ssd_cache_evictions")
+            self._keep_copy(node, node.dram, instance.model_index, nbytes, "dram_cache_evictions")
+        self._route(state, now)
+        self.policy.on_ready(instance)
+        if instance.num_ongoing == 0:
+            self.policy.on_idle(instance)
+
+    def stop_instance(self, instance: SimInstance) -> None:
+        """Stop: at once when it has no request (or is still loading), else once they finish."""
+        if instance.phase == InstancePhase.STOPPING:
+            return
+        state = self.models[instance.model_index]
+        state.instances.remove(instance)
+        if instance.num_ongoing == 0:
+            instance.phase = InstancePhase.STOPPING
+            self._release(instance, self.loop.now)
+        else:
+            instance.phase = InstancePhase.STOPPING
+
+    def evict(self, instance: SimInstance) -> None:
+        """Stop an idle instance for another model (counted as an eviction)."""
+        self.counts["evictions"] += 1
+        self.stop_instance(instance)
+
+    def suspend(self, instance: SimInstance) -> None:
+        """Preempt by suspension: its requests go back to the head of their model's queue (resumed
+        by their tokens: the next instance recomputes their KV), and it stops at once."""
+        now = self.loop.now
+        state = self.models[instance.model_index]
+        flights = instance.take_all(now)
+        state.num_ongoing -= len(flights)
+        for flight in reversed(flights):
+            flight.queued_s = now
+            flight.needs_prefill = True
+            state.queue.appendleft(flight)
+        self.counts["preemptions"] += 1
+        self.counts["requests_suspended"] += len(flights)
+        self.stop_instance(instance)
+        if state.queue:
+            self.policy.on_queued(state)
+        self.policy.on_demand(state)
+
+    def migrate(self, instance: SimInstance, destination: SimInstance, *, token_based: bool) -> None:
+        """Live-migrate every request of `instance` to `destination` (another instance of its model)
+        and stop `instance`: the requests pause `cost.migration_pause_s` and continue there (KV-based:
+        decode goes on; token-based: the destination first recomputes their KV)."""
+        now = self.loop.now
+        state = self.models[instance.model_index]
+        flights = instance.take_all(now)
+        context = sum(f.input_tokens + f.generated_tokens for f in flights)
+        pause_s = self.cost.migration_pause_s(state.model, self.gpu, max(1, len(flights)), context,
+                                              "tokens" if token_based else "kv")
+        self.counts["migrations"] += 1
+        self.counts["requests_migrated"] += len(flights)
+        self.stop_instance(instance)
+        self.loop.schedule(now + pause_s, self._land, state, destination, flights, token_based)
+
+    def _land(self, state: SimModelState, destination: SimInstance, flights: list[Flight], token_based: bool) -> None:
+        now = self.loop.now
+        for flight in flights:
+            if destination.phase == InstancePhase.READY:
+                flight.needs_prefill = token_based or now < flight.prefill_end_s
+                destination.admit(flight, now)
+            else:  # the destination went away meanwhile: back to the queue
+                state.num_ongoing -= 1
+                flight.queued_s = now
+                state.queue.appendleft(flight)
+        self._route(state, now)
+        if state.queue:
+            self.policy.on_queued(state)
+        self.policy.on_demand(state)
+
+    def _release(self, instance: SimInstance, now: float) -> None:
+        if self.instances.pop(instance.index, None) is None:
+            return  # already gone (several of its requests finished in one step)
+        instance.stop()
+        self.accelerator_s += (now - instance.started_s) * instance.num_slots
+        self.num_used_slots -= instance.num_slots
+        if instance.node_index >= 0:
+            node = self.nodes[instance.node_index]
+            self._set_free(node, node.free_slots + instance.num_slots)
+            self.num_free_slots += instance.num_slots
+        self.policy.on_released(instance)
+
+    def close(self, now: float) -> None:
+        """End of the run: the slots still held count until now."""
+        for instance in self.instances.values():
+            self.accelerator_s += (now - instance.started_s) * instance.num_slots

@@ -1,0 +1,204 @@
+"""One simulated model instance: its phase, and its continuous batch advanced in aggregate.
+
+Requests are never simulated token by token. An instance keeps a *token clock*: the number of
+decode steps its batch has taken (`tokens_done`), advancing at one step per `step_s`, where
+`step_s = cost.decode_step_s(model, gpu, batch, mean context)` is recomputed only when the batch
+changes (a request joins or leaves). A request admitted when the clock reads c with n tokens
+still to generate after its first finishes when the clock reads c + n; so the next event of an
+instance is its earliest finish, computed analytically, and an instance with a steady batch
+costs one event per finishing request, whatever the token counts.
+
+Prefill (vLLM's scheduler runs a new prompt before the next decode step): a request admitted at
+t starts its prefill when the instance's earlier prefills are done, takes `cost.prefill_s(model,
+gpu, prompt tokens)`, and its first token comes at the end of it. While prefills run the decode
+clock stands still (the batch waits for them), a stated simplification of chunked prefill,
+which would interleave them. A request resumed after a suspension or a token-based migration
+prefills its prompt plus the tokens it had generated (its KV is recomputed).
+
+A request's TTFT is recorded once, at its first token ever; a request suspended before its first
+token came out has none yet and gets it where it resumes.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+__all__ = ["Flight", "InstancePhase", "SimInstance"]
+
+
+class InstancePhase:
+    LOADING = "loading"
+    READY = "ready"
+    STOPPING = "stopping"
+
+
+class Flight:
+    """One request in flight (mutable; only requests not yet finished have one)."""
+
+    __slots__ = ("index", "model_index", "arrival_s", "input_tokens", "output_tokens", "remaining_tokens",
+                 "first_token_s", "queued_s", "start_tokens", "remaining_after", "prefill_end_s", "needs_prefill")
+
+    def __init__(self, index: int, model_index: int, arrival_s: float, input_tokens: int, output_tokens: int) -> None:
+        self.index = index
+        self.model_index = model_index
+        self.arrival_s = arrival_s
+        self.input_tokens = input_tokens
+        self.output_tokens = max(1, output_tokens)
+        self.remaining_tokens = self.output_tokens  # tokens still to generate, first included
+        self.first_token_s: float | None = None
+        self.queued_s = arrival_s  # when it joined its model's queue (again)
+        self.start_tokens = 0.0  # the instance's token clock when it was admitted
+        self.remaining_after = 0  # tokens left after its admission's first token
+        self.prefill_end_s = 0.0
+        self.needs_prefill = True  # False after a KV migration: its KV came with it
+
+    @property
+    def generated_tokens(self) -> int:
+        return self.output_tokens - self.remaining_tokens
+
+
+class SimInstance:
+    """See the module docstring. `cost` is the cost model, `gpu` its `GpuSpec`, `model` the
+    `SimModel`; `on_finish(instance, flight, now)` is called when a request's last token is out."""
+
+    __slots__ = ("instance_id", "index", "model_index", "node_index", "num_slots", "tier", "phase", "started_s",
+                 "ready_s", "stream_source", "max_batch", "_loop", "_cost", "_model", "_gpu", "_on_finish",
+                 "_heap", "_sequence", "tokens_done", "_clock_s", "resume_s", "step_s", "_context_sum",
+                 "_next_event", "load_event", "busy_since_s", "idle_since_s", "resident_s")
+
+    def __init__(self, *, instance_id: str, index: int, model_index: int, node_index: int, num_slots: int,
+                 tier: str, started_s: float, max_batch: int, loop, cost, model, gpu,
+                 on_finish: Callable[["SimInstance", Flight, float], None]) -> None:
+        self.instance_id = instance_id
+        self.index = index
+        self.model_index = model_index
+        self.node_index = node_index
+        self.num_slots = num_slots
+        self.tier = tier
+        self.phase = InstancePhase.LOADING
+        self.started_s = started_s
+        self.ready_s: float | None = None
+        self.stream_source: str | None = None
+        self.max_batch = max_batch
+        self._loop = loop
+        self._cost = cost
+        self._model = model
+        self._gpu = gpu
+        self._on_finish = on_finish
+        self._heap: list[tuple[float, int, Flight]] = []
+        self._sequence = 0
+        self.tokens_done = 0.0
+        self._clock_s = started_s
+        self.resume_s = started_s
+        self.step_s = 0.0
+        self._context_sum = 0.0
+        self._next_event = None
+        self.load_event = None
+        self.busy_since_s: float | None = None
+        self.idle_since_s: float | None = None
+        self.resident_s = started_s  # when every layer is in (a streamed instance serves before)
+
+    # --- queries -----------------------------------------------------------------------------
+
+    @property
+    def num_ongoing(self) -> int:
+        return len(self._heap)
+
+    @property
+    def has_room(self) -> bool:
+        return self.phase == InstancePhase.READY and len(self._heap) < self.max_batch
+
+    def flights(self) -> list[Flight]:
+        return [f for _, _, f in self._heap]
+
+    # --- the token clock ---------------------------------------------------------------------
+
+    def _advance(self, now: float) -> None:
+        start = self._clock_s if self._clock_s > self.resume_s else self.resume_s
+        if now > start and self._heap:
+            self.tokens_done += (now - start) / self.step_s
+        self._clock_s = now
+
+    def _reschedule(self, now: float) -> None:
+        if self._next_event is not None:
+            self._next_event.cancel()
+            self._next_event = None
+        if not self._heap:
+            self.step_s = 0.0
+            return
+        n = len(self._heap)
+        self.step_s = self._cost.decode_step_s(self._model, self._gpu, n, self._context_sum / n)
+        left = self._heap[0][0] - self.tokens_done
+        start = now if now > self.resume_s else self.resume_s
+        at = start + (left * self.step_s if left > 0 else 0.0)
+        self._next_event = self._loop.schedule(at, self._finish_due, priority=1)
+
+    def _finish_due(self) -> None:
+        now = self._loop.now
+        self._next_event = None
+        self._advance(now)
+        done = []
+        heap = self._heap
+        limit = self.tokens_done + 1e-6
+        while heap and heap[0][0] <= limit and self.resume_s <= now + 1e-12:
+            _, _, flight = heapq.heappop(heap)
+            self._context_sum -= flight.input_tokens + flight.output_tokens / 2
+            done.append(flight)
+        self._reschedule(now)
+        for flight in done:
+            flight.remaining_tokens = 0
+            self._on_finish(self, flight, now)
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def admit(self, flight: Flight, now: float) -> None:
+        """Start serving `flight` now: its prefill after the ones before it, then decode."""
+        self._advance(now)
+        if flight.needs_prefill:
+            prompt = flight.input_tokens + flight.generated_tokens
+            start = now if now > self.resume_s else self.resume_s
+            self.resume_s = start + self._cost.prefill_s(self._model, self._gpu, prompt)
+            flight.prefill_end_s = self.resume_s
+            if flight.first_token_s is None:
+                flight.first_token_s = self.resume_s
+            flight.remaining_after = flight.remaining_tokens - 1
+        else:  # its KV came with it: it joins the next decode step
+            flight.prefill_end_s = now
+            flight.remaining_after = flight.remaining_tokens
+        flight.needs_prefill = True
+        flight.start_tokens = self.tokens_done
+        self._sequence += 1
+        heapq.heappush(self._heap, (self.tokens_done + flight.remaining_after, self._sequence, flight))
+        self._context_sum += flight.input_tokens + flight.output_tokens / 2
+        self.busy_since_s = now if self.busy_since_s is None else self.busy_since_s
+        self.idle_since_s = None
+        self._reschedule(now)
+
+    def take_all(self, now: float) -> list[Flight]:
+        """Remove every request (a suspension or a migration), each with the tokens it has left;
+        one still in its prefill has produced nothing here."""
+        self._advance(now)
+        taken = []
+        for _, _, flight in sorted(self._heap, key=lambda e: e[1]):
+            if now < flight.prefill_end_s:
+                if flight.first_token_s == flight.prefill_end_s:
+                    flight.first_token_s = None  # its first token never came out
+            else:
+                done = int(self.tokens_done - flight.start_tokens + 1e-9)
+                flight.remaining_tokens = max(1, flight.remaining_after - done)
+            taken.append(flight)
+        self._heap.clear()
+        self._context_sum = 0.0
+        self.resume_s = now if now > self.resume_s else self.resume_s
+        self._reschedule(now)
+        return taken
+
+    def stop(self) -> None:
+        """The instance is gone: no more events of its own."""
+        if self._next_event is not None:
+            self._next_event.cancel()
+            self._next_event = None
+        if self.load_event is not None:
+            self.load_event.cancel()
+            self.load_event = None

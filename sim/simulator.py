@@ -1,0 +1,272 @@
+"""One simulation run: `SimConfig` in, `SimResult` out (`run_simulation`).
+
+It wires the parts together: the model catalog (`sim.sim_models`), the workload
+(`sim.workload`, fed to the event loop one arrival at a time, so a day of millions of requests
+never sits in memory), the cost model (`sim.cost_model`), the cluster (`sim.sim_cluster`), one
+policy (`sim.policies`) and the tick scheduler. The run goes on past the last arrival until every
+request has finished and every instance is gone (or `drain_limit_s` more), so each policy pays
+for its own tail (a keep-alive, a downscale delay) in accelerator-seconds.
+
+Measured besides the simulated figures: the wall time of each controller tick (the policy's
+`tick`, which is where the real policy functions run), so the decision time per tick is known at
+the scale simulated.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sim.event_loop import EventLoop
+from sim.policies import POLICY_NAMES, PolicySettings, make_policy
+from sim.sim_cluster import COLD_START_TIERS, ClusterSpec, SimCluster
+from sim.tick_scheduler import TickScheduler
+
+__all__ = ["SimConfig", "SimResult", "run_simulation"]
+
+GIB = 1 << 30
+GPU_KINDS = ("H100", "H200", "A100")
+
+
+def _int(name: str, value: object, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"SimConfig.{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _seconds(name: str, value: object, *, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"SimConfig.{name} must be a finite number {'>=' if allow_zero else '>'} 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    """One run.
+
+    Fields:
+        num_models / num_nodes / gpus_per_node / hours / seed: the scenario.
+        policy: one of `POLICY_NAMES`.
+        trace_dir: folder of raw traces to fit the workload from (None: the bundled fit).
+        source: the workload source (`sim.workload.SOURCES`).
+        requests_per_model_per_hour: the mean load (None: the source's default).
+        tick_s: the controller's reconcile interval.
+        slo_ttft_s: the TTFT bound SLO attainment counts against.
+        gpu: the accelerator kind ("H100", "H200", "A100").
+        target_ongoing_requests / max_instances / keep_alive_s: `PolicySettings`, alike for all.
+        max_batch / dram_gib_per_node / ssd_gib_per_node: `ClusterSpec`.
+        drain_limit_s: how long past the last arrival the run may go on.
+        sample_s: how often accelerators in use are sampled for the plot.
+    """
+
+    num_models: int
+    num_nodes: int
+    gpus_per_node: int = 8
+    hours: float = 1.0
+    seed: int = 0
+    policy: str = "thaw"
+    trace_dir: Path | None = None
+    source: str = "azure_functions"
+    requests_per_model_per_hour: float | None = None
+    tick_s: float = 1.0
+    slo_ttft_s: float = 5.0
+    gpu: str = "H100"
+    target_ongoing_requests: float = 16.0
+    max_instances: int = 8
+    keep_alive_s: float = 60.0
+    max_batch: int = 64
+    dram_gib_per_node: int = 512
+    ssd_gib_per_node: int = 4096
+    drain_limit_s: float = 7200.0
+    sample_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        _int("num_models", self.num_models, 1)
+        _int("num_nodes", self.num_nodes, 1)
+        _int("gpus_per_node", self.gpus_per_node, 1)
+        _int("seed", self.seed, 0)
+        _int("max_instances", self.max_instances, 1)
+        _int("max_batch", self.max_batch, 1)
+        _int("dram_gib_per_node", self.dram_gib_per_node, 0)
+        _int("ssd_gib_per_node", self.ssd_gib_per_node, 0)
+        object.__setattr__(self, "hours", _seconds("hours", self.hours))
+        for name in ("tick_s", "slo_ttft_s", "target_ongoing_requests", "sample_s"):
+            object.__setattr__(self, name, _seconds(name, getattr(self, name)))
+        for name in ("keep_alive_s", "drain_limit_s"):
+            object.__setattr__(self, name, _seconds(name, getattr(self, name), allow_zero=True))
+        if self.policy not in POLICY_NAMES:
+            raise ValueError(f"SimConfig.policy must be one of {', '.join(POLICY_NAMES)}, got {self.policy!r}")
+        if self.gpu not in GPU_KINDS:
+            raise ValueError(f"SimConfig.gpu must be one of {', '.join(GPU_KINDS)}, got {self.gpu!r}")
+        if self.trace_dir is not None:
+            object.__setattr__(self, "trace_dir", Path(self.trace_dir))
+
+    def cluster_spec(self, start_overhead_s: float) -> ClusterSpec:
+        return ClusterSpec(num_nodes=self.num_nodes, gpus_per_node=self.gpus_per_node,
+                           dram_bytes_per_node=self.dram_gib_per_node * GIB,
+                           ssd_bytes_per_node=self.ssd_gib_per_node * GIB, max_batch=self.max_batch,
+                           start_overhead_s=start_overhead_s)
+
+    def policy_settings(self) -> PolicySettings:
+        return PolicySettings(target_ongoing_requests=self.target_ongoing_requests,
+                              max_instances=self.max_instances, keep_alive_s=self.keep_alive_s)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What one run measured. `ttft_s` has one entry per request in arrival order (NaN: never
+    served within the drain limit; it counts as a miss and as +inf in the percentiles)."""
+
+    policy: str
+    num_requests: int
+    num_served: int
+    ttft_p50_s: float
+    ttft_p99_s: float
+    slo_ttft_s: float
+    slo_attainment: float
+    accelerator_s: float
+    cold_starts: int
+    cold_starts_by_tier: dict[str, int]
+    migrations: int
+    evictions: int
+    preemptions: int
+    decision_ms_p50: float | None
+    decision_ms_p99: float | None
+    num_ticks: int
+    sim_end_s: float
+    wall_s: float
+    num_events: int
+    ttft_s: np.ndarray = field(repr=False)
+    accelerators_in_use: tuple[tuple[float, int], ...] = field(repr=False, default=())
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, object]:
+        """The figures as a JSON-ready dict (infinite percentiles as None)."""
+        def finite(x: float | None) -> float | None:
+            return None if x is None or not math.isfinite(x) else round(x, 6)
+
+        return {"policy": self.policy, "num_requests": self.num_requests, "num_served": self.num_served,
+                "ttft_p50_s": finite(self.ttft_p50_s), "ttft_p99_s": finite(self.ttft_p99_s),
+                "slo_ttft_s": self.slo_ttft_s, "slo_attainment": round(self.slo_attainment, 6),
+                "accelerator_s": round(self.accelerator_s, 3), "cold_starts": self.cold_starts,
+                "cold_starts_by_tier": dict(self.cold_starts_by_tier), "migrations": self.migrations,
+                "evictions": self.evictions, "preemptions": self.preemptions,
+                "decision_ms_p50": finite(self.decision_ms_p50), "decision_ms_p99": finite(self.decision_ms_p99),
+                "num_ticks": self.num_ticks, "sim_end_s": round(self.sim_end_s, 3), "wall_s": round(self.wall_s, 3),
+                "num_events": self.num_events, "counts": dict(self.counts)}
+
+
+def _gpu(name: str):
+    from sim.cost_model import A100, H100, H200
+
+    return {"H100": H100, "H200": H200, "A100": A100}[name]
+
+
+class _Feeder:
+    """Puts the workload's requests on the event loop one at a time, in arrival order."""
+
+    def __init__(self, loop: EventLoop, cluster: SimCluster, requests: Iterable) -> None:
+        self.loop = loop
+        self.cluster = cluster
+        self.requests = iter(requests)
+        self.num_requests = 0
+        self.done = False
+        self.last_arrival_s = 0.0
+        self._next()
+
+    def _next(self) -> None:
+        request = next(self.requests, None)
+        if request is None:
+            self.done = True
+            return
+        model_index = self.cluster.model_index.get(request.model_id)
+        if model_index is None:
+            raise ValueError(f"the workload names model {request.model_id!r}, which is not in the catalog")
+        arrival_s = max(request.arrival_s, self.loop.now)
+        self.last_arrival_s = arrival_s
+        self.loop.schedule(arrival_s, self._arrive, self.num_requests, model_index, request.input_tokens,
+                           request.output_tokens)
+        self.num_requests += 1
+
+    def _arrive(self, index: int, model_index: int, input_tokens: int, output_tokens: int) -> None:
+        self.cluster.arrive(index, model_index, input_tokens, output_tokens)
+        self._next()
+
+
+def run_simulation(config: SimConfig, progress: Callable[[float, float], None] | None = None, *,
+                   models: list | None = None, requests: Iterable | None = None, cost=None) -> SimResult:
+    """Run `config`; `progress(sim_s, horizon_s)` is called every `sample_s` of simulated time.
+    `models`, `requests` and `cost` replace the catalog, workload and cost model (tests)."""
+    started = time.perf_counter()
+    if cost is None:
+        from sim.cost_model import default_cost_model
+        cost = default_cost_model()
+    if models is None:
+        from sim.sim_models import model_catalog
+        models = model_catalog(config.num_models, config.seed)
+    if requests is None:
+        from sim.workload import WorkloadConfig, generate_workload
+        requests = generate_workload(WorkloadConfig(
+            num_models=config.num_models, hours=config.hours, seed=config.seed, trace_dir=config.trace_dir,
+            source=config.source, requests_per_model_per_hour=config.requests_per_model_per_hour), models)
+    gpu = _gpu(config.gpu)
+    loop = EventLoop()
+    cluster = SimCluster(config.cluster_spec(cost.engine_start_s), models, cost, gpu, loop)
+    policy = make_policy(config.policy, config.policy_settings())
+    decision_s: list[float] = []
+
+    def on_tick(now: float) -> None:
+        t0 = time.perf_counter()
+        policy.tick(now)
+        decision_s.append(time.perf_counter() - t0)
+
+    ticks = TickScheduler(loop, config.tick_s, on_tick)
+    cluster.attach(policy)
+    policy.attach(cluster, ticks)
+    feeder = _Feeder(loop, cluster, requests)
+    horizon_s = config.hours * 3600.0
+    samples: list[tuple[float, int]] = []
+
+    def sample() -> None:
+        now = loop.now
+        samples.append((now, cluster.num_used_slots))
+        if progress is not None:
+            progress(min(now, horizon_s), horizon_s)
+        if not feeder.done or cluster.instances or cluster.num_finished < feeder.num_requests:
+            loop.schedule(now + config.sample_s, sample, priority=3)
+
+    loop.schedule(0.0, sample, priority=3)
+    loop.run(until_s=max(horizon_s, feeder.last_arrival_s) + config.drain_limit_s)
+    while not feeder.done:  # past the drain limit: count the rest as never served
+        feeder._next()
+    end_s = loop.now
+    cluster.close(end_s)
+    if progress is not None:
+        progress(horizon_s, horizon_s)
+
+    num_requests = feeder.num_requests
+    ttft = np.frombuffer(cluster.ttft_s, dtype=np.float64)[:num_requests].copy()
+    if len(ttft) < num_requests:
+        ttft = np.concatenate([ttft, np.full(num_requests - len(ttft), np.nan)])
+    served = ~np.isnan(ttft)
+    ranked = np.where(served, ttft, np.inf)
+    p50, p99 = (float(np.percentile(ranked, q, method="higher")) for q in (50, 99)) if num_requests else (math.nan,) * 2
+    attained = float(np.count_nonzero(ttft[served] <= config.slo_ttft_s)) / num_requests if num_requests else 1.0
+    decisions = np.array(decision_s) * 1e3
+    cold = {tier: cluster.cold_starts[tier] for tier in COLD_START_TIERS}
+    counts = {**cluster.counts, **policy.counts()}
+    return SimResult(
+        policy=config.policy, num_requests=num_requests, num_served=int(served.sum()), ttft_p50_s=p50,
+        ttft_p99_s=p99, slo_ttft_s=config.slo_ttft_s, slo_attainment=attained, accelerator_s=cluster.accelerator_s,
+        cold_starts=sum(cold.values()), cold_starts_by_tier=cold, migrations=cluster.counts["migrations"],
+        evictions=cluster.counts["evictions"], preemptions=cluster.counts["preemptions"],
+        decision_ms_p50=float(np.median(decisions)) if len(decisions) else None,
+        decision_ms_p99=float(np.percentile(decisions, 99)) if len(decisions) else None,
+        num_ticks=ticks.num_ticks, sim_end_s=end_s, wall_s=time.perf_counter() - started,
+        num_events=loop.num_events_run, ttft_s=ttft, accelerators_in_use=tuple(samples), counts=counts)

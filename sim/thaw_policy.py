@@ -1,0 +1,327 @@
+"""Thaw's policy in the simulator: the controller's own policy functions, called unchanged.
+
+Per tick, for each dirty model, in the controller's order (models waiting for a slot first,
+`order_waiting`: oldest request first), the same steps as `Controller._autoscale_model` and
+`_place_and_start`, each a call into `controller`:
+
+1. `decide(AutoscalingPolicy, LoadSnapshot, AutoscaleState, now)` with the model's desired count,
+   its ongoing and queued requests and its last request time;
+2. converge: extra instances stopped (loading first, then the least busy, then the newest: the
+   controller's stop order); missing ones placed with `place` over `NodeView`s (`sim.node_views`);
+3. no free slot and requests queued: `choose_eviction` over the idle instances (`EvictionSettings`
+   of the default `SlotSharingSettings`; frequency from a `UsageMeter` per model, as the
+   controller's), the victim's model's desired count lowered by one, then placement on the freed
+   node (as `SlotSharer.steer` does with the held slot);
+4. still none and the oldest request waited `max_wait_before_preempt_s`: `choose_preemption` over
+   busy instances, the victim's requests KV-migrated to another instance of its model
+   (`choose_destination`) or suspended, then placement on the freed node;
+5. the load path: `choose_load_path` (`PeerStreamSettings`, with the link rate set to the
+   simulated network's) -- a peer's stream or the tier placement chose.
+
+What is adapted, not the policies: the inputs are built from the simulated cluster; eviction
+sees the `num_idle_candidates` longest-idle instances and preemption the `num_busy_candidates`
+longest-running busy ones rather than all 8,000 (the policies choose among those); a freed slot
+is used in the same tick (the simulated stop is immediate, where the controller holds the slot
+until the victim is gone); slot reclaim (`plan_slot_reclaim`) and prefill hand-off are not
+simulated. Fast paths skip calls whose answer is known: `decide` for a model whose demand asks
+for exactly the instances it has and no wish is pending (the cluster's `on_demand` marks a model
+only when `desired_instances` changes), eviction when no instance is idle, preemption before the
+wait bound or when nothing is busy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from controller import (AutoscaleState, AutoscalingPolicy, EvictionCandidate, InstancePhase as ControllerPhase,
+                        LoadSnapshot, ManagedInstance, PeerStreamSettings, PlacementDecision, PreemptionCandidate,
+                        SlotSharingSettings, UsageMeter, WaitingModel, choose_destination, choose_eviction,
+                        choose_load_path, choose_preemption, decide, desired_instances, order_waiting, place)
+from sim.node_views import NodeViews, sim_tier
+from sim.policies import PolicySettings, SimPolicy
+from sim.sim_instance import InstancePhase
+
+__all__ = ["ThawPolicy"]
+
+NUM_IDLE_CANDIDATES = 64
+NUM_BUSY_CANDIDATES = 64
+
+
+@dataclasses.dataclass
+class _ModelControl:
+    """What the controller keeps per model between ticks (`ModelState`'s volatile part)."""
+
+    desired: int = 0
+    autoscale: AutoscaleState = dataclasses.field(default_factory=AutoscaleState)
+    usage: UsageMeter | None = None
+
+
+class ThawPolicy(SimPolicy):
+    name = "thaw"
+
+    def __init__(self, settings: PolicySettings) -> None:
+        super().__init__(settings)
+        self.autoscaling = AutoscalingPolicy(min_instances=0, max_instances=settings.max_instances,
+                                             target_ongoing_requests=settings.target_ongoing_requests,
+                                             keep_alive_s=settings.keep_alive_s)
+        self.sharing = SlotSharingSettings()
+        self.peer_stream: PeerStreamSettings | None = None
+        self.views: NodeViews | None = None
+        self._control: list[_ModelControl] = []
+        self._idle: dict[int, object] = {}  # instance index -> instance, longest idle first
+        self._counts = {"stream_starts": 0, "evictions_chosen": 0, "preemptions_migrated": 0,
+                        "preemptions_suspended": 0}
+
+    def attach(self, cluster, ticks) -> None:
+        super().attach(cluster, ticks)
+        self.views = NodeViews(cluster)
+        # The controller's defaults, with the stream rate of the simulated network instead of the
+        # dev machine's loopback (PeerStreamSettings documents its default as that measurement).
+        self.peer_stream = PeerStreamSettings(link_bytes_per_s=self.views.link_bytes_per_s)
+        half_life = self.sharing.eviction.usage_half_life_s
+        self._control = [_ModelControl(usage=UsageMeter(half_life)) for _ in cluster.models]
+
+    def counts(self) -> dict[str, int]:
+        return dict(self._counts)
+
+    # --- callbacks ---------------------------------------------------------------------------
+
+    def on_demand(self, state) -> None:
+        control = self._control[state.index]
+        demand = state.num_ongoing + len(state.queue)
+        if demand == 0:
+            if control.desired == 1 and not control.autoscale.wish_direction and state.last_request_s is not None:
+                # Idle-model fast path: with one instance wanted, decide holds it steady until the
+                # keep-alive runs out; look again only then.
+                self.wake_model_at(state.index, state.last_request_s + self.autoscaling.keep_alive_s)
+            elif control.desired:
+                self.mark(state.index)
+        elif control.autoscale.wish_direction or desired_instances(self.autoscaling, demand) != control.desired:
+            self.mark(state.index)
+
+    def on_started(self, state, now: float) -> None:
+        self._control[state.index].usage.add(1, now)
+
+    def on_idle(self, instance) -> None:
+        self._idle.pop(instance.index, None)
+        self._idle[instance.index] = instance  # an eviction candidate; `on_demand` saw the demand change
+
+    def on_released(self, instance) -> None:
+        self._idle.pop(instance.index, None)
+        super().on_released(instance)
+
+    # --- the tick ----------------------------------------------------------------------------
+
+    def _stale(self, index: int, now: float) -> bool:
+        """A timer of an idle model with one instance wanted is stale when a request came since
+        it was set (a later timer is set for it): decide would hold the model steady."""
+        state = self.cluster.models[index]
+        control = self._control[index]
+        if state.queue or state.num_ongoing or control.desired != 1 or control.autoscale.wish_direction \
+                or state.last_request_s is None:
+            return False
+        return state.last_request_s + self.autoscaling.keep_alive_s > now + 1e-9
+
+    def tick(self, now: float) -> None:
+        cluster = self.cluster
+        # A waiting model whose instance is loading needs no look until it is ready (`on_ready`).
+        models = self.take_dirty(now, self._stale, {i for i in self.waiting if not any(
+            x.phase == InstancePhase.LOADING for x in cluster.models[i].instances)})
+        waiting = [WaitingModel(model_id=cluster.models[i].model_id, oldest_wait_s=cluster.models[i].oldest_wait_s(now),
+                                num_queued_requests=len(cluster.models[i].queue))
+                   for i in models if cluster.models[i].queue
+                   and not any(x.phase == InstancePhase.LOADING for x in cluster.models[i].instances)]
+        first = [cluster.model_index[w.model_id] for w in order_waiting(waiting, self.sharing.priority_boost_s)]
+        chosen = set(first)
+        for index in first + [i for i in models if i not in chosen]:
+            self._autoscale(cluster.models[index], now)
+        self.waiting = {i for i in self.waiting if cluster.models[i].queue}
+        if any(not any(x.phase == InstancePhase.LOADING for x in cluster.models[i].instances) for i in self.waiting):
+            self.ticks.wake_next()  # they try again next tick (eviction, then preemption past the bound)
+
+    def _autoscale(self, state, now: float) -> None:
+        control = self._control[state.index]
+        queued = len(state.queue)
+        demand = state.num_ongoing + queued
+        if demand == 0 and control.desired == 0 and not state.instances:
+            control.autoscale = AutoscaleState()
+            return  # idle and scaled to zero: decide would say so
+        snapshot = LoadSnapshot(num_instances=control.desired, num_ongoing_requests=state.num_ongoing,
+                                num_queued_requests=queued, last_request_s=state.last_request_s)
+        decision, control.autoscale = decide(self.autoscaling, snapshot, control.autoscale, now)
+        control.desired = decision.num_instances
+        self._converge(state, control, now)
+        auto = control.autoscale
+        if auto.wish_direction and auto.wish_since_s is not None:
+            delay = self.autoscaling.upscale_delay_s if auto.wish_direction > 0 else self.autoscaling.downscale_delay_s
+            self.wake_model_at(state.index, auto.wish_since_s + delay)
+        elif demand == 0 and control.desired:
+            since = state.last_request_s if state.last_request_s is not None else auto.idle_since_s
+            self.wake_model_at(state.index, max(now, (since or now) + self.autoscaling.keep_alive_s))
+
+    def _converge(self, state, control: _ModelControl, now: float) -> None:
+        live = list(state.instances)
+        missing = control.desired - len(live)
+        if missing < 0:
+            # The controller's stop order: loading first, then the least busy, then the newest.
+            live.sort(key=lambda i: (i.phase == InstancePhase.READY, i.num_ongoing, -i.started_s))
+            for instance in live[:-missing]:
+                self.cluster.stop_instance(instance)
+            return
+        for _ in range(missing):
+            if not self._place_and_start(state, now):
+                break
+
+    # --- placement, eviction, preemption -----------------------------------------------------
+
+    def _place_and_start(self, state, now: float) -> bool:
+        cluster = self.cluster
+        weight_bytes = state.model.weight_bytes
+        views = self.views.views(state.index, now)
+        decision = place(weight_bytes, views, state.num_slots) if views else None
+        if (decision is None or not decision.placed) and state.queue:
+            decision = self._evict_for(state, now) or self._preempt_for(state, now) or decision
+        if decision is None or not decision.placed:
+            return False
+        node = self.views.node_of(decision.node_id)
+        tier = decision.tier
+        source = None
+        ready = [i for i in state.instances if i.phase == InstancePhase.READY]
+        if ready:
+            path = choose_load_path(state.model_id, node.node_id, weight_bytes, tier, decision.estimate_s,
+                                    [self._managed(i, state, now) for i in state.instances], (),
+                                    link_bytes_per_s=self.peer_stream.link_bytes_per_s,
+                                    saturated_requests=self.peer_stream.saturated_requests)
+            if path.kind == "stream":
+                source = next(i for i in ready if i.instance_id == path.source_instance_id)
+                self._counts["stream_starts"] += 1
+        cluster.start_instance(state.index, node.index, sim_tier(tier), stream_from=source)
+        return True
+
+    def _managed(self, instance, state, now: float) -> ManagedInstance:
+        node_id = self.cluster.nodes[instance.node_index].node_id
+        phase = ControllerPhase.READY if instance.phase == InstancePhase.READY else ControllerPhase.LOADING
+        return ManagedInstance(instance_id=instance.instance_id, model_id=state.model_id, node_id=node_id,
+                               ray_node_id=node_id, actor_name=instance.instance_id,
+                               num_worker_slots=instance.num_slots, repository_name=state.model_id, phase=phase,
+                               started_s=instance.started_s, ready_s=instance.ready_s,
+                               num_ongoing_requests=instance.num_ongoing,
+                               weights_resident=instance.resident_s <= now)
+
+    def _targets(self, decision: PlacementDecision) -> tuple[dict[str, float], dict[str, int]]:
+        """As `SlotSharer._targets`: the waiting model's time to ready and free slots per node."""
+        return ({e.node_id: e.ready_s for e in decision.estimates},
+                {e.node_id: e.num_free_slots for e in decision.estimates})
+
+    def _idle_candidates(self) -> list:
+        found, stale = [], []
+        for index, instance in self._idle.items():
+            if instance.phase != InstancePhase.READY or instance.num_ongoing:
+                stale.append(index)
+                continue
+            found.append(instance)
+            if len(found) >= NUM_IDLE_CANDIDATES:
+                break
+        for index in stale:
+            del self._idle[index]
+        return found
+
+    def _reload(self, instance, state) -> tuple[str, float]:
+        """Where the instance's checkpoint would come back from on its node (as `SlotSharer._reload`)."""
+        node = self.cluster.nodes[instance.node_index]
+        rates = self.views.bandwidths
+        overhead = self.cluster.spec.start_overhead_s
+        weight_bytes = state.model.weight_bytes
+        if rates.dram_bytes_per_s and (state.index in node.dram or node.dram.fits(weight_bytes)):
+            return "dram", overhead + weight_bytes / rates.dram_bytes_per_s
+        if rates.ssd_bytes_per_s and state.index in node.ssd:
+            return "ssd", overhead + weight_bytes / rates.ssd_bytes_per_s
+        return "repository", overhead + weight_bytes / rates.repository_bytes_per_s
+
+    def _evict_for(self, state, now: float) -> PlacementDecision | None:
+        idle = self._idle_candidates()
+        if not idle:
+            return None
+        cluster = self.cluster
+        candidates = []
+        for instance in idle:
+            owner = cluster.models[instance.model_index]
+            tier, reload_s = self._reload(instance, owner)
+            since = max(t for t in (owner.last_request_s, instance.ready_s) if t is not None)
+            candidates.append(EvictionCandidate(
+                instance_id=instance.instance_id, model_id=owner.model_id,
+                node_id=cluster.nodes[instance.node_index].node_id, num_worker_slots=instance.num_slots,
+                ready=True, num_ongoing_requests=0, num_queued_requests=len(owner.queue),
+                idle_s=max(0.0, now - since), num_model_instances=len(owner.instances),
+                min_instances=self.autoscaling.min_instances, priority=self.autoscaling.priority,
+                frequency=self._control[owner.index].usage.value(now), reload_s=reload_s, reload_tier=tier))
+        nodes = {instance.node_index: cluster.nodes[instance.node_index] for instance in idle}
+        decision = place(state.model.weight_bytes, self.views.views(state.index, now, nodes.values()),
+                         state.num_slots)
+        if decision.placed:
+            return decision
+        load_s, free = self._targets(decision)
+        eviction = choose_eviction(state.model_id, candidates, load_s_by_node=load_s,
+                                   settings=self.sharing.eviction, num_slots=state.num_slots,
+                                   free_slots_by_node=free)
+        if eviction.victim is None:
+            return None
+        victim = idle[[c.instance_id for c in candidates].index(eviction.victim.instance_id)]
+        node = cluster.nodes[victim.node_index]
+        owner = self._control[victim.model_index]
+        cluster.evict(victim)
+        owner.desired = max(self.autoscaling.min_instances, owner.desired - 1)  # `_shrink_after_eviction`
+        owner.autoscale = AutoscaleState()
+        self._counts["evictions_chosen"] += 1
+        return place(state.model.weight_bytes, [self.views.view(node, state.index, now)], state.num_slots)
+
+    def _preempt_for(self, state, now: float) -> PlacementDecision | None:
+        if not self.sharing.preempt or state.oldest_wait_s(now) < self.autoscaling.max_wait_before_preempt_s:
+            return None
+        cluster = self.cluster
+        busy = []
+        for instance in cluster.instances.values():
+            if instance.phase == InstancePhase.READY and instance.num_ongoing and instance.model_index != state.index \
+                    and instance.node_index >= 0:
+                busy.append(instance)
+                if len(busy) >= NUM_BUSY_CANDIDATES:
+                    break
+        if not busy:
+            return None
+        candidates, destinations = [], {}
+        for instance in busy:
+            owner = cluster.models[instance.model_index]
+            managed = [self._managed(i, owner, now) for i in owner.instances]
+            source = next(m for m in managed if m.instance_id == instance.instance_id)
+            destination, _ = choose_destination(source, managed, ())
+            if destination is not None:
+                destinations[instance.instance_id] = next(i for i in owner.instances
+                                                          if i.instance_id == destination.instance_id)
+            candidates.append(PreemptionCandidate(
+                instance_id=instance.instance_id, model_id=owner.model_id,
+                node_id=cluster.nodes[instance.node_index].node_id, num_worker_slots=instance.num_slots,
+                ready=True, num_ongoing_requests=instance.num_ongoing, ready_for_s=now - instance.ready_s,
+                priority=self.autoscaling.priority,
+                destination_instance_id=destination.instance_id if destination is not None else None))
+        nodes = {instance.node_index: cluster.nodes[instance.node_index] for instance in busy}
+        decision = place(state.model.weight_bytes, self.views.views(state.index, now, nodes.values()),
+                         state.num_slots)
+        if decision.placed:
+            return decision
+        load_s, free = self._targets(decision)
+        choice = choose_preemption(state.model_id, priority=self.autoscaling.priority,
+                                   oldest_wait_s=state.oldest_wait_s(now),
+                                   max_wait_before_preempt_s=self.autoscaling.max_wait_before_preempt_s,
+                                   candidates=candidates, load_s_by_node=load_s, min_run_s=self.sharing.min_run_s,
+                                   num_slots=state.num_slots, free_slots_by_node=free)
+        if choice.victim is None:
+            return None
+        victim = busy[[c.instance_id for c in candidates].index(choice.victim.instance_id)]
+        node = cluster.nodes[victim.node_index]
+        if choice.action == "migrate":
+            cluster.migrate(victim, destinations[victim.instance_id], token_based=False)
+            self._counts["preemptions_migrated"] += 1
+        else:
+            cluster.suspend(victim)
+            self._counts["preemptions_suspended"] += 1
+        return place(state.model.weight_bytes, [self.views.view(node, state.index, now)], state.num_slots)

@@ -1,0 +1,130 @@
+"""Tiny clusters computed by hand: exact TTFTs from the cost model, and what sets each policy apart.
+
+Each scenario is one node of one or two GPUs and models of 2 GB (1B parameters, bf16), driven
+through the real cluster, tick scheduler and policy; expected times are written from the cost
+model's own functions, so a change in the cost model does not break them, a change in the
+simulator's accounting does.
+"""
+
+import pytest
+
+from sim.cost_model import H100, default_cost_model
+from sim.event_loop import EventLoop
+from sim.policies import PolicySettings, make_policy
+from sim.sim_cluster import ClusterSpec, SimCluster
+from sim.sim_models import SimModel
+from sim.tick_scheduler import TickScheduler
+
+COST = default_cost_model()
+MODEL_A = SimModel(model_id="a", family="llama", params_b=1.0, weight_bytes=2_000_000_000)
+MODEL_B = SimModel(model_id="b", family="llama", params_b=1.0, weight_bytes=2_000_000_000)
+PROMPT = 100
+
+
+def build(policy_name, models, *, gpus=1, settings=PolicySettings(), **policy_kwargs):
+    loop = EventLoop()
+    cluster = SimCluster(ClusterSpec(num_nodes=1, gpus_per_node=gpus, start_overhead_s=0.0), models, COST, H100, loop)
+    policy = make_policy(policy_name, settings)
+    for name, value in policy_kwargs.items():
+        setattr(policy, name, value)
+    ticks = TickScheduler(loop, 1.0, policy.tick)
+    cluster.attach(policy)
+    policy.attach(cluster, ticks)
+    return loop, cluster, policy
+
+
+def arrive(loop, cluster, at_s, index, model_index, output_tokens=10):
+    loop.schedule(at_s, cluster.arrive, index, model_index, PROMPT, output_tokens)
+
+
+def prefill_s(model=MODEL_A):
+    return COST.prefill_s(model, H100, PROMPT)
+
+
+def test_cold_start_from_ssd_then_a_warm_request_exact_ttfts():
+    loop, cluster, _ = build("thaw", [MODEL_A])
+    cluster.preload(0, 0, "ssd")
+    arrive(loop, cluster, 0.0, 0, 0)
+    arrive(loop, cluster, 30.0, 1, 0)  # within the 60 s keep-alive of the first one's finish
+    loop.run()
+    assert cluster.ttft_s[0] == pytest.approx(COST.load_s(MODEL_A.weight_bytes, "ssd") + prefill_s(), abs=1e-9)
+    assert cluster.ttft_s[1] == pytest.approx(prefill_s(), abs=1e-9)
+    assert cluster.cold_starts == {"gpu": 0, "remote": 0, "dram": 0, "ssd": 1, "s3": 0}
+    # The load is kept in DRAM after the start (the SSD copy stays).
+    assert cluster.checkpoint_tiers(cluster.nodes[0], 0) == ("dram", "ssd")
+    assert not cluster.instances  # scaled to zero after the keep-alive
+
+
+def test_decode_finishes_after_the_cost_models_steps():
+    loop, cluster, _ = build("thaw", [MODEL_A])
+    cluster.preload(0, 0, "dram")
+    arrive(loop, cluster, 0.0, 0, 0, output_tokens=11)
+    loop.run()
+    first = COST.load_s(MODEL_A.weight_bytes, "dram") + prefill_s()
+    step = COST.decode_step_s(MODEL_A, H100, 1, PROMPT + 11 / 2)
+    assert cluster.finish_s[0] == pytest.approx(first + 10 * step, abs=1e-9)
+
+
+def test_thaw_evicts_an_idle_instance_for_a_waiting_model():
+    loop, cluster, policy = build("thaw", [MODEL_A, MODEL_B])
+    arrive(loop, cluster, 0.0, 0, 0)
+    arrive(loop, cluster, 20.0, 1, 1)  # a is idle but within its keep-alive; the only GPU is its
+    loop.run()
+    assert cluster.counts["evictions"] == 1
+    assert cluster.ttft_s[1] == pytest.approx(COST.load_s(MODEL_B.weight_bytes, "s3") + prefill_s(MODEL_B), abs=1e-9)
+
+
+def test_serverlessllm_never_evicts_on_demand_the_model_waits_for_the_keep_alive():
+    loop, cluster, policy = build("serverlessllm", [MODEL_A, MODEL_B])
+    arrive(loop, cluster, 0.0, 0, 0)
+    arrive(loop, cluster, 20.0, 1, 1)
+    loop.run()
+    assert cluster.counts["evictions"] == 0
+    a_done = cluster.finish_s[0]
+    # b's instance starts at the first tick after a's keep-alive ran out (ticks are whole seconds).
+    start_b = a_done + 60.0
+    load_b = COST.load_s(MODEL_B.weight_bytes, "s3")
+    assert cluster.ttft_s[1] >= start_b - 20.0 + load_b + prefill_s(MODEL_B) - 1e-9
+    assert cluster.ttft_s[1] < start_b + 1.0 - 20.0 + load_b + prefill_s(MODEL_B)
+
+
+def test_serverlessllm_loads_from_the_fastest_tier_on_the_node():
+    loop, cluster, _ = build("serverlessllm", [MODEL_A])
+    cluster.preload(0, 0, "dram")
+    arrive(loop, cluster, 0.0, 0, 0)
+    loop.run()
+    assert cluster.cold_starts["dram"] == 1
+    assert cluster.ttft_s[0] == pytest.approx(COST.load_s(MODEL_A.weight_bytes, "dram") + prefill_s(), abs=1e-9)
+
+
+def test_rayserve_loads_from_s3_even_with_a_node_copy_and_waits_its_upscale_delay():
+    settings = PolicySettings(target_ongoing_requests=1.0)
+    loop, cluster, policy = build("rayserve", [MODEL_A], gpus=2, settings=settings)
+    cluster.preload(0, 0, "dram")
+    arrive(loop, cluster, 0.0, 0, 0, output_tokens=40_000)  # long requests keep the demand at 2
+    arrive(loop, cluster, 20.0, 1, 0, output_tokens=40_000)
+    loop.run(until_s=50.5)
+    assert sorted(i.started_s for i in cluster.instances.values()) == [0.0]  # from zero: at once
+    loop.run(until_s=60.0)
+    # The second request was routed to the ready replica (no queue, no wake): the next grid tick,
+    # t=21, saw the wish for a second replica, which had to hold upscale_delay_s = 30.
+    assert sorted(i.started_s for i in cluster.instances.values()) == [0.0, 51.0]
+    assert cluster.cold_starts["s3"] == 2 and cluster.cold_starts["dram"] == 0
+    loop.run()  # a TTFT is recorded when its request finishes (a suspension could still undo it)
+    assert cluster.ttft_s[0] == pytest.approx(COST.load_s(MODEL_A.weight_bytes, "s3") + prefill_s(), abs=1e-9)
+
+
+def test_unbounded_serves_every_request_at_its_prefill():
+    loop, cluster, _ = build("unbounded", [MODEL_A, MODEL_B])
+    for i in range(4):
+        arrive(loop, cluster, 5.0 * i, i, i % 2)
+    loop.run()
+    assert list(cluster.ttft_s) == pytest.approx([prefill_s()] * 4, abs=1e-12)
+    assert sum(cluster.cold_starts.values()) == 0
+    step = COST.decode_step_s(MODEL_A, H100, 1, PROMPT + 10 / 2)
+    assert cluster.accelerator_s == pytest.approx(4 * (prefill_s() + 9 * step), abs=1e-9)
+
+
+def test_an_unknown_policy_is_refused_with_the_choices():
+    with pytest.raises(ValueError, match="thaw, serverlessllm, rayserve, unbounded"):
+        make_policy("knative", PolicySettings())

@@ -1,0 +1,66 @@
+"""Whole runs: the config's checks, determinism for a seed, and `thaw simulate --quick` end to end."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from infra.cli import main
+from sim.simulator import SimConfig, run_simulation
+
+SMALL = dict(num_models=30, num_nodes=2, gpus_per_node=2, hours=0.1, seed=3)
+
+
+def test_config_errors_say_what_to_change():
+    with pytest.raises(ValueError, match="SimConfig.policy must be one of thaw, serverlessllm, rayserve, unbounded"):
+        SimConfig(num_models=1, num_nodes=1, policy="knative")
+    with pytest.raises(ValueError, match="SimConfig.num_nodes must be an integer >= 1, got 0"):
+        SimConfig(num_models=1, num_nodes=0)
+    with pytest.raises(ValueError, match="SimConfig.hours must be a finite number > 0"):
+        SimConfig(num_models=1, num_nodes=1, hours=float("inf"))
+    with pytest.raises(ValueError, match="SimConfig.gpu must be one of H100, H200, A100"):
+        SimConfig(num_models=1, num_nodes=1, gpu="V100")
+
+
+@pytest.mark.parametrize("policy", ["thaw", "serverlessllm"])
+def test_same_seed_same_result(policy):
+    first = run_simulation(SimConfig(policy=policy, **SMALL))
+    second = run_simulation(SimConfig(policy=policy, **SMALL))
+    assert first.num_requests > 100
+    np.testing.assert_array_equal(first.ttft_s, second.ttft_s)
+    keep = lambda r: {k: v for k, v in r.summary().items() if k not in ("wall_s", "decision_ms_p50", "decision_ms_p99")}
+    assert keep(first) == keep(second)
+    other_seed = run_simulation(SimConfig(policy=policy, **{**SMALL, "seed": 4}))
+    assert other_seed.num_requests != first.num_requests or not np.array_equal(other_seed.ttft_s, first.ttft_s)
+
+
+def test_every_request_is_served_and_accounted():
+    result = run_simulation(SimConfig(policy="thaw", **SMALL))
+    assert result.num_served == result.num_requests
+    assert not np.isnan(result.ttft_s).any() and (result.ttft_s > 0).all()
+    assert result.cold_starts == sum(result.cold_starts_by_tier.values()) > 0
+    assert result.accelerator_s > 0
+    assert result.slo_attainment == pytest.approx(np.mean(result.ttft_s <= result.slo_ttft_s))
+    assert result.ttft_p50_s == float(np.percentile(result.ttft_s, 50, method="higher"))
+
+
+def test_thaw_simulate_quick_writes_one_json_line_per_policy_and_the_plots(tmp_path, capsys):
+    assert main(["simulate", "--quick", "--json", "--policy", "all", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert [line["policy"] for line in lines] == ["thaw", "serverlessllm", "rayserve", "unbounded"]
+    for line in lines:
+        for key in ("ttft_p50_s", "ttft_p99_s", "slo_attainment", "accelerator_s", "cold_starts",
+                    "cold_starts_by_tier", "migrations", "decision_ms_p50"):
+            assert key in line
+        assert line["num_served"] == line["num_requests"] > 0
+    unbounded = lines[3]
+    assert unbounded["cold_starts"] == 0 and unbounded["slo_attainment"] == 1.0
+    assert all(line["accelerator_s"] > unbounded["accelerator_s"] for line in lines[:3])
+    assert lines[2]["cold_starts_by_tier"]["s3"] == lines[2]["cold_starts"]  # rayserve: the repository only
+    assert lines[1]["evictions"] == 0 and not math.isnan(lines[0]["ttft_p50_s"])
+    written = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert written == lines
+    for name in ("ttft_cdf.png", "accelerators.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
