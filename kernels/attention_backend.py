@@ -52,8 +52,15 @@ class AttentionBackend(Protocol):
         scale: float,
         sliding_window: int | None = None,
         softcap: float | None = None,
+        key: torch.Tensor | None = None,  # [T, Hkv, D]: this step's keys, as just written to the cache
+        value: torch.Tensor | None = None,  # [T, Hkv, D]
     ) -> torch.Tensor:  # [T, Hq, D]
         """Causal attention of each query row over its sequence's cached context.
+
+        ``key``/``value``, when given, are the step's own rows that `write_kv_cache` just stored:
+        a backend may read a sequence's keys from them instead of the cache where the sequence's
+        whole context is in this step (a prompt prefilled at once), which saves gathering what
+        was just written. The result is the same either way.
 
         Query row i of a sequence with q_len new tokens and seq_len context tokens sits at
         position ``seq_len - q_len + i`` and attends to key positions ``j <= that`` (and

@@ -52,16 +52,19 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         scale: float,
         sliding_window: int | None = None,
         softcap: float | None = None,
+        key: torch.Tensor | None = None,  # [T, Hkv, D]: the step's own rows (see `AttentionBackend`)
+        value: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
         if (query.dtype not in KERNEL_DTYPES or not query.dtype == key_cache.dtype == value_cache.dtype
                 or 1 not in metadata.query_lens_host):
-            return super().paged_attention(query, key_cache, value_cache, metadata, scale, sliding_window, softcap)
+            return super().paged_attention(query, key_cache, value_cache, metadata, scale, sliding_window, softcap,
+                                           key, value)
         num_heads, num_kv_heads = query.shape[1], key_cache.shape[2]
         check_gqa_heads(num_heads, num_kv_heads)
         check_softcap(softcap)
         decode = self._cached(metadata, ("decode",), lambda: self._decode_plan(metadata))
         prefill = self._plan_for(metadata, key_cache.shape[1], sliding_window, query.device, include_decode=False)
-        out = self._run(prefill, query, key_cache, value_cache, scale, softcap)
+        out = self._run(prefill, query, key_cache, value_cache, scale, softcap, key, value)
         q = query.index_select(0, decode.rows)  # [Bd, Hq, D], contiguous
         o = torch.empty_like(q)
         # The kernel's "no window" and "no cap" are both 0.

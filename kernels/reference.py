@@ -11,6 +11,11 @@ runs the same calls as explicit matmuls in transformers' eager order (`_softcapp
 Everything that depends only on the step's batch (which rows go together, the gather
 indices, the masks) is a `_StepPlan`, built once per `AttentionMetadata` and reused by every
 layer of the forward pass: on CPU, rebuilding it per layer cost as much as the attention.
+
+A prompt prefilled whole in one step has all its keys in the step itself: given the step's
+``key``/``value`` rows, such a call reads them (and its queries and output rows) as slices,
+without gathering from the block pool what was just written there (on the 100M model in bfloat16
+the gathers and row copies were ~19% of a 2,000-token prefill step).
 """
 
 from __future__ import annotations
@@ -89,6 +94,8 @@ class _Call:
     num_keys: int  # keys per sequence after trimming the last block
     mask: torch.Tensor | None  # decode: [B, 1, 1, L]; prefill: [Q, S]; None: plain causal
     is_decode: bool
+    # (first, end) step rows of a prefill whose whole context is in this step, else None
+    whole_context_rows: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +143,7 @@ def _plan(metadata: AttentionMetadata, block_size: int, sliding_window: int | No
             num_keys=seq_len,
             mask=mask,
             is_decode=False,
+            whole_context_rows=(starts[b], starts[b + 1]) if q_len == seq_len else None,
         ))
     return _StepPlan(tuple(calls))
 
@@ -188,18 +196,31 @@ class ReferenceAttentionBackend:
         scale: float,
         sliding_window: int | None = None,
         softcap: float | None = None,
+        key: torch.Tensor | None = None,  # [T, Hkv, D]
+        value: torch.Tensor | None = None,  # [T, Hkv, D]
     ) -> torch.Tensor:  # [T, Hq, D]
         num_heads, num_kv_heads = query.shape[1], key_cache.shape[2]
         check_gqa_heads(num_heads, num_kv_heads)
         check_softcap(softcap)
         plan = self._plan_for(metadata, key_cache.shape[1], sliding_window, query.device)
-        return self._run(plan, query, key_cache, value_cache, scale, softcap)
+        return self._run(plan, query, key_cache, value_cache, scale, softcap, key, value)
 
     def _run(self, plan: _StepPlan, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-             scale: float, softcap: float | None = None
+             scale: float, softcap: float | None = None, key: torch.Tensor | None = None,
+             value: torch.Tensor | None = None,
              ) -> torch.Tensor:  # [T, Hq, D]; rows no call covers are left unset
         out = torch.empty_like(query)
+        # The step's own K/V stand in for the cache only where they are what the cache holds.
+        step_kv = key is not None and value is not None and key.dtype == key_cache.dtype == value.dtype
         for call in plan.calls:
+            if step_kv and call.whole_context_rows is not None:
+                first, end = call.whole_context_rows
+                keys = key[first:end].transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, D], a view
+                values = value[first:end].transpose(0, 1).unsqueeze(0)
+                q = query[first:end].transpose(0, 1).unsqueeze(0)  # [1, Hq, S, D]
+                o = self._attend(q, keys, values, call, scale, softcap)
+                out[first:end] = o[0].transpose(0, 1)
+                continue
             keys = self._gather(key_cache, call)  # [B, Hkv, L, D]
             values = self._gather(value_cache, call)
             q = query.index_select(0, call.rows)  # [R, Hq, D]
@@ -207,18 +228,20 @@ class ReferenceAttentionBackend:
                 q = q.unsqueeze(2)  # [Bd, Hq, 1, D]
             else:
                 q = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, Q, D]
-            is_causal = call.mask is None and not call.is_decode
-            if softcap is None:
-                o = F.scaled_dot_product_attention(
-                    q, keys.to(query.dtype), values.to(query.dtype),
-                    attn_mask=call.mask, is_causal=is_causal, scale=scale, enable_gqa=True,
-                )
-            else:
-                o = _softcapped_attention(q, keys.to(query.dtype), values.to(query.dtype), call.mask, is_causal,
-                                          scale, softcap)
+            o = self._attend(q, keys, values, call, scale, softcap)
             o = o.squeeze(2) if call.is_decode else o[0].transpose(0, 1)  # [R, Hq, D]
             out.index_copy_(0, call.rows, o)
         return out
+
+    @staticmethod
+    def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, call: _Call, scale: float,
+                softcap: float | None) -> torch.Tensor:  # q: [B, Hq, Q, D]; keys/values: [B, Hkv, L, D]
+        is_causal = call.mask is None and not call.is_decode
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
+        if softcap is None:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=call.mask, is_causal=is_causal,
+                                                  scale=scale, enable_gqa=True)  # [B, Hq, Q, D]
+        return _softcapped_attention(q, keys, values, call.mask, is_causal, scale, softcap)
 
     @staticmethod
     def _gather(cache: torch.Tensor, call: _Call) -> torch.Tensor:

@@ -221,6 +221,8 @@ class TritonAttentionBackend:
         scale: float,
         sliding_window: int | None = None,
         softcap: float | None = None,
+        key: torch.Tensor | None = None,  # [T, Hkv, D], unused: the kernels read the cache in place
+        value: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
         num_tokens, num_heads, head_dim = query.shape
         num_kv_heads = key_cache.shape[2]

@@ -97,7 +97,7 @@ class Attention(nn.Module):
         key_cache, value_cache = kv_cache
         backend.write_kv_cache(k, v, key_cache, value_cache, metadata.slot_mapping)
         out = backend.paged_attention(q, key_cache, value_cache, metadata, self.scale, self.sliding_window,
-                                      self.softcap)
+                                      self.softcap, key=k, value=v)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 

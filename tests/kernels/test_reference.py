@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernels import AttentionMetadata, ReferenceAttentionBackend, get_attention_backend
-from tests.kernels.paged_cases import shuffled_block_tables
+from tests.kernels.paged_cases import make_batch, shuffled_block_tables
 
 
 def dense_attention(q, k, v, seq_len, scale, window, softcap=None):
@@ -131,3 +131,30 @@ def test_many_decode_rows_grouped_by_length_match_dense():
     out = ReferenceAttentionBackend().paged_attention(torch.cat(queries), key_cache, value_cache, meta, 0.25, None)
     for i, (q, k, v, s) in enumerate(zip(queries, keys, values, seq_lens)):
         torch.testing.assert_close(out[i : i + 1].double(), dense_attention(q, k, v, s, 0.25, None), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend_name", ["reference", "cpu"])
+@pytest.mark.parametrize("window,softcap", [(None, None), (5, None), (None, 2.0)], ids=["causal", "window", "softcap"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_whole_prompts_read_the_steps_own_kv_not_the_cache(backend_name, window, softcap, dtype):
+    """Given the step's key/value rows, a prompt prefilled whole attends over them (slices, no gather):
+    the same result, and the cache's copy of those rows is never read."""
+    backend = get_attention_backend("cpu", prefer=backend_name)
+    # sequences: whole prompt (9 of 9), chunk (4 new of 20), decode, whole prompt (17 of 17)
+    query_lens, seq_lens = [9, 4, 1, 17], [9, 20, 33, 17]
+    query, key_cache, value_cache, meta = make_batch(query_lens, seq_lens, 4, 2, 16, 4, dtype, seed=5)
+    flat_k = key_cache.view(-1, 2, 16)
+    flat_v = value_cache.view(-1, 2, 16)
+    key, value = flat_k[meta.slot_mapping].clone(), flat_v[meta.slot_mapping].clone()  # [T, Hkv, D]: as written
+    want = backend.paged_attention(query, key_cache, value_cache, meta, 0.3, window, softcap)
+    got = backend.paged_attention(query, key_cache, value_cache, meta, 0.3, window, softcap, key=key, value=value)
+    assert torch.equal(got, want)
+    # Spoil the cached copy of the two whole prompts' rows: with the step's rows they are not read.
+    whole = torch.cat([torch.arange(0, 9), torch.arange(14, 31)])  # their step rows
+    flat_k[meta.slot_mapping[whole]] = 100.0
+    flat_v[meta.slot_mapping[whole]] = -100.0
+    fresh = get_attention_backend("cpu", prefer=backend_name)  # no per-step plan carried over
+    spoiled_read = fresh.paged_attention(query, key_cache, value_cache, meta, 0.3, window, softcap)
+    assert not torch.equal(spoiled_read[whole], want[whole])  # the cache copy does matter when read
+    got = fresh.paged_attention(query, key_cache, value_cache, meta, 0.3, window, softcap, key=key, value=value)
+    assert torch.equal(got[whole], want[whole])
