@@ -10,8 +10,9 @@ of streams, and a request count per benchmark (with a time cap that only a hung 
 
 By default the target is an in-process gateway: `build_gateway_app` over `LocalEngineBackend`
 serving the demo model (``demo/tiny``, what ``thaw serve --demo`` deploys) on a free loopback
-port behind an API key. ``--target URL --model ID --tokenizer DIR`` points the same harness at
-any OpenAI-compatible server instead (``vllm serve`` for a comparison). guidellm runs offline
+port behind an API key (`local_gateway` serves any model folder that way; `bench/serving_sweep.py`
+uses it). ``--target URL --model ID --tokenizer DIR`` points the same harness at any
+OpenAI-compatible server instead (``vllm serve`` for a comparison). guidellm runs offline
 (``HF_HUB_OFFLINE=1``); its console goes to a log whose tail is shown when it fails.
 
 Prints one JSON line: the request counts (successful, errored, incomplete) over all benchmarks,
@@ -214,24 +215,34 @@ def summarize(config: GuidellmRunConfig, report: dict) -> dict:
 
 
 @contextmanager
-def demo_gateway(work_dir: Path, api_key: str) -> Iterator[tuple[str, Path]]:
-    """The gateway over `LocalEngineBackend` serving the demo model; yields (base URL, model dir)."""
+def local_gateway(model_dir: Path, model_id: str, api_key: str, engine_config=None) -> Iterator[str]:
+    """The gateway over `LocalEngineBackend` serving ``model_dir`` as ``model_id`` (``tenant/name``;
+    ``api_key`` is the tenant's) with ``engine_config`` (None: the defaults); yields its base URL."""
     from infra.gateway_app import build_gateway_app
     from infra.gateway_auth import GatewayAuth
     from infra.local_engine_backend import LocalEngineBackend
     from infra.threaded_server import served_app
-    from worker import AsyncEngine, Engine, EngineConfig, write_demo_model
+    from worker import AsyncEngine, Engine, EngineConfig
 
-    model_dir = write_demo_model(work_dir / "demo-model", overwrite=True)
-    async_engine = AsyncEngine(Engine(model_dir, EngineConfig()))
-    tenant = DEMO_MODEL_ID.partition("/")[0]
-    app = build_gateway_app(LocalEngineBackend({DEMO_MODEL_ID: async_engine}),
+    async_engine = AsyncEngine(Engine(model_dir, EngineConfig() if engine_config is None else engine_config))
+    tenant = model_id.partition("/")[0]
+    app = build_gateway_app(LocalEngineBackend({model_id: async_engine}),
                             GatewayAuth(verify_api_key={api_key: tenant}.get))
     try:
         with served_app(app, health_path="/health") as base_url:
-            yield base_url, model_dir
+            yield base_url
     finally:
         async_engine.shutdown()
+
+
+@contextmanager
+def demo_gateway(work_dir: Path, api_key: str) -> Iterator[tuple[str, Path]]:
+    """The gateway over `LocalEngineBackend` serving the demo model; yields (base URL, model dir)."""
+    from worker import write_demo_model
+
+    model_dir = write_demo_model(work_dir / "demo-model", overwrite=True)
+    with local_gateway(model_dir, DEMO_MODEL_ID, api_key) as base_url:
+        yield base_url, model_dir
 
 
 def _streams(text: str) -> tuple[int, ...]:
