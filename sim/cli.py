@@ -1,9 +1,16 @@
 """`thaw simulate`: run the trace-driven simulator for one policy or all four, and report.
 
     thaw simulate --models N --nodes N --gpus-per-node N --hours H [--trace DIR] --policy NAME|all
-                  [--seed S] [--json] [--out DIR] [--quick]
+                  [--seed S] [--json] [--out DIR] [--quick] [--workers N]
+                  [--thaw-min-idle-s S] [--thaw-min-run-s S] [--thaw-no-preempt]
+                  [--thaw-max-wait-before-preempt-s S]
 
-A progress bar (tqdm) on stderr follows simulated time across the policies. Output: a table per
+A progress bar (tqdm) on stderr follows simulated time across the policies. With `--policy all`
+the policies run side by side in `--workers` processes (default: one per CPU core, at most one
+per policy); each run is the same function of its config either way, so the figures do not
+depend on it. The `--thaw-*` flags set the controller's slot-sharing settings for Thaw's policy
+(`SlotSharingSettings`, the model spec's `max_wait_before_preempt_s`), so a setting is studied
+with the controller's own code. Output: a table per
 policy, or with `--json` one JSON object per line per policy (`sim.report.result_line`); with
 `--out`, results.jsonl and the two plots are written there too. `--quick` replaces the scenario
 with a small one (50 models, 2 nodes x 4 GPUs, 15 minutes) that runs in seconds: the suite's
@@ -12,6 +19,8 @@ smoke test and a first look.
 
 from __future__ import annotations
 
+import os
+import queue
 import sys
 from pathlib import Path
 
@@ -39,7 +48,60 @@ def add_simulate_command(sub) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per line per policy")
     p.add_argument("--out", default=None, help="folder for results.jsonl, ttft_cdf.png and accelerators.png")
     p.add_argument("--quick", action="store_true", help="a small scenario that runs in seconds (ignores the sizes)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes running policies side by side (default: CPU cores, at most one per policy)")
+    p.add_argument("--thaw-min-idle-s", type=float, default=None,
+                   help="Thaw: an idle instance is evicted only after this long idle (controller default 0.5)")
+    p.add_argument("--thaw-min-run-s", type=float, default=None,
+                   help="Thaw: a busy instance is preempted only after serving this long (controller default 2)")
+    p.add_argument("--thaw-no-preempt", action="store_true", help="Thaw: never preempt a busy instance")
+    p.add_argument("--thaw-max-wait-before-preempt-s", type=float, default=None,
+                   help="Thaw: the bounded wait before preempting (model spec default 5)")
     p.set_defaults(func=run_simulate_command)
+
+
+def _thaw_sharing(args):
+    """The `SlotSharingSettings` the --thaw-* flags ask for (None: the controller's defaults)."""
+    if args.thaw_min_idle_s is None and args.thaw_min_run_s is None and not args.thaw_no_preempt:
+        return None
+    from controller import SlotSharingSettings
+    from controller.eviction_policy import EvictionSettings
+
+    base = SlotSharingSettings()
+    eviction = base.eviction if args.thaw_min_idle_s is None else EvictionSettings(min_idle_s=args.thaw_min_idle_s)
+    return SlotSharingSettings(eviction=eviction, preempt=not args.thaw_no_preempt,
+                               min_run_s=base.min_run_s if args.thaw_min_run_s is None else args.thaw_min_run_s)
+
+
+def _run_one(config, progress_queue, index: int):
+    """One policy's run in a worker process; progress goes back through `progress_queue`."""
+    from sim.simulator import run_simulation
+
+    return run_simulation(config, lambda sim_s, total_s: progress_queue.put((index, sim_s)))
+
+
+def run_policies(configs, progress, workers: int) -> list:
+    """Runs every config, `workers` at a time in processes (1: in this process); results in the
+    configs' order. `progress(index, sim_s)` follows each run."""
+    from sim.simulator import run_simulation
+
+    if workers <= 1 or len(configs) <= 1:
+        return [run_simulation(c, lambda sim_s, total_s, i=i: progress(i, sim_s)) for i, c in enumerate(configs)]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    with context.Manager() as manager, ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        updates = manager.Queue()
+        futures = [pool.submit(_run_one, config, updates, i) for i, config in enumerate(configs)]
+        while not all(f.done() for f in futures):
+            try:
+                progress(*updates.get(timeout=0.5))
+            except queue.Empty:
+                pass
+        while not updates.empty():
+            progress(*updates.get())
+        return [f.result() for f in futures]
 
 
 def run_simulate_command(args) -> int:
@@ -47,7 +109,7 @@ def run_simulate_command(args) -> int:
 
     from sim.policies import POLICY_NAMES
     from sim.report import format_table, result_line, write_report
-    from sim.simulator import SimConfig, run_simulation
+    from sim.simulator import SimConfig
 
     sizes = dict(models=args.models, nodes=args.nodes, gpus_per_node=args.gpus_per_node, hours=args.hours)
     if args.quick:
@@ -56,19 +118,23 @@ def run_simulate_command(args) -> int:
     configs = [SimConfig(num_models=sizes["models"], num_nodes=sizes["nodes"], gpus_per_node=sizes["gpus_per_node"],
                          hours=sizes["hours"], seed=args.seed, policy=name,
                          trace_dir=Path(args.trace) if args.trace else None, source=args.source,
-                         slo_ttft_s=args.slo_ttft_s) for name in policies]  # all validated before any runs
+                         slo_ttft_s=args.slo_ttft_s, thaw_sharing=_thaw_sharing(args),
+                         thaw_max_wait_before_preempt_s=args.thaw_max_wait_before_preempt_s)
+               for name in policies]  # all validated before any runs
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    workers = min(len(configs), args.workers if args.workers is not None else (os.cpu_count() or 1))
     horizon_s = sizes["hours"] * 3600.0
-    results = []
+    done = [0.0] * len(configs)
     with tqdm(total=round(horizon_s * len(configs)), unit="sim-s", file=sys.stderr, dynamic_ncols=True,
               disable=None) as bar:
-        for i, config in enumerate(configs):
-            bar.set_description(config.policy)
-            base = i * horizon_s
+        bar.set_description(",".join(c.policy for c in configs))
 
-            def progress(sim_s: float, total_s: float, base: float = base) -> None:
-                bar.update(max(0, round(base + sim_s) - bar.n))
+        def progress(index: int, sim_s: float) -> None:
+            done[index] = max(done[index], min(sim_s, horizon_s))
+            bar.update(max(0, round(sum(done)) - bar.n))
 
-            results.append(run_simulation(config, progress))
+        results = run_policies(configs, progress, workers)
     if args.json:
         for result in results:
             print(result_line(result), flush=True)

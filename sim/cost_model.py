@@ -25,6 +25,10 @@ The formulas (a roofline with fitted overheads, per accelerator):
   A model that does not fit 8 accelerators raises ValueError (multi-node serving is not modelled).
 - migration: the pause a migrated request sees beyond a normal decode step, as a multiple of
   that step, measured by bench/migration.py; the background KV copy is `kv_transfer_s`.
+
+Each formula is written once (`_decode_step_s`, `_prefill_s`). The simulator calls them millions
+of times a day simulated, so `instance_costs(model, gpu)` gives one model's pair with its shape
+worked out once and prefill memoised by prompt length: the same arithmetic, the same floats.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from dataclasses import dataclass, fields
 
 from sim.sim_models import SimModel
 
-__all__ = ["GpuSpec", "CostModel", "H100", "A100", "H200", "LOAD_TIERS", "MIGRATION_METHODS", "default_cost_model"]
+__all__ = ["GpuSpec", "CostModel", "InstanceCosts", "H100", "A100", "H200", "LOAD_TIERS", "MIGRATION_METHODS",
+           "default_cost_model"]
 
 LOAD_TIERS = ("gpu", "dram", "ssd", "remote", "s3")
 MIGRATION_METHODS = ("kv", "tokens", "restart")
@@ -216,28 +221,20 @@ class CostModel:
             raise ValueError(f"batch must be an int >= 1, got {batch!r}")
         if not math.isfinite(context_tokens) or context_tokens < 0:
             raise ValueError(f"context_tokens must be a finite number >= 0, got {context_tokens!r}")
-        degree = self.accelerators_needed(model, gpu)
-        layers, attention_dim, kv = self._shape(model)
-        kv_tokens = batch * context_tokens
-        bytes_read = (model.weight_bytes + kv * kv_tokens) / degree
-        flops = (2 * model.params_b * 1e9 * batch + 4 * layers * attention_dim * kv_tokens) / degree
-        roofline_s = max(bytes_read / (gpu.hbm_bw_Bps * self.decode_bw_efficiency),
-                         flops / (gpu.bf16_flops * self.compute_efficiency))
-        allreduce_s = 2 * layers * self.tp_allreduce_s if degree > 1 else 0.0
-        return roofline_s + self.step_overhead_s + self.per_sequence_s * batch + allreduce_s
+        return _decode_step_s(self, _Shape.of(self, model, gpu), gpu, batch, context_tokens)
 
     def prefill_s(self, model: SimModel, gpu: GpuSpec, tokens: int) -> float:
         """Seconds to prefill one prompt of `tokens` tokens (to its first output token)."""
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
             raise ValueError(f"tokens must be an int >= 1, got {tokens!r}")
-        degree = self.accelerators_needed(model, gpu)
-        layers, attention_dim, _ = self._shape(model)
-        flops = 2 * model.params_b * 1e9 * tokens + 2 * layers * attention_dim * tokens * tokens
-        compute_s = max(flops / (gpu.bf16_flops * self.prefill_efficiency),
-                        model.weight_bytes / (gpu.hbm_bw_Bps * self.decode_bw_efficiency)) / degree
-        if degree > 1:
-            compute_s /= 1 - self.tp_prefill_comm_fraction
-        return compute_s + self.step_overhead_s
+        return _prefill_s(self, _Shape.of(self, model, gpu), gpu, tokens)
+
+    def instance_costs(self, model: SimModel, gpu: GpuSpec, *, memoise: bool = True) -> "InstanceCosts":
+        """`decode_step_s` and `prefill_s` of one model on one GPU kind, for the simulator's hot
+        path: the model's shape worked out once, no argument checks, prefill memoised by prompt
+        length. The same formulas in the same order, so the same floats as the checked methods
+        (`memoise=False`: the checked methods themselves, the reference the tests compare with)."""
+        return InstanceCosts(self, model, gpu, memoise=memoise)
 
     # --- migration -------------------------------------------------------------------------------
 
@@ -273,3 +270,73 @@ class CostModel:
 def default_cost_model() -> CostModel:
     """The sourced defaults above (an H100 node as measured on the lent machine)."""
     return CostModel()
+
+
+class _Shape:
+    """What the formulas need of one model on one GPU kind, worked out once."""
+
+    __slots__ = ("degree", "layers", "attention_dim", "kv", "weight_bytes", "params")
+
+    def __init__(self, degree: int, layers: int, attention_dim: int, kv: int, weight_bytes: int, params: float) -> None:
+        self.degree = degree
+        self.layers = layers
+        self.attention_dim = attention_dim
+        self.kv = kv
+        self.weight_bytes = weight_bytes
+        self.params = params
+
+    @classmethod
+    def of(cls, cost: CostModel, model: SimModel, gpu: GpuSpec) -> "_Shape":
+        layers, attention_dim, kv = CostModel._shape(model)
+        return cls(cost.accelerators_needed(model, gpu), layers, attention_dim, kv, model.weight_bytes,
+                   model.params_b * 1e9)
+
+
+def _decode_step_s(cost: CostModel, shape: _Shape, gpu: GpuSpec, batch: int, context_tokens: float) -> float:
+    """The decode formula (module docstring); the one place it is written."""
+    degree = shape.degree
+    kv_tokens = batch * context_tokens
+    bytes_read = (shape.weight_bytes + shape.kv * kv_tokens) / degree
+    flops = (2 * shape.params * batch + 4 * shape.layers * shape.attention_dim * kv_tokens) / degree
+    roofline_s = max(bytes_read / (gpu.hbm_bw_Bps * cost.decode_bw_efficiency),
+                     flops / (gpu.bf16_flops * cost.compute_efficiency))
+    allreduce_s = 2 * shape.layers * cost.tp_allreduce_s if degree > 1 else 0.0
+    return roofline_s + cost.step_overhead_s + cost.per_sequence_s * batch + allreduce_s
+
+
+def _prefill_s(cost: CostModel, shape: _Shape, gpu: GpuSpec, tokens: int) -> float:
+    """The prefill formula (module docstring); the one place it is written."""
+    degree = shape.degree
+    flops = 2 * shape.params * tokens + 2 * shape.layers * shape.attention_dim * tokens * tokens
+    compute_s = max(flops / (gpu.bf16_flops * cost.prefill_efficiency),
+                    shape.weight_bytes / (gpu.hbm_bw_Bps * cost.decode_bw_efficiency)) / degree
+    if degree > 1:
+        compute_s /= 1 - cost.tp_prefill_comm_fraction
+    return compute_s + cost.step_overhead_s
+
+
+class InstanceCosts:
+    """`CostModel.instance_costs`: one model's decode step and prefill times, fast and exact."""
+
+    __slots__ = ("decode_step_s", "prefill_s", "_cost", "_shape", "_gpu", "_prefills")
+
+    def __init__(self, cost: CostModel, model: SimModel, gpu: GpuSpec, *, memoise: bool = True) -> None:
+        self._cost = cost
+        self._shape = _Shape.of(cost, model, gpu)
+        self._gpu = gpu
+        self._prefills: dict[int, float] = {}
+        if memoise:
+            self.decode_step_s = self._decode
+            self.prefill_s = self._prefill
+        else:
+            self.decode_step_s = lambda batch, context_tokens: cost.decode_step_s(model, gpu, batch, context_tokens)
+            self.prefill_s = lambda tokens: cost.prefill_s(model, gpu, tokens)
+
+    def _decode(self, batch: int, context_tokens: float) -> float:
+        return _decode_step_s(self._cost, self._shape, self._gpu, batch, context_tokens)
+
+    def _prefill(self, tokens: int) -> float:
+        seconds = self._prefills.get(tokens)
+        if seconds is None:
+            seconds = self._prefills[tokens] = _prefill_s(self._cost, self._shape, self._gpu, tokens)
+        return seconds

@@ -50,11 +50,22 @@ class NodeViews:
             ssd_bytes_per_s=rate("ssd") if spec.ssd_bytes_per_node else None,
             dram_bytes_per_s=rate("dram") if spec.dram_bytes_per_node else None)
         self.link_bytes_per_s = rate("remote")
+        # Views of nodes whose loader is idle, by (node, free slots, tiers): frozen records, so one
+        # serves every placement that would build its equal (a validated NodeView costs ~8 us).
+        self._idle_views: dict[tuple, NodeView] = {}
 
     def view(self, node, model_index: int, now: float, *, locality: bool = True) -> NodeView:
         tiers = self.cluster.checkpoint_tiers(node, model_index) if locality else ()
-        return NodeView(node_id=node.node_id, num_free_slots=node.free_slots, bandwidths=self.bandwidths,
-                        model_tiers=frozenset(tiers), loader_wait_s=node.loader_wait_s(now))
+        wait_s = node.loader_wait_s(now)
+        if wait_s:
+            return NodeView(node_id=node.node_id, num_free_slots=node.free_slots, bandwidths=self.bandwidths,
+                            model_tiers=frozenset(tiers), loader_wait_s=wait_s)
+        key = (node.index, node.free_slots, tiers)  # an idle loader: the view is one of few, kept
+        view = self._idle_views.get(key)
+        if view is None:
+            view = self._idle_views[key] = NodeView(node_id=node.node_id, num_free_slots=node.free_slots,
+                                                    bandwidths=self.bandwidths, model_tiers=frozenset(tiers))
+        return view
 
     def candidate_nodes(self, model_index: int, extra: Iterable = (), *, locality: bool = True) -> list:
         state = self.cluster.models[model_index]

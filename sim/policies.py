@@ -69,10 +69,20 @@ class SimPolicy:
         self.dirty: set[int] = set()
         self.waiting: set[int] = set()  # models with queued requests (retried every tick)
         self._timers: list[tuple[float, int]] = []
+        self._instances_by_demand: list[int] = []
 
     def attach(self, cluster, ticks) -> None:
         self.cluster = cluster
         self.ticks = ticks
+
+    def instances_for(self, demand: int) -> int:
+        """ceil(demand / target_ongoing_requests), at most max_instances: remembered per demand,
+        since it is asked on every request's arrival and finish."""
+        known = self._instances_by_demand
+        while len(known) <= demand:
+            known.append(min(self.settings.max_instances,
+                             math.ceil(len(known) / self.settings.target_ongoing_requests)))
+        return known[demand]
 
     # --- bookkeeping -------------------------------------------------------------------------
 
@@ -135,12 +145,19 @@ class SimPolicy:
         """Policy-specific counters for the result."""
         return {}
 
+    def describe(self) -> dict[str, object]:
+        """Policy-specific settings for the result (what a run was configured with)."""
+        return {}
 
-def make_policy(name: str, settings: PolicySettings) -> SimPolicy:
-    """The policy called `name` (one of `POLICY_NAMES`)."""
+
+def make_policy(name: str, settings: PolicySettings, *, thaw_sharing=None,
+                thaw_max_wait_before_preempt_s: float | None = None) -> SimPolicy:
+    """The policy called `name` (one of `POLICY_NAMES`). `thaw_sharing` (a controller
+    `SlotSharingSettings`) and `thaw_max_wait_before_preempt_s` configure Thaw's policy only
+    (None: the controller's defaults)."""
     if name == "thaw":
         from sim.thaw_policy import ThawPolicy
-        return ThawPolicy(settings)
+        return ThawPolicy(settings, sharing=thaw_sharing, max_wait_before_preempt_s=thaw_max_wait_before_preempt_s)
     if name == "serverlessllm":
         from sim.serverlessllm_policy import ServerlessLLMPolicy
         return ServerlessLLMPolicy(settings)

@@ -22,8 +22,6 @@ preemption, no migration: a replica that finds no free GPU stays pending until o
 
 from __future__ import annotations
 
-import math
-
 from controller import place_locality_blind
 from sim.node_views import NodeViews
 from sim.policies import PolicySettings, SimPolicy
@@ -55,7 +53,7 @@ class RayServePolicy(SimPolicy):
         self._wish = [(0, 0.0)] * len(cluster.models)
 
     def _desired(self, demand: int) -> int:
-        return min(self.settings.max_instances, math.ceil(demand / self.settings.target_ongoing_requests))
+        return self.instances_for(demand)
 
     def on_demand(self, state) -> None:
         if self._desired(state.num_ongoing + len(state.queue)) != self._target[state.index] \

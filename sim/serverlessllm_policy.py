@@ -19,8 +19,6 @@ What it does, after the paper's design and its open-source defaults:
 
 from __future__ import annotations
 
-import math
-
 from controller import place
 from sim.node_views import NodeViews, sim_tier
 from sim.policies import PolicySettings, SimPolicy
@@ -48,7 +46,7 @@ class ServerlessLLMPolicy(SimPolicy):
         return dict(self._counts)
 
     def _wanted(self, demand: int) -> int:
-        return min(self.settings.max_instances, math.ceil(demand / self.settings.target_ongoing_requests))
+        return self.instances_for(demand)
 
     def on_demand(self, state) -> None:
         demand = state.num_ongoing + len(state.queue)

@@ -20,7 +20,9 @@ What it models (and what a policy drives through its public methods):
   every finish and every instance becoming ready pulls from it.
 - Suspension (a preempted instance's requests back to the head of their queue, resumed by their
   tokens) and live migration (to another instance, after `cost.migration_pause_s`; KV-based:
-  decode continues, token-based: the destination recomputes the KV by a prefill).
+  decode continues, token-based: the destination recomputes the KV by a prefill). Migrated
+  requests beyond the destination's free batch seats (`max_batch`) go back to the head of their
+  model's queue for the next seat, as vLLM keeps requests past `max_num_seqs` waiting.
 
 The cluster calls its policy back (`on_queued`, `on_demand`, `on_ready`, `on_idle`,
 `on_released`) so the policy keeps its own dirty set; it takes no decision itself. Accounting:
@@ -107,12 +109,14 @@ class SimModelState:
     """One model in the cluster: its queue and its live (loading or ready) instances."""
 
     __slots__ = ("index", "model", "num_slots", "queue", "instances", "num_ongoing", "last_request_s",
-                 "num_requests")
+                 "num_requests", "costs", "num_loading")
 
-    def __init__(self, index: int, model, num_slots: int) -> None:
+    def __init__(self, index: int, model, num_slots: int, costs) -> None:
         self.index = index
         self.model = model
         self.num_slots = num_slots
+        self.costs = costs  # its `InstanceCosts`, shared by its instances
+        self.num_loading = 0  # of `instances`, those still LOADING
         self.queue: deque[Flight] = deque()
         self.instances: list[SimInstance] = []
         self.num_ongoing = 0
@@ -127,21 +131,33 @@ class SimModelState:
         return [i for i in self.instances if i.phase == InstancePhase.READY]
 
     def oldest_wait_s(self, now: float) -> float:
-        return now - self.queue[0].queued_s if self.queue else 0.0
+        """As a gateway reports it: the longest any queued request has waited, a re-queued one
+        from when it came back (the gateway's new ticket). Re-queued requests sit at the head and
+        new arrivals behind them in arrival order, so the scan stops at the first new arrival."""
+        oldest = None
+        for flight in self.queue:
+            if oldest is None or flight.queued_s < oldest:
+                oldest = flight.queued_s
+            if not flight.requeued:
+                break
+        return now - oldest if oldest is not None else 0.0
 
 
 class SimCluster:
-    """See the module docstring. `unbounded=True` gives every start its own virtual node (no slot
-    limit, no load): the lower bound's cluster."""
+    """See the module docstring. A start with `node_index` None gets its own virtual node (no slot
+    limit, no load): the lower bound's cluster. `memoise_costs=False` makes every instance call
+    the cost model's checked methods (the reference the fast path is tested against)."""
 
-    def __init__(self, spec: ClusterSpec, models, cost, gpu, loop: EventLoop, num_requests: int = 0) -> None:
+    def __init__(self, spec: ClusterSpec, models, cost, gpu, loop: EventLoop, num_requests: int = 0, *,
+                 memoise_costs: bool = True) -> None:
         self.spec = spec
         self.cost = cost
         self.gpu = gpu
         self.loop = loop
         self.nodes = [SimNode(i, spec.gpus_per_node, spec.dram_bytes_per_node, spec.ssd_bytes_per_node)
                       for i in range(spec.num_nodes)]
-        self.models = [SimModelState(i, m, cost.accelerators_needed(m, gpu)) for i, m in enumerate(models)]
+        self.models = [SimModelState(i, m, cost.accelerators_needed(m, gpu),
+                                     cost.instance_costs(m, gpu, memoise=memoise_costs)) for i, m in enumerate(models)]
         self.model_index = {m.model_id: i for i, m in enumerate(models)}
         self.instances: dict[int, SimInstance] = {}  # index -> live or stopping instance
         self.policy = None
@@ -186,11 +202,13 @@ class SimCluster:
 
     def _route(self, state: SimModelState, now: float) -> None:
         queue = state.queue
+        ready = InstancePhase.READY
         while queue:
             best = None
+            fewest = self.spec.max_batch  # an instance with room has fewer in flight
             for instance in state.instances:
-                if instance.has_room and (best is None or instance.num_ongoing < best.num_ongoing):
-                    best = instance
+                if instance.num_ongoing < fewest and instance.phase == ready:
+                    best, fewest = instance, instance.num_ongoing
             if best is None:
                 return
             flight = queue.popleft()
@@ -308,11 +326,12 @@ class SimCluster:
         instance = SimInstance(instance_id=f"{state.model_id}#{self._next_instance}", index=self._next_instance,
                                model_index=model_index, node_index=node_index, num_slots=state.num_slots,
                                tier=tier, started_s=now, max_batch=self.spec.max_batch, loop=self.loop,
-                               cost=self.cost, model=state.model, gpu=self.gpu, on_finish=self._finished)
+                               costs=state.costs, on_finish=self._finished)
         instance.stream_source = stream_from.instance_id if stream_from is not None else None
         instance.resident_s = resident_s if stream_from is not None else now + load_s
         self.instances[instance.index] = instance
         state.instances.append(instance)
+        state.num_loading += 1
         if load_s == 0.0:
             self._ready(instance)
         else:
@@ -322,6 +341,7 @@ class SimCluster:
     def _ready(self, instance: SimInstance) -> None:
         now = self.loop.now
         instance.load_event = None
+        self.models[instance.model_index].num_loading -= 1
         instance.phase = InstancePhase.READY
         instance.ready_s = now
         instance.idle_since_s = now
@@ -343,6 +363,8 @@ class SimCluster:
             return
         state = self.models[instance.model_index]
         state.instances.remove(instance)
+        if instance.phase == InstancePhase.LOADING:
+            state.num_loading -= 1
         if instance.num_ongoing == 0:
             instance.phase = InstancePhase.STOPPING
             self._release(instance, self.loop.now)
@@ -363,6 +385,7 @@ class SimCluster:
         state.num_ongoing -= len(flights)
         for flight in reversed(flights):
             flight.queued_s = now
+            flight.requeued = True
             flight.needs_prefill = True
             state.queue.appendleft(flight)
         self.counts["preemptions"] += 1
@@ -389,14 +412,17 @@ class SimCluster:
 
     def _land(self, state: SimModelState, destination: SimInstance, flights: list[Flight], token_based: bool) -> None:
         now = self.loop.now
+        back = []
         for flight in flights:
-            if destination.phase == InstancePhase.READY:
-                flight.needs_prefill = token_based or now < flight.prefill_end_s
+            flight.needs_prefill = token_based or now < flight.prefill_end_s
+            if destination.has_room:
                 destination.admit(flight, now)
-            else:  # the destination went away meanwhile: back to the queue
-                state.num_ongoing -= 1
+            else:  # the destination went away meanwhile, or its batch is full (vLLM's max_num_seqs):
+                state.num_ongoing -= 1  # back to the head of the queue, in order, for the next seat
                 flight.queued_s = now
-                state.queue.appendleft(flight)
+                flight.requeued = True
+                back.append(flight)
+        state.queue.extendleft(reversed(back))
         self._route(state, now)
         if state.queue:
             self.policy.on_queued(state)

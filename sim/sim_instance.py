@@ -2,15 +2,15 @@
 
 Requests are never simulated token by token. An instance keeps a *token clock*: the number of
 decode steps its batch has taken (`tokens_done`), advancing at one step per `step_s`, where
-`step_s = cost.decode_step_s(model, gpu, batch, mean context)` is recomputed only when the batch
+`step_s = costs.decode_step_s(batch, mean context)` (`CostModel.instance_costs`) is recomputed only when the batch
 changes (a request joins or leaves). A request admitted when the clock reads c with n tokens
 still to generate after its first finishes when the clock reads c + n; so the next event of an
 instance is its earliest finish, computed analytically, and an instance with a steady batch
 costs one event per finishing request, whatever the token counts.
 
 Prefill (vLLM's scheduler runs a new prompt before the next decode step): a request admitted at
-t starts its prefill when the instance's earlier prefills are done, takes `cost.prefill_s(model,
-gpu, prompt tokens)`, and its first token comes at the end of it. While prefills run the decode
+t starts its prefill when the instance's earlier prefills are done, takes `costs.prefill_s(prompt
+tokens)`, and its first token comes at the end of it. While prefills run the decode
 clock stands still (the batch waits for them), a stated simplification of chunked prefill,
 which would interleave them. A request resumed after a suspension or a token-based migration
 prefills its prompt plus the tokens it had generated (its KV is recomputed).
@@ -37,7 +37,8 @@ class Flight:
     """One request in flight (mutable; only requests not yet finished have one)."""
 
     __slots__ = ("index", "model_index", "arrival_s", "input_tokens", "output_tokens", "remaining_tokens",
-                 "first_token_s", "queued_s", "start_tokens", "remaining_after", "prefill_end_s", "needs_prefill")
+                 "first_token_s", "queued_s", "start_tokens", "remaining_after", "prefill_end_s", "needs_prefill",
+                 "requeued")
 
     def __init__(self, index: int, model_index: int, arrival_s: float, input_tokens: int, output_tokens: int) -> None:
         self.index = index
@@ -48,6 +49,7 @@ class Flight:
         self.remaining_tokens = self.output_tokens  # tokens still to generate, first included
         self.first_token_s: float | None = None
         self.queued_s = arrival_s  # when it joined its model's queue (again)
+        self.requeued = False  # put back at the head of its queue (suspended, or no seat after a move)
         self.start_tokens = 0.0  # the instance's token clock when it was admitted
         self.remaining_after = 0  # tokens left after its admission's first token
         self.prefill_end_s = 0.0
@@ -59,16 +61,17 @@ class Flight:
 
 
 class SimInstance:
-    """See the module docstring. `cost` is the cost model, `gpu` its `GpuSpec`, `model` the
-    `SimModel`; `on_finish(instance, flight, now)` is called when a request's last token is out."""
+    """See the module docstring. `costs` is the model's `InstanceCosts` on its GPU kind
+    (`CostModel.instance_costs`); `on_finish(instance, flight, now)` is called when a request's
+    last token is out."""
 
     __slots__ = ("instance_id", "index", "model_index", "node_index", "num_slots", "tier", "phase", "started_s",
-                 "ready_s", "stream_source", "max_batch", "_loop", "_cost", "_model", "_gpu", "_on_finish",
-                 "_heap", "_sequence", "tokens_done", "_clock_s", "resume_s", "step_s", "_context_sum",
+                 "ready_s", "stream_source", "max_batch", "_loop", "_costs", "_on_finish",
+                 "_heap", "num_ongoing", "_sequence", "tokens_done", "_clock_s", "resume_s", "step_s", "_context_sum",
                  "_next_event", "load_event", "busy_since_s", "idle_since_s", "resident_s")
 
     def __init__(self, *, instance_id: str, index: int, model_index: int, node_index: int, num_slots: int,
-                 tier: str, started_s: float, max_batch: int, loop, cost, model, gpu,
+                 tier: str, started_s: float, max_batch: int, loop, costs,
                  on_finish: Callable[["SimInstance", Flight, float], None]) -> None:
         self.instance_id = instance_id
         self.index = index
@@ -82,11 +85,10 @@ class SimInstance:
         self.stream_source: str | None = None
         self.max_batch = max_batch
         self._loop = loop
-        self._cost = cost
-        self._model = model
-        self._gpu = gpu
+        self._costs = costs
         self._on_finish = on_finish
         self._heap: list[tuple[float, int, Flight]] = []
+        self.num_ongoing = 0  # len(self._heap), kept as a plain attribute: routing reads it per request
         self._sequence = 0
         self.tokens_done = 0.0
         self._clock_s = started_s
@@ -102,12 +104,8 @@ class SimInstance:
     # --- queries -----------------------------------------------------------------------------
 
     @property
-    def num_ongoing(self) -> int:
-        return len(self._heap)
-
-    @property
     def has_room(self) -> bool:
-        return self.phase == InstancePhase.READY and len(self._heap) < self.max_batch
+        return self.phase == InstancePhase.READY and self.num_ongoing < self.max_batch
 
     def flights(self) -> list[Flight]:
         return [f for _, _, f in self._heap]
@@ -128,7 +126,7 @@ class SimInstance:
             self.step_s = 0.0
             return
         n = len(self._heap)
-        self.step_s = self._cost.decode_step_s(self._model, self._gpu, n, self._context_sum / n)
+        self.step_s = self._costs.decode_step_s(n, self._context_sum / n)
         left = self._heap[0][0] - self.tokens_done
         start = now if now > self.resume_s else self.resume_s
         at = start + (left * self.step_s if left > 0 else 0.0)
@@ -143,6 +141,7 @@ class SimInstance:
         limit = self.tokens_done + 1e-6
         while heap and heap[0][0] <= limit and self.resume_s <= now + 1e-12:
             _, _, flight = heapq.heappop(heap)
+            self.num_ongoing -= 1
             self._context_sum -= flight.input_tokens + flight.output_tokens / 2
             done.append(flight)
         self._reschedule(now)
@@ -158,7 +157,7 @@ class SimInstance:
         if flight.needs_prefill:
             prompt = flight.input_tokens + flight.generated_tokens
             start = now if now > self.resume_s else self.resume_s
-            self.resume_s = start + self._cost.prefill_s(self._model, self._gpu, prompt)
+            self.resume_s = start + self._costs.prefill_s(prompt)
             flight.prefill_end_s = self.resume_s
             if flight.first_token_s is None:
                 flight.first_token_s = self.resume_s
@@ -170,6 +169,7 @@ class SimInstance:
         flight.start_tokens = self.tokens_done
         self._sequence += 1
         heapq.heappush(self._heap, (self.tokens_done + flight.remaining_after, self._sequence, flight))
+        self.num_ongoing += 1
         self._context_sum += flight.input_tokens + flight.output_tokens / 2
         self.busy_since_s = now if self.busy_since_s is None else self.busy_since_s
         self.idle_since_s = None
@@ -189,6 +189,7 @@ class SimInstance:
                 flight.remaining_tokens = max(1, flight.remaining_after - done)
             taken.append(flight)
         self._heap.clear()
+        self.num_ongoing = 0
         self._context_sum = 0.0
         self.resume_s = now if now > self.resume_s else self.resume_s
         self._reschedule(now)

@@ -63,6 +63,10 @@ class SimConfig:
         max_batch / dram_gib_per_node / ssd_gib_per_node: `ClusterSpec`.
         drain_limit_s: how long past the last arrival the run may go on.
         sample_s: how often accelerators in use are sampled for the plot.
+        thaw_sharing: the controller config's `SlotSharingSettings` for Thaw's policy (None: its
+            defaults: evict an instance idle 0.5 s, preempt a busy one ready 2 s).
+        thaw_max_wait_before_preempt_s: the model spec's bounded wait before Thaw preempts (None:
+            its default, 5 s).
     """
 
     num_models: int
@@ -85,6 +89,8 @@ class SimConfig:
     ssd_gib_per_node: int = 4096
     drain_limit_s: float = 7200.0
     sample_s: float = 60.0
+    thaw_sharing: object = None
+    thaw_max_wait_before_preempt_s: float | None = None
 
     def __post_init__(self) -> None:
         _int("num_models", self.num_models, 1)
@@ -106,6 +112,15 @@ class SimConfig:
             raise ValueError(f"SimConfig.gpu must be one of {', '.join(GPU_KINDS)}, got {self.gpu!r}")
         if self.trace_dir is not None:
             object.__setattr__(self, "trace_dir", Path(self.trace_dir))
+        if self.thaw_sharing is not None:
+            from controller import SlotSharingSettings
+            if not isinstance(self.thaw_sharing, SlotSharingSettings):
+                raise ValueError(f"SimConfig.thaw_sharing must be a controller SlotSharingSettings or None, "
+                                 f"got {type(self.thaw_sharing).__name__}")
+        if self.thaw_max_wait_before_preempt_s is not None:
+            object.__setattr__(self, "thaw_max_wait_before_preempt_s",
+                               _seconds("thaw_max_wait_before_preempt_s", self.thaw_max_wait_before_preempt_s,
+                                        allow_zero=True))
 
     def cluster_spec(self, start_overhead_s: float) -> ClusterSpec:
         return ClusterSpec(num_nodes=self.num_nodes, gpus_per_node=self.gpus_per_node,
@@ -145,6 +160,8 @@ class SimResult:
     ttft_s: np.ndarray = field(repr=False)
     accelerators_in_use: tuple[tuple[float, int], ...] = field(repr=False, default=())
     counts: dict[str, int] = field(default_factory=dict)
+    settings: dict[str, object] = field(default_factory=dict)
+    cpu_s: float | None = None  # this process's CPU seconds for the run (wall_s counts waits for a busy core too)
 
     def summary(self) -> dict[str, object]:
         """The figures as a JSON-ready dict (infinite percentiles as None)."""
@@ -159,7 +176,8 @@ class SimResult:
                 "evictions": self.evictions, "preemptions": self.preemptions,
                 "decision_ms_p50": finite(self.decision_ms_p50), "decision_ms_p99": finite(self.decision_ms_p99),
                 "num_ticks": self.num_ticks, "sim_end_s": round(self.sim_end_s, 3), "wall_s": round(self.wall_s, 3),
-                "num_events": self.num_events, "counts": dict(self.counts)}
+                "cpu_s": None if self.cpu_s is None else round(self.cpu_s, 3),
+                "num_events": self.num_events, "counts": dict(self.counts), "settings": dict(self.settings)}
 
 
 def _gpu(name: str):
@@ -169,41 +187,40 @@ def _gpu(name: str):
 
 
 class _Feeder:
-    """Puts the workload's requests on the event loop one at a time, in arrival order."""
+    """Hands the workload's requests to the event loop's feed one at a time, in arrival order."""
 
-    def __init__(self, loop: EventLoop, cluster: SimCluster, requests: Iterable) -> None:
-        self.loop = loop
+    def __init__(self, cluster: SimCluster, requests: Iterable) -> None:
         self.cluster = cluster
         self.requests = iter(requests)
         self.num_requests = 0
         self.done = False
         self.last_arrival_s = 0.0
-        self._next()
 
-    def _next(self) -> None:
+    def pull(self) -> tuple | None:
+        """The next arrival as the loop's feed item, None after the last."""
         request = next(self.requests, None)
         if request is None:
             self.done = True
-            return
+            return None
         model_index = self.cluster.model_index.get(request.model_id)
         if model_index is None:
             raise ValueError(f"the workload names model {request.model_id!r}, which is not in the catalog")
-        arrival_s = max(request.arrival_s, self.loop.now)
-        self.last_arrival_s = arrival_s
-        self.loop.schedule(arrival_s, self._arrive, self.num_requests, model_index, request.input_tokens,
-                           request.output_tokens)
+        index = self.num_requests
         self.num_requests += 1
-
-    def _arrive(self, index: int, model_index: int, input_tokens: int, output_tokens: int) -> None:
-        self.cluster.arrive(index, model_index, input_tokens, output_tokens)
-        self._next()
+        self.last_arrival_s = max(self.last_arrival_s, request.arrival_s)
+        return (request.arrival_s, self.cluster.arrive,
+                (index, model_index, request.input_tokens, request.output_tokens))
 
 
 def run_simulation(config: SimConfig, progress: Callable[[float, float], None] | None = None, *,
-                   models: list | None = None, requests: Iterable | None = None, cost=None) -> SimResult:
+                   models: list | None = None, requests: Iterable | None = None, cost=None,
+                   memoise_costs: bool = True) -> SimResult:
     """Run `config`; `progress(sim_s, horizon_s)` is called every `sample_s` of simulated time.
-    `models`, `requests` and `cost` replace the catalog, workload and cost model (tests)."""
+    `models`, `requests` and `cost` replace the catalog, workload and cost model (tests);
+    `memoise_costs=False` runs the cost model's checked methods instead of its fast path (the same
+    figures, slower: the reference the tests compare with)."""
     started = time.perf_counter()
+    started_cpu = time.process_time()
     if cost is None:
         from sim.cost_model import default_cost_model
         cost = default_cost_model()
@@ -217,8 +234,10 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
             source=config.source, requests_per_model_per_hour=config.requests_per_model_per_hour), models)
     gpu = _gpu(config.gpu)
     loop = EventLoop()
-    cluster = SimCluster(config.cluster_spec(cost.engine_start_s), models, cost, gpu, loop)
-    policy = make_policy(config.policy, config.policy_settings())
+    cluster = SimCluster(config.cluster_spec(cost.engine_start_s), models, cost, gpu, loop,
+                         memoise_costs=memoise_costs)
+    policy = make_policy(config.policy, config.policy_settings(), thaw_sharing=config.thaw_sharing,
+                         thaw_max_wait_before_preempt_s=config.thaw_max_wait_before_preempt_s)
     decision_s: list[float] = []
 
     def on_tick(now: float) -> None:
@@ -229,7 +248,8 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
     ticks = TickScheduler(loop, config.tick_s, on_tick)
     cluster.attach(policy)
     policy.attach(cluster, ticks)
-    feeder = _Feeder(loop, cluster, requests)
+    feeder = _Feeder(cluster, requests)
+    loop.feed(feeder.pull)
     horizon_s = config.hours * 3600.0
     samples: list[tuple[float, int]] = []
 
@@ -244,7 +264,7 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
     loop.schedule(0.0, sample, priority=3)
     loop.run(until_s=max(horizon_s, feeder.last_arrival_s) + config.drain_limit_s)
     while not feeder.done:  # past the drain limit: count the rest as never served
-        feeder._next()
+        feeder.pull()
     end_s = loop.now
     cluster.close(end_s)
     if progress is not None:
@@ -269,4 +289,5 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
         decision_ms_p50=float(np.median(decisions)) if len(decisions) else None,
         decision_ms_p99=float(np.percentile(decisions, 99)) if len(decisions) else None,
         num_ticks=ticks.num_ticks, sim_end_s=end_s, wall_s=time.perf_counter() - started,
-        num_events=loop.num_events_run, ttft_s=ttft, accelerators_in_use=tuple(samples), counts=counts)
+        num_events=loop.num_events_run, ttft_s=ttft, accelerators_in_use=tuple(samples), counts=counts,
+        settings=policy.describe(), cpu_s=time.process_time() - started_cpu)

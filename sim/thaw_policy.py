@@ -27,6 +27,11 @@ simulated. Fast paths skip calls whose answer is known: `decide` for a model who
 for exactly the instances it has and no wish is pending (the cluster's `on_demand` marks a model
 only when `desired_instances` changes), eviction when no instance is idle, preemption before the
 wait bound or when nothing is busy.
+
+Settings: the controller's defaults (`SlotSharingSettings()`, `AutoscalingPolicy`'s
+`max_wait_before_preempt_s`), or those a run passes (`SimConfig.thaw_sharing`,
+`thaw_max_wait_before_preempt_s`; `thaw simulate --thaw-*`): the same code under another
+config, which is how a setting is studied. `describe()` reports the ones a run used.
 """
 
 from __future__ import annotations
@@ -59,16 +64,25 @@ class _ModelControl:
 class ThawPolicy(SimPolicy):
     name = "thaw"
 
-    def __init__(self, settings: PolicySettings) -> None:
+    def __init__(self, settings: PolicySettings, *, sharing: SlotSharingSettings | None = None,
+                 max_wait_before_preempt_s: float | None = None) -> None:
+        """`sharing` and `max_wait_before_preempt_s`: the controller config's `slot_sharing` and the
+        model spec's bounded wait (None: the controller's defaults), so a setting is studied with
+        the same code."""
         super().__init__(settings)
+        wait = {} if max_wait_before_preempt_s is None else {"max_wait_before_preempt_s": max_wait_before_preempt_s}
         self.autoscaling = AutoscalingPolicy(min_instances=0, max_instances=settings.max_instances,
                                              target_ongoing_requests=settings.target_ongoing_requests,
-                                             keep_alive_s=settings.keep_alive_s)
-        self.sharing = SlotSharingSettings()
+                                             keep_alive_s=settings.keep_alive_s, **wait)
+        self.sharing = sharing if sharing is not None else SlotSharingSettings()
         self.peer_stream: PeerStreamSettings | None = None
         self.views: NodeViews | None = None
         self._control: list[_ModelControl] = []
         self._idle: dict[int, object] = {}  # instance index -> instance, longest idle first
+        self._desired_by_demand: list[int] = []
+        # Models with queued requests and an instance loading for them: no look until it is ready
+        # (kept apart from `waiting`, which the tick walks: at a day's start, hundreds load at once).
+        self._loading_waiters: set[int] = set()
         self._counts = {"stream_starts": 0, "evictions_chosen": 0, "preemptions_migrated": 0,
                         "preemptions_suspended": 0}
 
@@ -84,6 +98,13 @@ class ThawPolicy(SimPolicy):
     def counts(self) -> dict[str, int]:
         return dict(self._counts)
 
+    def describe(self) -> dict[str, object]:
+        eviction = self.sharing.eviction
+        return {"min_idle_s": eviction.min_idle_s, "usage_half_life_s": eviction.usage_half_life_s,
+                "preempt": self.sharing.preempt, "min_run_s": self.sharing.min_run_s,
+                "max_wait_before_preempt_s": self.autoscaling.max_wait_before_preempt_s,
+                "keep_alive_s": self.autoscaling.keep_alive_s}
+
     # --- callbacks ---------------------------------------------------------------------------
 
     def on_demand(self, state) -> None:
@@ -96,8 +117,15 @@ class ThawPolicy(SimPolicy):
                 self.wake_model_at(state.index, state.last_request_s + self.autoscaling.keep_alive_s)
             elif control.desired:
                 self.mark(state.index)
-        elif control.autoscale.wish_direction or desired_instances(self.autoscaling, demand) != control.desired:
+        elif control.autoscale.wish_direction or self._desired(demand) != control.desired:
             self.mark(state.index)
+
+    def _desired(self, demand: int) -> int:
+        """`desired_instances(self.autoscaling, demand)`, remembered per demand (called per request)."""
+        known = self._desired_by_demand
+        while len(known) <= demand:
+            known.append(desired_instances(self.autoscaling, len(known)))
+        return known[demand]
 
     def on_started(self, state, now: float) -> None:
         self._control[state.index].usage.add(1, now)
@@ -106,9 +134,30 @@ class ThawPolicy(SimPolicy):
         self._idle.pop(instance.index, None)
         self._idle[instance.index] = instance  # an eviction candidate; `on_demand` saw the demand change
 
+    def on_queued(self, state) -> None:
+        if not state.num_loading:
+            super().on_queued(state)
+        elif state.index not in self._loading_waiters and state.index not in self.waiting:
+            self._loading_waiters.add(state.index)  # its instance is loading: `on_ready` brings it back
+            self.ticks.wake_now()  # the gateway's report wakes the controller all the same
+
+    def on_ready(self, instance) -> None:
+        super().on_ready(instance)
+        self._settle(instance.model_index)
+
     def on_released(self, instance) -> None:
         self._idle.pop(instance.index, None)
-        super().on_released(instance)
+        self._settle(instance.model_index)  # a stopped loading instance: its model waits again
+        self.mark(instance.model_index)
+        if self.waiting or self._loading_waiters:  # a slot is free: the waiting may go now
+            self.ticks.wake_next()
+
+    def _settle(self, model_index: int) -> None:
+        """A waiting model whose loads are over (or gone) goes back to the waiting the tick retries."""
+        if model_index in self._loading_waiters and not self.cluster.models[model_index].num_loading:
+            self._loading_waiters.discard(model_index)
+            if self.cluster.models[model_index].queue:
+                self.waiting.add(model_index)
 
     # --- the tick ----------------------------------------------------------------------------
 
@@ -124,19 +173,23 @@ class ThawPolicy(SimPolicy):
 
     def tick(self, now: float) -> None:
         cluster = self.cluster
-        # A waiting model whose instance is loading needs no look until it is ready (`on_ready`).
-        models = self.take_dirty(now, self._stale, {i for i in self.waiting if not any(
-            x.phase == InstancePhase.LOADING for x in cluster.models[i].instances)})
+        # A waiting model whose instance is loading needs no look until it is ready (`on_ready`):
+        # it waits in `_loading_waiters` meanwhile, so `waiting` holds only the others.
+        states = cluster.models
+        models = self.take_dirty(now, self._stale, self.waiting)
         waiting = [WaitingModel(model_id=cluster.models[i].model_id, oldest_wait_s=cluster.models[i].oldest_wait_s(now),
                                 num_queued_requests=len(cluster.models[i].queue))
-                   for i in models if cluster.models[i].queue
-                   and not any(x.phase == InstancePhase.LOADING for x in cluster.models[i].instances)]
+                   for i in models if states[i].queue and not states[i].num_loading]
         first = [cluster.model_index[w.model_id] for w in order_waiting(waiting, self.sharing.priority_boost_s)]
         chosen = set(first)
         for index in first + [i for i in models if i not in chosen]:
             self._autoscale(cluster.models[index], now)
-        self.waiting = {i for i in self.waiting if cluster.models[i].queue}
-        if any(not any(x.phase == InstancePhase.LOADING for x in cluster.models[i].instances) for i in self.waiting):
+        waiting = set()
+        for i in self.waiting:
+            if states[i].queue:
+                (self._loading_waiters if states[i].num_loading else waiting).add(i)
+        self.waiting = waiting
+        if waiting:
             self.ticks.wake_next()  # they try again next tick (eviction, then preemption past the bound)
 
     def _autoscale(self, state, now: float) -> None:

@@ -93,3 +93,30 @@ def test_validation_messages():
         GpuSpec("X", 0, 1e12, 1e15)
     with pytest.raises(ValueError, match="batch must be an int >= 1"):
         default_cost_model().decode_step_s(LLAMA8, H100, 0, 10)
+
+
+@pytest.mark.parametrize("architecture", ["qwen2.5-0.5b", "llama-3-8b", "gemma-2-27b", "qwen2.5-32b", "llama-3-70b"])
+@pytest.mark.parametrize("gpu", [H100, A100])
+def test_instance_costs_are_the_checked_methods_bit_for_bit(architecture, gpu):
+    cost = default_cost_model()
+    model = architecture_model("m", architecture)
+    fast = cost.instance_costs(model, gpu)
+    reference = cost.instance_costs(model, gpu, memoise=False)
+    for batch in (1, 2, 7, 64, 227):
+        for context in (0.0, 1.5, 100.25, 1234.567, 8191 / 3):
+            expected = cost.decode_step_s(model, gpu, batch, context)
+            assert fast.decode_step_s(batch, context) == expected  # exact: the same formula, the same order
+            assert reference.decode_step_s(batch, context) == expected
+    for tokens in (1, 17, 1000, 4097, 32768):
+        expected = cost.prefill_s(model, gpu, tokens)
+        assert fast.prefill_s(tokens) == expected
+        assert fast.prefill_s(tokens) == expected  # the memoised answer
+        assert reference.prefill_s(tokens) == expected
+
+
+def test_the_unmemoised_path_still_checks_its_arguments():
+    reference = default_cost_model().instance_costs(LLAMA8, H100, memoise=False)
+    with pytest.raises(ValueError, match="batch must be an int >= 1, got 0"):
+        reference.decode_step_s(0, 10.0)
+    with pytest.raises(ValueError, match="tokens must be an int >= 1, got 0"):
+        reference.prefill_s(0)

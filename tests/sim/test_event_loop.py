@@ -75,3 +75,34 @@ def test_tick_scheduler_coalesces_wakes_and_defers_asks_made_during_a_tick():
     loop.run()
     assert ticks == [0.0, 1.0, 2.5]
     assert scheduler.num_ticks == 3
+
+
+def test_a_feed_interleaves_with_the_heap_by_time_and_goes_first_at_equal_times():
+    loop = EventLoop()
+    seen = []
+    items = iter([(0.5, seen.append, ("fed-0.5",)), (1.0, seen.append, ("fed-1.0",)),
+                  (3.0, seen.append, ("fed-3.0",))])
+    loop.schedule(1.0, seen.append, "scheduled-1.0")
+    loop.schedule(2.0, seen.append, "scheduled-2.0")
+    loop.feed(lambda: next(items, None))
+    loop.run(until_s=2.5)
+    assert seen == ["fed-0.5", "fed-1.0", "scheduled-1.0", "scheduled-2.0"]
+    assert loop.now == 2.5 and loop.next_time_s() == 3.0  # the fed item waits past `until_s`
+    loop.run()
+    assert seen[-1] == "fed-3.0" and loop.now == 3.0 and loop.num_events_run == 5
+
+
+def test_a_fed_item_from_the_past_runs_at_once_and_one_feed_at_a_time():
+    loop = EventLoop()
+    seen = []
+    loop.schedule(2.0, lambda: seen.append(("scheduled", loop.now)))
+    items = iter([(1.0, lambda: seen.append(("fed", loop.now)), ()),
+                  (1.5, lambda: seen.append(("late", loop.now)), ())])
+    loop.run()  # the clock reaches 2.0 before the feed exists
+    loop.feed(lambda: next(items, None))
+    loop.run()
+    assert seen == [("scheduled", 2.0), ("fed", 2.0), ("late", 2.0)]
+    other = EventLoop()
+    other.feed(lambda: (1.0, seen.append, ("pending",)))
+    with pytest.raises(ValueError, match="the loop already has a feed: merge the streams into one"):
+        other.feed(lambda: None)

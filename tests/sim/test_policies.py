@@ -128,3 +128,76 @@ def test_unbounded_serves_every_request_at_its_prefill():
 def test_an_unknown_policy_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="thaw, serverlessllm, rayserve, unbounded"):
         make_policy("knative", PolicySettings())
+
+
+def test_thaw_keeps_an_instance_idle_less_than_its_min_idle_s():
+    from controller import SlotSharingSettings
+    from controller.eviction_policy import EvictionSettings
+
+    loop, cluster, policy = build("thaw", [MODEL_A, MODEL_B],
+                                  sharing=SlotSharingSettings(eviction=EvictionSettings(min_idle_s=120.0)))
+    arrive(loop, cluster, 0.0, 0, 0)
+    arrive(loop, cluster, 20.0, 1, 1)  # a is idle ~14 s: evictable by default (0.5 s), not under 120 s
+    loop.run()
+    assert cluster.counts["evictions"] == 0 and cluster.counts["preemptions"] == 0
+    # b starts once a's keep-alive (60 s after its finish) has scaled it to zero: within two grid
+    # ticks (the tick at the keep-alive takes the waiting b first, as the controller orders them,
+    # then scales a down; b tries again next tick).
+    start_b = cluster.finish_s[0] + 60.0
+    load_b = COST.load_s(MODEL_B.weight_bytes, "s3")
+    assert cluster.ttft_s[1] >= start_b - 20.0 + load_b + prefill_s(MODEL_B) - 1e-9
+    assert cluster.ttft_s[1] < start_b + 2.0 - 20.0 + load_b + prefill_s(MODEL_B)
+
+
+@pytest.mark.parametrize("preempt", [True, False])
+def test_thaw_preempts_a_busy_instance_only_when_allowed(preempt):
+    from controller import SlotSharingSettings
+
+    loop, cluster, policy = build("thaw", [MODEL_A, MODEL_B], sharing=SlotSharingSettings(preempt=preempt))
+    arrive(loop, cluster, 0.0, 0, 0, output_tokens=200_000)  # a is busy for minutes
+    arrive(loop, cluster, 10.0, 1, 1)  # b waits for the only GPU: 5 s (its bounded wait), then preempts
+    loop.run(until_s=16.0)
+    assert cluster.counts["evictions"] == 0
+    assert cluster.counts["preemptions"] == (1 if preempt else 0)
+    assert [cluster.models[i.model_index].model_id for i in cluster.instances.values()] == (["b"] if preempt else ["a"])
+    assert policy.describe()["preempt"] is preempt
+
+
+class _Inert:
+    """A policy that decides nothing (the cluster's own mechanics alone)."""
+
+    keeps_node_copies = True
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def test_requests_migrated_past_the_destinations_batch_wait_in_the_queue():
+    loop = EventLoop()
+    cluster = SimCluster(ClusterSpec(num_nodes=1, gpus_per_node=2, max_batch=2), [MODEL_A], COST, H100, loop)
+    cluster.attach(_Inert())
+    source = cluster.start_instance(0, 0, "dram")
+    destination = cluster.start_instance(0, 0, "dram")
+    for i in range(4):  # two each, alternately (least loaded first): 0 and 2 on the source
+        arrive(loop, cluster, 1.0, i, 0, output_tokens=100_000)
+    loop.run(until_s=2.0)
+    assert (source.num_ongoing, destination.num_ongoing) == (2, 2)
+    cluster.migrate(source, destination, token_based=False)
+    loop.run(until_s=3.0)  # past the pause: the destination's batch is full
+    state = cluster.models[0]
+    assert destination.num_ongoing == 2 and [f.index for f in state.queue] == [0, 2]
+    assert state.num_ongoing == 2 and cluster.counts["requests_migrated"] == 2
+
+
+def test_a_models_oldest_wait_is_the_longest_any_queued_request_waited():
+    from sim.sim_cluster import SimModelState
+    from sim.sim_instance import Flight
+
+    state = SimModelState(0, MODEL_A, 1, None)
+    assert state.oldest_wait_s(50.0) == 0.0
+    state.queue.extend([Flight(0, 0, 10.0, PROMPT, 5), Flight(1, 0, 20.0, PROMPT, 5)])
+    assert state.oldest_wait_s(50.0) == 40.0
+    suspended = Flight(2, 0, 5.0, PROMPT, 5)
+    suspended.queued_s, suspended.requeued = 45.0, True  # back at the head: it waits from 45 s, as a new ticket
+    state.queue.appendleft(suspended)
+    assert state.oldest_wait_s(50.0) == 40.0  # not 5 s: the request behind it has waited since 10 s

@@ -29,7 +29,7 @@ def test_same_seed_same_result(policy):
     second = run_simulation(SimConfig(policy=policy, **SMALL))
     assert first.num_requests > 100
     np.testing.assert_array_equal(first.ttft_s, second.ttft_s)
-    keep = lambda r: {k: v for k, v in r.summary().items() if k not in ("wall_s", "decision_ms_p50", "decision_ms_p99")}
+    keep = lambda r: {k: v for k, v in r.summary().items() if k not in ("wall_s", "cpu_s", "decision_ms_p50", "decision_ms_p99")}
     assert keep(first) == keep(second)
     other_seed = run_simulation(SimConfig(policy=policy, **{**SMALL, "seed": 4}))
     assert other_seed.num_requests != first.num_requests or not np.array_equal(other_seed.ttft_s, first.ttft_s)
@@ -64,3 +64,48 @@ def test_thaw_simulate_quick_writes_one_json_line_per_policy_and_the_plots(tmp_p
     assert written == lines
     for name in ("ttft_cdf.png", "accelerators.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("policy", ["thaw", "serverlessllm"])
+def test_the_cost_models_fast_path_gives_the_unmemoised_runs_figures(policy):
+    fast = run_simulation(SimConfig(policy=policy, **SMALL))
+    reference = run_simulation(SimConfig(policy=policy, **SMALL), memoise_costs=False)
+    assert fast.num_requests > 100
+    np.testing.assert_array_equal(fast.ttft_s, reference.ttft_s)
+    keep = lambda r: {k: v for k, v in r.summary().items() if k not in ("wall_s", "cpu_s", "decision_ms_p50", "decision_ms_p99")}
+    assert keep(fast) == keep(reference)
+
+
+def test_thaws_slot_sharing_settings_come_from_the_config():
+    from controller import SlotSharingSettings
+    from controller.eviction_policy import EvictionSettings
+
+    with pytest.raises(ValueError, match="SimConfig.thaw_sharing must be a controller SlotSharingSettings or None, "
+                                         "got dict"):
+        SimConfig(num_models=1, num_nodes=1, thaw_sharing={"preempt": False})
+    with pytest.raises(ValueError, match="SimConfig.thaw_max_wait_before_preempt_s must be a finite number >= 0"):
+        SimConfig(num_models=1, num_nodes=1, thaw_max_wait_before_preempt_s=-1)
+    default = run_simulation(SimConfig(policy="thaw", **SMALL))
+    assert default.settings == {"min_idle_s": 0.5, "usage_half_life_s": 300.0, "preempt": True, "min_run_s": 2.0,
+                                "max_wait_before_preempt_s": 5.0, "keep_alive_s": 60.0}
+    sharing = SlotSharingSettings(eviction=EvictionSettings(min_idle_s=600.0), preempt=False)
+    held = run_simulation(SimConfig(policy="thaw", thaw_sharing=sharing, thaw_max_wait_before_preempt_s=30.0, **SMALL))
+    assert held.settings["min_idle_s"] == 600.0 and held.settings["preempt"] is False
+    assert held.settings["max_wait_before_preempt_s"] == 30.0
+    assert held.preemptions == 0 and held.evictions < default.evictions
+    assert held.summary()["settings"] == held.settings
+
+
+def test_policies_run_side_by_side_give_the_figures_of_one_after_another():
+    from sim.cli import run_policies
+
+    configs = [SimConfig(policy=name, **{**SMALL, "hours": 0.05}) for name in ("thaw", "serverlessllm", "unbounded")]
+    seen = []
+    apart = run_policies(configs, lambda index, sim_s: seen.append(index), workers=2)
+    together = run_policies(configs, lambda index, sim_s: None, workers=1)
+    keep = lambda r: {k: v for k, v in r.summary().items() if k not in ("wall_s", "cpu_s", "decision_ms_p50", "decision_ms_p99")}
+    assert [keep(r) for r in apart] == [keep(r) for r in together]
+    assert [r.policy for r in apart] == ["thaw", "serverlessllm", "unbounded"]
+    for a, b in zip(apart, together):
+        np.testing.assert_array_equal(a.ttft_s, b.ttft_s)
+    assert set(seen) == {0, 1, 2}  # every run reported its progress back
