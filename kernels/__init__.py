@@ -10,7 +10,8 @@ is imported only when it is chosen. `prepack_linear_layers` swaps a loaded model
 ``nn.Linear`` layers for `PrepackedLinear` (oneDNN's blocked weight layout) where
 `cpu_prepack_unavailable_reason` says the dtype and device allow it. `fused_rms_norm`,
 `fused_silu_and_mul` and `fused_rope` (`cpu_fused_ops`) do a decoder layer's element-wise steps in
-one C++ pass on CPU, or return None where they do not apply (the caller's PyTorch code is the fallback).
+one C++ pass on CPU, or return None where they do not apply (the caller's PyTorch code is the fallback);
+not used by the model yet (see `cpu_fused_ops`).
 
 Public API: `AttentionMetadata`, `AttentionBackend`, `ReferenceAttentionBackend`,
 `get_attention_backend`, `prepare_cpu_kernels`, `triton_interpreter_enabled`, `PrepackedLinear`,

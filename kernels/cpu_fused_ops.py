@@ -9,6 +9,10 @@ PyTorch's intermediate roundings to bfloat16 (tested against that code).
 Why: at decode batch sizes RMSNorm is 8 PyTorch ops, rotary embedding 6 per tensor and
 SiLU-and-multiply 2 (each widening and narrowing bfloat16 operands); profiled on the 100M Llama
 in bfloat16 (32 decode rows, 2 threads) they were ~20% of a step, mostly per-op overhead.
+
+Not used by the model yet: wired into worker/llama.py they made a bfloat16 engine fed layer by
+layer (zigzag) differ from a loaded one (tests/worker/test_layer_gate.py), and the engine bench was
+no faster with them (302.7 vs 338.2 tok/s bf16, single runs); both to be understood first.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import AttentionBackend, AttentionMetadata, fused_rms_norm, fused_silu_and_mul
+from kernels import AttentionBackend, AttentionMetadata
 from kernels.cpu_linear import PrepackedLinear, prepack_linear_layers
 from worker.model_config import ModelConfig
 from worker.moe import SparseMoeBlock
@@ -49,9 +49,6 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, H]
-        fused = fused_rms_norm(x, self.weight, self.eps)  # the same arithmetic in one C++ pass on CPU
-        if fused is not None:
-            return fused
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -109,11 +106,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        gate_up = self.gate_up_proj(x)  # [T, 2I]
-        fused = fused_silu_and_mul(gate_up)  # the same arithmetic in one C++ pass on CPU
-        if fused is not None:
-            return self.down_proj(fused)
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 

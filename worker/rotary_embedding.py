@@ -38,8 +38,6 @@ import math
 
 import torch
 
-from kernels import fused_rope
-
 from worker.model_config import RopeScaling
 
 
@@ -164,9 +162,6 @@ def rope_cos_sin(
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # x: [T, H, D]; cos/sin: [T, 1, R], R = rotary_dim <= D
-    fused = fused_rope(x, cos, sin)  # the same arithmetic in one C++ pass on CPU
-    if fused is not None:
-        return fused
     rotary_dim = cos.shape[-1]
     if rotary_dim < x.shape[-1]:  # partial RoPE: rotate the first R dimensions, pass the rest through
         return torch.cat((apply_rope(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), dim=-1)
