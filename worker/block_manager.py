@@ -171,7 +171,9 @@ class BlockManager:
         table = self._block_tables.get(seq_id)
         if self._hasher is None or not table:
             return 0
-        num_full = min(num_computed_tokens // self.block_size, len(table))
+        # Only blocks whose tokens are all known: a step can count a token as computed before it is
+        # appended to `token_ids` (seen under the async engine: 104 computed, 103 tokens).
+        num_full = min(min(num_computed_tokens, len(token_ids)) // self.block_size, len(table))
         done = self._num_registered.get(seq_id, 0)
         if num_full <= done:
             return 0

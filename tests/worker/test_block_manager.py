@@ -226,3 +226,12 @@ def test_hasher_and_manager_refuse_bad_settings():
         BlockManager(10, BLOCK, prefix_hasher=PrefixHasher("m", 8))
     with pytest.raises(ValueError, match="3 full blocks, not 4"):
         PrefixHasher("m", BLOCK).extend([], SHARED, 12, 4)
+
+
+def test_cache_full_blocks_names_only_blocks_whose_tokens_are_known():
+    """A computed count one ahead of the token list (a step's token not yet appended) must not
+    fail or name a block with a missing token: it names the blocks the tokens fill."""
+    manager = caching_manager()
+    tokens = list(range(3 * BLOCK - 1))  # 2 full blocks and one short of a third
+    manager.allocate("s", 3 * BLOCK)
+    assert manager.cache_full_blocks("s", tokens, num_prompt_tokens=len(tokens), num_computed_tokens=3 * BLOCK) == 2
