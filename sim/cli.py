@@ -115,14 +115,18 @@ def run_simulate_command(args) -> int:
     if args.quick:
         sizes = dict(QUICK)
     policies = list(POLICY_NAMES) if args.policy == "all" else [args.policy]
-    configs = [SimConfig(num_models=sizes["models"], num_nodes=sizes["nodes"], gpus_per_node=sizes["gpus_per_node"],
-                         hours=sizes["hours"], seed=args.seed, policy=name,
-                         trace_dir=Path(args.trace) if args.trace else None, source=args.source,
-                         slo_ttft_s=args.slo_ttft_s, thaw_sharing=_thaw_sharing(args),
-                         thaw_max_wait_before_preempt_s=args.thaw_max_wait_before_preempt_s)
-               for name in policies]  # all validated before any runs
-    if args.workers is not None and args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    try:  # bad input is exit 2 with the message, as every thaw command does
+        configs = [SimConfig(num_models=sizes["models"], num_nodes=sizes["nodes"], gpus_per_node=sizes["gpus_per_node"],
+                             hours=sizes["hours"], seed=args.seed, policy=name,
+                             trace_dir=Path(args.trace) if args.trace else None, source=args.source,
+                             slo_ttft_s=args.slo_ttft_s, thaw_sharing=_thaw_sharing(args),
+                             thaw_max_wait_before_preempt_s=args.thaw_max_wait_before_preempt_s)
+                   for name in policies]  # all validated before any runs
+        if args.workers is not None and args.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    except ValueError as exc:
+        print(f"thaw simulate: error: {exc}", file=sys.stderr)
+        return 2
     workers = min(len(configs), args.workers if args.workers is not None else (os.cpu_count() or 1))
     horizon_s = sizes["hours"] * 3600.0
     done = [0.0] * len(configs)

@@ -109,3 +109,10 @@ def test_policies_run_side_by_side_give_the_figures_of_one_after_another():
     for a, b in zip(apart, together):
         np.testing.assert_array_equal(a.ttft_s, b.ttft_s)
     assert set(seen) == {0, 1, 2}  # every run reported its progress back
+
+
+def test_thaw_simulate_bad_sizes_exit_2_with_the_message(capsys):
+    assert main(["simulate", "--models", "0", "--policy", "thaw"]) == 2
+    assert "num_models must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert main(["simulate", "--quick", "--workers", "0"]) == 2
+    assert "--workers must be >= 1" in capsys.readouterr().err
