@@ -7,7 +7,8 @@ float32 arithmetic, exact two-pass softmax, parallel over sequence x KV head, Ge
 soft-capping when asked).
 It is part of Thaw's one CPU extension (`cpu_extension.py`: built once, cached in the checkout);
 if that cannot be built, `get_attention_backend` says why and the engine uses the reference
-everywhere: slower, same results.
+everywhere: slower, same results. Prefill chunks that share a cached prefix (a burst behind one
+system prompt) attend to it in one call (`cpu_cascade.py`); other prefill rows take the reference.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from kernels.attention_backend import check_gqa_heads, check_softcap
 from kernels.attention_metadata import AttentionMetadata
+from kernels.cpu_cascade import cascade_available, plan_cascades, run_cascade
 from kernels.reference import ReferenceAttentionBackend
 
 logger = logging.getLogger(__name__)
@@ -39,9 +41,12 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
 
     name = "cpu"
 
-    def __init__(self, extension) -> None:
+    def __init__(self, extension, cascade: bool | None = None) -> None:
+        """`cascade`: prefill chunks behind one cached prefix attend to it together
+        (`kernels.cpu_cascade`); None = wherever this PyTorch can."""
         super().__init__()
         self._ext = extension
+        self._cascade = cascade_available() if cascade is None else cascade
 
     def paged_attention(
         self,
@@ -55,16 +60,30 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         key: torch.Tensor | None = None,  # [T, Hkv, D]: the step's own rows (see `AttentionBackend`)
         value: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
-        if (query.dtype not in KERNEL_DTYPES or not query.dtype == key_cache.dtype == value_cache.dtype
-                or 1 not in metadata.query_lens_host):
+        if query.dtype not in KERNEL_DTYPES or not query.dtype == key_cache.dtype == value_cache.dtype:
             return super().paged_attention(query, key_cache, value_cache, metadata, scale, sliding_window, softcap,
                                            key, value)
         num_heads, num_kv_heads = query.shape[1], key_cache.shape[2]
         check_gqa_heads(num_heads, num_kv_heads)
         check_softcap(softcap)
-        decode = self._cached(metadata, ("decode",), lambda: self._decode_plan(metadata))
-        prefill = self._plan_for(metadata, key_cache.shape[1], sliding_window, query.device, include_decode=False)
+        block_size = key_cache.shape[1]
+        cascades = ()
+        if self._cascade and sliding_window is None and softcap is None:
+            cascades = self._cached(metadata, ("cascade", block_size),
+                                    lambda: plan_cascades(metadata, block_size, query.device))
+        has_decode = 1 in metadata.query_lens_host
+        if not cascades and not has_decode:
+            return super().paged_attention(query, key_cache, value_cache, metadata, scale, sliding_window, softcap,
+                                           key, value)
+        exclude = frozenset().union(*(group.seq_ids for group in cascades))
+        prefill = self._plan_for(metadata, block_size, sliding_window, query.device, include_decode=False,
+                                 exclude=exclude)
         out = self._run(prefill, query, key_cache, value_cache, scale, softcap, key, value)
+        for group in cascades:
+            run_cascade(group, query, key_cache, value_cache, scale, out)
+        if not has_decode:
+            return out
+        decode = self._cached(metadata, ("decode",), lambda: self._decode_plan(metadata))
         q = query.index_select(0, decode.rows)  # [Bd, Hq, D], contiguous
         o = torch.empty_like(q)
         # The kernel's "no window" and "no cap" are both 0.

@@ -104,7 +104,9 @@ class _StepPlan:
 
 
 def _plan(metadata: AttentionMetadata, block_size: int, sliding_window: int | None,
-          device: torch.device, include_decode: bool) -> _StepPlan:
+          device: torch.device, include_decode: bool, exclude: frozenset[int] = frozenset()) -> _StepPlan:
+    """The step's SDPA calls; `include_decode` False or `exclude` leave those sequences' rows to
+    another path (a subclass's kernels)."""
     tables = metadata.block_tables.long()
     starts = [0]
     for q_len in metadata.query_lens_host:
@@ -126,7 +128,7 @@ def _plan(metadata: AttentionMetadata, block_size: int, sliding_window: int | No
             is_decode=True,
         ))
     for b, q_len in enumerate(metadata.query_lens_host):
-        if q_len == 1:
+        if q_len == 1 or b in exclude:
             continue
         seq_len = metadata.seq_lens_host[b]
         num_blocks = -(-seq_len // block_size)
@@ -183,9 +185,10 @@ class ReferenceAttentionBackend:
         return self._plans[key]
 
     def _plan_for(self, metadata: AttentionMetadata, block_size: int, sliding_window: int | None,
-                  device: torch.device, include_decode: bool = True) -> _StepPlan:
-        return self._cached(metadata, ("plan", block_size, sliding_window, include_decode),
-                            lambda: _plan(metadata, block_size, sliding_window, device, include_decode))
+                  device: torch.device, include_decode: bool = True, exclude: frozenset[int] = frozenset(),
+                  ) -> _StepPlan:
+        return self._cached(metadata, ("plan", block_size, sliding_window, include_decode, exclude),
+                            lambda: _plan(metadata, block_size, sliding_window, device, include_decode, exclude))
 
     def paged_attention(
         self,

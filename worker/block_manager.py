@@ -18,7 +18,12 @@ With a `PrefixHasher` (automatic prefix caching, vLLM v1's design) full blocks a
   cached prompt recomputes its last block into a private one, so a sequence only ever writes
   into blocks it alone holds and a shared block is never written;
 - `free` drops one reference per block; cached blocks nobody holds wait in an LRU (`BlockPool`)
-  until a later hit takes them back or a fresh block evicts them. They count as free.
+  until a later hit takes them back or a fresh block evicts them. They count as free;
+- `claim_uncomputed_blocks` notes which not-yet-computed blocks an admitted sequence will compute,
+  so a lookup that misses on one of them says who is computing it (`PrefixHit.computing_by`): the
+  scheduler lets such a sequence wait a step or two for the block instead of computing the same
+  KV a second time (a burst of requests behind one new system prompt computes it once). Claims end
+  when the block is named (`cache_full_blocks`) or the claimer frees its blocks.
 
 ``num_prefix_queried_tokens`` / ``num_prefix_hit_tokens`` count the tokens looked up at
 admission and the tokens found (vLLM's prefix-cache queries and hits).
@@ -43,6 +48,8 @@ class PrefixHit:
     block_ids: tuple[int, ...] = ()
     num_tokens: int = 0
     num_queried_tokens: int = 0
+    # The sequence computing the block right after the hit (claimed, not yet cached), if any.
+    computing_by: str | None = None
 
 
 NO_HIT = PrefixHit()  # no lookup made (prefix caching off, or a sequence that keeps its own blocks)
@@ -64,6 +71,8 @@ class BlockManager:
         self._block_tables: dict[str, list[int]] = {}
         self._block_hashes: dict[str, list[bytes]] = {}  # per sequence: its chain so far (computed once)
         self._num_registered: dict[str, int] = {}  # per sequence: leading table blocks already named
+        self._computing: dict[bytes, str] = {}  # block hash -> the sequence that will compute it
+        self._claims: dict[str, list[bytes]] = {}  # per sequence: the hashes it claimed
         self.num_prefix_queried_tokens = 0
         self.num_prefix_hit_tokens = 0
 
@@ -138,6 +147,7 @@ class BlockManager:
         """Drops ``seq_id``'s hold on all its blocks (blocks other sequences share stay theirs);
         returns how many blocks it held."""
         table = self._block_tables.pop(seq_id, [])
+        self._drop_claims(seq_id, self._claims.pop(seq_id, ()))
         self._block_hashes.pop(seq_id, None)
         self._num_registered.pop(seq_id, None)
         self._pool.release(table)
@@ -148,20 +158,52 @@ class BlockManager:
     def find_cached_prefix(self, seq_id: str, token_ids: Sequence[int], num_prompt_tokens: int) -> PrefixHit:
         """The longest run of cached blocks that ``seq_id``'s tokens start with, stopping short of
         the block holding its last token (always computed); changes nothing but a memo of the
-        sequence's hashes. `NO_HIT` with prefix caching off."""
+        sequence's hashes. The hit names the sequence computing the first missing block, if another
+        one claimed it (`claim_uncomputed_blocks`). `NO_HIT` with prefix caching off."""
         if self._hasher is None:
             return NO_HIT
         size = self.block_size
         hashes = self._block_hashes.setdefault(seq_id, [])
         block_ids: list[int] = []
+        computing_by = None
         for i in range((len(token_ids) - 1) // size):
             if i == len(hashes):
                 self._hasher.extend(hashes, token_ids, num_prompt_tokens, i + 1)
             block_id = self._pool.cached_block(hashes[i])
             if block_id is None:
+                computing_by = self._computing.get(hashes[i])
                 break
             block_ids.append(block_id)
-        return PrefixHit(tuple(block_ids), len(block_ids) * size, len(token_ids))
+        if computing_by == seq_id:
+            computing_by = None
+        return PrefixHit(tuple(block_ids), len(block_ids) * size, len(token_ids), computing_by)
+
+    def claim_uncomputed_blocks(self, seq_id: str, token_ids: Sequence[int], num_prompt_tokens: int) -> int:
+        """Notes that ``seq_id`` (just given its table) will compute its full blocks past its named
+        ones (those its table holds and those a later chunk adds), so lookups that miss on them can wait for it; returns how many it claimed.
+        A block cached or claimed already stays as it is. Nothing with prefix caching off."""
+        if self._hasher is None or seq_id not in self._block_tables:
+            return 0
+        num_full = len(token_ids) // self.block_size  # its table may not reach them yet (chunked prefill)
+        done = self._num_registered.get(seq_id, 0)
+        if num_full <= done:
+            return 0
+        hashes = self._block_hashes.setdefault(seq_id, [])
+        if len(hashes) < num_full:
+            self._hasher.extend(hashes, token_ids, num_prompt_tokens, num_full)
+        claims = self._claims.setdefault(seq_id, [])
+        num_claimed = 0
+        for block_hash in hashes[done:num_full]:
+            if block_hash not in self._computing and self._pool.cached_block(block_hash) is None:
+                self._computing[block_hash] = seq_id
+                claims.append(block_hash)
+                num_claimed += 1
+        return num_claimed
+
+    def _drop_claims(self, seq_id: str, hashes) -> None:
+        for block_hash in hashes:
+            if self._computing.get(block_hash) == seq_id:
+                del self._computing[block_hash]
 
     def cache_full_blocks(self, seq_id: str, token_ids: Sequence[int], num_prompt_tokens: int,
                           num_computed_tokens: int) -> int:
@@ -181,6 +223,8 @@ class BlockManager:
         self._hasher.extend(hashes, token_ids, num_prompt_tokens, num_full)
         num_new = sum(self._pool.register(table[i], hashes[i]) for i in range(done, num_full))
         self._num_registered[seq_id] = num_full
+        if seq_id in self._claims:
+            self._drop_claims(seq_id, hashes[done:num_full])
         return num_new
 
     def _check_hit(self, seq_id: str, hit: PrefixHit) -> None:

@@ -18,6 +18,10 @@ preempted) starts at its longest cached prefix: its table begins with those shar
 preempted sequence usually finds most of its own blocks still cached). The first admission's hit
 is the request's ``num_cached_tokens``. Each running sequence's newly computed full blocks are
 named for reuse before it grows, and a finished or preempted one's before its blocks are freed.
+A waiting sequence whose next uncached block another running sequence is computing right now (a
+burst of requests behind one new system prompt) is passed over until that block is named: it then
+starts after it instead of computing the same KV again (vLLM computes the shared prompt once in such
+a burst too). Those behind it in the queue are admitted meanwhile; it keeps its place in line.
 `admit_next` (prefill while weights arrive) looks nothing up: a pass begun layer by layer must hold
 its whole prompt to be handed to a loaded helper at a layer (`worker.layer_handoff`), and nothing
 is cached before the last layer lands anyway.
@@ -99,9 +103,14 @@ class Scheduler:
             index += 1
         if batch.preempted:
             return batch  # memory is tight: admit nothing new this step
+        passed_over: list[Sequence] = []  # waiting for a block another sequence is computing
+        running_ids = {seq.request_id for seq in self.running}
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             hit = self._find_cached_prefix(seq)
+            if hit.computing_by in running_ids:
+                passed_over.append(self.waiting.popleft())
+                continue
             start = seq.num_computed_tokens + hit.num_tokens
             num_new = seq.num_tokens - start  # only what is not cached costs budget
             if self.enable_chunked_prefill:
@@ -111,9 +120,11 @@ class Scheduler:
             if not self.block_manager.can_allocate(seq.request_id, start + num_new, hit):
                 break
             self._admit(seq, num_new, hit)
+            running_ids.add(seq.request_id)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new
+        self.waiting.extendleft(reversed(passed_over))  # back in their places, first in line
         return batch
 
     def admit_next(self, max_num_tokens: int) -> tuple[Sequence, int] | None:
@@ -138,6 +149,7 @@ class Scheduler:
             seq.num_computed_tokens = hit.num_tokens
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = hit.num_tokens
+            self.block_manager.claim_uncomputed_blocks(seq.request_id, seq.token_ids, seq.num_prompt_tokens)
         self.waiting.popleft()
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)

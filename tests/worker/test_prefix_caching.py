@@ -69,6 +69,57 @@ def test_a_sequence_starts_after_its_cached_prefix_and_spends_budget_on_its_tail
     assert (manager.num_prefix_queried_tokens, manager.num_prefix_hit_tokens) == (14 + 15, 12)
 
 
+def test_a_burst_behind_one_new_prefix_computes_it_once():
+    s = caching_scheduler(40, budget=10)
+    a, b = make_seq("a", SYSTEM + [1, 2]), make_seq("b", SYSTEM + [3, 4, 5])
+    other = make_seq("other", [50, 51, 52])
+    for seq in (a, b, other):
+        s.add(seq)
+    batch = s.schedule()  # b waits for a's blocks (a is computing them); "other" behind it goes ahead
+    assert [x.request_id for x in batch.seqs] == ["a"] and batch.num_new_tokens == [10]
+    assert list(s.waiting) == [b, other]  # the budget went to a; b keeps its place in line
+    run_step(batch)
+    batch = s.schedule()  # a named blocks 0-1 (8 tokens) but block 2 is still a's to compute
+    assert [x.request_id for x in batch.seqs] == ["a", "other"] and batch.num_new_tokens == [4, 3]
+    assert list(s.waiting) == [b]
+    run_step(batch)
+    batch = s.schedule()  # a's prompt is done and named: b starts after all three blocks
+    assert [x.request_id for x in batch.seqs] == ["a", "other", "b"] and batch.num_new_tokens == [1, 1, 3]
+    assert b.num_cached_tokens == 12 and s.block_manager.num_prefix_hit_tokens == 12
+
+
+def test_a_claim_ends_when_its_sequence_names_the_block_or_lets_it_go():
+    manager = BlockManager(20, BLOCK, prefix_hasher=PrefixHasher("test-model", BLOCK))
+    prompt_a, prompt_b = SYSTEM + [1, 2], SYSTEM + [3, 4, 5]
+    assert manager.find_cached_prefix("a", prompt_a, len(prompt_a)).computing_by is None
+    manager.allocate("a", len(prompt_a))
+    assert manager.claim_uncomputed_blocks("a", prompt_a, len(prompt_a)) == 3  # 14 tokens: 3 full blocks
+    assert manager.claim_uncomputed_blocks("a", prompt_a, len(prompt_a)) == 0  # claimed already
+    hit = manager.find_cached_prefix("b", prompt_b, len(prompt_b))
+    assert hit.computing_by == "a" and hit.num_tokens == 0
+    assert manager.find_cached_prefix("a", prompt_a, len(prompt_a)).computing_by is None  # never itself
+    manager.cache_full_blocks("a", prompt_a, len(prompt_a), 8)  # blocks 0-1 named, block 2 still a's
+    hit = manager.find_cached_prefix("b", prompt_b, len(prompt_b))
+    assert hit.computing_by == "a" and hit.num_tokens == 8
+    manager.free("a")  # a gives up (preempted, aborted): nobody computes block 2 any more
+    hit = manager.find_cached_prefix("b", prompt_b, len(prompt_b))
+    assert hit.computing_by is None and hit.num_tokens == 8  # the named blocks wait in the LRU
+    plain = BlockManager(20, BLOCK)
+    plain.allocate("a", len(prompt_a))
+    assert plain.claim_uncomputed_blocks("a", prompt_a, len(prompt_a)) == 0  # caching off: no claims
+
+
+def test_a_sequence_does_not_wait_for_a_paused_one():
+    s = caching_scheduler(40, budget=10)
+    a, b = make_seq("a", SYSTEM + [1, 2]), make_seq("b", SYSTEM + [3, 4, 5])
+    s.add(a)
+    s.schedule()  # a claims its three blocks and computes 10 tokens... then a migration holds it
+    s.pause(a)
+    s.add(b)
+    batch = s.schedule()  # a is not running: b computes the prefix itself rather than wait
+    assert [x.request_id for x in batch.seqs] == ["b"] and b.num_cached_tokens == 0
+
+
 def test_preemption_abort_and_finish_drop_one_reference_each():
     s = caching_scheduler(9)
     manager = s.block_manager
@@ -164,6 +215,22 @@ def test_outputs_with_caching_equal_outputs_without_and_the_cached_counts_are_ex
     assert manager.num_prefix_hit_tokens == 76 + 48 + 112
     assert manager.num_free_blocks == manager.num_blocks and manager.num_cached_blocks > 0
     assert plain.block_manager.num_prefix_queried_tokens == 0 and plain.block_manager.num_cached_blocks == 0
+
+
+def test_a_burst_sharing_a_new_system_prompt_computes_it_once(tiny_llama_dir, prompts):
+    plain = Engine(tiny_llama_dir, EngineConfig(**{**CONFIG.__dict__, "enable_prefix_caching": False}))
+    cached = Engine(tiny_llama_dir, CONFIG)
+    want = [list(c.output_token_ids) for c in plain.generate(prompts[:4], GREEDY)]
+    ids = [cached.add_request(prompt, GREEDY) for prompt in prompts[:4]]  # all at once, nothing cached yet
+    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+    num_cached: dict[str, int] = {}
+    while cached.has_unfinished_requests():
+        for out in cached.step():
+            tokens[out.request_id].extend(out.new_token_ids)
+            num_cached[out.request_id] = out.num_cached_tokens
+    assert [tokens[rid] for rid in ids] == want
+    # The first computes the 22-token system prompt; the others wait for its 5 full blocks.
+    assert [num_cached[rid] for rid in ids] == [0, 20, 20, 20]
 
 
 def test_a_cached_prefix_gives_transformers_tokens(tiny_llama_dir, prompts):
