@@ -107,6 +107,15 @@ inline __m512 exp16(__m512 x) {
 
 constexpr int64_t kMaxGroup = 8;
 
+template <typename T>
+inline void prefetch_row(const T* cache, const int32_t* table, int64_t pos, int64_t block_size, int64_t block_stride,
+                         int64_t token_stride, int64_t kv_offset, int64_t head_dim) {
+  const char* row = reinterpret_cast<const char*>(cache + static_cast<int64_t>(table[pos / block_size]) * block_stride +
+                                                  (pos % block_size) * token_stride + kv_offset);
+  for (int64_t byte = 0; byte < head_dim * static_cast<int64_t>(sizeof(T)); byte += 64)
+    _mm_prefetch(row + byte, _MM_HINT_T0);
+}
+
 // One (sequence, KV head) task: NC 16-float chunks per head (head_dim = 16 * NC), `group` query
 // heads (<= kMaxGroup) sharing the KV head. q_wide: [group, head_dim] float32; scores: a buffer of
 // at least group * num_keys floats; writes acc: [group, head_dim] (unnormalised) and denom.
@@ -121,9 +130,12 @@ void decode_task_avx512(const float* q_wide, int64_t group, const T* kc, const T
     for (int c = 0; c < NC; ++c) qv[g][c] = load16(q_wide + g * NC * 16 + c * 16);
   float row_max[kMaxGroup];
   for (int64_t g = 0; g < group; ++g) row_max[g] = -std::numeric_limits<float>::infinity();
+  constexpr int64_t kAhead = 8;  // rows prefetched ahead: a block's rows are 512+ bytes apart, blocks scattered
   for (int64_t pos = lo; pos < seq_len; ++pos) {
     const T* k = kc + static_cast<int64_t>(table[pos / block_size]) * block_stride + (pos % block_size) * token_stride +
                  kv_offset;
+    if (pos + kAhead < seq_len) prefetch_row(kc, table, pos + kAhead, block_size, block_stride, token_stride,
+                                             kv_offset, NC * 16);
     __m512 kv[NC];
     for (int c = 0; c < NC; ++c) kv[c] = load16(k + c * 16);
     for (int64_t g = 0; g < group; ++g) {
@@ -159,6 +171,8 @@ void decode_task_avx512(const float* q_wide, int64_t group, const T* kc, const T
   for (int64_t pos = lo; pos < seq_len; ++pos) {
     const T* v = vc + static_cast<int64_t>(table[pos / block_size]) * block_stride + (pos % block_size) * token_stride +
                  kv_offset;
+    if (pos + kAhead < seq_len) prefetch_row(vc, table, pos + kAhead, block_size, block_stride, token_stride,
+                                             kv_offset, NC * 16);
     __m512 vv[NC];
     for (int c = 0; c < NC; ++c) vv[c] = load16(v + c * 16);
     for (int64_t g = 0; g < group; ++g) {

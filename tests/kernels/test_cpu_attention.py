@@ -72,6 +72,29 @@ def test_bfloat16_decode_is_float32_arithmetic_on_bfloat16_storage(cpu_backend, 
     assert (got == exact.to(torch.bfloat16)).float().mean() > 0.99
 
 
+# Head sizes of real models take the kernel's AVX-512 path (64 and 128; others the portable loops):
+# contexts of 1 token, under and over 16 (the vector width, the exp's tail mask) and across blocks.
+WIDE_DECODE = ([1] * 7, [1, 15, 16, 17, 40, 129, 300])
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 80])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (12, 4), (16, 2), (9, 1)], ids=["mha", "g3", "g8", "g9"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("window,softcap", [(None, None), (20, None), (None, 2.0)], ids=["plain", "window", "softcap"])
+def test_model_head_sizes_match_float32_arithmetic(cpu_backend, head_dim, num_heads, num_kv_heads, dtype, window,
+                                                   softcap):
+    query, key_cache, value_cache, meta = make_batch(*WIDE_DECODE, num_heads, num_kv_heads, head_dim, 16, dtype,
+                                                     seed=head_dim + num_heads)
+    got = cpu_backend.paged_attention(query, key_cache, value_cache, meta, head_dim ** -0.5, window, softcap)
+    exact = ReferenceAttentionBackend().paged_attention(query.float(), key_cache.float(), value_cache.float(), meta,
+                                                        head_dim ** -0.5, window, softcap)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, exact, atol=1e-5, rtol=1e-5)
+    else:  # one rounding of a float32 result (summation order aside)
+        torch.testing.assert_close(got, exact.to(torch.bfloat16), atol=1e-6, rtol=2 ** -7)
+        assert (got == exact.to(torch.bfloat16)).float().mean() > 0.99
+
+
 @pytest.mark.parametrize("lens", [MIXED, DECODE_ONLY], ids=["mixed", "decode"])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2)], ids=["mha", "gqa4"])
 def test_bfloat16_matches_the_bfloat16_reference(cpu_backend, lens, num_heads, num_kv_heads):
