@@ -13,8 +13,11 @@ equal or lower priority (never higher: priority is a hard limit):
 
 Order: lowest priority first; then a migration before a suspension (nobody waits); then the
 fewest requests to move; then the instance that has held its slot longest; then the smaller id.
-A victim must have been ready at least `min_run_s`, so that two contending models alternate in
-quanta of at least that (plus their `max_wait_before_preempt_s`) rather than thrash.
+A victim must have been ready at least `min_run_s`, and at least as long as the waiting model would
+take to load on its node: two contending models then alternate in quanta of at least that (plus
+their `max_wait_before_preempt_s`) rather than thrash, and however slow the storage, a contended
+slot spends at most about half its time loading. (A fixed quantum of 2 s, against loads of 40-190 s
+from S3 in the cluster simulator, kept slots loading most of the time: `thaw simulate`, issue 24.)
 
 Never preempted: a loading or stopping instance, one on a draining node, one of a model with a
 higher priority than the waiting one, one whose node the waiting model cannot be placed on, one
@@ -91,10 +94,13 @@ def choose_preemption(waiting_model_id: str, *, priority: int, oldest_wait_s: fl
             why = "not ready"
         elif c.priority > priority:
             why = f"priority {c.priority} > {priority}"
-        elif c.ready_for_s < min_run_s:
-            why = f"ready only {c.ready_for_s:.3g}s < min_run_s {min_run_s:g}"
         elif c.node_id not in load_s_by_node:
             why = f"{waiting_model_id} cannot be placed on its node"
+        elif c.ready_for_s < min_run_s:
+            why = f"ready only {c.ready_for_s:.3g}s < min_run_s {min_run_s:g}"
+        elif c.ready_for_s < load_s_by_node[c.node_id]:
+            why = (f"ready only {c.ready_for_s:.3g}s < the {load_s_by_node[c.node_id]:.3g}s {waiting_model_id} "
+                   f"needs to load there")
         elif free.get(c.node_id, 0) + c.num_worker_slots < num_slots:
             why = f"frees {c.num_worker_slots} of the {num_slots} slots needed"
         if why is not None:

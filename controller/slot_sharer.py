@@ -316,7 +316,8 @@ class SlotSharer:
 
     def _wait_estimate(self, model: ModelState, position: int, now: float) -> float | None:
         """About how long until `model` is ready: its own load, after the slots freed for the
-        models ahead of it, each at the soonest a busy slot can be preempted."""
+        models ahead of it, each at the soonest a busy slot can be preempted (it has served
+        `min_run_s`, and as long as a load takes: `choose_preemption`)."""
         placement = model.last_placement or {}
         load_s = min((e["ready_s"] for e in placement.get("estimates", ())), default=None)
         settings = self.config.slot_sharing
@@ -325,7 +326,7 @@ class SlotSharer:
         policy = model.spec.autoscaling
         oldest = model.oldest_wait_s(now, self.config.queue_report_ttl_s)
         until_preempt = max(0.0, policy.max_wait_before_preempt_s - oldest) if settings.preempt else 0.0
-        return until_preempt + load_s + (position - 1) * (settings.min_run_s + load_s)
+        return until_preempt + load_s + (position - 1) * (max(settings.min_run_s, load_s) + load_s)
 
     # --- internals ---------------------------------------------------------------------------
 

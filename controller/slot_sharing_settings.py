@@ -27,7 +27,8 @@ class SlotSharingSettings:
             model that waited its `max_wait_before_preempt_s`; False: waiting models only get
             free slots and idle instances.
         min_run_s: an instance is preempted only after serving at least this long (the least
-            quantum two contending models get).
+            quantum two contending models get), and at least as long as the waiting model's load
+            on its node takes (`choose_preemption`).
         priority_boost_s: how many seconds of waiting one priority step is worth in the order
             waiting models get slots (`slot_queue_policy`).
         suspend_timeout_s: how long the controller waits for a worker to hand back the requests

@@ -104,6 +104,20 @@ def test_a_victim_must_have_run_min_run_s():
     assert (decision.victim.instance_id, decision.action) == ("old", "suspend")
 
 
+def test_a_victim_must_have_run_as_long_as_the_waiting_model_takes_to_load_there():
+    """Slow storage lengthens the quantum: a slot alternates between two models in turns at least as
+    long as the load between them, never mostly loading (the simulator's thrash at 40-190 s loads)."""
+    slow = {"n0": 90.0, "n1": 30.0}
+    decision = preempt([busy("a", node_id="n0", ready_for_s=80.0)], load_s_by_node=slow, min_run_s=2.0)
+    assert decision.victim is None
+    assert decision.reason == "nothing to preempt: a (acme/chat): ready only 80s < the 90s acme/cold needs to load there"
+    assert preempt([busy("a", node_id="n0", ready_for_s=90.0)], load_s_by_node=slow, min_run_s=2.0).victim
+    # Where the load is quicker the same age is enough.
+    decision = preempt([busy("a", node_id="n0", ready_for_s=80.0), busy("b", node_id="n1", ready_for_s=80.0)],
+                       load_s_by_node=slow, min_run_s=2.0)
+    assert decision.victim.instance_id == "b"
+
+
 @pytest.mark.parametrize("fields, why", [
     (dict(draining=True), "its node drains"),
     (dict(ready=False), "not ready"),
