@@ -35,7 +35,11 @@ may sit in DRAM on one node and nowhere on another). Ties: longest idle, then th
 Never evicted: an instance still loading, stopping, serving, or on a draining node; one idle for
 less than `min_idle_s` (it may have just become ready for the very requests now being routed to
 it); one whose model would drop below `min_instances` (a hard limit); one whose model has queued
-requests; one too small to free the slots the waiting model needs. A pure function of plain
+requests; one too small to free the slots the waiting model needs; one whose model is expected to
+get `max_displaced_requests` (1) or more requests while the waiting model loads into its slot (its
+rate, from the decayed count, times that load): evicting it would only move the wait, and with
+slow storage (a 40-190 s load from S3 in `thaw simulate`) it made popular models evict each other
+in turn. A pure function of plain
 values: tested with numbers.
 """
 
@@ -67,12 +71,16 @@ class EvictionSettings:
         usage_half_life_s: the age at which a request counts half in the frequency.
         start_overhead_s: a start's fixed cost in reload_s until the platform has measured its own
             (the median of recent starts' load time beyond their read estimate).
+        max_displaced_requests: an idle instance is kept when its model is expected to get at least
+            this many requests while the waiting model loads into its slot (its request rate, from
+            the decayed count, times that load time): evicting it would only move the wait.
     """
 
     min_idle_s: float = 0.5
     min_frequency: float = 0.1
     usage_half_life_s: float = 300.0
     start_overhead_s: float = 1.0
+    max_displaced_requests: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "min_idle_s", _number("EvictionSettings", "min_idle_s", self.min_idle_s))
@@ -82,6 +90,14 @@ class EvictionSettings:
                            _number("EvictionSettings", "usage_half_life_s", self.usage_half_life_s, exclusive=True))
         object.__setattr__(self, "start_overhead_s",
                            _number("EvictionSettings", "start_overhead_s", self.start_overhead_s))
+        object.__setattr__(self, "max_displaced_requests",
+                           _number("EvictionSettings", "max_displaced_requests", self.max_displaced_requests,
+                                   exclusive=True))
+
+    def request_rate(self, frequency: float) -> float:
+        """Requests per second behind a decayed count: a steady stream of rate r keeps the count at
+        r x half_life / ln 2."""
+        return frequency * math.log(2) / self.usage_half_life_s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,6 +195,11 @@ def choose_eviction(waiting_model_id: str, candidates: Sequence[EvictionCandidat
         why = _why_kept(candidate, settings, num_slots, free)
         if why is None and candidate.node_id not in load_s_by_node:
             why = "the waiting model cannot be placed on its node"
+        if why is None:
+            displaced = settings.request_rate(candidate.frequency) * load_s_by_node[candidate.node_id]
+            if displaced >= settings.max_displaced_requests:
+                why = (f"~{displaced:.3g} of its requests would arrive during the {load_s_by_node[candidate.node_id]:.3g}s "
+                       f"load (max_displaced_requests {settings.max_displaced_requests:g})")
         if why is not None:
             kept.append(f"{candidate.instance_id} ({candidate.model_id}): {why}")
             continue

@@ -194,6 +194,8 @@ def test_settings_defaults_and_numbers_become_floats():
     ("usage_half_life_s", 0.0, "> 0"),
     ("usage_half_life_s", math.inf, "> 0"),
     ("usage_half_life_s", None, "> 0"),
+    ("max_displaced_requests", 0, "> 0"),
+    ("max_displaced_requests", math.nan, "> 0"),
 ])
 def test_settings_validate(field, value, bound):
     with pytest.raises(ValueError, match=f"EvictionSettings.{field} must be a finite number {bound}, got "):
@@ -228,3 +230,18 @@ def test_a_start_overhead_in_reload_s_keeps_a_small_popular_model():
     decision = choose_eviction("acme/w", with_overhead, load_s_by_node={"n0": 1.0}, settings=settings)
     assert decision.victim.instance_id == "rare"  # 0.2 x 1.57 = 0.314 < 15.8 x 1.50023 = 23.7
     assert decision.score == pytest.approx(0.2 * 1.57)
+
+
+def test_an_instance_whose_requests_would_arrive_during_the_load_is_kept():
+    """A busy model idle between two requests is not evicted for a newcomer whose slow load would
+    leave it waiting: its decayed count 433 over a 300 s half-life is ~1 request/s (433 x ln 2 / 300),
+    so a 2 s load displaces ~2 of its requests; a 0.5 s load only ~0.5."""
+    popular = idle("pop", "acme/pop", frequency=433.0)
+    decision = evict([popular])
+    assert decision.victim is None
+    assert decision.reason == ("no idle instance to evict: pop (acme/pop): ~2 of its requests would arrive during "
+                               "the 2s load (max_displaced_requests 1)")
+    assert evict([popular], load={"n0": 0.5}).victim.instance_id == "pop"
+    # A rarely used model on the same node goes instead.
+    assert evict([popular, idle("rare", "acme/rare", frequency=0.5)]).victim.instance_id == "rare"
+    assert EvictionSettings().request_rate(433.0) == pytest.approx(1.0, rel=1e-3)
