@@ -46,7 +46,7 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
             dram_capacity_bytes=int(args.dram_capacity_gb * GIB), calibrate=not args.no_calibrate,
             num_gateway_replicas=args.gateway_replicas, spare_workers_per_node=args.spare_workers,
             spare_weight_bytes=int(args.spare_memory_gb * GIB), peer_link_bytes_per_s=args.peer_link_gbps * 1e9,
-            slot_sharing=not args.no_slot_sharing,
+            slot_sharing=not args.no_slot_sharing, state_dir_shared=args.state_shared,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -108,6 +108,10 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--state", default=str(default_state_dir()),
                        help="state directory: SQLite state, SSD cache, admin key, demo model "
                             "(default: $THAW_STATE_DIR or ~/.thaw)")
+    serve.add_argument("--state-shared", action="store_true",
+                       help="with --address: every Ray node sees --state (one machine, or shared storage), so the "
+                            "default SQLite state store may be used; otherwise joining a cluster needs --state-store "
+                            "redis://...")
     serve.add_argument("--state-store", default=None, help="state store URL (redis://host:port/db for a cluster); "
                                                             "default: SQLite in the state directory")
     serve.add_argument("--repository", default=None, help="model repository: a directory or s3://bucket/prefix "

@@ -85,6 +85,10 @@ class PlatformConfig:
             arrived gets 408 (so slow bodies cannot hold the gateway's request slots).
         num_cpus: CPUs a local Ray offers; None: all of the machine's.
         num_gateway_replicas: gateway replicas (each with its own routing-table cache).
+        state_dir_shared: with `ray_address`, the state directory is one every Ray node sees (one
+            machine, or shared storage), so the SQLite state store may be used there. Joining a
+            cluster without it needs a Redis state store: the controller may be restarted on
+            another node, where a node-local SQLite file is not (or is another, stale one).
     """
 
     controller: ControllerConfig
@@ -96,6 +100,7 @@ class PlatformConfig:
     gateway_body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     num_cpus: int | None = None
     num_gateway_replicas: int = 1
+    state_dir_shared: bool = False
 
     @classmethod
     def create(cls, *, state_dir: str | Path, repository_uri: str | None = None,
@@ -183,6 +188,15 @@ class PlatformConfig:
         if self.num_cpus is not None:
             _int("num_cpus", self.num_cpus, 1)
         _int("num_gateway_replicas", self.num_gateway_replicas, 1)
+        if not isinstance(self.state_dir_shared, bool):
+            raise ValueError(f"PlatformConfig.state_dir_shared must be True or False, got {self.state_dir_shared!r}")
+        store = self.controller.state_location
+        if self.ray_address is not None and not store.startswith("redis") and not self.state_dir_shared:
+            raise ValueError(
+                f"joining the Ray cluster at {self.ray_address} with the SQLite state store in {store!r}: the "
+                f"controller may restart on another node, where that file is missing or stale. Use Redis "
+                f"(--state-store redis://HOST:6379/0), or --state-shared if every node sees {self.state_dir} "
+                f"(one machine, or shared storage)")
 
     # ---- from the controller's configuration -------------------------------------------------
 

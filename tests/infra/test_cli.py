@@ -109,6 +109,14 @@ def test_serve_refuses_no_auth_on_a_public_host_before_starting_anything(tmp_pat
     assert not (tmp_path / "state").exists()
 
 
+def test_serve_joining_a_cluster_refuses_a_node_local_sqlite_state_before_starting_anything(tmp_path):
+    result = thaw("serve", "--state", str(tmp_path / "state"), "--address", "head:6379", timeout=60)
+    assert result.returncode == 2
+    assert "joining the Ray cluster at head:6379 with the SQLite state store" in result.stderr
+    assert "--state-store redis://HOST:6379/0" in result.stderr and "--state-shared" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "state").exists()
+
+
 def test_serve_names_an_unusable_metrics_token_file_before_starting_anything(tmp_path):
     result = thaw("serve", "--state", str(tmp_path / "state"), "--metrics-token-file", str(tmp_path / "none"),
                   timeout=60)

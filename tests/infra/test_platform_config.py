@@ -56,7 +56,7 @@ def test_no_controller_setting_is_declared_twice():
 
     assert {f.name for f in fields(PlatformConfig)} == {
         "controller", "ray_address", "host", "port", "auth", "metrics_token_file", "gateway_body_timeout_s",
-        "num_cpus", "num_gateway_replicas"}
+        "num_cpus", "num_gateway_replicas", "state_dir_shared"}
     assert {f.name for f in fields(PlatformConfig)} & {f.name for f in fields(ControllerConfig)} == set()
 
 
@@ -104,3 +104,16 @@ def test_create_refuses_bad_settings_naming_them():
         PlatformConfig.create(state_dir=STATE, peer_link_bytes_per_s=1e9, peer_stream=None)
     with pytest.raises(ValueError, match="PlatformConfig.controller must be a controller.ControllerConfig, got dict"):
         PlatformConfig(controller={})
+
+
+def test_joining_a_cluster_needs_redis_or_a_state_directory_every_node_sees():
+    with pytest.raises(ValueError, match=r"joining the Ray cluster at head:6379 with the SQLite state store .*"
+                                         r"\(--state-store redis://HOST:6379/0\), or --state-shared"):
+        PlatformConfig.create(state_dir=STATE, ray_address="head:6379")
+    with pytest.raises(ValueError, match="SQLite state store in 'sqlite:///srv/thaw.db'"):
+        PlatformConfig.create(state_dir=STATE, ray_address="head:6379", state_store="sqlite:///srv/thaw.db")
+    assert PlatformConfig.create(state_dir=STATE, ray_address="head:6379", state_store="redis://r:6379/0").ray_address
+    assert PlatformConfig.create(state_dir=STATE, ray_address="head:6379", state_dir_shared=True).state_dir_shared
+    assert PlatformConfig.create(state_dir=STATE).state_dir_shared is False  # a local Ray: SQLite is the default
+    with pytest.raises(ValueError, match="state_dir_shared must be True or False"):
+        PlatformConfig.create(state_dir=STATE, state_dir_shared="yes")
