@@ -18,7 +18,9 @@ The ``model`` label only ever carries a resolved model id (or ``""`` when a requ
 before its model was known), never a string from the request body, so a client cannot grow
 the number of series by sending made-up model names; ``cause`` and ``outcome`` take only the
 values listed in `QUEUE_WAIT_CAUSES` and `QUEUE_WAIT_OUTCOMES`. Metric names follow vLLM's
-where they mean the same (``time_to_first_token_seconds``, ``e2e_request_latency_seconds``).
+where they mean the same (``time_to_first_token_seconds``, ``e2e_request_latency_seconds``), and
+the per-request series are also exported under vLLM's own names and label (``vllm:...``,
+``model_name``; `VLLM_ALIASES`), so dashboards and alerts built for vLLM chart Thaw unchanged.
 
 ``GET /metrics`` is not public, since its labels name every tenant's models: it answers the
 admin key or the metrics scrape token (`infra.gateway_access`, `infra.metrics_token`).
@@ -43,6 +45,17 @@ QUEUE_WAIT_CAUSES = ("ready", "loading", "waiting_for_slot", "unplaced", "unknow
 # How the wait ended: an instance took it, the deadline passed (503), the client left or it
 # was aborted, or it failed otherwise (the model was deleted, the gateway shut down).
 QUEUE_WAIT_OUTCOMES = ("served", "timed_out", "aborted", "failed")
+
+
+# Our series -> vLLM's name for the same observation (vLLM v1's /metrics; label ``model_name``).
+VLLM_ALIASES = {
+    "time_to_first_token_seconds": "vllm:time_to_first_token_seconds",
+    "inter_token_latency_seconds": "vllm:inter_token_latency_seconds",
+    "e2e_request_latency_seconds": "vllm:e2e_request_latency_seconds",
+    "queue_time_seconds": "vllm:request_queue_time_seconds",
+    "prompt_tokens": "vllm:prompt_tokens",
+    "generation_tokens": "vllm:generation_tokens",
+}
 
 
 class GatewayMetrics:
@@ -79,6 +92,18 @@ class GatewayMetrics:
                                       ["model", "tier"], namespace=ns, registry=r, buckets=_LOAD_BUCKETS)
         self.instances = Gauge("model_instances", "Ready instances per model.",
                                ["model"], namespace=ns, registry=r)
+        self._vllm_ttft = Histogram(VLLM_ALIASES["time_to_first_token_seconds"], "Time to first token (vLLM's name).",
+                                    ["model_name"], registry=r, buckets=_TTFT_BUCKETS)
+        self._vllm_itl = Histogram(VLLM_ALIASES["inter_token_latency_seconds"], "Inter-token latency (vLLM's name).",
+                                   ["model_name"], registry=r, buckets=_ITL_BUCKETS)
+        self._vllm_e2e = Histogram(VLLM_ALIASES["e2e_request_latency_seconds"], "End-to-end latency (vLLM's name).",
+                                   ["model_name"], registry=r, buckets=_E2E_BUCKETS)
+        self._vllm_queue = Histogram(VLLM_ALIASES["queue_time_seconds"], "Time waiting for an instance (vLLM's name).",
+                                     ["model_name"], registry=r, buckets=_QUEUE_BUCKETS)
+        self._vllm_prompt = Counter(VLLM_ALIASES["prompt_tokens"], "Prompt tokens (vLLM's name).", ["model_name"],
+                                    registry=r)
+        self._vllm_generation = Counter(VLLM_ALIASES["generation_tokens"], "Generated tokens (vLLM's name).",
+                                        ["model_name"], registry=r)
         # A gauge, not a counter: it mirrors the controller's own counts, which start again at 0
         # when the controller restarts (Prometheus' rate() over it still reads as a counter's).
         self.slot_decisions = Gauge(
@@ -93,17 +118,23 @@ class GatewayMetrics:
 
     def record_first_token(self, model_id: str, seconds: float) -> None:
         self.time_to_first_token.labels(model=model_id).observe(seconds)
+        self._vllm_ttft.labels(model_name=model_id).observe(seconds)
 
     def record_inter_token(self, model_id: str, seconds: float) -> None:
         self.inter_token_latency.labels(model=model_id).observe(seconds)
+        self._vllm_itl.labels(model_name=model_id).observe(seconds)
 
     def record_queue_time(self, model_id: str, seconds: float) -> None:
         self.queue_time.labels(model=model_id).observe(seconds)
+        self._vllm_queue.labels(model_name=model_id).observe(seconds)
 
     def record_finished(self, model_id: str, e2e_s: float, num_prompt_tokens: int, num_output_tokens: int) -> None:
         self.e2e_latency.labels(model=model_id).observe(e2e_s)
         self.prompt_tokens.labels(model=model_id).inc(num_prompt_tokens)
         self.generation_tokens.labels(model=model_id).inc(num_output_tokens)
+        self._vllm_e2e.labels(model_name=model_id).observe(e2e_s)
+        self._vllm_prompt.labels(model_name=model_id).inc(num_prompt_tokens)
+        self._vllm_generation.labels(model_name=model_id).inc(num_output_tokens)
 
     # ---- platform events (controller / backend) ------------------------------------------
 

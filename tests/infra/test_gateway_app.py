@@ -502,6 +502,13 @@ def test_metrics_count_requests_per_model_and_status(client, metrics):
     assert value('thaw_cold_starts_total{model="acme/m",tier="dram"}') == 1
     assert value('thaw_load_seconds_count{model="acme/m",tier="dram"}') == 1
     assert value('thaw_model_instances{model="acme/m"}') == 2
+    # The same observations under vLLM's names and label, for dashboards built for vLLM.
+    assert value('vllm:time_to_first_token_seconds_count{model_name="acme/m"}') == 1
+    assert value('vllm:inter_token_latency_seconds_count{model_name="acme/m"}') == 2
+    assert value('vllm:e2e_request_latency_seconds_count{model_name="acme/m"}') == 1
+    assert value('vllm:request_queue_time_seconds_sum{model_name="acme/m"}') == 0.25
+    assert value('vllm:generation_tokens_total{model_name="acme/m"}') == 3
+    assert value('vllm:prompt_tokens_total{model_name="acme/m"}') == value('thaw_prompt_tokens_total{model="acme/m"}')
 
 
 def test_two_apps_in_one_process_keep_separate_metrics(backend):
