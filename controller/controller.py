@@ -81,7 +81,7 @@ from controller.spare_pool import SparePool
 from controller.state_store import StateStore, open_state_store
 from controller.tenant_quota import instances_over_quota
 from storage import ModelRepository, open_repository
-from wire import InstanceLoadRecord, ModelRecord
+from wire import EngineGauges, InstanceLoadRecord, ModelRecord
 
 logger = logging.getLogger(__name__)
 
@@ -263,6 +263,13 @@ class Controller:
         self._sharer.model_deleted(model_id)
         return [self._instances.begin_stop(instance, "model deleted", 0.0)
                 for instance in self._instances.of_model(model_id)]
+
+    def engine_gauges(self) -> list[EngineGauges]:
+        """Every ready instance's engine load as last reported (what the gateways export on
+        ``/metrics`` for all nodes), by instance id."""
+        return [EngineGauges(i.instance_id, i.model_id, i.node_id, i.num_running_requests, i.num_waiting_requests,
+                             i.kv_cache_usage)
+                for i in sorted(self._instances.all(), key=lambda i: i.instance_id) if i.phase is InstancePhase.READY]
 
     def slot_sharing_counts(self) -> dict[str, int]:
         """How often slots changed hands since this controller started (evictions, preemptions,

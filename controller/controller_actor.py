@@ -33,7 +33,7 @@ from controller.controller import Controller
 from controller.controller_config import ControllerConfig
 from controller.ray_cluster_client import RayClusterClient
 from controller.slot_outlook import SlotOutlook
-from wire import ModelRecord
+from wire import EngineGauges, ModelRecord
 
 DEFAULT_CONTROLLER_NAME = "thaw-controller"
 logger = logging.getLogger(__name__)
@@ -77,6 +77,9 @@ class ControllerActor:
 
     async def set_tenant_quota(self, tenant: str, quota: dict[str, Any]) -> dict[str, Any]:
         return self._controller.set_tenant_quota(tenant, quota)
+
+    async def engine_gauges(self) -> list[EngineGauges]:
+        return self._controller.engine_gauges()
 
     async def slot_sharing_counts(self) -> dict[str, int]:
         return self._controller.slot_sharing_counts()

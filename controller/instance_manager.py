@@ -314,6 +314,9 @@ class InstanceManager:
         instance.pid = getattr(stats, "pid", 0)
         instance.num_ongoing_requests = stats.num_ongoing_requests
         instance.num_generated_tokens = stats.num_generated_tokens
+        instance.num_running_requests = getattr(stats, "num_running_requests", 0)
+        instance.num_waiting_requests = getattr(stats, "num_waiting_requests", 0)
+        instance.kv_cache_usage = min(1.0, max(0.0, float(getattr(stats, "kv_cache_usage", 0.0))))
         resident = getattr(stats, "weights_resident", True)
         if resident and not instance.weights_resident:
             logger.info("%s: instance %s has every layer: %s", instance.model_id, instance.instance_id,

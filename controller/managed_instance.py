@@ -47,6 +47,8 @@ class ManagedInstance:
         weights_resident: every layer is in (False while a peer's stream still delivers them:
             such an instance serves, but is no source for another).
         prefills_at_frontier: its requests waiting for a layer still on its way (last report).
+        num_running_requests / num_waiting_requests / kv_cache_usage: its engine's batch, queue and
+            fraction of KV blocks in use (last report), for the gateways' ``/metrics``.
         pid: the worker's process id on its node (last report; 0 until one).
     """
 
@@ -73,6 +75,9 @@ class ManagedInstance:
     weights_resident: bool = True
     prefills_at_frontier: tuple[str, ...] = ()
     pid: int = 0
+    num_running_requests: int = 0
+    num_waiting_requests: int = 0
+    kv_cache_usage: float = 0.0
 
     @property
     def serving(self) -> bool:

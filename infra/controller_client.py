@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from controller import SlotOutlook
-from wire import ActorGoneError, ModelRecord, call
+from wire import ActorGoneError, EngineGauges, ModelRecord, call
 
 
 class ControllerUnavailable(Exception):
@@ -76,6 +76,10 @@ class ControllerClient:
 
     async def set_tenant_quota(self, tenant: str, quota: Mapping[str, Any]) -> dict[str, Any]:
         return await self._call("set_tenant_quota", tenant, dict(quota))
+
+    async def engine_gauges(self) -> list[EngineGauges]:
+        """Every ready instance's engine load, as the controller last heard it."""
+        return list(await self._call("engine_gauges"))
 
     async def slot_sharing_counts(self) -> dict[str, int]:
         return {str(name): int(value) for name, value in (await self._call("slot_sharing_counts")).items()}

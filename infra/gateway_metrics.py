@@ -10,7 +10,9 @@ What is measured and by whom:
   inter-token latency; end-to-end latency; prompt and generated tokens; queue time when the
   backend reports one on the first chunk;
 - the platform (controller / backend), as events happen: cold starts by the tier the
-  checkpoint came from and their load seconds, the number of ready instances per model, and
+  checkpoint came from and their load seconds, the number of ready instances per model, every
+  ready instance's engine gauges (running and waiting requests, KV-cache use: all nodes, from the
+  controller's view, so any replica's scrape shows them; also as vLLM's gauges), and
   each wait in a model's queue, by the cause the controller last gave for it (its outlook's
   status) and how the wait ended.
 
@@ -28,10 +30,12 @@ admin key or the metrics scrape token (`infra.gateway_access`, `infra.metrics_to
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from wire import EngineGauges
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -104,6 +108,20 @@ class GatewayMetrics:
                                     registry=r)
         self._vllm_generation = Counter(VLLM_ALIASES["generation_tokens"], "Generated tokens (vLLM's name).",
                                         ["model_name"], registry=r)
+        engine = ["model", "instance", "node"]
+        self.engine_running = Gauge("engine_requests_running", "Requests in an instance's running batch.", engine,
+                                    namespace=ns, registry=r)
+        self.engine_waiting = Gauge("engine_requests_waiting", "Requests queued in an instance's engine.", engine,
+                                    namespace=ns, registry=r)
+        self.engine_kv_usage = Gauge("engine_kv_cache_usage", "Fraction of an instance's KV blocks in use (0..1).",
+                                     engine, namespace=ns, registry=r)
+        vllm_engine = ["model_name", "engine"]
+        self._vllm_running = Gauge("vllm:num_requests_running", "Running requests (vLLM's name).", vllm_engine,
+                                   registry=r)
+        self._vllm_waiting = Gauge("vllm:num_requests_waiting", "Waiting requests (vLLM's name).", vllm_engine,
+                                   registry=r)
+        self._vllm_kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache use, 0..1 (vLLM's name).", vllm_engine,
+                                    registry=r)
         # A gauge, not a counter: it mirrors the controller's own counts, which start again at 0
         # when the controller restarts (Prometheus' rate() over it still reads as a counter's).
         self.slot_decisions = Gauge(
@@ -156,6 +174,23 @@ class GatewayMetrics:
         """The controller's slot-sharing counters, as it reported them last."""
         for kind, value in counts.items():
             self.slot_decisions.labels(kind=kind).set(value)
+
+    def set_engine_gauges(self, gauges: Sequence[EngineGauges]) -> None:
+        """Every ready instance's engine load as the controller reported it; instances no longer
+        listed drop out (their series end rather than freeze at the last value)."""
+        series = (self.engine_running, self.engine_waiting, self.engine_kv_usage,
+                  self._vllm_running, self._vllm_waiting, self._vllm_kv_usage)
+        for gauge in series:
+            gauge.clear()
+        for g in gauges:
+            ours = {"model": g.model_id, "instance": g.instance_id, "node": g.node_id}
+            theirs = {"model_name": g.model_id, "engine": g.instance_id}
+            self.engine_running.labels(**ours).set(g.num_running_requests)
+            self.engine_waiting.labels(**ours).set(g.num_waiting_requests)
+            self.engine_kv_usage.labels(**ours).set(g.kv_cache_usage)
+            self._vllm_running.labels(**theirs).set(g.num_running_requests)
+            self._vllm_waiting.labels(**theirs).set(g.num_waiting_requests)
+            self._vllm_kv_usage.labels(**theirs).set(g.kv_cache_usage)
 
     def set_instances(self, model_id: str, num_instances: int) -> None:
         self.instances.labels(model=model_id).set(num_instances)

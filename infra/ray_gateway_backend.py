@@ -480,6 +480,7 @@ class RayGatewayBackend:
         self._quotas = dict(await self._cluster.tenant_quotas())
         if self._metrics is not None:
             self._metrics.set_slot_decisions(await self._cluster.slot_sharing_counts())
+            self._metrics.set_engine_gauges(await self._cluster.engine_gauges())
         first = not self._models_loaded
         appeared = self._apply(version, table or {}, records)
         self._last_refresh_ok = self._clock()

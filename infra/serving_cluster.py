@@ -24,8 +24,8 @@ from typing import Any, Protocol
 from controller import TenantQuota
 from controller import SlotOutlook
 from infra.controller_client import ControllerClient
-from wire import (ActorGoneError, ActorUnreachableError, EngineDeadError, InstanceRoute, ModelRecord, Prompt,
-                  SamplingParams, call, ray_errors_translated)
+from wire import (ActorGoneError, ActorUnreachableError, EngineDeadError, EngineGauges, InstanceRoute, ModelRecord,
+                  Prompt, SamplingParams, call, ray_errors_translated)
 
 __all__ = ["InstanceGone", "InstanceRoute", "RayServingCluster", "RoutingTableData", "ServingCluster"]
 
@@ -65,6 +65,10 @@ class ServingCluster(Protocol):
 
     async def slot_sharing_counts(self) -> Mapping[str, int]:
         """The controller's slot-sharing counters (evictions, preemptions, suspensions, ...)."""
+        ...
+
+    async def engine_gauges(self) -> Sequence[EngineGauges]:
+        """Every ready instance's running/waiting requests and KV-cache use (the controller's view)."""
         ...
 
     async def tenant_quotas(self) -> Mapping[str, TenantQuota]:
@@ -128,6 +132,9 @@ class RayServingCluster:
 
     async def slot_sharing_counts(self) -> dict[str, int]:
         return await self._controller.slot_sharing_counts()
+
+    async def engine_gauges(self) -> list[EngineGauges]:
+        return await self._controller.engine_gauges()
 
     async def tenant_quotas(self) -> dict[str, TenantQuota]:
         quotas = await self._controller.tenant_quotas()

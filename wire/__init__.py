@@ -22,6 +22,8 @@ Public API:
 - `TOOL_CALL_FORMATS`, `detect_tool_call_format`: the text formats models write tool calls in,
   and which one a chat template teaches (controller -> gateway, in `ModelRecord`).
 - `InstanceRoute`: one ready instance in the controller's routing table (controller -> gateway).
+- `EngineGauges`: a ready instance's running/waiting requests and KV-cache use, for ``/metrics``
+  (controller -> gateway).
 - `InstanceStats`, `InstanceLoad`, `InstanceState`: what a worker reports about itself -- its load
   now, how its model was loaded, its lifecycle state (worker -> controller).
 - `ModelRecord`, `InstanceLoadRecord`: a deployed model as the gateway needs it, with when it
@@ -41,6 +43,7 @@ Public API:
 from wire.chat_prompt import ChatPrompt
 from wire.grammar_spec import GRAMMAR_KINDS, GrammarSpec
 from wire.generation_chunk import SUSPENDED, ChatMessage, GenerationChunk, Prompt
+from wire.engine_gauges import EngineGauges
 from wire.instance_route import InstanceRoute
 from wire.instance_stats import InstanceLoad, InstanceState, InstanceStats
 from wire.migration_outcome import MigrationMethod, MigrationOutcome, MigrationStatus
@@ -57,7 +60,7 @@ from wire.wire_record import WireRecord
 __all__ = [
     "GRAMMAR_KINDS", "GrammarSpec", "MAX_LOGPROBS", "MODEL_DEFAULT_FIELDS", "TOOL_CALL_FORMATS", "TokenLogprobs", "detect_tool_call_format",
     "SUSPENDED", "ActorGoneError", "ActorUnreachableError", "ChatMessage", "ChatPrompt", "GenerationChunk", "InstanceLoadRecord",
-    "InstanceRoute", "ModelRecord", "Prompt", "SamplingParams", "WireRecord", "call", "is_ours",
+    "EngineGauges", "InstanceRoute", "ModelRecord", "Prompt", "SamplingParams", "WireRecord", "call", "is_ours",
     "ray_errors_translated", "stream", "translated",
     "InstanceLoad", "InstanceState", "InstanceStats",
     "EngineDeadError", "InvalidRequestError", "RequestFailedError",

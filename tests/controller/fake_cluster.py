@@ -26,6 +26,9 @@ class FakeStats:
     weights_resident: bool = True
     prefills_at_frontier: tuple[str, ...] = ()
     num_requests_started: int = 0
+    num_running_requests: int = 0
+    num_waiting_requests: int = 0
+    kv_cache_usage: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,9 @@ class FakeWorker:
     stream_error: Exception | None = None  # stream_weights raises this when set
     prefills_at_frontier: tuple[str, ...] = ()  # reported prompts waiting for a layer (streamed instances)
     num_requests_started: int = 0  # requests given to it so far (its usage)
+    num_running_requests: int = 0  # its engine's batch, queue and KV use, as reported
+    num_waiting_requests: int = 0
+    kv_cache_usage: float = 0.0
 
     def finish_loading(self, error: Exception | None = None) -> None:
         self.load_error = error
@@ -278,7 +284,8 @@ class FakeCluster(ClusterClient):
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
         return FakeStats(handle.state, handle.num_ongoing_requests, handle.num_generated_tokens, 0.5,
-                         handle.weights_resident, tuple(handle.prefills_at_frontier), handle.num_requests_started)
+                         handle.weights_resident, tuple(handle.prefills_at_frontier), handle.num_requests_started,
+                         handle.num_running_requests, handle.num_waiting_requests, handle.kv_cache_usage)
 
     async def stop_worker(self, handle: FakeWorker, timeout_s: float) -> None:
         if handle.alive and handle.state != "spare":

@@ -58,6 +58,7 @@ class FakeCluster:
         self.oldest_waits: list[float] = []  # each report's oldest_wait_s, in step with `demand`
         self.outlook: SlotOutlook | None = None
         self.slot_counts: dict[str, int] = {}  # the controller's slot-sharing counters
+        self.gauges: list = []  # the controller's engine gauges (wire.EngineGauges)
         self.served: list[tuple[str, str]] = []  # (request id, instance id)
         self.aborted: list[tuple[str, str]] = []
         self.closed_early: list[str] = []
@@ -111,6 +112,11 @@ class FakeCluster:
         if self.unreachable:
             raise ConnectionError("controller down")
         return dict(self.slot_counts)
+
+    async def engine_gauges(self) -> list:
+        if self.unreachable:
+            raise ConnectionError("controller down")
+        return list(self.gauges)
 
     async def tenant_quotas(self) -> dict[str, TenantQuota]:
         self.num_quota_calls += 1

@@ -205,3 +205,27 @@ def test_the_controllers_slot_decisions_are_exported_on_metrics():
         await until(lambda: metric(backend, 'thaw_slot_decisions{kind="evictions"}') == "4.0", "the next refresh")
 
     run(test)(cluster)
+
+
+def test_every_ready_instances_engine_gauges_are_exported_on_metrics_under_both_names():
+    from wire import EngineGauges
+
+    cluster = FakeCluster()
+    cluster.records[MODEL] = record(MODEL)
+    cluster.gauges = [EngineGauges("i-a", MODEL, "node-a", 3, 1, 0.25), EngineGauges("i-b", MODEL, "node-b", 0, 0, 0.0)]
+
+    async def test(cluster, backend):
+        ours = f'{{instance="i-a",model="{MODEL}",node="node-a"}}'
+        await until(lambda: metric(backend, "thaw_engine_requests_running" + ours) == "3.0", "the first refresh")
+        assert metric(backend, "thaw_engine_requests_waiting" + ours) == "1.0"
+        assert metric(backend, "thaw_engine_kv_cache_usage" + ours) == "0.25"
+        theirs = f'{{engine="i-a",model_name="{MODEL}"}}'
+        assert [metric(backend, name + theirs) for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                                                            "vllm:kv_cache_usage_perc")] == ["3.0", "1.0", "0.25"]
+        assert metric(backend, f'thaw_engine_requests_running{{instance="i-b",model="{MODEL}",node="node-b"}}') == "0.0"
+        cluster.gauges = cluster.gauges[:1]  # i-b stopped: its series end
+        cluster.bump()
+        await until(lambda: metric(backend, f'thaw_engine_requests_running{{instance="i-b",model="{MODEL}",'
+                                            f'node="node-b"}}') is None, "the next refresh")
+
+    run(test)(cluster)

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from infra.gateway_metrics import VLLM_ALIASES, GatewayMetrics
+from wire import EngineGauges
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "infra" / "grafana" / "thaw-dashboard.json"
 SERIES = re.compile(r"\b((?:thaw_|vllm:)[a-zA-Z0-9_:]+)(\{[^}]*\})?")
@@ -25,6 +26,7 @@ def exported() -> dict[str, set[str]]:
     metrics.record_queue_wait("acme/m", "loading", "served", 0.5)
     metrics.set_slot_decisions({"evictions": 1})
     metrics.set_instances("acme/m", 1)
+    metrics.set_engine_gauges([EngineGauges("i1", "acme/m", "node0", 1, 0, 0.5)])
     names: dict[str, set[str]] = {}
     for line in metrics.render()[0].decode().splitlines():
         match = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? ", line)
@@ -58,10 +60,10 @@ def test_every_expression_names_an_exported_series_with_its_labels():
             for name, _ in found:
                 assert set(map(str.strip, label.split(","))) <= names[name], f"{title!r}: grouping by {label}"
     # The dashboard covers what the issue asks for: TTFT, ITL, queue, cold starts by tier, slot
-    # decisions, instances per model.
+    # decisions, instances per model, KV use.
     assert {"thaw_time_to_first_token_seconds_bucket", "thaw_inter_token_latency_seconds_bucket",
             "thaw_queue_wait_seconds_bucket", "thaw_cold_starts_total", "thaw_slot_decisions",
-            "thaw_model_instances"} <= seen
+            "thaw_model_instances", "thaw_engine_requests_running", "thaw_engine_kv_cache_usage"} <= seen
 
 
 def test_the_vllm_aliases_are_exported_under_vllm_names():

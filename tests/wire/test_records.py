@@ -3,6 +3,7 @@ through the dict form and through pickle (Ray's way), and refusals that name the
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import pytest
@@ -148,3 +149,17 @@ def test_every_record_is_a_wire_record_with_a_distinct_schema():
     assert all(issubclass(type(r), WireRecord) for r in RECORDS)
     assert schemas == ["generation_chunk/1", "instance_route/1", "instance_load/1", "model_record/1",
                        "sampling_params/1", "token_logprobs/1"]
+
+
+def test_engine_gauges_round_trip_and_refuse_impossible_figures():
+    from wire import EngineGauges
+
+    gauges = EngineGauges("i1", "acme/m", "node0", 3, 1, 0.25)
+    assert EngineGauges.from_dict(gauges.to_dict()) == gauges and pickle.loads(pickle.dumps(gauges)) == gauges
+    assert gauges.to_dict()["schema"] == "engine_gauges/1"
+    for field, value, match in (("num_running_requests", -1, "num_running_requests"),
+                                ("kv_cache_usage", 1.5, "kv_cache_usage must be a fraction in 0..1"),
+                                ("kv_cache_usage", float("nan"), "kv_cache_usage must be a fraction"),
+                                ("node_id", None, "node_id must be a string")):
+        with pytest.raises(ValueError, match=match):
+            EngineGauges(**{**dataclasses.asdict(gauges), field: value})
