@@ -5,14 +5,16 @@
 // block pool into a contiguous tensor for SDPA, once per layer per step; that copy and the
 // second pass SDPA makes over it were ~a quarter of an engine step. Here each (sequence, KV
 // head) task reads its keys once (scores for all query heads of the group) and its values
-// once (weighted sum), with an exact two-pass softmax.
+// once (weighted sum), with a two-pass softmax (max first, no rescaling).
 //
-// Two element types, one code path: float32, and bfloat16 (what checkpoints ship in). In
+// Two element types, one algorithm: float32, and bfloat16 (what checkpoints ship in). Head sizes
+// 64 and 128 (up to 8 query heads per KV head) take an AVX-512 path where the CPU has it (see
+// there); other shapes the portable loops. In
 // bfloat16 the query, keys and values are widened to float32 as they are read (a bfloat16 is
 // the top half of a float32, so widening is a 16-bit shift the compiler vectorises), scores,
-// softmax and the weighted sum are float32, and only the output is rounded to bfloat16: the
-// same arithmetic as PyTorch's SDPA on CPU for bfloat16 inputs, and half the memory traffic of
-// float32, which is what decode attention is bound by.
+// softmax and the weighted sum are float32, and only the output is rounded to bfloat16: PyTorch's
+// SDPA arithmetic on CPU for bfloat16 inputs up to summation order and rounding (tested against
+// it), and half the memory traffic of float32, which is what decode attention is bound by.
 //
 // Layouts (all contiguous; T is float32 or bfloat16, the same for all four tensors):
 //   query        [B, Hq, D]                T
@@ -107,6 +109,10 @@ inline __m512 exp16(__m512 x) {
 
 constexpr int64_t kMaxGroup = 8;
 
+// Keeps the row's cache lines coming ahead of use: blocks are scattered and one head's rows of
+// a block are 512+ bytes apart, which the hardware prefetcher does not follow. (Kept a free
+// function taking plain values: with the address from a struct's member function, GCC 12 dropped
+// the prefetch instructions altogether, and the kernel was ~1.5x slower.)
 template <typename T>
 inline void prefetch_row(const T* cache, const int32_t* table, int64_t pos, int64_t block_size, int64_t block_stride,
                          int64_t token_stride, int64_t kv_offset, int64_t head_dim) {
