@@ -267,9 +267,7 @@ class Controller:
     def engine_gauges(self) -> list[EngineGauges]:
         """Every ready instance's engine load as last reported (what the gateways export on
         ``/metrics`` for all nodes), by instance id."""
-        return [EngineGauges(i.instance_id, i.model_id, i.node_id, i.num_running_requests, i.num_waiting_requests,
-                             i.kv_cache_usage)
-                for i in sorted(self._instances.all(), key=lambda i: i.instance_id) if i.phase is InstancePhase.READY]
+        return self._instances.engine_gauges()
 
     def slot_sharing_counts(self) -> dict[str, int]:
         """How often slots changed hands since this controller started (evictions, preemptions,

@@ -58,6 +58,7 @@ from controller.stream_chains import StreamChains
 from controller.stream_source_policy import LoadPath, choose_load_path
 from controller.state_store import StateStore, WorkerRecord
 from storage import TierFullError
+from wire import EngineGauges
 
 logger = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.1
@@ -100,6 +101,11 @@ class InstanceManager:
 
     def all(self) -> list[ManagedInstance]:
         return sorted(self._instances.values(), key=lambda i: i.instance_id)
+
+    def engine_gauges(self) -> list[EngineGauges]:
+        """Every ready instance's engine load as its worker last reported it, by instance id."""
+        return [EngineGauges(i.instance_id, i.model_id, i.node_id, i.num_running_requests, i.num_waiting_requests,
+                             i.kv_cache_usage) for i in self.all() if i.phase is InstancePhase.READY]
 
     def get(self, instance_id: str) -> ManagedInstance | None:
         return self._instances.get(instance_id)

@@ -69,8 +69,10 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         block_size = key_cache.shape[1]
         cascades = ()
         if self._cascade and sliding_window is None and softcap is None:
-            cascades = self._cached(metadata, ("cascade", block_size),
-                                    lambda: plan_cascades(metadata, block_size, query.device))
+            group_size = num_heads // num_kv_heads
+            cascades = self._cached(metadata, ("cascade", block_size, query.dtype, group_size),
+                                    lambda: plan_cascades(metadata, block_size, query.device, dtype=query.dtype,
+                                                          group_size=group_size))
         has_decode = 1 in metadata.query_lens_host
         if not cascades and not has_decode:
             return super().paged_attention(query, key_cache, value_cache, metadata, scale, sliding_window, softcap,

@@ -48,6 +48,9 @@ class CascadeMember:
     suffix_block_ids: torch.Tensor  # [nb] int64: its blocks from the end of the prefix on
     num_suffix_keys: int  # its context past the prefix, this step's tokens included
     suffix_mask: torch.Tensor  # [Q, num_suffix_keys] bool, True = attend (causal over its own tokens)
+    # The same as the flash op takes it, built once per step: additive (0 / -inf) in the query's
+    # dtype, one copy per query head of a KV head's group (row g * Q + i).
+    suffix_bias: torch.Tensor  # [group * Q, num_suffix_keys]
 
 
 @dataclass(frozen=True)
@@ -65,11 +68,12 @@ class CascadeGroup:
 
 
 def plan_cascades(metadata: AttentionMetadata, block_size: int, device: torch.device,
-                  min_members: int = MIN_MEMBERS, min_prefix_tokens: int = MIN_PREFIX_TOKENS,
-                  ) -> tuple[CascadeGroup, ...]:
+                  min_members: int = MIN_MEMBERS, min_prefix_tokens: int = MIN_PREFIX_TOKENS, *,
+                  dtype: torch.dtype = torch.float32, group_size: int = 1) -> tuple[CascadeGroup, ...]:
     """The step's cascade groups: prefill chunks (more than one query row) with cached context whose
     tables start with the same blocks, at least `min_members` of them sharing at least
-    `min_prefix_tokens` tokens of context that precedes every member's queries."""
+    `min_prefix_tokens` tokens of context that precedes every member's queries. `dtype` and
+    `group_size` (query heads per KV head) shape the masks as every layer's flash calls take them."""
     candidates = [b for b, (q_len, seq_len) in enumerate(zip(metadata.query_lens_host, metadata.seq_lens_host))
                   if 1 < q_len < seq_len and seq_len - q_len >= min_prefix_tokens]
     if len(candidates) < min_members:
@@ -99,11 +103,14 @@ def plan_cascades(metadata: AttentionMetadata, block_size: int, device: torch.de
             num_suffix = seq_len - prefix_len
             key_pos = torch.arange(prefix_len, seq_len, device=device)  # [S]
             query_pos = torch.arange(seq_len - q_len, seq_len, device=device)  # [Q]
+            mask = key_pos <= query_pos.unsqueeze(-1)  # [Q, S]
+            bias = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, float("-inf"))
             members.append(CascadeMember(
                 seq_id=b, first_row=starts[b], end_row=starts[b + 1],
                 suffix_block_ids=tables[b, num_prefix_blocks:-(-seq_len // block_size)].long(),
                 num_suffix_keys=num_suffix,
-                suffix_mask=key_pos <= query_pos.unsqueeze(-1),  # [Q, S]
+                suffix_mask=mask,
+                suffix_bias=bias.repeat(group_size, 1),  # [G * Q, S]
             ))
         groups.append(CascadeGroup(
             prefix_block_ids=tables[seq_ids[0], :num_prefix_blocks].long(),
@@ -154,9 +161,8 @@ def run_cascade(
         q_len = m.end_row - m.first_row
         keys = _gather(key_cache, m.suffix_block_ids, m.num_suffix_keys).to(q.dtype)  # [1, Hkv, S, D]
         values = _gather(value_cache, m.suffix_block_ids, m.num_suffix_keys).to(q.dtype)
-        mask = torch.zeros(m.suffix_mask.shape, dtype=q.dtype).masked_fill_(~m.suffix_mask, float("-inf"))
         o, lse = attend(_fold(q[offset:offset + q_len], num_kv_heads), keys, values, 0.0, False,
-                        attn_mask=mask.repeat(group_size, 1), scale=scale)  # mask rows g * Q + i
+                        attn_mask=m.suffix_bias, scale=scale)  # planned for this dtype and group
         own[:, :, offset:offset + q_len] = o.view(num_kv_heads, group_size, q_len, dim)
         own_lse[:, :, offset:offset + q_len] = lse.view(num_kv_heads, group_size, q_len)
         offset += q_len

@@ -418,23 +418,6 @@ def test_cold_start_on_demand_then_ready_enters_the_routing_table(tmp_path):
     asyncio.run(scenario())
 
 
-def test_engine_gauges_list_every_ready_instance_as_its_worker_last_reported(tmp_path):
-    from wire import EngineGauges
-
-    async def scenario():
-        async with Harness(tmp_path) as h:
-            await h.controller.deploy(spec("acme/m1", h.source("m1")))
-            assert h.controller.engine_gauges() == []
-            h.controller.notify_demand("acme/m1", 1)
-            await h.tick()
-            [worker] = h.cluster.live_workers()
-            worker.num_running_requests, worker.num_waiting_requests, worker.kv_cache_usage = 3, 2, 0.5
-            await h.tick()
-            assert h.controller.engine_gauges() == [EngineGauges(worker.instance_id, "acme/m1", NODE, 3, 2, 0.5)]
-
-    asyncio.run(scenario())
-
-
 def test_load_scales_up_after_the_upscale_delay_and_idle_scales_to_zero(tmp_path):
     async def scenario():
         async with Harness(tmp_path) as h:

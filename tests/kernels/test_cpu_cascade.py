@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import AttentionMetadata, ReferenceAttentionBackend, get_attention_backend
+from kernels import AttentionMetadata, ReferenceAttentionBackend
 from kernels.cpu_attention import CpuAttentionBackend
 from kernels.cpu_cascade import cascade_available, plan_cascades, run_cascade
+from kernels.cpu_extension import try_build_cpu_extension
 
 pytestmark = pytest.mark.skipif(not cascade_available(), reason="this PyTorch lacks the CPU flash op with LSE")
 
@@ -59,7 +60,8 @@ def test_cascade_rows_match_the_reference(dtype, tol, num_heads, num_kv_heads):
     query, key_cache, value_cache, meta = shared_prefix_batch(num_heads, num_kv_heads, dtype, seed=num_heads)
     want = ReferenceAttentionBackend().paged_attention(query.float(), key_cache.float(), value_cache.float(), meta,
                                                        0.3)
-    [group] = plan_cascades(meta, BLOCK, torch.device("cpu"), min_members=4, min_prefix_tokens=8)
+    [group] = plan_cascades(meta, BLOCK, torch.device("cpu"), min_members=4, min_prefix_tokens=8, dtype=dtype,
+                            group_size=num_heads // num_kv_heads)
     out = torch.zeros_like(query)
     run_cascade(group, query, key_cache, value_cache, 0.3, out)
     rows = group.rows
@@ -72,12 +74,14 @@ def test_cascade_rows_match_the_reference(dtype, tol, num_heads, num_kv_heads):
 def test_the_backend_attends_every_row_with_and_without_cascades(monkeypatch):
     import kernels.cpu_cascade as cascade_module
     query, key_cache, value_cache, meta = shared_prefix_batch(8, 2, torch.float32, seed=3)
-    extension = get_attention_backend("cpu", prefer="cpu")._ext
+    extension, why_not = try_build_cpu_extension()
+    assert extension is not None, why_not
     calls = []
     real = cascade_module.run_cascade
     monkeypatch.setattr("kernels.cpu_attention.run_cascade", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setattr("kernels.cpu_attention.plan_cascades",
-                        lambda m, bs, d: plan_cascades(m, bs, d, min_members=4, min_prefix_tokens=8))  # tiny batch
+                        lambda m, bs, d, **shape: plan_cascades(m, bs, d, min_members=4, min_prefix_tokens=8,
+                                                                **shape))  # tiny batch
     want = ReferenceAttentionBackend().paged_attention(query, key_cache, value_cache, meta, 0.2)
     with_cascade = CpuAttentionBackend(extension, cascade=True).paged_attention(query, key_cache, value_cache,
                                                                                 meta, 0.2)
