@@ -13,9 +13,11 @@ Public API (everything else in this folder is private to it):
 - `Controller`, `ControllerConfig`: the registry and reconcile loop (a plain class over a
   `ClusterClient`, the interface it drives nodes, stores and workers through, whose calls raise
   `ActorGoneError` for an actor that is gone; `RayClusterClient` is the real one, and tests
-  implement a fake; `RayNodeInfo`: a live node as it lists them); `ControllerActor`,
+  implement a fake; `RayNodeInfo`: a live node as it lists them, `NODE_ID_PREFIX_CHARS`: how much of
+  a Ray node id names its logical node); `ControllerActor`,
   `start_controller`, `get_controller`, `stop_controller`, `DEFAULT_CONTROLLER_NAME`: the same
-  as a detached, named Ray actor.
+  as a detached, named Ray actor; `GatewayMetricsBoard`: the gateway replicas' per-request
+  metrics that actor relays between them.
 - `RoutingTable`, `Route`: the versioned model -> ready instances table the gateway routes from.
 - `SlotOutlook`, `SlotHolder`: what a model waiting for an instance is told (the answer to a
   gateway's queue report); `SlotSharingSettings`: how slots pass between models on demand.
@@ -78,6 +80,8 @@ _LAZY = {
     "DEFAULT_CONTROLLER_NAME": "controller.controller_actor",
     "RayClusterClient": "controller.ray_cluster_client",
     "RayNodeInfo": "controller.cluster_node",
+    "NODE_ID_PREFIX_CHARS": "controller.cluster_node",
+    "GatewayMetricsBoard": "controller.gateway_metrics_board",
     "get_controller": "controller.controller_actor",
     "node_store_actor_name": "controller.cluster_client",
     "repository_name": "controller.model_source",
@@ -110,7 +114,7 @@ __all__ = [
     "ActorGoneError", "ApiKeyRecord", "AutoscaleState", "AutoscalingPolicy", "ClusterClient", "Controller",
     "ControllerActor", "ControllerConfig", "ControllerError", "DEFAULT_CONTROLLER_NAME", "InvalidMigrationError",
     "DeployConflictError", "InvalidSpecError", "LoadSnapshot", "MigrationConflictError", "ModelAlreadyDeployedError", "ModelSpec", "NodeEstimate", "NodeView", "PlacementDecision",
-    "RayClusterClient", "RayNodeInfo", "ResourceSpec", "Route", "RoutingTable", "ScaleDecision", "SpecError",
+    "GatewayMetricsBoard", "NODE_ID_PREFIX_CHARS", "RayClusterClient", "RayNodeInfo", "ResourceSpec", "Route", "RoutingTable", "ScaleDecision", "SpecError",
     "SlotHolder", "SlotOutlook", "SlotSharingSettings", "StateStore", "StateStoreError", "TenantQuota", "TierBandwidths", "UnknownInstanceError", "UnknownModelError",
     "UnknownTenantError",
     "WorkerRecord", "add_model_spec_arguments", "choose_destination", "decide", "get_controller",

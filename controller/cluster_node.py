@@ -52,14 +52,17 @@ class ClusterNode:
     draining: bool = False
 
 
-def plan_nodes(ray_nodes: Iterable[RayNodeInfo], nodes_per_ray_node: int,
-               cpu_worker_slots_per_node: int) -> list[tuple[str, str, int]]:
-    """(logical node id, Ray node id, worker slots) for every live Ray node, sorted.
+def plan_nodes(ray_nodes: Iterable[RayNodeInfo], nodes_per_ray_node: int, cpu_worker_slots_per_node: int,
+               excluded_ray_node_ids: Iterable[str] = ()) -> list[tuple[str, str, int]]:
+    """(logical node id, Ray node id, worker slots) for every live Ray node not excluded, sorted.
 
     Logical ids are a prefix of the Ray id (node-store ids must be short: they name
     shared-memory directories), suffixed ``-0``, ``-1``... when a Ray node is split."""
+    excluded = set(excluded_ray_node_ids)
     planned = []
     for node in ray_nodes:
+        if node.ray_node_id in excluded:
+            continue
         slots = node.num_gpus if node.num_gpus > 0 else cpu_worker_slots_per_node
         prefix = node.ray_node_id[:NODE_ID_PREFIX_CHARS]
         if nodes_per_ray_node == 1:

@@ -374,7 +374,7 @@ class Controller:
 
     async def _refresh_nodes(self) -> list[str]:
         planned = plan_nodes(await self._cluster.list_nodes(), self.config.nodes_per_ray_node,
-                             self.config.cpu_worker_slots_per_node)
+                             self.config.cpu_worker_slots_per_node, self.config.excluded_ray_node_ids)
         for node_id, ray_node_id, num_slots in planned:
             node = self._nodes.get(node_id)
             if node is None:
@@ -571,13 +571,14 @@ class Controller:
         return {"node_id": node_id, "stopping": sorted(i.instance_id for i in stopping),
                 "migrating": migrate and any(i.handle is not None for i in stopping)}
 
-    def undrain_node(self, node_id: str) -> None:
+    def undrain_node(self, node_id: str) -> dict[str, Any]:
         """Let placement use a drained node again."""
         node = self._nodes.get(node_id)
         if node is None:
             raise LookupError(f"no node {node_id!r}; nodes: {sorted(self._nodes)}")
         node.draining = False
         self._wake.set()
+        return {"node_id": node_id, "draining": False}
 
     def _draining_nodes(self) -> set[str]:
         return {node_id for node_id, node in self._nodes.items() if node.draining}

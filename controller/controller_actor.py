@@ -4,7 +4,8 @@
 loop (a background task started in ``__init__``), so the routing table is served while a tick
 waits on reports, and nothing needs a lock but the tick itself. It only forwards to
 `Controller`, which is tested without Ray; `RayClusterClient` is what it talks to the cluster
-through.
+through. Beside it the actor keeps one relay that is not controller logic: the gateway replicas'
+per-request metrics (`GatewayMetricsBoard`), handed from each replica to its peers.
 
 Detached, so the platform outlives the process that started it (``thaw serve``); named
 (``thaw-controller`` by default) in the platform's namespace, so the gateway and the CLI find it
@@ -29,11 +30,13 @@ import asyncio
 import logging
 from typing import Any
 
+from controller.cluster_node import NODE_ID_PREFIX_CHARS
 from controller.controller import Controller
 from controller.controller_config import ControllerConfig
+from controller.gateway_metrics_board import GatewayMetricsBoard
 from controller.ray_cluster_client import RayClusterClient
 from controller.slot_outlook import SlotOutlook
-from wire import EngineGauges, ModelRecord
+from wire import EngineGauges, GatewayMetricsSnapshot, ModelRecord
 
 DEFAULT_CONTROLLER_NAME = "thaw-controller"
 logger = logging.getLogger(__name__)
@@ -47,6 +50,7 @@ class ControllerActor:
         # Ray worker log at INFO, where ``ray logs`` and the driver's console find them.
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         self._controller = Controller(config, RayClusterClient(config.namespace, config.repository))
+        self._gateway_metrics = GatewayMetricsBoard()
         await self._controller.start()
         self._loop_task = asyncio.get_running_loop().create_task(self._controller.run())
 
@@ -84,6 +88,10 @@ class ControllerActor:
     async def slot_sharing_counts(self) -> dict[str, int]:
         return self._controller.slot_sharing_counts()
 
+    async def exchange_gateway_metrics(self, snapshot: GatewayMetricsSnapshot) -> list[GatewayMetricsSnapshot]:
+        """Keeps a gateway replica's per-request series; returns its live peers' (`GatewayMetricsBoard`)."""
+        return self._gateway_metrics.exchange(snapshot)
+
     async def tenant_quotas(self) -> dict[str, dict[str, Any]]:
         return self._controller.tenant_quotas()
 
@@ -96,7 +104,16 @@ class ControllerActor:
         return await self._controller.routing_table(known_version, timeout_s)
 
     async def status(self) -> dict[str, Any]:
-        return self._controller.status()
+        import ray
+
+        # Where the controller runs: Ray may have restarted it on another node (its node was lost).
+        ray_node_id = ray.get_runtime_context().get_node_id()
+        return {**self._controller.status(),
+                "controller": {"ray_node_id": ray_node_id, "node_id": ray_node_id[:NODE_ID_PREFIX_CHARS]}}
+
+    async def config(self) -> ControllerConfig:
+        """The configuration this controller runs with (to start its successor elsewhere)."""
+        return self._controller.config
 
     async def drain_node(self, node_id: str, migrate: bool = True) -> dict[str, Any]:
         return await self._controller.drain_node(node_id, migrate)
@@ -106,8 +123,8 @@ class ControllerActor:
         return await self._controller.migrate(instance_id, request_id, to_node=to_node, to_instance=to_instance,
                                               method=method)
 
-    async def undrain_node(self, node_id: str) -> None:
-        self._controller.undrain_node(node_id)
+    async def undrain_node(self, node_id: str) -> dict[str, Any]:
+        return self._controller.undrain_node(node_id)
 
     async def reconcile_once(self) -> dict[str, Any]:
         return await self._controller.reconcile_once()

@@ -71,6 +71,9 @@ class ControllerConfig:
         cpu_worker_slots_per_node: worker slots of a logical node without GPUs; a GPU node
             has one slot per GPU.
         nodes_per_ray_node: logical nodes per Ray node (see the module docstring).
+        excluded_ray_node_ids: Ray nodes that get no node store and no model instance (the head
+            of a cluster whose platform was started with ``thaw serve --head-only``: it runs the
+            controller and the gateway, the other nodes the models).
         spare_workers_per_node: worker processes kept started, with no model, on each Ray node,
             so a cold CPU instance skips the process start and torch import (see
             `controller.spare_pool`); each costs the memory of an idle Python process with torch
@@ -120,6 +123,7 @@ class ControllerConfig:
     repository_calibration_bytes: int = 8 * MIB
     cpu_worker_slots_per_node: int = 1
     nodes_per_ray_node: int = 1
+    excluded_ray_node_ids: tuple[str, ...] = ()
     spare_workers_per_node: int = 1
     spare_weight_bytes: int = 0
     spare_refill_delay_s: float = 5.0
@@ -163,6 +167,11 @@ class ControllerConfig:
         _count("dram_capacity_bytes", self.dram_capacity_bytes, 0)
         _count("cpu_worker_slots_per_node", self.cpu_worker_slots_per_node, 1)
         _count("nodes_per_ray_node", self.nodes_per_ray_node, 1)
+        excluded = self.excluded_ray_node_ids
+        if isinstance(excluded, str) or not isinstance(excluded, (tuple, list)) \
+                or not all(isinstance(n, str) and n for n in excluded):
+            raise ValueError(f"ControllerConfig.excluded_ray_node_ids must be a list of Ray node ids, got {excluded!r}")
+        object.__setattr__(self, "excluded_ray_node_ids", tuple(excluded))
         _count("spare_workers_per_node", self.spare_workers_per_node, 0)
         _count("spare_weight_bytes", self.spare_weight_bytes, 0)
         _count("max_recent_decisions", self.max_recent_decisions, 1)

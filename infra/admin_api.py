@@ -5,7 +5,8 @@ What the ``thaw`` CLI (and any script) operates the platform through:
 - models: ``GET/POST /admin/models``, ``GET/PUT/DELETE /admin/models/{tenant}/{name}``,
   ``POST /admin/models/{tenant}/{name}/scale``;
 - the cluster: ``GET /admin/status`` (nodes, tiers, instances, recent decisions),
-  ``POST /admin/nodes/{node_id}/drain`` (its requests migrated off), ``POST /admin/migrate``;
+  ``POST /admin/nodes/{node_id}/drain`` (its requests migrated off), ``POST /admin/nodes/{node_id}/undrain``
+  (placement may use it again), ``POST /admin/migrate``;
 - tenants and keys: ``GET/POST /admin/tenants`` (the listing shows each tenant's quota),
   ``DELETE /admin/tenants/{tenant}``, ``PUT /admin/tenants/{tenant}/quota``, ``GET /admin/keys``,
   ``POST /admin/tenants/{tenant}/keys``, ``DELETE /admin/keys/{key_id}``.
@@ -65,6 +66,8 @@ class AdminController(Protocol):
     async def status(self) -> dict[str, Any]: ...
 
     async def drain_node(self, node_id: str) -> Any: ...
+
+    async def undrain_node(self, node_id: str) -> Any: ...
 
     async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
                       to_instance: str | None = None, method: str = "kv") -> dict[str, Any]: ...
@@ -217,6 +220,11 @@ def build_admin_router(controller: AdminController, store: StateStore, auth: Gat
     async def drain(node_id: str) -> dict[str, Any]:
         result = await call(controller.drain_node(node_id))
         return result if isinstance(result, dict) else {"draining": node_id}
+
+    @router.post("/nodes/{node_id}/undrain")
+    async def undrain(node_id: str) -> dict[str, Any]:
+        result = await call(controller.undrain_node(node_id))
+        return result if isinstance(result, dict) else {"node_id": node_id, "draining": False}
 
     @router.post("/migrate")
     async def migrate(body: MigrateRequest) -> dict[str, Any]:

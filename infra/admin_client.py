@@ -117,6 +117,9 @@ class AdminClient:
     async def drain(self, node_id: str) -> dict[str, Any]:
         return await self._request("POST", f"/admin/nodes/{node_id}/drain")
 
+    async def undrain(self, node_id: str) -> dict[str, Any]:
+        return await self._request("POST", f"/admin/nodes/{node_id}/undrain")
+
     async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
                       to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
         body = {"instance_id": instance_id, "request_id": request_id, "to_node": to_node,

@@ -1,6 +1,6 @@
 """The ``thaw`` subcommands that operate a running platform through its admin API.
 
-``deploy``, ``delete``, ``list``, ``status``, ``scale``, ``drain``, ``migrate``, ``tenants ...``
+``deploy``, ``delete``, ``list``, ``status``, ``scale``, ``drain``, ``undrain``, ``migrate``, ``tenants ...``
 (``ls`` with each tenant's quota, ``create``, ``delete``, ``quota``) and ``keys ...`` each make one
 or two calls with `AdminClient` and print a table (``--json``: the API's own JSON, for scripts).
 Where the platform is and which key to use come from ``--url`` / ``--admin-key``, else
@@ -189,8 +189,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def print_status(status: dict[str, Any]) -> None:
     """``thaw status``: models, instances, nodes, where each checkpoint sits, placement estimates."""
+    controller = status.get("controller") or {}
+    where = f", controller on node {controller['node_id']}" if controller.get("node_id") else ""
     print(f"platform {status.get('platform_id')} (namespace {status.get('namespace')}), "
-          f"{status.get('num_ticks')} reconcile ticks, routing version {status.get('routing_version')}")
+          f"{status.get('num_ticks')} reconcile ticks, routing version {status.get('routing_version')}{where}")
     errors = status.get("last_tick_errors") or []
     if errors:
         print(f"last tick errors: {'; '.join(errors)}")
@@ -286,6 +288,15 @@ def cmd_drain(args: argparse.Namespace) -> int:
         stopping = result.get("stopping") or []
         print(f"node {args.node} draining; stopping {len(stopping)} instance(s){': ' if stopping else ''}"
               f"{', '.join(stopping)}")
+    return 0
+
+
+def cmd_undrain(args: argparse.Namespace) -> int:
+    result = _run(args, lambda client: client.undrain(args.node))
+    if args.json:
+        _print_json(result)
+    else:
+        print(f"node {args.node} takes new instances again")
     return 0
 
 
@@ -423,6 +434,10 @@ def add_admin_commands(sub: argparse._SubParsersAction) -> None:
     drain = sub.add_parser("drain", parents=[common], help="stop placing on a node and move its instances away")
     drain.add_argument("node", help="node id (see thaw status)")
     drain.set_defaults(func=cmd_drain)
+
+    undrain = sub.add_parser("undrain", parents=[common], help="let placement use a drained node again")
+    undrain.add_argument("node", help="node id (see thaw status)")
+    undrain.set_defaults(func=cmd_undrain)
 
     migrate = sub.add_parser("migrate", parents=[common],
                              help="live-migrate a request, or all of an instance's, to another instance")

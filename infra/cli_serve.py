@@ -16,7 +16,8 @@ import sys
 import threading
 from pathlib import Path
 
-from infra.platform_config import DEFAULT_BODY_TIMEOUT_S, DEFAULT_PORT, GIB, PlatformConfig, default_state_dir
+from infra.platform_config import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_PORT, GIB, HTTP_PROXY_LOCATIONS, PlatformConfig,
+                                   default_state_dir)
 
 
 def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
@@ -47,6 +48,7 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
             num_gateway_replicas=args.gateway_replicas, spare_workers_per_node=args.spare_workers,
             spare_weight_bytes=int(args.spare_memory_gb * GIB), peer_link_bytes_per_s=args.peer_link_gbps * 1e9,
             slot_sharing=not args.no_slot_sharing, state_dir_shared=args.state_shared,
+            head_only=args.head_only, http_proxies=args.http_proxies, services_resource=args.services_resource,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -102,6 +104,15 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--demo", action="store_true",
                        help="write the demo model into the state directory (if missing) and deploy it as demo/tiny")
     serve.add_argument("--address", default=None, help="join this Ray cluster instead of starting a local Ray")
+    serve.add_argument("--head-only", action="store_true",
+                       help="with --address: this node runs the controller, the gateway and its HTTP proxy but no "
+                            "model; models go to the cluster's other nodes (e.g. a head without GPUs)")
+    serve.add_argument("--services-resource", default=None, metavar="NAME",
+                       help="run the controller and the gateway replicas only on Ray nodes started with this custom "
+                            "resource (ray start --resources '{\"NAME\": 1}'), e.g. the CPU nodes of a GPU cluster")
+    serve.add_argument("--http-proxies", choices=sorted(HTTP_PROXY_LOCATIONS), default="every-node",
+                       help="where Ray Serve runs the gateway's HTTP proxy: on every node (default; put a load "
+                            "balancer in front) or on this node only (several Ray nodes on one machine need it)")
     serve.add_argument("--host", default="127.0.0.1", help="address the gateway listens on (0.0.0.0: all; "
                                                             "with --no-auth only a loopback address)")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT)

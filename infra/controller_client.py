@@ -7,17 +7,26 @@ raised as themselves rather than inside Ray's wrapper (`wire.call` translates th
 for every Ray caller) — and so tests can swap in a fake with the same coroutines. A controller
 that is gone or too slow is `ControllerUnavailable`, which the HTTP layers answer with 503.
 
+A controller that Ray restarts (its process or node died) keeps its actor, so the handle stays
+good. One started anew -- a successor on another node, after the old actor was ended -- is another
+actor under the same name: given `resolve` (how to find the controller by name), the client looks
+it up again after a call finds its actor dead, so the gateway follows a moved controller instead
+of answering 503 from then on. The failed call itself is not retried (it may have run).
+
 What the gateway reads of the models comes typed (`model_records`, `model_record`: the
 `wire.ModelRecord` the controller builds); the admin API's calls pass the controller's dicts on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from controller import SlotOutlook
-from wire import ActorGoneError, EngineGauges, ModelRecord, call
+from wire import ActorGoneError, EngineGauges, GatewayMetricsSnapshot, ModelRecord, call
+
+logger = logging.getLogger(__name__)
 
 
 class ControllerUnavailable(Exception):
@@ -27,11 +36,13 @@ class ControllerUnavailable(Exception):
 class ControllerClient:
     """Async calls to the controller actor (see the module docstring)."""
 
-    def __init__(self, handle: Any, call_timeout_s: float = 30.0, reporter: str | None = None) -> None:
+    def __init__(self, handle: Any, call_timeout_s: float = 30.0, reporter: str | None = None,
+                 resolve: Callable[[], Awaitable[Any]] | None = None) -> None:
         if not call_timeout_s > 0:
             raise ValueError(f"call_timeout_s must be > 0, got {call_timeout_s!r}")
         self._handle = handle
         self._call_timeout_s = call_timeout_s
+        self._resolve = resolve  # finds the controller by name again (see the module docstring)
         self.reporter = reporter  # names this gateway replica in its queue reports
 
     async def _call(self, method: str, *args: Any, timeout_s: float | None = None, **kwargs: Any) -> Any:
@@ -41,7 +52,22 @@ class ControllerClient:
             ref = getattr(self._handle, method).remote(*args, **kwargs)
             return await call(ref, timeout_s or self._call_timeout_s)
         except (ActorGoneError, TimeoutError) as exc:  # dead, unreachable for now, or too slow
+            if isinstance(exc, ActorGoneError):
+                await self._find_successor()
             raise ControllerUnavailable(f"the controller did not answer {method}: {type(exc).__name__}") from exc
+
+    async def _find_successor(self) -> None:
+        """After the controller's actor was found dead: the actor now under its name, if any."""
+        if self._resolve is None:
+            return
+        try:
+            handle = await self._resolve()
+        except Exception as exc:  # noqa: BLE001 - none yet: the next call looks again
+            logger.info("no controller to follow yet: %s", exc)
+            return
+        if handle != self._handle:
+            logger.warning("the controller actor was replaced; following the new one")
+            self._handle = handle
 
     # ---- models --------------------------------------------------------------------------
 
@@ -84,6 +110,10 @@ class ControllerClient:
     async def slot_sharing_counts(self) -> dict[str, int]:
         return {str(name): int(value) for name, value in (await self._call("slot_sharing_counts")).items()}
 
+    async def exchange_gateway_metrics(self, snapshot: GatewayMetricsSnapshot) -> list[GatewayMetricsSnapshot]:
+        """Hands this replica's per-request series to the controller; returns its peers' latest."""
+        return list(await self._call("exchange_gateway_metrics", snapshot))
+
     async def tenant_quotas(self) -> dict[str, dict[str, Any]]:
         return dict(await self._call("tenant_quotas"))
 
@@ -109,6 +139,9 @@ class ControllerClient:
 
     async def drain_node(self, node_id: str) -> Any:
         return await self._call("drain_node", node_id)
+
+    async def undrain_node(self, node_id: str) -> Any:
+        return await self._call("undrain_node", node_id)
 
     async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
                       to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:

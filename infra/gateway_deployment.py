@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,7 @@ class GatewayDeploymentConfig:
         metrics_token_sha256: the hex SHA-256 of the metrics scrape token that may read
             ``/metrics`` besides the admin key (`infra.metrics_token`); None: the admin key only.
         controller_wait_s: how long a starting replica waits for the controller actor to exist.
+        replica_resources: Ray custom resources each replica asks for (none: any node).
         backend: the routing and queueing settings.
     """
 
@@ -71,6 +73,7 @@ class GatewayDeploymentConfig:
     http_port: int | None = None
     metrics_token_sha256: str | None = None
     controller_wait_s: float = 60.0
+    replica_resources: Mapping[str, float] = field(default_factory=dict)
     backend: RayBackendConfig = field(default_factory=RayBackendConfig)
 
     def __post_init__(self) -> None:
@@ -100,6 +103,12 @@ class GatewayDeploymentConfig:
                                  "is open to loopback callers anyway")
         if not isinstance(self.controller_wait_s, (int, float)) or not self.controller_wait_s > 0:
             raise ValueError(f"GatewayDeploymentConfig.controller_wait_s must be > 0, got {self.controller_wait_s!r}")
+        if not isinstance(self.replica_resources, Mapping) or not all(
+                isinstance(k, str) and k and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                for k, v in self.replica_resources.items()):
+            raise ValueError(f"GatewayDeploymentConfig.replica_resources must map resource names to amounts > 0, "
+                             f"got {self.replica_resources!r}")
+        object.__setattr__(self, "replica_resources", dict(self.replica_resources))
         if not isinstance(self.backend, RayBackendConfig):
             raise ValueError("GatewayDeploymentConfig.backend must be a RayBackendConfig")
 
@@ -126,18 +135,25 @@ class GatewayReplica:
     """One gateway replica (see the module docstring)."""
 
     async def __init__(self, config: GatewayDeploymentConfig) -> None:
-        from controller import open_state_store
+        import ray
+
+        from controller import NODE_ID_PREFIX_CHARS, open_state_store
         from infra.controller_client import ControllerClient
-        from infra.gateway_metrics import GatewayMetrics
+        from infra.gateway_metrics import GatewayMetrics, ReplicaIdentity
         from infra.ray_gateway_backend import RayGatewayBackend
         from infra.serving_cluster import RayServingCluster
 
         self._config = config
         handle = await find_controller(config.controller_name, config.namespace, config.controller_wait_s)
-        reporter = f"gateway-{serve.get_replica_context().replica_id.unique_id}-{os.getpid()}"
-        self._controller = ControllerClient(handle, reporter=reporter)
+        replica_id = serve.get_replica_context().replica_id.unique_id
+        reporter = f"gateway-{replica_id}-{os.getpid()}"
+        self._controller = ControllerClient(
+            handle, reporter=reporter,
+            resolve=lambda: find_controller(config.controller_name, config.namespace, wait_s=1.0))
         self._store = await asyncio.to_thread(open_state_store, config.state_store)
-        self._metrics = GatewayMetrics()
+        # Labels this replica's per-request series among its peers' on every replica's /metrics.
+        node_id = ray.get_runtime_context().get_node_id()[:NODE_ID_PREFIX_CHARS]
+        self._metrics = GatewayMetrics(replica=ReplicaIdentity(replica_id=replica_id, node_id=node_id))
         self._backend = RayGatewayBackend(RayServingCluster(self._controller), config.backend, self._metrics)
         await self._backend.start()
 
@@ -171,7 +187,8 @@ def gateway_deployment(config: GatewayDeploymentConfig) -> serve.Deployment:
         GatewayReplica, name="gateway", num_replicas=config.num_replicas,
         max_ongoing_requests=config.max_ongoing_requests, max_queued_requests=config.max_queued_requests,
         backpressure_config=BackpressureConfig(status_code=503, retry_after_s=config.retry_after_s),
-        ray_actor_options={"num_cpus": 0},
+        ray_actor_options={"num_cpus": 0, **({"resources": dict(config.replica_resources)}
+                                             if config.replica_resources else {})},
         # The proxy's health check must not wait on the controller; the app's own /readyz does.
         health_check_period_s=10, graceful_shutdown_timeout_s=5,
     )

@@ -24,18 +24,34 @@ where they mean the same (``time_to_first_token_seconds``, ``e2e_request_latency
 the per-request series are also exported under vLLM's own names and label (``vllm:...``,
 ``model_name``; `VLLM_ALIASES`), so dashboards and alerts built for vLLM chart Thaw unchanged.
 
+Several replicas: a scrape reaches one replica, and each counts only the requests it served. So
+the series are kept in two registries: ``registry``, the per-request series this replica
+observed, and ``platform_registry``, the controller's view that every replica mirrors alike
+(instances, cold starts, engine gauges, slot decisions). A replica that knows its identity
+(`ReplicaIdentity`, set in a Serve replica) hands its per-request text to its peers through the
+controller (`snapshot`, `set_peer_snapshots`: `wire.GatewayMetricsSnapshot`, relayed by
+`controller.GatewayMetricsBoard` on each routing refresh), and renders every replica's per-request
+series, its own live and its peers' as last received, each sample labelled ``replica`` and
+``node``; the platform series once, unlabelled. Sum over ``replica`` for the platform's totals.
+
 ``GET /metrics`` is not public, since its labels name every tenant's models: it answers the
 admin key or the metrics scrape token (`infra.gateway_access`, `infra.metrics_token`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
-from wire import EngineGauges
+from wire import EngineGauges, GatewayMetricsSnapshot
+
+logger = logging.getLogger(__name__)
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -62,11 +78,31 @@ VLLM_ALIASES = {
 }
 
 
-class GatewayMetrics:
-    """Prometheus series for one gateway app; `render` is the ``/metrics`` body."""
+@dataclass(frozen=True)
+class ReplicaIdentity:
+    """Which gateway replica this is, and on which logical node: the labels its per-request
+    series carry once several replicas' are rendered together."""
 
-    def __init__(self, namespace: str = "thaw") -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+    replica_id: str
+    node_id: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.replica_id, str) or not self.replica_id:
+            raise ValueError(f"ReplicaIdentity.replica_id must be a non-empty string, got {self.replica_id!r}")
+        if not isinstance(self.node_id, str):
+            raise ValueError(f"ReplicaIdentity.node_id must be a string, got {self.node_id!r}")
+
+
+class GatewayMetrics:
+    """Prometheus series for one gateway app; `render` is the ``/metrics`` body. `replica`: this
+    replica's identity where there may be several (see the module docstring); None renders this
+    app's series alone, unlabelled."""
+
+    def __init__(self, namespace: str = "thaw", replica: ReplicaIdentity | None = None) -> None:
+        self.replica = replica
+        self.registry = CollectorRegistry(auto_describe=True)  # per request, this replica's
+        self.platform_registry = CollectorRegistry(auto_describe=True)  # the controller's view, alike in all
+        self._peers: list[GatewayMetricsSnapshot] = []
         r, ns = self.registry, namespace
         self.requests = Counter("gateway_requests", "Requests by model, endpoint and HTTP status.",
                                 ["model", "endpoint", "status"], namespace=ns, registry=r)
@@ -90,12 +126,6 @@ class GatewayMetrics:
                                      ["model"], namespace=ns, registry=r)
         self.generation_tokens = Counter("generation_tokens", "Tokens generated.",
                                          ["model"], namespace=ns, registry=r)
-        self.cold_starts = Counter("cold_starts", "Model instances started, by the tier the checkpoint came from.",
-                                   ["model", "tier"], namespace=ns, registry=r)
-        self.load_seconds = Histogram("load_seconds", "Time to load a model instance, by source tier.",
-                                      ["model", "tier"], namespace=ns, registry=r, buckets=_LOAD_BUCKETS)
-        self.instances = Gauge("model_instances", "Ready instances per model.",
-                               ["model"], namespace=ns, registry=r)
         self._vllm_ttft = Histogram(VLLM_ALIASES["time_to_first_token_seconds"], "Time to first token (vLLM's name).",
                                     ["model_name"], registry=r, buckets=_TTFT_BUCKETS)
         self._vllm_itl = Histogram(VLLM_ALIASES["inter_token_latency_seconds"], "Inter-token latency (vLLM's name).",
@@ -108,6 +138,13 @@ class GatewayMetrics:
                                     registry=r)
         self._vllm_generation = Counter(VLLM_ALIASES["generation_tokens"], "Generated tokens (vLLM's name).",
                                         ["model_name"], registry=r)
+        r = self.platform_registry
+        self.cold_starts = Counter("cold_starts", "Model instances started, by the tier the checkpoint came from.",
+                                   ["model", "tier"], namespace=ns, registry=r)
+        self.load_seconds = Histogram("load_seconds", "Time to load a model instance, by source tier.",
+                                      ["model", "tier"], namespace=ns, registry=r, buckets=_LOAD_BUCKETS)
+        self.instances = Gauge("model_instances", "Ready instances per model.",
+                               ["model"], namespace=ns, registry=r)
         engine = ["model", "instance", "node"]
         self.engine_running = Gauge("engine_requests_running", "Requests in an instance's running batch.", engine,
                                     namespace=ns, registry=r)
@@ -204,6 +241,50 @@ class GatewayMetrics:
 
     # ---- exposition -----------------------------------------------------------------------
 
+    def snapshot(self) -> GatewayMetricsSnapshot | None:
+        """This replica's per-request series for its peers; None without a `ReplicaIdentity`."""
+        if self.replica is None:
+            return None
+        return GatewayMetricsSnapshot(replica_id=self.replica.replica_id, node_id=self.replica.node_id,
+                                      text=generate_latest(self.registry).decode())
+
+    def set_peer_snapshots(self, snapshots: Iterable[GatewayMetricsSnapshot]) -> None:
+        """The other replicas' latest per-request series (this replica's own is never taken twice)."""
+        own = self.replica.replica_id if self.replica is not None else None
+        self._peers = [s for s in snapshots if s.replica_id != own]
+
     def render(self) -> tuple[bytes, str]:
-        """The text exposition of this registry and its content type."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        """The ``/metrics`` body and its content type: the per-request series (every replica's,
+        labelled, when this one has a `ReplicaIdentity`), then the platform's."""
+        if self.replica is None:
+            return generate_latest(self.registry) + generate_latest(self.platform_registry), CONTENT_TYPE_LATEST
+        merged = CollectorRegistry(auto_describe=False)
+        merged.register(_ReplicaSeries([(self.replica, generate_latest(self.registry).decode())]
+                                       + [(ReplicaIdentity(p.replica_id, p.node_id), p.text) for p in self._peers]))
+        return generate_latest(merged) + generate_latest(self.platform_registry), CONTENT_TYPE_LATEST
+
+
+class _ReplicaSeries:
+    """A collector over several replicas' exposition texts: one family per name, every sample
+    labelled with its replica and node. A peer's text that does not parse is left out (and
+    logged): one bad snapshot must not take the scrape down."""
+
+    def __init__(self, texts: Sequence[tuple[ReplicaIdentity, str]]) -> None:
+        self._texts = texts
+
+    def collect(self) -> Iterable[Metric]:
+        families: dict[str, Metric] = {}
+        for identity, text in self._texts:
+            labels = {"replica": identity.replica_id, "node": identity.node_id}
+            try:
+                parsed = list(text_string_to_metric_families(text))
+            except ValueError as exc:
+                logger.warning("gateway replica %s sent metrics that do not parse: %s", identity.replica_id, exc)
+                continue
+            for family in parsed:
+                merged = families.get(family.name)
+                if merged is None:
+                    merged = families[family.name] = Metric(family.name, family.documentation, family.type)
+                for sample in family.samples:
+                    merged.add_sample(sample.name, {**sample.labels, **labels}, sample.value, sample.timestamp)
+        return list(families.values())

@@ -16,6 +16,7 @@ can share a machine (not a Ray cluster: Ray Serve's HTTP proxy is one per cluste
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import time
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.platform_config import PlatformConfig
+from infra.platform_config import HTTP_PROXY_LOCATIONS, PlatformConfig
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,13 @@ class Platform:
         else:
             raise PlatformError(f"a Thaw controller already runs in Ray namespace {config.namespace!r} (another "
                                 "`thaw serve`?); stop it first, or pass --namespace to start a second platform")
-        self._controller = start_controller(config.controller, name=config.controller_name)
+        controller_config = config.controller
+        if config.head_only:  # this Ray node runs the platform's services, the others its models
+            node_id = ray.get_runtime_context().get_node_id()
+            controller_config = dataclasses.replace(
+                controller_config, excluded_ray_node_ids=(*controller_config.excluded_ray_node_ids, node_id))
+        options = {"resources": config.services_resources} if config.services_resources else {}
+        self._controller = start_controller(controller_config, name=config.controller_name, **options)
         try:
             ray.get(self._controller.ping.remote(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -140,7 +147,8 @@ class Platform:
         from infra.gateway_deployment import gateway_application
 
         config = self.config
-        serve.start(http_options={"host": config.host, "port": config.port})
+        serve.start(proxy_location=HTTP_PROXY_LOCATIONS[config.http_proxies],
+                    http_options={"host": config.host, "port": config.port})
         self._serve_started = True
         serve.run(gateway_application(config.gateway_config(metrics_token_sha256)), name=config.gateway_app_name,
                   route_prefix="/")

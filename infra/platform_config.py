@@ -46,6 +46,12 @@ _HOST_RE = re.compile(r"[A-Za-z0-9.:\-\[\]]+")
 # Where a no-auth gateway may listen; the same names `infra.gateway_access.LOOPBACK_NAMES` accepts in Host.
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 DEFAULT_BODY_TIMEOUT_S = 30.0
+# --http-proxies -> Ray Serve's proxy_location.
+HTTP_PROXY_LOCATIONS = {"every-node": "EveryNode", "head-only": "HeadOnly"}
+# How much of `services_resource` the controller and each gateway replica take: a sliver, so a node
+# offering 1 of it hosts any number of them.
+SERVICES_RESOURCE_AMOUNT = 0.001
+_RESOURCE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.\-/]{0,99}")
 
 
 def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -89,6 +95,18 @@ class PlatformConfig:
             machine, or shared storage), so the SQLite state store may be used there. Joining a
             cluster without it needs a Redis state store: the controller may be restarted on
             another node, where a node-local SQLite file is not (or is another, stale one).
+        head_only: with `ray_address`, the Ray node ``thaw serve`` runs on hosts the controller,
+            the gateway and Serve's proxy but no node store and no model instance (a cluster's
+            head, often without GPUs): the models go to the other nodes.
+        services_resource: a Ray custom resource the controller and every gateway replica each
+            take a sliver of (`SERVICES_RESOURCE_AMOUNT`), so they run only on the nodes started
+            with it (``ray start --resources '{"NAME": 1}'``): e.g. a cluster's CPU nodes, not the
+            GPU nodes an autoscaler adds and removes. None: any node.
+        http_proxies: where Ray Serve runs its HTTP proxy: ``"every-node"`` (Serve's default: a
+            load balancer in front reaches the gateway on any node) or ``"head-only"`` (one proxy,
+            on the node ``thaw serve`` runs on; the gateway replicas still spread over the
+            nodes). Several Ray nodes on one machine need ``"head-only"``: their proxies would
+            all bind the same port.
     """
 
     controller: ControllerConfig
@@ -101,6 +119,9 @@ class PlatformConfig:
     num_cpus: int | None = None
     num_gateway_replicas: int = 1
     state_dir_shared: bool = False
+    head_only: bool = False
+    services_resource: str | None = None
+    http_proxies: str = "every-node"
 
     @classmethod
     def create(cls, *, state_dir: str | Path, repository_uri: str | None = None,
@@ -190,6 +211,18 @@ class PlatformConfig:
         _int("num_gateway_replicas", self.num_gateway_replicas, 1)
         if not isinstance(self.state_dir_shared, bool):
             raise ValueError(f"PlatformConfig.state_dir_shared must be True or False, got {self.state_dir_shared!r}")
+        if not isinstance(self.head_only, bool):
+            raise ValueError(f"PlatformConfig.head_only must be True or False, got {self.head_only!r}")
+        if self.head_only and self.ray_address is None:
+            raise ValueError("--head-only needs --address: on a Ray of its own the platform has no other node to put "
+                             "models on")
+        if self.services_resource is not None and (not isinstance(self.services_resource, str)
+                                                   or not _RESOURCE_RE.fullmatch(self.services_resource)):
+            raise ValueError(f"PlatformConfig.services_resource must be a Ray resource name (letters, digits, '_', "
+                             f"'-', '.', '/'), got {self.services_resource!r}")
+        if self.http_proxies not in HTTP_PROXY_LOCATIONS:
+            raise ValueError(f"PlatformConfig.http_proxies must be one of {', '.join(HTTP_PROXY_LOCATIONS)}, "
+                             f"got {self.http_proxies!r}")
         store = self.controller.state_location
         if self.ray_address is not None and not store.startswith("redis") and not self.state_dir_shared:
             raise ValueError(
@@ -248,6 +281,11 @@ class PlatformConfig:
     def gateway_app_name(self) -> str:
         return f"{self.namespace}-gateway"
 
+    @property
+    def services_resources(self) -> dict[str, float]:
+        """The Ray custom resources the controller and each gateway replica ask for."""
+        return {} if self.services_resource is None else {self.services_resource: SERVICES_RESOURCE_AMOUNT}
+
     # ---- derived configurations --------------------------------------------------------------
 
     def gateway_config(self, metrics_token_sha256: str | None = None) -> Any:
@@ -256,6 +294,7 @@ class PlatformConfig:
         from infra.gateway_deployment import GatewayDeploymentConfig
 
         return GatewayDeploymentConfig(namespace=self.namespace, controller_name=self.controller_name,
+                                       replica_resources=self.services_resources,
                                        state_store=self.state_location, auth=self.auth,
                                        num_replicas=self.num_gateway_replicas, http_port=self.port,
                                        body_timeout_s=self.gateway_body_timeout_s,

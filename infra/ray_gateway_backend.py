@@ -123,6 +123,7 @@ class RayGatewayBackend:
         self._raw_table: Mapping[str, Any] | None = None
         self._raw_records: list[ModelRecord] | None = None
         self._last_refresh_ok: float | None = None
+        self._last_exchange: float | None = None  # when this replica's metrics last went to its peers
         self._wake: asyncio.Event | None = None  # set: report demand now
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
@@ -481,6 +482,7 @@ class RayGatewayBackend:
         if self._metrics is not None:
             self._metrics.set_slot_decisions(await self._cluster.slot_sharing_counts())
             self._metrics.set_engine_gauges(await self._cluster.engine_gauges())
+            await self._exchange_metrics()
         first = not self._models_loaded
         appeared = self._apply(version, table or {}, records)
         self._last_refresh_ok = self._clock()
@@ -488,6 +490,23 @@ class RayGatewayBackend:
             self._dispatch(model_id)
         if appeared and not first and self._metrics is not None:
             await self._record_cold_starts(appeared)
+
+    async def _exchange_metrics(self) -> None:
+        """Hands this replica's per-request series to its peers through the controller and takes
+        theirs (`GatewayMetrics.snapshot`), at most once per ``long_poll_s``; a failure leaves the
+        peers' last series in place (metrics must not break routing)."""
+        assert self._metrics is not None
+        now = self._clock()
+        if self._last_exchange is not None and now - self._last_exchange < self._config.long_poll_s:
+            return
+        snapshot = self._metrics.snapshot()
+        if snapshot is None:
+            return
+        self._last_exchange = now
+        try:
+            self._metrics.set_peer_snapshots(await self._cluster.exchange_gateway_metrics(snapshot))
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("exchanging metrics with the other gateway replicas failed: %s: %s", type(exc).__name__, exc)
 
     async def _record_cold_starts(self, appeared: dict[str, set[str]]) -> None:
         """Counts the instances that became ready since the last refresh as cold starts, by the

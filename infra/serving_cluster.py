@@ -24,8 +24,8 @@ from typing import Any, Protocol
 from controller import TenantQuota
 from controller import SlotOutlook
 from infra.controller_client import ControllerClient
-from wire import (ActorGoneError, ActorUnreachableError, EngineDeadError, EngineGauges, InstanceRoute, ModelRecord,
-                  Prompt, SamplingParams, call, ray_errors_translated)
+from wire import (ActorGoneError, ActorUnreachableError, EngineDeadError, EngineGauges, GatewayMetricsSnapshot,
+                  InstanceRoute, ModelRecord, Prompt, SamplingParams, call, ray_errors_translated)
 
 __all__ = ["InstanceGone", "InstanceRoute", "RayServingCluster", "RoutingTableData", "ServingCluster"]
 
@@ -73,6 +73,11 @@ class ServingCluster(Protocol):
 
     async def tenant_quotas(self) -> Mapping[str, TenantQuota]:
         """tenant -> quota, for the tenants that have a limit (the controller's ``tenant_quotas``)."""
+        ...
+
+    async def exchange_gateway_metrics(self, snapshot: GatewayMetricsSnapshot) -> Sequence[GatewayMetricsSnapshot]:
+        """Hands this gateway replica's per-request series to the controller; returns the other
+        live replicas' latest (`controller.GatewayMetricsBoard`)."""
         ...
 
     async def notify_demand(self, model_id: str, num_queued: int, oldest_wait_s: float = 0.0) -> SlotOutlook | None:
@@ -135,6 +140,9 @@ class RayServingCluster:
 
     async def engine_gauges(self) -> list[EngineGauges]:
         return await self._controller.engine_gauges()
+
+    async def exchange_gateway_metrics(self, snapshot: GatewayMetricsSnapshot) -> list[GatewayMetricsSnapshot]:
+        return await self._controller.exchange_gateway_metrics(snapshot)
 
     async def tenant_quotas(self) -> dict[str, TenantQuota]:
         quotas = await self._controller.tenant_quotas()

@@ -24,6 +24,8 @@ Public API:
 - `InstanceRoute`: one ready instance in the controller's routing table (controller -> gateway).
 - `EngineGauges`: a ready instance's running/waiting requests and KV-cache use, for ``/metrics``
   (controller -> gateway).
+- `GatewayMetricsSnapshot`: one gateway replica's per-request series, relayed to its peers so any
+  replica's ``/metrics`` covers them all (gateway -> controller -> gateway).
 - `InstanceStats`, `InstanceLoad`, `InstanceState`: what a worker reports about itself -- its load
   now, how its model was loaded, its lifecycle state (worker -> controller).
 - `ModelRecord`, `InstanceLoadRecord`: a deployed model as the gateway needs it, with when it
@@ -44,6 +46,7 @@ from wire.chat_prompt import ChatPrompt
 from wire.grammar_spec import GRAMMAR_KINDS, GrammarSpec
 from wire.generation_chunk import SUSPENDED, ChatMessage, GenerationChunk, Prompt
 from wire.engine_gauges import EngineGauges
+from wire.gateway_metrics_snapshot import GatewayMetricsSnapshot
 from wire.instance_route import InstanceRoute
 from wire.instance_stats import InstanceLoad, InstanceState, InstanceStats
 from wire.migration_outcome import MigrationMethod, MigrationOutcome, MigrationStatus
@@ -60,7 +63,7 @@ from wire.wire_record import WireRecord
 __all__ = [
     "GRAMMAR_KINDS", "GrammarSpec", "MAX_LOGPROBS", "MODEL_DEFAULT_FIELDS", "TOOL_CALL_FORMATS", "TokenLogprobs", "detect_tool_call_format",
     "SUSPENDED", "ActorGoneError", "ActorUnreachableError", "ChatMessage", "ChatPrompt", "GenerationChunk", "InstanceLoadRecord",
-    "EngineGauges", "InstanceRoute", "ModelRecord", "Prompt", "SamplingParams", "WireRecord", "call", "is_ours",
+    "EngineGauges", "GatewayMetricsSnapshot", "InstanceRoute", "ModelRecord", "Prompt", "SamplingParams", "WireRecord", "call", "is_ours",
     "ray_errors_translated", "stream", "translated",
     "InstanceLoad", "InstanceState", "InstanceStats",
     "EngineDeadError", "InvalidRequestError", "RequestFailedError",

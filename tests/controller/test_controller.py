@@ -142,11 +142,14 @@ def test_plan_nodes_gives_slots_per_gpu_or_per_config():
     nodes = [RayNodeInfo("b" * 56, num_gpus=4), RayNodeInfo("a" * 56)]
     assert plan_nodes(nodes, 1, 2) == [("a" * 16, "a" * 56, 2), ("b" * 16, "b" * 56, 4)]
     assert plan_nodes(nodes[1:], 3, 1) == [(SPLIT[0], "a" * 56, 1), (SPLIT[1], "a" * 56, 1), (SPLIT[2], "a" * 56, 1)]
+    assert plan_nodes(nodes, 1, 2, excluded_ray_node_ids=["a" * 56]) == [("b" * 16, "b" * 56, 4)]  # --head-only
 
 
 def test_config_validation_names_the_field(tmp_path):
     with pytest.raises(ValueError, match="state_dir must be an absolute path"):
         make_config(tmp_path, state_dir="relative/dir")
+    with pytest.raises(ValueError, match="excluded_ray_node_ids must be a list of Ray node ids"):
+        make_config(tmp_path, excluded_ray_node_ids="abc")
     with pytest.raises(ValueError, match="cpu_worker_slots_per_node must be an integer >= 1"):
         make_config(tmp_path, cpu_worker_slots_per_node=0)
     with pytest.raises(ValueError, match="engine_defaults: .*kv_cache_bits"):

@@ -59,6 +59,7 @@ class FakeCluster:
         self.outlook: SlotOutlook | None = None
         self.slot_counts: dict[str, int] = {}  # the controller's slot-sharing counters
         self.gauges: list = []  # the controller's engine gauges (wire.EngineGauges)
+        self.metrics_snapshots: dict = {}  # gateway replica id -> its last wire.GatewayMetricsSnapshot
         self.served: list[tuple[str, str]] = []  # (request id, instance id)
         self.aborted: list[tuple[str, str]] = []
         self.closed_early: list[str] = []
@@ -117,6 +118,12 @@ class FakeCluster:
         if self.unreachable:
             raise ConnectionError("controller down")
         return list(self.gauges)
+
+    async def exchange_gateway_metrics(self, snapshot) -> list:
+        if self.unreachable:
+            raise ConnectionError("controller down")
+        self.metrics_snapshots[snapshot.replica_id] = snapshot
+        return [s for r, s in sorted(self.metrics_snapshots.items()) if r != snapshot.replica_id]
 
     async def tenant_quotas(self) -> dict[str, TenantQuota]:
         self.num_quota_calls += 1

@@ -160,6 +160,13 @@ class FakeController:
         self.drained.append(node_id)
         return {"node_id": node_id, "stopping": ["i-1"]}
 
+    async def undrain_node(self, node_id: str) -> dict[str, Any]:
+        self._check()
+        if node_id != "node0":
+            raise LookupError(f"no node {node_id!r}; nodes: ['node0']")
+        self.drained.remove(node_id)
+        return {"node_id": node_id, "draining": False}
+
     async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
                       to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
         """As the controller answers: i-1 has requests r1 and r2 and one peer, i-2, on node1."""
@@ -528,6 +535,10 @@ def test_cli_commands_print_tables_and_exit_with_meaningful_codes(server, tmp_pa
     result = server.thaw("drain", "node0")
     assert result.returncode == 0 and "i-1" in result.stdout and server.controller.drained == ["node0"]
     assert server.thaw("drain", "node9").returncode == 1
+    result = server.thaw("undrain", "node0")
+    assert result.returncode == 0 and "node0 takes new instances again" in result.stdout
+    assert server.controller.drained == []
+    assert server.thaw("undrain", "node9").returncode == 1
     result = server.thaw("migrate", "i-1", "--to-node", "node1")
     assert result.returncode == 0, result.stderr
     assert "2/2 request(s) migrated from i-1 to i-2" in result.stdout and "r2" in result.stdout

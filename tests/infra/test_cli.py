@@ -176,3 +176,10 @@ def test_serve_flags_keep_their_defaults_and_reach_the_controller_config(tmp_pat
         2, 2 * GIB, GIB // 2, False, 0, GIB)
     assert (controller.peer_stream, controller.slot_sharing, controller.namespace) == (None, None, "p2")
     assert (config.port, config.num_gateway_replicas) == (9001, 2)
+
+
+def test_serve_head_only_without_a_cluster_is_refused_before_starting_anything(tmp_path):
+    result = thaw("serve", "--state", str(tmp_path / "state"), "--head-only", timeout=60)
+    assert result.returncode == 2
+    assert "--head-only needs --address" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "state").exists()

@@ -59,3 +59,63 @@ def test_tenant_quotas_arrive_as_typed_records_and_a_quota_change_is_sent_as_giv
     assert asyncio.run(client.set_tenant_quota("acme", {"max_queued_requests": 50})) == {
         "max_instances": 2, "max_queued_requests": 50}
     assert handle.set_tenant_quota.calls == [(("acme", {"max_queued_requests": 50}), {})]
+
+
+class DeadMethod:
+    """A method of an actor that is gone: every call fails as Ray's dead-actor error translates."""
+
+    def remote(self, *args: Any, **kwargs: Any):
+        async def reply() -> Any:
+            from wire import ActorGoneError
+
+            raise ActorGoneError("the actor died")
+
+        return reply()
+
+
+def test_a_client_follows_a_controller_started_anew_under_the_same_name():
+    import pytest
+
+    from infra.controller_client import ControllerUnavailable
+
+    dead, successor = FakeHandle(None), FakeHandle(OUTLOOK)
+    dead.notify_demand = DeadMethod()
+    lookups: list[int] = []
+
+    async def resolve():
+        lookups.append(1)
+        return successor
+
+    client = ControllerClient(dead, resolve=resolve)
+
+    async def main():
+        with pytest.raises(ControllerUnavailable, match="did not answer notify_demand: ActorGoneError"):
+            await client.notify_demand("acme/b", 1)  # the failed call is not retried: it may have run
+        assert await client.notify_demand("acme/b", 2) == OUTLOOK  # the next one goes to the successor
+
+    asyncio.run(main())
+    assert lookups == [1] and successor.notify_demand.calls == [(("acme/b", 2, "gateway"), {"oldest_wait_s": 0.0})]
+
+
+def test_without_a_successor_the_client_keeps_its_handle_and_looks_again_next_time():
+    import pytest
+
+    from infra.controller_client import ControllerUnavailable
+
+    dead = FakeHandle(None)
+    dead.notify_demand = DeadMethod()
+    lookups: list[int] = []
+
+    async def resolve():
+        lookups.append(1)
+        raise RuntimeError("no controller actor 'thaw-controller' yet")
+
+    client = ControllerClient(dead, resolve=resolve)
+
+    async def main():
+        for _ in range(2):
+            with pytest.raises(ControllerUnavailable):
+                await client.notify_demand("acme/b", 1)
+
+    asyncio.run(main())
+    assert lookups == [1, 1]

@@ -229,3 +229,51 @@ def test_every_ready_instances_engine_gauges_are_exported_on_metrics_under_both_
                                             f'node="node-b"}}') is None, "the next refresh")
 
     run(test)(cluster)
+
+
+def test_replicas_exchange_their_request_series_and_any_replica_renders_all_of_them_labelled():
+    from infra.gateway_metrics import ReplicaIdentity
+
+    cluster = FakeCluster()
+    cluster.records[MODEL] = record(MODEL)
+    peer = GatewayMetrics(replica=ReplicaIdentity("r-peer", "node-b"))
+    peer.record_request(MODEL, "chat", 200)
+    peer.record_first_token(MODEL, 0.2)
+    cluster.metrics_snapshots["r-peer"] = peer.snapshot()
+    cluster.slot_counts = {"evictions": 2}
+
+    async def main():
+        metrics = GatewayMetrics(replica=ReplicaIdentity("r-own", "node-a"))
+        backend = RayGatewayBackend(cluster, FAST, metrics)
+        await backend.start()
+        try:
+            metrics.record_request(MODEL, "chat", 200)
+            metrics.record_request(MODEL, "chat", 200)
+            await until(lambda: "r-own" in cluster.metrics_snapshots, "this replica's series sent")
+            lines = metrics.render()[0].decode().splitlines()
+            own = f'thaw_gateway_requests_total{{endpoint="chat",model="{MODEL}",node="node-a",replica="r-own",status="200"}}'
+            theirs = f'thaw_gateway_requests_total{{endpoint="chat",model="{MODEL}",node="node-b",replica="r-peer",status="200"}}'
+            assert f"{own} 2.0" in lines and f"{theirs} 1.0" in lines
+            assert f'vllm:time_to_first_token_seconds_count{{model_name="{MODEL}",node="node-b",replica="r-peer"}} 1.0' \
+                in lines
+            assert sum(line.startswith("# TYPE thaw_gateway_requests_total ") for line in lines) == 1  # one family
+            await until(lambda: 'thaw_slot_decisions{kind="evictions"} 2.0' in metrics.render()[0].decode(),
+                        "the platform's series")
+            platform = [line for line in metrics.render()[0].decode().splitlines() if "slot_decisions{" in line]
+            assert platform == ['thaw_slot_decisions{kind="evictions"} 2.0']  # once, unlabelled
+        finally:
+            await backend.close()
+
+    asyncio.run(main())
+
+
+def test_a_peer_snapshot_that_does_not_parse_is_left_out_of_the_scrape():
+    from infra.gateway_metrics import ReplicaIdentity
+    from wire import GatewayMetricsSnapshot
+
+    metrics = GatewayMetrics(replica=ReplicaIdentity("r-own", "node-a"))
+    metrics.record_request(MODEL, "chat", 200)
+    metrics.set_peer_snapshots([GatewayMetricsSnapshot("r-bad", "node-b", "not { a metric line\n"),
+                                GatewayMetricsSnapshot("r-own", "node-a", "ignored: this replica's own\n")])
+    text = metrics.render()[0].decode()
+    assert 'replica="r-own"' in text and "r-bad" not in text and "ignored" not in text

@@ -56,7 +56,7 @@ def test_no_controller_setting_is_declared_twice():
 
     assert {f.name for f in fields(PlatformConfig)} == {
         "controller", "ray_address", "host", "port", "auth", "metrics_token_file", "gateway_body_timeout_s",
-        "num_cpus", "num_gateway_replicas", "state_dir_shared"}
+        "num_cpus", "num_gateway_replicas", "state_dir_shared", "head_only", "services_resource", "http_proxies"}
     assert {f.name for f in fields(PlatformConfig)} & {f.name for f in fields(ControllerConfig)} == set()
 
 
@@ -117,3 +117,28 @@ def test_joining_a_cluster_needs_redis_or_a_state_directory_every_node_sees():
     assert PlatformConfig.create(state_dir=STATE).state_dir_shared is False  # a local Ray: SQLite is the default
     with pytest.raises(ValueError, match="state_dir_shared must be True or False"):
         PlatformConfig.create(state_dir=STATE, state_dir_shared="yes")
+
+
+def test_head_only_needs_a_cluster_and_http_proxies_name_a_serve_proxy_location():
+    with pytest.raises(ValueError, match="--head-only needs --address"):
+        PlatformConfig.create(state_dir=STATE, head_only=True)
+    config = PlatformConfig.create(state_dir=STATE, ray_address="head:6379", state_store="redis://r:6379/0",
+                                   head_only=True, http_proxies="head-only")
+    assert config.head_only and config.http_proxies == "head-only"
+    assert PlatformConfig.create(state_dir=STATE).http_proxies == "every-node"  # Serve's own default
+    with pytest.raises(ValueError, match="http_proxies must be one of every-node, head-only, got 'all'"):
+        PlatformConfig.create(state_dir=STATE, http_proxies="all")
+
+
+def test_a_services_resource_places_the_controller_and_every_gateway_replica():
+    from infra.gateway_deployment import gateway_deployment
+    from infra.platform_config import SERVICES_RESOURCE_AMOUNT
+
+    config = PlatformConfig.create(state_dir=STATE, services_resource="thaw_services", num_gateway_replicas=2)
+    assert config.services_resources == {"thaw_services": SERVICES_RESOURCE_AMOUNT}
+    options = gateway_deployment(config.gateway_config()).ray_actor_options
+    assert options == {"num_cpus": 0, "resources": {"thaw_services": SERVICES_RESOURCE_AMOUNT}}
+    assert gateway_deployment(PlatformConfig.create(state_dir=STATE).gateway_config()).ray_actor_options == \
+        {"num_cpus": 0}
+    with pytest.raises(ValueError, match="services_resource must be a Ray resource name"):
+        PlatformConfig.create(state_dir=STATE, services_resource="two words")

@@ -163,3 +163,19 @@ def test_engine_gauges_round_trip_and_refuse_impossible_figures():
                                 ("node_id", None, "node_id must be a string")):
         with pytest.raises(ValueError, match=match):
             EngineGauges(**{**dataclasses.asdict(gauges), field: value})
+
+
+def test_gateway_metrics_snapshot_round_trips_hides_its_text_and_refuses_bad_fields():
+    from wire import GatewayMetricsSnapshot
+    from wire.gateway_metrics_snapshot import MAX_SNAPSHOT_BYTES
+
+    snapshot = GatewayMetricsSnapshot("r1", "node0", 'thaw_gateway_requests_total{model="m"} 1.0\n')
+    assert GatewayMetricsSnapshot.from_dict(snapshot.to_dict()) == snapshot
+    assert pickle.loads(pickle.dumps(snapshot)) == snapshot
+    assert "thaw_gateway_requests_total" not in repr(snapshot)
+    for field, value, match in (("replica_id", "", "replica_id must be a non-empty string"),
+                                ("node_id", None, "node_id must be a string"),
+                                ("text", b"bytes", "text must be a string"),
+                                ("text", "x" * (MAX_SNAPSHOT_BYTES + 1), "over the")):
+        with pytest.raises(ValueError, match=match):
+            GatewayMetricsSnapshot(**{**dataclasses.asdict(snapshot), field: value})
