@@ -8,6 +8,10 @@ Public API (everything else in this folder is private to it):
   traces of ../shared/traces, fitted by `sim.fit_traces` (workload.py).
 - `GpuSpec`, `CostModel`, `H100`, `A100`, `H200`, `default_cost_model`, `LOAD_TIERS`: load,
   prefill, decode and migration times, each constant with its source (cost_model.py).
+- `HardwareProfile`, `ModelTiming`: a measured node and its models' engine costs, replacing the
+  GPU cost model and catalog in a replay of a real run (hardware_profile.py; its costs through
+  `ProfileCostModel`, profile_cost_model.py); `explicit_workload`: that run's exact requests
+  (explicit_workload.py).
 - `SimConfig`, `SimResult`, `run_simulation`: one run of one policy (simulator.py), on an
   `EventLoop` (event_loop.py) driving a `SimCluster` of `ClusterSpec` shape (sim_cluster.py).
 - `POLICY_NAMES`, `PolicySettings`, `SimPolicy`, `make_policy`: the compared policies (policies.py;
@@ -19,6 +23,9 @@ Public API (everything else in this folder is private to it):
 from sim.cost_model import A100, H100, H200, LOAD_TIERS, CostModel, GpuSpec, default_cost_model
 from sim.sim_models import ARCHITECTURES, SIZE_MIX, SimModel, model_catalog
 from sim.cli import add_simulate_command
+from sim.explicit_workload import explicit_workload
+from sim.hardware_profile import HardwareProfile, ModelTiming
+from sim.profile_cost_model import ProfileCostModel
 from sim.event_loop import EventLoop
 from sim.policies import POLICY_NAMES, PolicySettings, SimPolicy, make_policy
 from sim.report import format_table, result_line, write_report
@@ -32,6 +39,7 @@ __all__ = [
     "SimRequest", "WorkloadConfig", "WorkloadSummary", "generate_workload", "expected_requests_per_hour",
     "model_services", "summarize_workload",
     "GpuSpec", "CostModel", "H100", "A100", "H200", "default_cost_model", "LOAD_TIERS",
+    "HardwareProfile", "ModelTiming", "ProfileCostModel", "explicit_workload",
     "SimConfig", "SimResult", "run_simulation", "EventLoop", "ClusterSpec", "SimCluster",
     "POLICY_NAMES", "PolicySettings", "SimPolicy", "make_policy", "result_line", "format_table", "write_report",
     "add_simulate_command",

@@ -151,13 +151,16 @@ class SimPolicy:
 
 
 def make_policy(name: str, settings: PolicySettings, *, thaw_sharing=None,
-                thaw_max_wait_before_preempt_s: float | None = None) -> SimPolicy:
+                thaw_max_wait_before_preempt_s: float | None = None, thaw_autoscaling=None,
+                thaw_activity_at_ticks: bool = False) -> SimPolicy:
     """The policy called `name` (one of `POLICY_NAMES`). `thaw_sharing` (a controller
-    `SlotSharingSettings`) and `thaw_max_wait_before_preempt_s` configure Thaw's policy only
-    (None: the controller's defaults)."""
+    `SlotSharingSettings`), `thaw_max_wait_before_preempt_s`, `thaw_autoscaling` (a whole
+    controller `AutoscalingPolicy`) and `thaw_activity_at_ticks` configure Thaw's policy only
+    (None / False: the controller's defaults, activity known at once)."""
     if name == "thaw":
         from sim.thaw_policy import ThawPolicy
-        return ThawPolicy(settings, sharing=thaw_sharing, max_wait_before_preempt_s=thaw_max_wait_before_preempt_s)
+        return ThawPolicy(settings, sharing=thaw_sharing, max_wait_before_preempt_s=thaw_max_wait_before_preempt_s,
+                          autoscaling=thaw_autoscaling, activity_at_ticks=thaw_activity_at_ticks)
     if name == "serverlessllm":
         from sim.serverlessllm_policy import ServerlessLLMPolicy
         return ServerlessLLMPolicy(settings)

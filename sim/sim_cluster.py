@@ -15,6 +15,9 @@ What it models (and what a policy drives through its public methods):
   zig-zag: prompts run through the layers present while the rest arrive). After a load the
   checkpoint is kept in the node's SSD (when it came from the repository) and DRAM tiers,
   unless the policy keeps no node copies (Ray Serve reads the repository every time).
+- Spare workers and DRAM promotion (`sim.node_upkeep`, off by default): a start without a warm
+  spare pays `process_start_s` more, and with `promote_on_settle` the DRAM copy is made once the
+  node has settled rather than at once (the controller's `SparePool` and `CheckpointCopies`).
 - Requests: each model has one FIFO queue (the gateway's). A request goes to the least-loaded
   READY instance of its model with room (`max_batch` in flight), else waits in the queue;
   every finish and every instance becoming ready pulls from it.
@@ -27,7 +30,8 @@ What it models (and what a policy drives through its public methods):
 The cluster calls its policy back (`on_queued`, `on_demand`, `on_ready`, `on_idle`,
 `on_released`) so the policy keeps its own dirty set; it takes no decision itself. Accounting:
 accelerator-seconds (slots held x time, loading and idle included), cold starts by tier,
-evictions, migrations, and each request's TTFT.
+evictions, migrations, and each request's TTFT (plus `request_overhead_s`, the path outside the
+instance).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from sim.event_loop import EventLoop
+from sim.node_upkeep import NodeUpkeep
 from sim.sim_instance import Flight, InstancePhase, SimInstance
 from sim.tier_cache import TierCache
 
@@ -64,8 +69,18 @@ class ClusterSpec:
         dram_bytes_per_node / ssd_bytes_per_node: each node's checkpoint cache budgets (0: none).
         max_batch: requests one instance serves at once (vLLM's max_num_seqs, scaled down to
             what a KV cache of a few GB holds for the traces' prompt lengths).
-        start_overhead_s: fixed cost of a start beyond the weight read (engine build, CUDA graphs).
+        start_overhead_s: fixed cost of a start beyond the weight read (engine build, CUDA graphs);
+            on a pre-started worker when the node keeps spares.
         stream_serve_fraction: share of a peer stream's time after which the new instance serves.
+        spare_workers_per_node / process_start_s / spare_warm_s / settle_s / promote_on_settle:
+            the nodes' spare workers and DRAM promotion (`sim.node_upkeep`): a start with no warm
+            spare costs `process_start_s` more. The defaults (no spares, no cost for a process,
+            DRAM copied at once) are the cluster-scale model's.
+        request_overhead_s: latency each first token carries beyond the instance (client and
+            gateway), added to every TTFT.
+        stop_s / recycle_s: how long a stopped instance holds its slot after its last request
+            (its worker being stopped; `recycle_s` when its worker goes back to the spare pool
+            instead). 0: the slot is free at once (the cluster-scale model).
     """
 
     num_nodes: int
@@ -75,6 +90,14 @@ class ClusterSpec:
     max_batch: int = 64
     start_overhead_s: float = 0.0
     stream_serve_fraction: float = 0.5
+    spare_workers_per_node: int = 0
+    process_start_s: float = 0.0
+    spare_warm_s: float = 0.0
+    settle_s: float = 0.0
+    promote_on_settle: bool = False
+    request_overhead_s: float = 0.0
+    stop_s: float = 0.0
+    recycle_s: float = 0.0
 
     def __post_init__(self) -> None:
         _count("num_nodes", self.num_nodes, 1)
@@ -87,6 +110,13 @@ class ClusterSpec:
             raise ValueError(f"ClusterSpec.start_overhead_s must be a finite number >= 0, got {self.start_overhead_s!r}")
         if not isinstance(self.stream_serve_fraction, (int, float)) or not 0 < self.stream_serve_fraction <= 1:
             raise ValueError(f"ClusterSpec.stream_serve_fraction must be in (0, 1], got {self.stream_serve_fraction!r}")
+        _count("spare_workers_per_node", self.spare_workers_per_node, 0)
+        for name in ("process_start_s", "spare_warm_s", "settle_s", "request_overhead_s", "stop_s", "recycle_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"ClusterSpec.{name} must be a finite number >= 0, got {value!r}")
+        if not isinstance(self.promote_on_settle, bool):
+            raise ValueError(f"ClusterSpec.promote_on_settle must be True or False, got {self.promote_on_settle!r}")
 
 
 class SimNode:
@@ -176,6 +206,7 @@ class SimCluster:
         self._free_buckets: list[set[int]] = [set() for _ in range(spec.gpus_per_node + 1)]
         self._free_buckets[spec.gpus_per_node].update(range(spec.num_nodes))
         self._copies: dict[int, set[int]] = {}
+        self.upkeep = NodeUpkeep(self)
 
     def attach(self, policy) -> None:
         self.policy = policy
@@ -217,7 +248,7 @@ class SimCluster:
             self.policy.on_started(state, now)
 
     def _finished(self, instance: SimInstance, flight: Flight, now: float) -> None:
-        self.ttft_s[flight.index] = flight.first_token_s - flight.arrival_s
+        self.ttft_s[flight.index] = flight.first_token_s - flight.arrival_s + self.spec.request_overhead_s
         self.finish_s[flight.index] = now
         self.num_finished += 1
         state = self.models[flight.model_index]
@@ -225,7 +256,7 @@ class SimCluster:
         state.last_request_s = now
         if instance.phase == InstancePhase.STOPPING:
             if instance.num_ongoing == 0:
-                self._release(instance, now)
+                self._wind_down(instance, now)
         else:
             self._route(state, now)
             if instance.num_ongoing == 0:
@@ -277,6 +308,11 @@ class SimCluster:
         self._keep_copy(node, node.dram if tier == "dram" else node.ssd, model_index,
                         self.models[model_index].model.weight_bytes, f"{tier}_cache_evictions")
 
+    def keep_dram_copy(self, node: SimNode, model_index: int) -> None:
+        """A copy of the model lands in the node's DRAM tier (a promotion, `sim.node_upkeep`)."""
+        self._keep_copy(node, node.dram, model_index, self.models[model_index].model.weight_bytes,
+                        "dram_cache_evictions")
+
     def checkpoint_tiers(self, node: SimNode, model_index: int) -> tuple[str, ...]:
         """The node tiers holding the model, fastest first."""
         tiers = ()
@@ -294,6 +330,7 @@ class SimCluster:
         state = self.models[model_index]
         weight_bytes = state.model.weight_bytes
         resident_s = now
+        from_spare = False
         if node_index is None:
             node_index, load_s, tier = -1, 0.0, "gpu"
         else:
@@ -303,10 +340,12 @@ class SimCluster:
                                  f"{state.num_slots}")
             self._set_free(node, node.free_slots - state.num_slots)
             self.num_free_slots -= state.num_slots
+            from_spare = self.upkeep.take_spare(node)
+            overhead_s = self.spec.start_overhead_s + (0.0 if from_spare else self.spec.process_start_s)
             if stream_from is not None:
                 tier = "gpu" if stream_from.node_index == node_index else "remote"
                 stream_s = self.cost.load_s(weight_bytes, tier)
-                resident_s = now + stream_s + self.spec.start_overhead_s
+                resident_s = now + stream_s + overhead_s
                 load_s = stream_s * self.spec.stream_serve_fraction
             else:
                 load_s = self.cost.load_s(weight_bytes, tier)
@@ -318,7 +357,7 @@ class SimCluster:
                     node.dram.touch(model_index)
                 elif tier == "ssd":
                     node.ssd.touch(model_index)
-            load_s += self.spec.start_overhead_s
+            load_s += overhead_s
         self.num_used_slots += state.num_slots
         if node_index >= 0:  # the unbounded cluster's instances are warm by assumption
             self.cold_starts[tier] += 1
@@ -328,6 +367,7 @@ class SimCluster:
                                tier=tier, started_s=now, max_batch=self.spec.max_batch, loop=self.loop,
                                costs=state.costs, on_finish=self._finished)
         instance.stream_source = stream_from.instance_id if stream_from is not None else None
+        instance.from_spare = from_spare
         instance.resident_s = resident_s if stream_from is not None else now + load_s
         self.instances[instance.index] = instance
         state.instances.append(instance)
@@ -351,7 +391,10 @@ class SimCluster:
             nbytes = state.model.weight_bytes
             if instance.tier == "s3":
                 self._keep_copy(node, node.ssd, instance.model_index, nbytes, "ssd_cache_evictions")
-            self._keep_copy(node, node.dram, instance.model_index, nbytes, "dram_cache_evictions")
+            if not self.spec.promote_on_settle or instance.tier == "dram":
+                self._keep_copy(node, node.dram, instance.model_index, nbytes, "dram_cache_evictions")
+        if instance.node_index >= 0:
+            self.upkeep.ready(instance, self.nodes[instance.node_index])
         self._route(state, now)
         self.policy.on_ready(instance)
         if instance.num_ongoing == 0:
@@ -365,15 +408,29 @@ class SimCluster:
         state.instances.remove(instance)
         if instance.phase == InstancePhase.LOADING:
             state.num_loading -= 1
+        instance.phase = InstancePhase.STOPPING
         if instance.num_ongoing == 0:
-            instance.phase = InstancePhase.STOPPING
-            self._release(instance, self.loop.now)
+            self._wind_down(instance, self.loop.now)
+
+    def _wind_down(self, instance: SimInstance, now: float) -> None:
+        """A stopping instance has no request left: its slot is free once its worker has stopped
+        (`stop_s`, or `recycle_s` when the worker goes back to the spare pool)."""
+        delay_s = self.spec.stop_s
+        if instance.node_index >= 0 and self.upkeep.would_recycle(instance, self.nodes[instance.node_index]):
+            delay_s = self.spec.recycle_s
+        if delay_s <= 0:
+            self._release(instance, now)
         else:
-            instance.phase = InstancePhase.STOPPING
+            instance.stop()  # no events of its own meanwhile
+            self.loop.schedule(now + delay_s, self._released_later, instance, priority=0)
+
+    def _released_later(self, instance: SimInstance) -> None:
+        self._release(instance, self.loop.now)
 
     def evict(self, instance: SimInstance) -> None:
         """Stop an idle instance for another model (counted as an eviction)."""
         self.counts["evictions"] += 1
+        self._stopping_for_another(instance)
         self.stop_instance(instance)
 
     def suspend(self, instance: SimInstance) -> None:
@@ -390,6 +447,7 @@ class SimCluster:
             state.queue.appendleft(flight)
         self.counts["preemptions"] += 1
         self.counts["requests_suspended"] += len(flights)
+        self._stopping_for_another(instance)
         self.stop_instance(instance)
         if state.queue:
             self.policy.on_queued(state)
@@ -407,8 +465,15 @@ class SimCluster:
                                               "tokens" if token_based else "kv")
         self.counts["migrations"] += 1
         self.counts["requests_migrated"] += len(flights)
+        self._stopping_for_another(instance)
         self.stop_instance(instance)
         self.loop.schedule(now + pause_s, self._land, state, destination, flights, token_based)
+
+    def _stopping_for_another(self, instance: SimInstance) -> None:
+        """Its slot goes to another model: its worker may go back to the spare pool."""
+        instance.recycle = True
+        if instance.node_index >= 0:
+            self.upkeep.stopping_for_another(instance, self.nodes[instance.node_index])
 
     def _land(self, state: SimModelState, destination: SimInstance, flights: list[Flight], token_based: bool) -> None:
         now = self.loop.now
@@ -438,6 +503,7 @@ class SimCluster:
             node = self.nodes[instance.node_index]
             self._set_free(node, node.free_slots + instance.num_slots)
             self.num_free_slots += instance.num_slots
+            self.upkeep.released(instance, node)
         self.policy.on_released(instance)
 
     def close(self, now: float) -> None:

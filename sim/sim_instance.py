@@ -68,7 +68,7 @@ class SimInstance:
     __slots__ = ("instance_id", "index", "model_index", "node_index", "num_slots", "tier", "phase", "started_s",
                  "ready_s", "stream_source", "max_batch", "_loop", "_costs", "_on_finish",
                  "_heap", "num_ongoing", "_sequence", "tokens_done", "_clock_s", "resume_s", "step_s", "_context_sum",
-                 "_next_event", "load_event", "busy_since_s", "idle_since_s", "resident_s")
+                 "_next_event", "load_event", "busy_since_s", "idle_since_s", "resident_s", "from_spare", "recycle")
 
     def __init__(self, *, instance_id: str, index: int, model_index: int, node_index: int, num_slots: int,
                  tier: str, started_s: float, max_batch: int, loop, costs,
@@ -100,6 +100,8 @@ class SimInstance:
         self.busy_since_s: float | None = None
         self.idle_since_s: float | None = None
         self.resident_s = started_s  # when every layer is in (a streamed instance serves before)
+        self.from_spare = False  # it started on a spare worker (`sim.node_upkeep`)
+        self.recycle = False  # stopped to give its slot away: a spare's process goes back to the pool
 
     # --- queries -----------------------------------------------------------------------------
 

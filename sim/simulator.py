@@ -67,6 +67,16 @@ class SimConfig:
             defaults: evict an instance idle 0.5 s, preempt a busy one ready 2 s).
         thaw_max_wait_before_preempt_s: the model spec's bounded wait before Thaw preempts (None:
             its default, 5 s).
+        thaw_autoscaling: every model's whole `AutoscalingPolicy` for Thaw's policy (its delays,
+            keep-alive, bounded wait), as a real deployment's spec gives it (None: built from
+            `target_ongoing_requests` / `max_instances` / `keep_alive_s` and the defaults).
+        real_controller_timing: the controller's timing as its loop has it: a periodic tick
+            `tick_s` after the last one rather than on a fixed grid, and (Thaw's policy) a model's
+            requests known at the next tick, when it reads the workers' stats. False: ticks on the
+            grid and requests known at once, as the cluster-scale figures in BENCHMARKS.md were taken.
+        hardware: a measured `HardwareProfile` (`sim.hardware_profile`): the nodes, the catalog
+            and the costs all come from it, replacing `gpu`, `gpus_per_node`, `dram_gib_per_node`,
+            `ssd_gib_per_node` and `max_batch` (then `num_models` must be its model count).
     """
 
     num_models: int
@@ -91,6 +101,9 @@ class SimConfig:
     sample_s: float = 60.0
     thaw_sharing: object = None
     thaw_max_wait_before_preempt_s: float | None = None
+    thaw_autoscaling: object = None
+    real_controller_timing: bool = False
+    hardware: object = None
 
     def __post_init__(self) -> None:
         _int("num_models", self.num_models, 1)
@@ -121,8 +134,29 @@ class SimConfig:
             object.__setattr__(self, "thaw_max_wait_before_preempt_s",
                                _seconds("thaw_max_wait_before_preempt_s", self.thaw_max_wait_before_preempt_s,
                                         allow_zero=True))
+        if self.thaw_autoscaling is not None:
+            from controller import AutoscalingPolicy
+            if not isinstance(self.thaw_autoscaling, AutoscalingPolicy):
+                raise ValueError(f"SimConfig.thaw_autoscaling must be a controller AutoscalingPolicy or None, "
+                                 f"got {type(self.thaw_autoscaling).__name__}")
+            if self.thaw_max_wait_before_preempt_s is not None:
+                raise ValueError("SimConfig: give thaw_max_wait_before_preempt_s or thaw_autoscaling (whose "
+                                 "max_wait_before_preempt_s it is), not both")
+        if not isinstance(self.real_controller_timing, bool):
+            raise ValueError(f"SimConfig.real_controller_timing must be True or False, "
+                             f"got {self.real_controller_timing!r}")
+        if self.hardware is not None:
+            from sim.hardware_profile import HardwareProfile
+            if not isinstance(self.hardware, HardwareProfile):
+                raise ValueError(f"SimConfig.hardware must be a HardwareProfile or None, "
+                                 f"got {type(self.hardware).__name__}")
+            if self.num_models != len(self.hardware.models):
+                raise ValueError(f"SimConfig.num_models ({self.num_models}) must be the hardware profile's model "
+                                 f"count ({len(self.hardware.models)})")
 
     def cluster_spec(self, start_overhead_s: float) -> ClusterSpec:
+        if self.hardware is not None:
+            return self.hardware.cluster_spec(self.num_nodes)
         return ClusterSpec(num_nodes=self.num_nodes, gpus_per_node=self.gpus_per_node,
                            dram_bytes_per_node=self.dram_gib_per_node * GIB,
                            ssd_bytes_per_node=self.ssd_gib_per_node * GIB, max_batch=self.max_batch,
@@ -223,21 +257,24 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
     started_cpu = time.process_time()
     if cost is None:
         from sim.cost_model import default_cost_model
-        cost = default_cost_model()
+        cost = default_cost_model() if config.hardware is None else config.hardware.cost_model()
     if models is None:
         from sim.sim_models import model_catalog
-        models = model_catalog(config.num_models, config.seed)
+        models = model_catalog(config.num_models, config.seed) if config.hardware is None \
+            else config.hardware.sim_models()
     if requests is None:
         from sim.workload import WorkloadConfig, generate_workload
         requests = generate_workload(WorkloadConfig(
             num_models=config.num_models, hours=config.hours, seed=config.seed, trace_dir=config.trace_dir,
             source=config.source, requests_per_model_per_hour=config.requests_per_model_per_hour), models)
-    gpu = _gpu(config.gpu)
+    gpu = _gpu(config.gpu) if config.hardware is None else None  # a profile is its own hardware
     loop = EventLoop()
     cluster = SimCluster(config.cluster_spec(cost.engine_start_s), models, cost, gpu, loop,
                          memoise_costs=memoise_costs)
     policy = make_policy(config.policy, config.policy_settings(), thaw_sharing=config.thaw_sharing,
-                         thaw_max_wait_before_preempt_s=config.thaw_max_wait_before_preempt_s)
+                         thaw_max_wait_before_preempt_s=config.thaw_max_wait_before_preempt_s,
+                         thaw_autoscaling=config.thaw_autoscaling,
+                         thaw_activity_at_ticks=config.real_controller_timing)
     decision_s: list[float] = []
 
     def on_tick(now: float) -> None:
@@ -245,7 +282,7 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
         policy.tick(now)
         decision_s.append(time.perf_counter() - t0)
 
-    ticks = TickScheduler(loop, config.tick_s, on_tick)
+    ticks = TickScheduler(loop, config.tick_s, on_tick, from_last_tick=config.real_controller_timing)
     cluster.attach(policy)
     policy.attach(cluster, ticks)
     feeder = _Feeder(cluster, requests)
@@ -280,7 +317,7 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
     attained = float(np.count_nonzero(ttft[served] <= config.slo_ttft_s)) / num_requests if num_requests else 1.0
     decisions = np.array(decision_s) * 1e3
     cold = {tier: cluster.cold_starts[tier] for tier in COLD_START_TIERS}
-    counts = {**cluster.counts, **policy.counts()}
+    counts = {**cluster.counts, **(cluster.upkeep.counts if cluster.upkeep.enabled else {}), **policy.counts()}
     return SimResult(
         policy=config.policy, num_requests=num_requests, num_served=int(served.sum()), ttft_p50_s=p50,
         ttft_p99_s=p99, slo_ttft_s=config.slo_ttft_s, slo_attainment=attained, accelerator_s=cluster.accelerator_s,

@@ -21,8 +21,9 @@ Per tick, for each dirty model, in the controller's order (models waiting for a 
 What is adapted, not the policies: the inputs are built from the simulated cluster; eviction
 sees the `num_idle_candidates` longest-idle instances and preemption the `num_busy_candidates`
 longest-running busy ones rather than all 8,000 (the policies choose among those); a freed slot
-is used in the same tick (the simulated stop is immediate, where the controller holds the slot
-until the victim is gone); slot reclaim (`plan_slot_reclaim`) and prefill hand-off are not
+is used in the same tick where the cluster's stops are immediate (`ClusterSpec.stop_s` 0, the
+cluster-scale model), and otherwise held for the model it was freed for until the victim is
+gone, as `SlotSharer` holds it (other models' placement does not see it); slot reclaim (`plan_slot_reclaim`) and prefill hand-off are not
 simulated. Fast paths skip calls whose answer is known: `decide` for a model whose demand asks
 for exactly the instances it has and no wish is pending (the cluster's `on_demand` marks a model
 only when `desired_instances` changes), eviction when no instance is idle, preemption before the
@@ -30,13 +31,15 @@ wait bound or when nothing is busy.
 
 Settings: the controller's defaults (`SlotSharingSettings()`, `AutoscalingPolicy`'s
 `max_wait_before_preempt_s`), or those a run passes (`SimConfig.thaw_sharing`,
-`thaw_max_wait_before_preempt_s`; `thaw simulate --thaw-*`): the same code under another
-config, which is how a setting is studied. `describe()` reports the ones a run used.
+`thaw_max_wait_before_preempt_s`, or a whole spec `AutoscalingPolicy` in `thaw_autoscaling` to
+replay a real deployment; `thaw simulate --thaw-*`): the same code under another config, which is
+how a setting is studied. `describe()` reports the ones a run used.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from controller import (AutoscaleState, AutoscalingPolicy, EvictionCandidate, InstancePhase as ControllerPhase,
                         LoadSnapshot, ManagedInstance, PeerStreamSettings, PlacementDecision, PreemptionCandidate,
@@ -65,15 +68,25 @@ class ThawPolicy(SimPolicy):
     name = "thaw"
 
     def __init__(self, settings: PolicySettings, *, sharing: SlotSharingSettings | None = None,
-                 max_wait_before_preempt_s: float | None = None) -> None:
+                 max_wait_before_preempt_s: float | None = None,
+                 autoscaling: AutoscalingPolicy | None = None, activity_at_ticks: bool = False) -> None:
         """`sharing` and `max_wait_before_preempt_s`: the controller config's `slot_sharing` and the
         model spec's bounded wait (None: the controller's defaults), so a setting is studied with
-        the same code."""
+        the same code. `autoscaling`: every model's whole spec policy instead (a real deployment's,
+        to replay it); `settings` then only says what the other policies get. `activity_at_ticks`:
+        a model's last request is known at the next tick (`_seen_s`), as the controller learns it;
+        False: at once (the cluster-scale figures were taken so)."""
         super().__init__(settings)
-        wait = {} if max_wait_before_preempt_s is None else {"max_wait_before_preempt_s": max_wait_before_preempt_s}
-        self.autoscaling = AutoscalingPolicy(min_instances=0, max_instances=settings.max_instances,
-                                             target_ongoing_requests=settings.target_ongoing_requests,
-                                             keep_alive_s=settings.keep_alive_s, **wait)
+        self.activity_at_ticks = activity_at_ticks
+        if autoscaling is not None:
+            if max_wait_before_preempt_s is not None:
+                raise ValueError("ThawPolicy: give max_wait_before_preempt_s or autoscaling, not both")
+            self.autoscaling = autoscaling
+        else:
+            wait = {} if max_wait_before_preempt_s is None else {"max_wait_before_preempt_s": max_wait_before_preempt_s}
+            self.autoscaling = AutoscalingPolicy(min_instances=0, max_instances=settings.max_instances,
+                                                 target_ongoing_requests=settings.target_ongoing_requests,
+                                                 keep_alive_s=settings.keep_alive_s, **wait)
         self.sharing = sharing if sharing is not None else SlotSharingSettings()
         self.peer_stream: PeerStreamSettings | None = None
         self.views: NodeViews | None = None
@@ -83,6 +96,9 @@ class ThawPolicy(SimPolicy):
         # Models with queued requests and an instance loading for them: no look until it is ready
         # (kept apart from `waiting`, which the tick walks: at a day's start, hundreds load at once).
         self._loading_waiters: set[int] = set()
+        # Slots being freed for a model (`SlotSharer`'s holds): model index -> node index. Only
+        # when the cluster's stops take time (`ClusterSpec.stop_s`); otherwise the slot is free at once.
+        self._holds: dict[int, int] = {}
         self._counts = {"stream_starts": 0, "evictions_chosen": 0, "preemptions_migrated": 0,
                         "preemptions_suspended": 0}
 
@@ -114,11 +130,21 @@ class ThawPolicy(SimPolicy):
             if control.desired == 1 and not control.autoscale.wish_direction and state.last_request_s is not None:
                 # Idle-model fast path: with one instance wanted, decide holds it steady until the
                 # keep-alive runs out; look again only then.
-                self.wake_model_at(state.index, state.last_request_s + self.autoscaling.keep_alive_s)
+                self.wake_model_at(state.index, self._seen_s(state.last_request_s) + self.autoscaling.keep_alive_s)
             elif control.desired:
                 self.mark(state.index)
         elif control.autoscale.wish_direction or self._desired(demand) != control.desired:
             self.mark(state.index)
+
+    def _seen_s(self, time_s: float | None) -> float | None:
+        """When the controller learns of a request's activity at `time_s`: at its next reconcile
+        tick, which reads the workers' stats (`InstanceManager.apply_stats`: "requests that came and
+        went between ticks count too"), so its `last_request_s` is a tick time. Ticks taken on the
+        `tick_s` grid. Without `activity_at_ticks`, `time_s` itself."""
+        if time_s is None or not self.activity_at_ticks:
+            return time_s
+        tick_s = self.ticks.tick_s
+        return math.ceil(time_s / tick_s - 1e-9) * tick_s
 
     def _desired(self, demand: int) -> int:
         """`desired_instances(self.autoscaling, demand)`, remembered per demand (called per request)."""
@@ -147,6 +173,8 @@ class ThawPolicy(SimPolicy):
 
     def on_released(self, instance) -> None:
         self._idle.pop(instance.index, None)
+        if instance.node_index in self._holds.values():
+            self.ticks.wake_now()  # the held slot is free: its model is placed at once
         self._settle(instance.model_index)  # a stopped loading instance: its model waits again
         self.mark(instance.model_index)
         if self.waiting or self._loading_waiters:  # a slot is free: the waiting may go now
@@ -169,7 +197,7 @@ class ThawPolicy(SimPolicy):
         if state.queue or state.num_ongoing or control.desired != 1 or control.autoscale.wish_direction \
                 or state.last_request_s is None:
             return False
-        return state.last_request_s + self.autoscaling.keep_alive_s > now + 1e-9
+        return self._seen_s(state.last_request_s) + self.autoscaling.keep_alive_s > now + 1e-9
 
     def tick(self, now: float) -> None:
         cluster = self.cluster
@@ -200,7 +228,7 @@ class ThawPolicy(SimPolicy):
             control.autoscale = AutoscaleState()
             return  # idle and scaled to zero: decide would say so
         snapshot = LoadSnapshot(num_instances=control.desired, num_ongoing_requests=state.num_ongoing,
-                                num_queued_requests=queued, last_request_s=state.last_request_s)
+                                num_queued_requests=queued, last_request_s=self._seen_s(state.last_request_s))
         decision, control.autoscale = decide(self.autoscaling, snapshot, control.autoscale, now)
         control.desired = decision.num_instances
         self._converge(state, control, now)
@@ -209,12 +237,14 @@ class ThawPolicy(SimPolicy):
             delay = self.autoscaling.upscale_delay_s if auto.wish_direction > 0 else self.autoscaling.downscale_delay_s
             self.wake_model_at(state.index, auto.wish_since_s + delay)
         elif demand == 0 and control.desired:
-            since = state.last_request_s if state.last_request_s is not None else auto.idle_since_s
+            since = self._seen_s(state.last_request_s) if state.last_request_s is not None else auto.idle_since_s
             self.wake_model_at(state.index, max(now, (since or now) + self.autoscaling.keep_alive_s))
 
     def _converge(self, state, control: _ModelControl, now: float) -> None:
         live = list(state.instances)
         missing = control.desired - len(live)
+        if missing <= 0:
+            self._holds.pop(state.index, None)  # no longer needed (`SlotSharer.forget`)
         if missing < 0:
             # The controller's stop order: loading first, then the least busy, then the newest.
             live.sort(key=lambda i: (i.phase == InstancePhase.READY, i.num_ongoing, -i.started_s))
@@ -230,9 +260,17 @@ class ThawPolicy(SimPolicy):
     def _place_and_start(self, state, now: float) -> bool:
         cluster = self.cluster
         weight_bytes = state.model.weight_bytes
-        views = self.views.views(state.index, now)
+        held = self._holds.get(state.index)
+        if held is not None:  # a slot is being freed for it there: wait for it, then take it
+            node = cluster.nodes[held]
+            if node.free_slots < state.num_slots:
+                return False
+            del self._holds[state.index]
+            views = [self.views.view(node, state.index, now)]
+        else:
+            views = self._reserved(self.views.views(state.index, now), state.index)
         decision = place(weight_bytes, views, state.num_slots) if views else None
-        if (decision is None or not decision.placed) and state.queue:
+        if (decision is None or not decision.placed) and state.queue and held is None:
             decision = self._evict_for(state, now) or self._preempt_for(state, now) or decision
         if decision is None or not decision.placed:
             return False
@@ -260,6 +298,27 @@ class ThawPolicy(SimPolicy):
                                started_s=instance.started_s, ready_s=instance.ready_s,
                                num_ongoing_requests=instance.num_ongoing,
                                weights_resident=instance.resident_s <= now)
+
+    def _reserved(self, views: list, model_index: int) -> list:
+        """`views` as `model_index` must see them: slots held for other models taken out
+        (`SlotSharer.hold_reserved`)."""
+        held: dict[str, int] = {}
+        for other, node_index in self._holds.items():
+            if other != model_index:
+                node_id = self.cluster.nodes[node_index].node_id
+                held[node_id] = held.get(node_id, 0) + self.cluster.models[other].num_slots
+        if not held:
+            return views
+        return [dataclasses.replace(v, num_free_slots=max(0, v.num_free_slots - held.get(v.node_id, 0)))
+                if v.node_id in held else v for v in views]
+
+    def _freed_for(self, state, node, now: float) -> PlacementDecision:
+        """After a stop for `state`'s model on `node`: placement there if the slot is free already,
+        else an unplaced decision and a hold until it is (the controller's `_hold`)."""
+        decision = place(state.model.weight_bytes, [self.views.view(node, state.index, now)], state.num_slots)
+        if not decision.placed:
+            self._holds[state.index] = node.index
+        return decision
 
     def _targets(self, decision: PlacementDecision) -> tuple[dict[str, float], dict[str, int]]:
         """As `SlotSharer._targets`: the waiting model's time to ready and free slots per node."""
@@ -300,7 +359,7 @@ class ThawPolicy(SimPolicy):
         for instance in idle:
             owner = cluster.models[instance.model_index]
             tier, reload_s = self._reload(instance, owner)
-            since = max(t for t in (owner.last_request_s, instance.ready_s) if t is not None)
+            since = max(t for t in (self._seen_s(owner.last_request_s), instance.ready_s) if t is not None)
             candidates.append(EvictionCandidate(
                 instance_id=instance.instance_id, model_id=owner.model_id,
                 node_id=cluster.nodes[instance.node_index].node_id, num_worker_slots=instance.num_slots,
@@ -309,7 +368,8 @@ class ThawPolicy(SimPolicy):
                 min_instances=self.autoscaling.min_instances, priority=self.autoscaling.priority,
                 frequency=self._control[owner.index].usage.value(now), reload_s=reload_s, reload_tier=tier))
         nodes = {instance.node_index: cluster.nodes[instance.node_index] for instance in idle}
-        decision = place(state.model.weight_bytes, self.views.views(state.index, now, nodes.values()),
+        decision = place(state.model.weight_bytes,
+                         self._reserved(self.views.views(state.index, now, nodes.values()), state.index),
                          state.num_slots)
         if decision.placed:
             return decision
@@ -326,7 +386,7 @@ class ThawPolicy(SimPolicy):
         owner.desired = max(self.autoscaling.min_instances, owner.desired - 1)  # `_shrink_after_eviction`
         owner.autoscale = AutoscaleState()
         self._counts["evictions_chosen"] += 1
-        return place(state.model.weight_bytes, [self.views.view(node, state.index, now)], state.num_slots)
+        return self._freed_for(state, node, now)
 
     def _preempt_for(self, state, now: float) -> PlacementDecision | None:
         if not self.sharing.preempt or state.oldest_wait_s(now) < self.autoscaling.max_wait_before_preempt_s:
@@ -357,7 +417,8 @@ class ThawPolicy(SimPolicy):
                 priority=self.autoscaling.priority,
                 destination_instance_id=destination.instance_id if destination is not None else None))
         nodes = {instance.node_index: cluster.nodes[instance.node_index] for instance in busy}
-        decision = place(state.model.weight_bytes, self.views.views(state.index, now, nodes.values()),
+        decision = place(state.model.weight_bytes,
+                         self._reserved(self.views.views(state.index, now, nodes.values()), state.index),
                          state.num_slots)
         if decision.placed:
             return decision
@@ -377,4 +438,4 @@ class ThawPolicy(SimPolicy):
         else:
             cluster.suspend(victim)
             self._counts["preemptions_suspended"] += 1
-        return place(state.model.weight_bytes, [self.views.view(node, state.index, now)], state.num_slots)
+        return self._freed_for(state, node, now)

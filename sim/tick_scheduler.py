@@ -8,6 +8,10 @@ point), `wake_at(t)` (a policy's timer: a keep-alive or a scale delay running ou
 is pending at a time, at the earliest wanted time; asks during a tick go to the next grid
 point, so a policy cannot loop at one instant. Tick events run after every other event at the
 same time (priority 2), so a tick sees the loads and finishes of its instant.
+
+The grid is fixed (multiples of `tick_s`) unless `from_last_tick`: then, as the controller's loop
+waits `reconcile_interval_s` after each tick unless woken, the next periodic tick is `tick_s`
+after the last one (or a multiple, had the loop ticked on its own meanwhile).
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ TICK_PRIORITY = 2
 class TickScheduler:
     """See the module docstring; `on_tick(now)` runs the policy."""
 
-    def __init__(self, loop: EventLoop, tick_s: float, on_tick: Callable[[float], None]) -> None:
+    def __init__(self, loop: EventLoop, tick_s: float, on_tick: Callable[[float], None], *,
+                 from_last_tick: bool = False) -> None:
         if not (isinstance(tick_s, (int, float)) and math.isfinite(tick_s) and tick_s > 0):
             raise ValueError(f"tick_s must be a finite number > 0, got {tick_s!r}")
         self._loop = loop
@@ -37,10 +42,13 @@ class TickScheduler:
         self._event: Event | None = None
         self._in_tick = False
         self.num_ticks = 0
+        self.from_last_tick = from_last_tick
+        self._last_tick_s = 0.0
 
     def next_grid_s(self) -> float:
         now = self._loop.now
-        return (math.floor(now / self.tick_s + 1e-9) + 1) * self.tick_s
+        origin = self._last_tick_s if self.from_last_tick else 0.0
+        return origin + (math.floor((now - origin) / self.tick_s + 1e-9) + 1) * self.tick_s
 
     def wake_now(self) -> None:
         self.wake_at(self._loop.now)
@@ -75,6 +83,7 @@ class TickScheduler:
     def _tick(self) -> None:
         now = self._loop.now
         self._event = None
+        self._last_tick_s = now
         self._pop_due(now)
         self._in_tick = True
         try:
