@@ -9,7 +9,8 @@ Public API (everything else in this folder is private to it):
 - `place`, `place_locality_blind`, `NodeView`, `TierBandwidths`, `PlacementDecision`,
   `NodeEstimate`: locality-aware placement (and the baseline it is measured against).
 - `open_state_store`, `StateStore`, `StateStoreError`, `WorkerRecord`, `ApiKeyRecord`:
-  specs, tenants, hashed API keys, desired counts and the worker registry, in SQLite or Redis.
+  specs, tenants, hashed API keys, desired counts and the worker registry, in SQLite or Redis;
+  `new_api_key`: a key in the platform's form, made outside any store (to import).
 - `Controller`, `ControllerConfig`: the registry and reconcile loop (a plain class over a
   `ClusterClient`, the interface it drives nodes, stores and workers through, whose calls raise
   `ActorGoneError` for an actor that is gone; `RayClusterClient` is the real one, and tests
@@ -65,7 +66,7 @@ from controller.placement_policy import (
     place_locality_blind,
 )
 from controller.routing_table import Route, RoutingTable
-from controller.state_store import ApiKeyRecord, StateStore, StateStoreError, WorkerRecord, open_state_store
+from controller.state_store import ApiKeyRecord, StateStore, StateStoreError, WorkerRecord, new_api_key, open_state_store
 from controller.slot_outlook import SlotHolder, SlotOutlook
 from controller.tenant_quota import TenantQuota, instances_over_quota, queued_over_quota
 
@@ -119,7 +120,7 @@ __all__ = [
     "UnknownTenantError",
     "WorkerRecord", "add_model_spec_arguments", "choose_destination", "decide", "get_controller",
     "instances_over_quota", "load_model_spec", "load_model_specs",
-    "model_spec_from_arguments", "node_store_actor_name", "open_state_store", "parse_model_id", "place",
+    "model_spec_from_arguments", "new_api_key", "node_store_actor_name", "open_state_store", "parse_model_id", "place",
     "place_locality_blind", "queued_over_quota", "repository_name", "start_controller", "stop_controller",
     "worker_actor_name",
     "desired_instances", "EvictionCandidate", "choose_eviction", "PreemptionCandidate", "choose_preemption",

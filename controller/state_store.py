@@ -197,15 +197,31 @@ class StateStore(ABC):
 
     def create_api_key(self, tenant: str) -> str:
         """Make a new key for `tenant` and return it; this is the only time it is visible."""
+        key = new_api_key()
+        self.import_api_key(tenant, key)
+        return key
+
+    def import_api_key(self, tenant: str, api_key: str) -> bool:
+        """Makes `api_key` (made elsewhere, e.g. by `new_api_key`, kept in a secret store) a key of
+        `tenant`; True if it was added, False if it is that tenant's already. Only its hash is
+        stored, as for `create_api_key`. Raises `ValueError` for a malformed key, or one whose id
+        another key (or another tenant) holds."""
         validate_name("tenant", tenant)
-        key_id = secrets.token_hex(8)
-        secret = secrets.token_urlsafe(32)
+        match = _API_KEY_RE.fullmatch(api_key) if isinstance(api_key, str) else None
+        if match is None:
+            raise ValueError("an API key must look like thaw_<16 hex digits>_<43 URL-safe characters> "
+                             "(`thaw keygen` makes one)")
+        owner = self.verify_api_key(api_key)
+        if owner == tenant:
+            return False
+        if owner is not None or self._get_api_key(match.group(1)) is not None:
+            raise ValueError(f"the key's id {match.group(1)} is taken by another key; make a new one (`thaw keygen`)")
         salt = secrets.token_bytes(16)
         self._insert_api_key(ApiKeyRecord(
-            key_id=key_id, tenant=tenant, salt_hex=salt.hex(),
-            hash_hex=hash_api_secret(secret, salt), created_s=time.time(),
+            key_id=match.group(1), tenant=tenant, salt_hex=salt.hex(),
+            hash_hex=hash_api_secret(match.group(2), salt), created_s=time.time(),
         ))
-        return f"thaw_{key_id}_{secret}"
+        return True
 
     def verify_api_key(self, api_key: str) -> str | None:
         """The tenant a key belongs to, or None for a malformed, unknown or revoked key."""
@@ -225,6 +241,11 @@ class StateStore(ABC):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def new_api_key() -> str:
+    """A fresh API key in the platform's form, ``thaw_<key id>_<secret>``, stored nowhere."""
+    return f"thaw_{secrets.token_hex(8)}_{secrets.token_urlsafe(32)}"
 
 
 def check_model_id(model_id: str) -> str:

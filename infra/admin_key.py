@@ -10,6 +10,12 @@ On first start, `ensure_admin_key` creates the key and returns it so ``thaw serv
 once; it also writes it to the state directory's key file (mode 0600, like a kubeconfig), which
 is how the ``thaw`` CLI on the same machine finds it. Lose both and `reset_admin_key` (``thaw
 serve --reset-admin-key``) revokes the old key and makes a new one.
+
+Where state outlives the machine (a cluster's Redis) but the state directory does not (a pod
+recreated), the key is better kept in a secret store and given to every start: `import_admin_key`
+(``thaw serve --admin-key-file``, e.g. a Kubernetes Secret mounted as a file; ``thaw keygen``
+makes one) makes the file's key an admin key if it is not one already, and writes it to the state
+directory for the CLI. It is never printed.
 """
 
 from __future__ import annotations
@@ -47,6 +53,25 @@ def reset_admin_key(store: StateStore, key_file: Path | None) -> str:
     for record in store.list_api_keys(ADMIN_TENANT):
         store.revoke_api_key(record.key_id)
     return _new_admin_key(store, key_file)
+
+
+def import_admin_key(store: StateStore, source: Path, key_file: Path | None) -> bool:
+    """Makes the key in `source` an admin key (True if it was not one yet) and copies it to
+    `key_file`. Raises `ValueError` naming the file when it holds no usable key."""
+    try:
+        key = read_key_file(source)
+    except OSError as exc:
+        raise ValueError(f"cannot read {source}: {exc.strerror}") from None
+    if key is None:
+        raise ValueError(f"{source} is empty or missing: put an admin key in it (`thaw keygen` makes one)")
+    store.add_tenant(ADMIN_TENANT)
+    try:
+        added = store.import_api_key(ADMIN_TENANT, key)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+    if key_file is not None and read_key_file(key_file) != key:
+        write_key_file(key_file, key)
+    return added
 
 
 def _new_admin_key(store: StateStore, key_file: Path | None) -> str:

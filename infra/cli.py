@@ -171,6 +171,14 @@ def _cmd_models_ls(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    """A fresh key in the platform's form, for `thaw serve --admin-key-file` (kept in a secret store)."""
+    from controller import new_api_key
+
+    print(new_api_key())
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="thaw", description="Thaw: serverless multi-model LLM serving")
     parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -228,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
     ls.add_argument("--endpoint-url", default=None, help=endpoint_help)
     ls.set_defaults(func=_cmd_models_ls)
+
+    keygen = sub.add_parser("keygen", help="print a new API key (for thaw serve --admin-key-file, e.g. a Kubernetes "
+                                           "Secret); nothing is stored")
+    keygen.set_defaults(func=_cmd_keygen)
 
     # Running and operating a platform (infra/cli_serve.py, infra/cli_admin.py).
     from infra.cli_admin import add_admin_commands

@@ -11,13 +11,14 @@ never cut short into leftovers.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
 from pathlib import Path
 
-from infra.platform_config import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_PORT, GIB, HTTP_PROXY_LOCATIONS, PlatformConfig,
-                                   default_state_dir)
+from infra.platform_config import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_PORT, GIB, HTTP_PROXY_LOCATIONS, STATE_STORE_ENV,
+                                   PlatformConfig, default_state_dir)
 
 
 def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
@@ -48,6 +49,8 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
             num_gateway_replicas=args.gateway_replicas, spare_workers_per_node=args.spare_workers,
             spare_weight_bytes=int(args.spare_memory_gb * GIB), peer_link_bytes_per_s=args.peer_link_gbps * 1e9,
             slot_sharing=not args.no_slot_sharing, state_dir_shared=args.state_shared,
+            admin_key_source=(Path(args.admin_key_file).expanduser().absolute()
+                              if args.admin_key_file is not None else None),
             head_only=args.head_only, http_proxies=args.http_proxies, services_resource=args.services_resource,
         )
     except ValueError as exc:
@@ -123,8 +126,9 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
                        help="with --address: every Ray node sees --state (one machine, or shared storage), so the "
                             "default SQLite state store may be used; otherwise joining a cluster needs --state-store "
                             "redis://...")
-    serve.add_argument("--state-store", default=None, help="state store URL (redis://host:port/db for a cluster); "
-                                                            "default: SQLite in the state directory")
+    serve.add_argument("--state-store", default=os.environ.get(STATE_STORE_ENV) or None,
+                       help=f"state store URL (redis://[:PASSWORD@]host:port/db for a cluster; ${STATE_STORE_ENV} "
+                            "keeps a password off the command line); default: SQLite in the state directory")
     serve.add_argument("--repository", default=None, help="model repository: a directory or s3://bucket/prefix "
                                                            "(default: STATE/repository)")
     serve.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint of the repository")
@@ -138,6 +142,9 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--body-timeout-s", type=float, default=DEFAULT_BODY_TIMEOUT_S,
                        help="seconds a request body may take to arrive before the gateway answers 408")
     serve.add_argument("--reset-admin-key", action="store_true", help="revoke the admin key and print a new one")
+    serve.add_argument("--admin-key-file", default=None,
+                       help="use the admin key in this file (e.g. a mounted secret; `thaw keygen` makes one): it is "
+                            "made an admin key if it is not one, copied to the state directory, never printed")
     serve.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     serve.add_argument("--worker-slots", type=int, default=1, help="model instances per CPU-only node")
     serve.add_argument("--ssd-capacity-gb", type=float, default=64.0, help="SSD cache per node")

@@ -92,9 +92,19 @@ class Platform:
 
     def _prepare_admin_key(self, reset: bool) -> str | None:
         from controller import open_state_store
-        from infra.admin_key import ensure_admin_key, reset_admin_key
+        from infra.admin_key import ensure_admin_key, import_admin_key, reset_admin_key
 
+        source = self.config.admin_key_source
+        if source is not None and reset:
+            raise PlatformError("--reset-admin-key makes a new key, --admin-key-file names the one to use: "
+                                "give one of the two")
         with open_state_store(self.config.state_location) as store:
+            if source is not None:
+                try:
+                    import_admin_key(store, source, self.config.admin_key_file)
+                except ValueError as exc:
+                    raise PlatformError(f"--admin-key-file: {exc}") from None
+                return None  # the key is the operator's own: never printed
             if reset:
                 return reset_admin_key(store, self.config.admin_key_file)
             return ensure_admin_key(store, self.config.admin_key_file)

@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # imported where used: the controller's config brings storage
 
 GIB = 1 << 30
 STATE_DIR_ENV = "THAW_STATE_DIR"
+STATE_STORE_ENV = "THAW_STATE_STORE"  # thaw serve --state-store's default (a Redis password stays off argv)
 DEFAULT_PORT = 8000
 ADMIN_KEY_FILE = "admin_key"  # the admin key, mode 0600, for the CLI on this machine
 GATEWAY_URL_FILE = "gateway_url"  # where the running platform listens, while it runs
@@ -84,6 +85,9 @@ class PlatformConfig:
         host / port: where the gateway listens (Ray Serve's HTTP proxy).
         auth: False is ``--no-auth``: no keys, everyone is admin (local experiments only; needs
             a loopback `host`).
+        admin_key_source: a file holding the admin key to use (`infra.admin_key.import_admin_key`:
+            made an admin key if it is not one, never printed); None: one is made on the first
+            start and printed. Read by `Platform.start`, not here.
         metrics_token_file: a file holding the Prometheus scrape token that may read
             ``/metrics`` besides the admin key (`infra.metrics_token`); None: the admin key only.
             Needs `auth`. Read by `Platform.start`, not here.
@@ -115,6 +119,7 @@ class PlatformConfig:
     port: int = DEFAULT_PORT
     auth: bool = True
     metrics_token_file: Path | None = None
+    admin_key_source: Path | None = None
     gateway_body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     num_cpus: int | None = None
     num_gateway_replicas: int = 1
@@ -203,6 +208,13 @@ class PlatformConfig:
             if not self.auth:
                 raise ValueError("--metrics-token-file needs API keys: with --no-auth, /metrics is open to callers "
                                  "on this machine already; drop one of the two")
+        if self.admin_key_source is not None:
+            if not isinstance(self.admin_key_source, (str, Path)) or not str(self.admin_key_source):
+                raise ValueError(f"PlatformConfig.admin_key_source must be None or a path, got {self.admin_key_source!r}")
+            object.__setattr__(self, "admin_key_source", Path(self.admin_key_source))
+            if not self.auth:
+                raise ValueError("--admin-key-file needs API keys: with --no-auth there is no admin key; drop one "
+                                 "of the two")
         value = self.gateway_body_timeout_s
         if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
             raise ValueError(f"PlatformConfig.gateway_body_timeout_s must be a number of seconds > 0, got {value!r}")

@@ -440,3 +440,24 @@ def test_bad_locations(location, message):
         open_state_store(location)
     assert message in str(info.value)
 
+
+
+def test_an_api_key_made_elsewhere_is_imported_once_by_its_hash(store):
+    from controller import new_api_key
+
+    store.add_tenant("acme")
+    store.add_tenant("zeta")
+    key = new_api_key()
+    assert store.verify_api_key(key) is None
+    assert store.import_api_key("acme", key) is True
+    assert store.verify_api_key(key) == "acme"
+    assert store.import_api_key("acme", key) is False  # already that tenant's: nothing changes
+    assert len(store.list_api_keys(tenant="acme")) == 1
+    with pytest.raises(ValueError, match="is taken by another key"):
+        store.import_api_key("zeta", key)
+    with pytest.raises(ValueError, match="is taken by another key"):  # same id, another secret
+        store.import_api_key("zeta", key[:-1] + ("A" if key[-1] != "A" else "B"))
+    with pytest.raises(ValueError, match="must look like thaw_<16 hex digits>"):
+        store.import_api_key("acme", "not-a-key")
+    secret = key.split("_", 2)[2]
+    assert all(secret not in str(v) for r in store.list_api_keys() for v in r.to_dict().values())

@@ -283,6 +283,30 @@ def test_the_admin_key_is_made_once_stored_hashed_and_can_be_reset(tmp_path):
         assert read_key_file(tmp_path / "admin_key") == new
 
 
+def test_an_admin_key_kept_elsewhere_is_imported_on_every_start_and_copied_for_the_cli(tmp_path):
+    from controller import new_api_key
+    from infra.admin_key import import_admin_key
+
+    secret_file = tmp_path / "secret" / "admin-key"  # a mounted Kubernetes Secret, say
+    secret_file.parent.mkdir()
+    key = new_api_key()
+    secret_file.write_text(key + "\n")
+    with open_state_store(str(tmp_path) + "/") as store:
+        assert import_admin_key(store, secret_file, tmp_path / "state" / "admin_key") is True
+        assert store.verify_api_key(key) == ADMIN_TENANT and read_key_file(tmp_path / "state" / "admin_key") == key
+        assert ensure_admin_key(store, tmp_path / "state" / "admin_key") is None  # the platform has its admin key
+        (tmp_path / "state" / "admin_key").unlink()  # a new pod: the state directory is empty again
+        assert import_admin_key(store, secret_file, tmp_path / "state" / "admin_key") is False
+        assert read_key_file(tmp_path / "state" / "admin_key") == key
+        tenant_key = (store.add_tenant("acme"), store.create_api_key("acme"))[1]
+        secret_file.write_text(tenant_key)
+        with pytest.raises(ValueError, match=f"{secret_file}: the key's id .* is taken"):
+            import_admin_key(store, secret_file, None)
+        secret_file.write_text("")
+        with pytest.raises(ValueError, match="is empty or missing: put an admin key in it"):
+            import_admin_key(store, secret_file, None)
+
+
 def test_endpoint_resolution_order(tmp_path):
     (tmp_path / "gateway_url").write_text("http://10.0.0.1:9000\n")
     (tmp_path / "admin_key").write_text("from-file\n")

@@ -183,3 +183,16 @@ def test_serve_head_only_without_a_cluster_is_refused_before_starting_anything(t
     assert result.returncode == 2
     assert "--head-only needs --address" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "state").exists()
+
+
+def test_keygen_prints_a_key_in_the_platforms_form_and_serve_refuses_an_empty_admin_key_file(tmp_path):
+    import re
+
+    result = thaw("keygen", timeout=60)
+    assert result.returncode == 0 and re.fullmatch(r"thaw_[0-9a-f]{16}_[A-Za-z0-9_-]{43}\n", result.stdout)
+    assert thaw("keygen", timeout=60).stdout != result.stdout
+    (tmp_path / "admin-key").write_text("")
+    result = thaw("serve", "--state", str(tmp_path / "state"), "--admin-key-file", str(tmp_path / "admin-key"),
+                  timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"--admin-key-file: {tmp_path / 'admin-key'} is empty or missing" in result.stderr

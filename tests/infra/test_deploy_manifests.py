@@ -157,14 +157,19 @@ def find_command(commands: list[list[str]], *program: str) -> tuple[int, list[st
     return found[0]
 
 
-def parse_serve(argv: list[str]):
-    """`thaw serve`'s arguments as its own parser reads them, and the `PlatformConfig` they build.
-    Flags must be spelt out: an abbreviation argparse accepts today turns ambiguous, and the
-    command fails, the day a longer flag with the same start is added."""
+def parse_serve(argv: list[str], env: Mapping[str, str] | None = None):
+    """`thaw serve`'s arguments as its own parser reads them, in the command's environment `env`
+    (its ``THAW_*`` defaults), and the `PlatformConfig` they build. Flags must be spelt out: an
+    abbreviation argparse accepts today turns ambiguous, and the command fails, the day a longer
+    flag with the same start is added."""
+    from unittest import mock
+
     from infra.cli import build_parser
     from infra.cli_serve import _config_from_args
 
-    parser = build_parser()
+    thaw_env = {k: v for k, v in (env or {}).items() if k.startswith("THAW_")}
+    with mock.patch.dict("os.environ", thaw_env):
+        parser = build_parser()
     (commands,) = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
     commands.choices["serve"].allow_abbrev = False
     try:
@@ -261,11 +266,16 @@ def ray_container(group: dict[str, Any]) -> dict[str, Any]:
 
 
 def container_env(container: dict[str, Any], objects: list[dict[str, Any]]) -> dict[str, str]:
-    """A container's environment with Secret and ConfigMap references resolved from the manifest."""
+    """A container's environment with Secret and ConfigMap references resolved from the manifest,
+    and ``$(NAME)`` in a value replaced by an earlier variable, as the kubelet does."""
     env = {}
     for var in container.get("env", []):
         if "value" in var:
-            env[var["name"]] = var["value"]
+            def earlier(match: re.Match) -> str:
+                assert match.group(1) in env, f"env {var['name']} uses $({match.group(1)}) before it is defined"
+                return env[match.group(1)]
+
+            env[var["name"]] = re.sub(r"\$\((\w+)\)", earlier, var["value"])
             continue
         ref = var["valueFrom"]
         kind, ref = ("Secret", ref["secretKeyRef"]) if "secretKeyRef" in ref else ("ConfigMap", ref["configMapKeyRef"])
@@ -290,7 +300,7 @@ def head_serve(objects, raycluster):
     commands = shell_commands(script)
     index, argv = find_command(commands, "thaw", "serve")
     env = container_env(container, objects)
-    args, config = parse_serve([expand(word, env) for word in argv])
+    args, config = parse_serve([expand(word, env) for word in argv], env)
     return index, commands, args, config
 
 
@@ -394,6 +404,10 @@ def test_every_secret_configmap_and_claim_referenced_exists(objects):
         for volume in spec.get("volumes", []):
             if "persistentVolumeClaim" in volume:
                 find_object(objects, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+            if "secret" in volume:
+                secret = find_object(objects, "Secret", volume["secret"]["secretName"])
+                for item in volume["secret"].get("items", []):
+                    assert item["key"] in secret.get("stringData", {}), (volume["name"], item["key"])
 
 
 def test_the_head_runs_thaw_serve_with_flags_it_accepts(objects, raycluster):
@@ -408,6 +422,15 @@ def test_the_head_runs_thaw_serve_with_flags_it_accepts(objects, raycluster):
     url = urllib.parse.urlsplit(args.state_store)
     redis = find_object(objects, "Service", url.hostname)
     assert url.port in [port["port"] for port in redis["spec"]["ports"]]
+    # No secret on the command line: the state store's password comes in $THAW_STATE_STORE, the
+    # admin key from a mounted Secret, the same on every start of the pod.
+    assert "--state-store" not in commands[index] and url.password not in " ".join(commands[index])
+    assert args.admin_key_file is not None and not args.reset_admin_key
+    mount = next(m for m in ray_container(raycluster["spec"]["headGroupSpec"])["volumeMounts"]
+                 if args.admin_key_file.startswith(m["mountPath"].rstrip("/") + "/"))
+    (volume,) = [v for v in raycluster["spec"]["headGroupSpec"]["template"]["spec"]["volumes"]
+                 if v["name"] == mount["name"]]
+    assert posixpath.relpath(args.admin_key_file, mount["mountPath"]) in [i["path"] for i in volume["secret"]["items"]]
 
 
 def test_every_ray_node_mounts_the_state_dir_and_reads_the_repository(objects, raycluster):

@@ -6,8 +6,9 @@ directory and DRAM tier in the platform. The head offers the ``thaw_services`` r
 ``b`` too, node ``c`` does not. ``thaw serve --address`` joins from the head as users run it:
 ``--head-only`` (models go to ``b`` and ``c``), ``--services-resource thaw_services`` (the
 controller and the two gateway replicas go to the head and ``b``), ``--http-proxies head-only``
-(one Serve proxy: the nodes share this machine's ports), the state in a real Redis. Clients are
-the official ``openai`` client and the ``thaw`` CLI over HTTP; Ray-level steps run in a separate
+(one Serve proxy: the nodes share this machine's ports), the state in a real Redis
+(``$THAW_STATE_STORE``), the admin key from a file (``--admin-key-file``, as a mounted secret). Clients
+are the official ``openai`` client and the ``thaw`` CLI over HTTP; Ray-level steps run in a separate
 driver process (`tests.infra.multinode_driver`), so this process never joins the cluster.
 
 In order, on one cluster:
@@ -38,6 +39,7 @@ from pathlib import Path
 
 import pytest
 
+from controller import new_api_key
 from tests.controller.redis_server import NOT_FOUND_HELP, RedisServer, find_redis_server
 from tests.infra.multinode_cluster import NODE_DEATH_BOUND_S, MultiNodeCluster, multinode_cluster
 from tests.infra.running_platform import THAW, RunningPlatform, free_port
@@ -101,18 +103,23 @@ def setup(tmp_path_factory) -> Iterator[Setup]:
     try:
         with multinode_cluster(specs, port=free_port(), extra_env=extra) as cluster:
             state_dir, port, namespace = root / "state", free_port(), f"mn{uuid.uuid4().hex[:8]}"
+            # As on Kubernetes: the admin key from a secret file, the state store from the environment.
+            (root / "admin-key").write_text(new_api_key())
+            env = {**cluster.env, "THAW_STATE_STORE": redis.url}
             process = subprocess.Popen(
                 [THAW, "serve", "--address", cluster.address, "--head-only", "--services-resource", SERVICES,
                  "--http-proxies", "head-only", "--gateway-replicas", "2", "--state", str(state_dir),
-                 "--state-store", redis.url, "--namespace", namespace, "--port", str(port), "--worker-slots", "2",
-                 "--spare-workers", "0", "--no-calibrate", "--ssd-capacity-gb", "1", "--dram-capacity-gb", "0.25"],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cluster.env)
-            platform = RunningPlatform(process, f"http://127.0.0.1:{port}", state_dir, namespace, cluster.env,
-                                       model_dir)
+                 "--admin-key-file", str(root / "admin-key"), "--namespace", namespace, "--port", str(port),
+                 "--worker-slots", "2", "--spare-workers", "0", "--no-calibrate", "--ssd-capacity-gb", "1",
+                 "--dram-capacity-gb", "0.25"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+            platform = RunningPlatform(process, f"http://127.0.0.1:{port}", state_dir, namespace, env, model_dir)
             try:
                 wait_until(lambda: any("Ctrl-C stops" in line for line in platform.output) or process.poll() is not None,
                            "thaw serve to start", DEADLINE_S)
                 assert process.poll() is None, "thaw serve exited:\n" + "".join(platform.output)
+                assert platform.admin_key == (root / "admin-key").read_text()  # imported, copied for the CLI
+                assert platform.admin_key not in "".join(platform.output)  # never printed
                 yield Setup(cluster, platform, model_dir, engine, want)
             finally:
                 if process.poll() is None:

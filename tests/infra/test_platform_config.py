@@ -56,7 +56,8 @@ def test_no_controller_setting_is_declared_twice():
 
     assert {f.name for f in fields(PlatformConfig)} == {
         "controller", "ray_address", "host", "port", "auth", "metrics_token_file", "gateway_body_timeout_s",
-        "num_cpus", "num_gateway_replicas", "state_dir_shared", "head_only", "services_resource", "http_proxies"}
+        "num_cpus", "num_gateway_replicas", "state_dir_shared", "head_only", "services_resource", "http_proxies",
+        "admin_key_source"}
     assert {f.name for f in fields(PlatformConfig)} & {f.name for f in fields(ControllerConfig)} == set()
 
 
@@ -142,3 +143,10 @@ def test_a_services_resource_places_the_controller_and_every_gateway_replica():
         {"num_cpus": 0}
     with pytest.raises(ValueError, match="services_resource must be a Ray resource name"):
         PlatformConfig.create(state_dir=STATE, services_resource="two words")
+
+
+def test_an_admin_key_file_needs_keys():
+    assert PlatformConfig.create(state_dir=STATE, admin_key_source="/run/secrets/admin").admin_key_source == \
+        Path("/run/secrets/admin")
+    with pytest.raises(ValueError, match="--admin-key-file needs API keys"):
+        PlatformConfig.create(state_dir=STATE, admin_key_source="/run/secrets/admin", auth=False)
