@@ -1,8 +1,8 @@
 """Thaw's C++ CPU kernels as one PyTorch extension: built once, cached in the checkout.
 
 One extension holds every CPU kernel (`cpu_decode_attention.cpp`: paged decode attention;
-`cpu_fused_ops.cpp`: RMSNorm, SiLU-and-multiply, rotary embedding; `cpu_extension_module.cpp`
-binds them), so there is one build (~40-60 s with g++ and ninja, done by ``infra/setup.sh`` at
+`cpu_fused_ops.cpp`: RMSNorm, SiLU-and-multiply, rotary embedding; `cpu_gemv.cpp`: float32
+linear layers at 1-4 rows; `cpu_extension_module.cpp` binds them), so there is one build (~40-60 s with g++ and ninja, done by ``infra/setup.sh`` at
 install) and one answer to "is it usable here".
 
 The build is cached in the checkout (``kernels/.build/``, ignored by git), not in the user-wide
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in (
-    "cpu_extension_module.cpp", "cpu_decode_attention.cpp", "cpu_fused_ops.cpp"))
+    "cpu_extension_module.cpp", "cpu_decode_attention.cpp", "cpu_fused_ops.cpp", "cpu_gemv.cpp"))
 
 
 @functools.cache  # one build check per process: the compiled module is immutable

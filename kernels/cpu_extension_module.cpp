@@ -7,10 +7,12 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor silu_and_mul(torch::Tensor x);
 torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+torch::Tensor linear_gemv(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "Paged decode attention (CPU, float32 or bfloat16)");
   m.def("rms_norm", &rms_norm, "RMSNorm as transformers' Llama computes it (CPU, float32 or bfloat16)");
   m.def("silu_and_mul", &silu_and_mul, "SiLU(gate) * up of a fused gate_up projection (CPU)");
   m.def("rope", &rope, "Rotary embedding, rotate-half layout, partial rotary (CPU)");
+  m.def("linear_gemv", &linear_gemv, "x W^T + b for 1-4 float32 rows, streaming the weight (CPU)");
 }

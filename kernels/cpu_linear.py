@@ -12,10 +12,14 @@ accepts any number of rows. At M=1-2 and at very large M it is 5-10% slower than
 What it changes: results differ from ``F.linear`` by float32 rounding only (another
 summation order, ~1e-4 absolute on activations of order 10), like any other GEMM library.
 
-At one or two rows (batch-1 decode) the blocked GEMV is slower than MKL's on the plain layout
-(~8% on an out-of-cache 98 MB head in isolation, ~17% of a whole 100M-model decode step), so by
-default the plain float32 weight is kept too and rows <= `PLAIN_MAX_ROWS` use it: the price is a
-second copy of every linear weight in host memory (``keep_plain_weight=False`` drops it).
+At one or two rows (batch-1 decode) a linear layer is one pass over its weight, and Thaw's own
+GEMV kernel on the plain layout (`cpu_gemv.cpp`: 4 weight rows streamed at a time, split over
+the threads by output rows) is the fastest way through it: a 100M-model float32 decode step took
+15.1 ms per token with it, 16.6 with the blocked weight and 35.8 with MKL's ``F.linear`` (which
+read the out-of-cache 98 MB head at 8 GB/s, against the kernel's 20.6), measured interleaved in
+one engine (2026-11-27). So by default the plain float32 weight is kept too and rows <=
+`PLAIN_MAX_ROWS` use it (through ``F.linear`` where the CPU extension cannot be built): the price
+is a second copy of every linear weight in host memory (``keep_plain_weight=False`` drops it).
 
 bfloat16 (what checkpoints ship in) goes through oneDNN's bfloat16 inner product (AVX512-BF16 dot
 products, AMX tiles where the CPU has them; float32 accumulation, one rounding of the output). On
@@ -39,6 +43,15 @@ DEFAULT_BATCH_HINT = 32
 # Row counts served from the plain float32 weight when it is kept (measured: M=1-2 plain wins, M>=4 packed).
 PLAIN_MAX_ROWS = 2
 PREPACK_DTYPES = (torch.float32, torch.bfloat16)
+_NO_BIAS = torch.empty(0)  # the GEMV kernel's "no bias"
+
+
+def _gemv_kernel():
+    """The CPU extension's float32 GEMV (`cpu_gemv.cpp`), or None where it cannot be built."""
+    from kernels.cpu_extension import try_build_cpu_extension
+
+    ext, _ = try_build_cpu_extension()
+    return None if ext is None else ext.linear_gemv
 
 
 def cpu_prepack_unavailable_reason(dtype: torch.dtype, device: torch.device) -> str | None:
@@ -82,10 +95,13 @@ class PrepackedLinear(nn.Module):
         self.bias = None if bias is None else bias.detach().contiguous()
         # bfloat16's packed GEMV beats the plain layout even at one row (module docstring).
         keep_plain = keep_plain_weight and weight.dtype == torch.float32
-        self.plain_weight = weight.detach() if keep_plain else None  # [N, K] or None
+        self.plain_weight = weight.detach().contiguous() if keep_plain else None  # [N, K] or None
+        self._gemv = _gemv_kernel() if keep_plain else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, K] -> [T, N]
         if self.plain_weight is not None and x.shape[0] <= PLAIN_MAX_ROWS:
+            if self._gemv is not None and x.dim() == 2 and x.stride(-1) == 1:
+                return self._gemv(x, self.plain_weight, self.bias if self.bias is not None else _NO_BIAS)
             return F.linear(x, self.plain_weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed_weight, self.bias, "none", [], "")
 
