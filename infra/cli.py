@@ -243,9 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Running and operating a platform (infra/cli_serve.py, infra/cli_admin.py).
     from infra.cli_admin import add_admin_commands
+    from infra.cli_join import add_join_command
     from infra.cli_serve import add_serve_command
 
     add_serve_command(sub)
+    add_join_command(sub)
     add_admin_commands(sub)
     from sim import add_simulate_command  # the trace-driven simulator (sim/)
 

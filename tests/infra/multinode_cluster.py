@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +106,20 @@ class MultiNodeCluster:
         node = RayNode(name, self.head.temp_dir.parent / name, num_cpus, dict(resources or {}))
         self.nodes[name] = node
         self._ray_start(node, "--address", self.address)
+        return node
+
+    def track_node(self, name: str, temp_dir: Path, num_cpus: int, timeout_s: float = START_TIMEOUT_S) -> RayNode:
+        """A node something else started (``thaw join``) with `temp_dir`: known once its raylet
+        runs, and stopped with the rest."""
+        node = RayNode(name, temp_dir, num_cpus)
+        self.nodes[name] = node
+        deadline = time.monotonic() + timeout_s
+        while (raylet := node.raylet()) is None:
+            assert time.monotonic() < deadline, f"node {name} has no raylet after {timeout_s:g} s"
+            time.sleep(0.2)  # a poll interval, bounded by the deadline
+        match = _NODE_ID_RE.search(" ".join(raylet.cmdline()))
+        assert match, f"node {name}'s raylet has no --node_id: {raylet.cmdline()}"
+        node.node_id = match.group(1)
         return node
 
     def _ray_start(self, node: RayNode, *args: str) -> None:

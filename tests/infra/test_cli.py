@@ -196,3 +196,11 @@ def test_keygen_prints_a_key_in_the_platforms_form_and_serve_refuses_an_empty_ad
                   timeout=60)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert f"--admin-key-file: {tmp_path / 'admin-key'} is empty or missing" in result.stderr
+
+
+def test_join_refuses_a_bad_resource_or_count_before_starting_anything():
+    result = thaw("join", "--address", "head:6379", "--resource", "two words", timeout=60)
+    assert result.returncode == 2 and "--resource must be NAME or NAME=AMOUNT (AMOUNT > 0), got 'two words'" in result.stderr
+    result = thaw("join", "--address", "head:6379", "--num-gpus", "-1", timeout=60)
+    assert result.returncode == 2 and "--num-gpus must be 0 or more" in result.stderr
+    assert thaw("join", timeout=60).returncode == 2  # --address is required

@@ -22,7 +22,9 @@ In order, on one cluster:
    duplicate), while requests stream on;
 6. a node lost (its raylet killed): its instance's streams resume on the other node, the
    controller notices within `NODE_DEATH_BOUND_S`, and places the lost instance on a node that
-   joined the running platform with a plain ``ray start --address``.
+   joined the running platform with ``thaw join``;
+7. that node leaves with Ctrl-C to ``thaw join``: it is drained first (its requests move, none
+   lost), then its Ray node stops and the platform drops it.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class Setup:
     model_dir: Path
     engine: Engine  # the reference: the engine run directly, one request at a time
     want: dict[tuple[str, int], str]  # (prompt, max_tokens) -> greedy text
+    joined: subprocess.Popen | None = None  # the `thaw join` of node d (test 6), left with SIGINT (test 7)
 
     def driver(self, *args: str) -> dict:
         result = subprocess.run([sys.executable, "-m", "tests.infra.multinode_driver", args[0],
@@ -297,8 +300,13 @@ def test_a_lost_node_s_requests_resume_on_the_other_node(setup):
     c = setup.cluster.nodes["c"]
     on_c = wait_until(lambda: next((i for i in setup.instances(model) if i["node_id"] == c.logical_id), None),
                       "an instance on node c", DEADLINE_S)
-    # A new machine joins the running platform: a plain `ray start --address` with the cluster's token.
-    d = setup.cluster.add_node("d", 2)
+    # A new machine joins the running platform: `thaw join` (ray start --block, with the cluster's token).
+    temp_dir = setup.cluster.head.temp_dir.parent / "d"
+    setup.joined = subprocess.Popen(
+        [THAW, "join", "--address", setup.cluster.address, "--num-cpus", "2", "--temp-dir", str(temp_dir),
+         "--url", setup.platform.url, "--admin-key", setup.platform.admin_key, "--drain-timeout-s", "120"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=setup.platform.env)
+    d = setup.cluster.track_node("d", temp_dir, 2)
     wait_until(lambda: any(n["node_id"] == d.logical_id and n["store_connected"]
                            for n in setup.platform.status()["nodes"]), "node d adopted by the platform", DEADLINE_S)
     killed_at: list[float] = []
@@ -328,3 +336,25 @@ def test_a_lost_node_s_requests_resume_on_the_other_node(setup):
         lambda: next((i for i in setup.instances(model) if i["node_id"] == d.logical_id and i["weights_resident"]),
                      None), "the lost instance placed again, on node d", DEADLINE_S)
     assert replacement["instance_id"] != on_c["instance_id"]
+
+
+def test_a_node_leaving_with_thaw_join_is_drained_first(setup):
+    model = "acme/streamed"
+    d = setup.cluster.nodes["d"]
+    on_d = wait_until(lambda: next((i for i in setup.instances(model) if i["node_id"] == d.logical_id), None),
+                      "an instance on node d", DEADLINE_S)
+    assert setup.joined is not None and setup.joined.poll() is None
+
+    def busy_on_d() -> bool:
+        return any(i["instance_id"] == on_d["instance_id"] and i["num_ongoing_requests"] > 0
+                   for i in setup.instances(model))
+
+    streams_during(setup, model, PROMPTS, lambda: setup.joined.send_signal(2), busy_on_d)  # SIGINT: Ctrl-C
+    output, _ = setup.joined.communicate(timeout=DEADLINE_S)
+    assert setup.joined.returncode == 0, output
+    assert f"joined the cluster at {setup.cluster.address} as node {d.logical_id}" in output
+    assert f"node {d.logical_id} drained: its requests moved to other nodes; stopping it" in output
+    wait_until(lambda: d.logical_id not in {n["node_id"] for n in setup.platform.status()["nodes"]},
+               "the platform to drop node d", NODE_DEATH_BOUND_S)
+    assert d.raylet() is None
+

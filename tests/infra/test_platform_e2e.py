@@ -35,6 +35,15 @@ MAX_MODEL_LEN = 2048
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
+def series(metrics: str, name: str, **labels: str) -> list[float]:
+    """The values of `name`'s samples that carry `labels` (and maybe others: replica, node)."""
+    found = []
+    for line in metrics.splitlines():
+        if line.startswith(name + "{") and all(f'{key}="{value}"' in line for key, value in labels.items()):
+            found.append(float(line.rsplit(" ", 1)[1]))
+    return found
+
+
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory) -> Iterator[RunningPlatform]:
     root = tmp_path_factory.mktemp("e2e")
@@ -128,7 +137,8 @@ def test_status_shows_models_instances_checkpoints_and_estimates(platform):
                                      headers={"Authorization": f"Bearer {platform.admin_key}"})
     metrics = urllib.request.urlopen(request, timeout=10).read().decode()
     assert f'thaw_model_instances{{model="{MODEL}"}} 1.0' in metrics
-    assert f'thaw_gateway_requests_total{{endpoint="completions",model="{MODEL}",status="200"}}' in metrics
+    # A gateway replica labels its request series with itself and its node (replicas share a scrape).
+    assert series(metrics, "thaw_gateway_requests_total", endpoint="completions", model=MODEL, status="200")
 
 
 def test_a_client_that_leaves_aborts_its_request_on_the_worker(platform):
@@ -163,9 +173,8 @@ def test_scale_to_zero_then_a_request_waits_for_the_cold_start_and_succeeds(plat
     request = urllib.request.Request(f"{platform.url}/metrics",  # needs the admin key (or the scrape token)
                                      headers={"Authorization": f"Bearer {platform.admin_key}"})
     metrics = urllib.request.urlopen(request, timeout=10).read().decode()
-    queued = [line for line in metrics.splitlines()
-              if line.startswith(f'thaw_queue_time_seconds_sum{{model="{MODEL}"}}')]
-    assert queued and float(queued[0].split()[-1]) > 0  # it waited in the cold model's queue
+    queued = series(metrics, "thaw_queue_time_seconds_sum", model=MODEL)
+    assert queued and sum(queued) > 0  # it waited in the cold model's queue
     platform.note_processes()
 
 
