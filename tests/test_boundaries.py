@@ -36,6 +36,8 @@ ALLOWED: dict[tuple[str, str], str] = {
         "a type annotation: the standard library's only name for what add_subparsers returns",
     ("infra/cli_serve.py", "argparse._SubParsersAction"):
         "a type annotation: the standard library's only name for what add_subparsers returns",
+    ("infra/cli_join.py", "argparse._SubParsersAction"):
+        "a type annotation: the standard library's only name for what add_subparsers returns",
     ("kernels/cpu_linear.py", "torch.ops.mkldnn._reorder_linear_weight"):
         "oneDNN's weight pre-packing exists only as a private torch op; probed with hasattr, falls back when absent",
     ("kernels/cpu_linear.py", "torch.ops.mkldnn._linear_pointwise"):
