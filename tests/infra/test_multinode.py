@@ -56,8 +56,11 @@ MAX_TOKENS = 48
 # Streams that must still be running when something is done to the platform: long enough that the
 # controller sees them on their instance (it polls every second) before they end.
 LONG_TOKENS = 384
-TINY = DemoModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                       intermediate_size=128, max_position_embeddings=512, init_std=0.1, seed=31)
+# Large enough that a long stream lasts seconds on one thread: the controller, which polls its
+# workers once a tick, must see it on its instance before it ends (a tiny model's streams ended
+# between two polls in a CI run).
+MODEL_CONFIG = DemoModelConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                               intermediate_size=512, max_position_embeddings=512, init_std=0.1, seed=31)
 PROMPTS = [f"request {i}: the quick brown fox number {i} jumps over" for i in range(16)]
 
 
@@ -92,7 +95,7 @@ def setup(tmp_path_factory) -> Iterator[Setup]:
     binary = find_redis_server()
     if binary is None:
         pytest.fail(NOT_FOUND_HELP)
-    model_dir = write_demo_model(root / "tiny", TINY)
+    model_dir = write_demo_model(root / "model", MODEL_CONFIG)
     engine = Engine(model_dir)
     want = {(p, n): c.text for n in (MAX_TOKENS, LONG_TOKENS)
             for p, c in zip(PROMPTS, engine.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=n,
@@ -151,7 +154,14 @@ def streams_during(setup: Setup, model: str, prompts: list[str], action, when) -
     whole and equal the reference engine's output."""
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
         futures = [pool.submit(stream, setup, model, p, LONG_TOKENS) for p in prompts]
-        wait_until(when, "streams under way", DEADLINE_S)
+        try:
+            wait_until(when, "streams under way", DEADLINE_S)
+        except AssertionError as exc:  # say where they went, for whoever reads the failure
+            instances = [(i["instance_id"], i["node_id"], i["state"], i["num_ongoing_requests"])
+                         for i in setup.platform.status()["instances"]]
+            done = [f.result() if f.done() and f.exception() is None else f.exception() for f in futures if f.done()]
+            raise AssertionError(f"{exc}; instances {instances}; {len(done)} streams already ended: {done[:3]}") \
+                from None
         action()
         results = [f.result(timeout=DEADLINE_S * 2) for f in futures]
     for prompt, (text, finish) in zip(prompts, results):
