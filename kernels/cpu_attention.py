@@ -9,6 +9,9 @@ It is part of Thaw's one CPU extension (`cpu_extension.py`: built once, cached i
 if that cannot be built, `get_attention_backend` says why and the engine uses the reference
 everywhere: slower, same results. Prefill chunks that share a cached prefix (a burst behind one
 system prompt) attend to it in one call (`cpu_cascade.py`); other prefill rows take the reference.
+In bfloat16 at head size 64 or 128, on a CPU with AVX512-BF16, those cascades and whole prompts
+(plain causal attention) go through Thaw's prefill kernel (`cpu_dense_attention.py`) instead of
+PyTorch's flash op: prefill attention was about half of a bf16 step in the shared-prefix burst.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import torch
 from kernels.attention_backend import check_gqa_heads, check_softcap
 from kernels.attention_metadata import AttentionMetadata
 from kernels.cpu_cascade import cascade_available, plan_cascades, run_cascade
-from kernels.reference import ReferenceAttentionBackend
+from kernels.cpu_dense_attention import dense_attention_for, flash_dense
+from kernels.reference import ReferenceAttentionBackend, SdpaCall
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +45,14 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
 
     name = "cpu"
 
-    def __init__(self, extension, cascade: bool | None = None) -> None:
+    def __init__(self, extension, cascade: bool | None = None, prefill_kernel: bool = True) -> None:
         """`cascade`: prefill chunks behind one cached prefix attend to it together
-        (`kernels.cpu_cascade`); None = wherever this PyTorch can."""
+        (`kernels.cpu_cascade`); None = wherever this PyTorch can. `prefill_kernel`: bf16 cascades
+        and whole prompts use Thaw's prefill kernel where it was built (False: PyTorch's op)."""
         super().__init__()
         self._ext = extension
         self._cascade = cascade_available() if cascade is None else cascade
+        self._prefill_kernel = prefill_kernel
 
     def paged_attention(
         self,
@@ -81,8 +87,9 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         prefill = self._plan_for(metadata, block_size, sliding_window, query.device, include_decode=False,
                                  exclude=exclude)
         out = self._run(prefill, query, key_cache, value_cache, scale, softcap, key, value)
+        dense = dense_attention_for(self._ext, query.dtype, query.shape[-1], self._prefill_kernel)
         for group in cascades:
-            run_cascade(group, query, key_cache, value_cache, scale, out)
+            run_cascade(group, query, key_cache, value_cache, scale, out, dense)
         if not has_decode:
             return out
         decode = self._cached(metadata, ("decode",), lambda: self._decode_plan(metadata))
@@ -93,6 +100,26 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
                                          float(scale), int(sliding_window or 0), float(softcap or 0.0))
         out.index_copy_(0, decode.rows, o)
         return out
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, call: SdpaCall, scale: float,
+                softcap: float | None) -> torch.Tensor:  # q: [B, Hq, Q, D]; keys/values: [B, Hkv, L, D]
+        """A whole prompt (plain causal attention, one sequence) through the dense kernel where it
+        applies; everything else as the reference attends it."""
+        whole_prompt = call.mask is None and not call.is_decode and softcap is None
+        dense = dense_attention_for(self._ext, q.dtype, q.shape[-1], self._prefill_kernel) if whole_prompt else None
+        if dense is None or dense is flash_dense or keys.dtype != q.dtype or q.shape[0] != 1:
+            return super()._attend(q, keys, values, call, scale, softcap)
+        _, num_heads, num_rows, dim = q.shape
+        num_kv_heads = keys.shape[1]
+        group = num_heads // num_kv_heads
+        # Row g * Q + i of a KV head's folded rows is query i of head g: it sees keys 0..i.
+        limits = self._cached_limits(num_rows, group)
+        out, _ = dense(q[0].reshape(num_kv_heads, group * num_rows, dim), keys[0], values[0], limits, scale)
+        return out.view(1, num_heads, num_rows, dim)  # [Hkv, G*Q, D] is [Hq, Q, D]
+
+    def _cached_limits(self, num_rows: int, group: int) -> torch.Tensor:  # [G * Q] int32
+        return self._cached(self._plan_metadata, ("causal_limits", num_rows, group),
+                            lambda: torch.arange(1, num_rows + 1, dtype=torch.int32).repeat(group))
 
     @staticmethod
     def _decode_plan(metadata: AttentionMetadata) -> _DecodePlan:

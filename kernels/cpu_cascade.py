@@ -10,7 +10,8 @@ query heads folded into its query rows so K/V are read once per KV head -- and t
 small masked call per tail over its own keys after the prefix. The two partial results merge exactly
 by their log-sum-exps (softmax over a union of key sets), in float32.
 
-Both calls need the log-sum-exp, which PyTorch returns only from its private CPU flash-attention op
+Both calls need the log-sum-exp: `kernels.cpu_dense_attention` gives it, from Thaw's bf16 kernel or
+PyTorch's private CPU flash-attention op
 (`torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`); where that op is missing,
 `cascade_available` is False and the backend attends each sequence as before (same results up to
 rounding: the merge rounds each part once to the query's dtype).
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.attention_metadata import AttentionMetadata
+from kernels.cpu_dense_attention import DenseAttention, flash_available, flash_dense
 
 # A group worth a cascade: enough tails sharing enough prefix that one large call beats several
 # small ones (below these, the extra suffix calls and the merge cost about what they save).
@@ -35,7 +37,7 @@ MIN_PREFIX_TOKENS = 128
 
 def cascade_available() -> bool:
     """Whether this PyTorch has the CPU flash-attention op that returns the log-sum-exp."""
-    return hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+    return flash_available()
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,8 @@ class CascadeMember:
     # The same as the flash op takes it, built once per step: additive (0 / -inf) in the query's
     # dtype, one copy per query head of a KV head's group (row g * Q + i).
     suffix_bias: torch.Tensor  # [group * Q, num_suffix_keys]
+    # The same as row limits (row g * Q + i sees its first limit suffix keys), as the bf16 kernel takes it.
+    suffix_limits: torch.Tensor  # [group * Q] int32
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,7 @@ def plan_cascades(metadata: AttentionMetadata, block_size: int, device: torch.de
                 num_suffix_keys=num_suffix,
                 suffix_mask=mask,
                 suffix_bias=bias.repeat(group_size, 1),  # [G * Q, S]
+                suffix_limits=(mask.sum(-1, dtype=torch.int32)).repeat(group_size),  # [G * Q]
             ))
         groups.append(CascadeGroup(
             prefix_block_ids=tables[seq_ids[0], :num_prefix_blocks].long(),
@@ -142,8 +147,8 @@ def run_cascade(
     value_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     scale: float,
     out: torch.Tensor,  # [T, Hq, D]: the group's rows are written
+    dense: DenseAttention = flash_dense,
 ) -> None:
-    attend = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     num_kv_heads, dim = key_cache.shape[2], key_cache.shape[3]
     num_heads = query.shape[1]
     group_size = num_heads // num_kv_heads
@@ -151,9 +156,9 @@ def run_cascade(
     num_rows = q.shape[0]
     keys = _gather(key_cache, group.prefix_block_ids, group.prefix_len).to(q.dtype)  # [1, Hkv, P, D]
     values = _gather(value_cache, group.prefix_block_ids, group.prefix_len).to(q.dtype)
-    shared, shared_lse = attend(_fold(q, num_kv_heads), keys, values, 0.0, False, scale=scale)
-    shared = shared.view(num_kv_heads, group_size, num_rows, dim)  # [Hkv, G, R, D]
-    shared_lse = shared_lse.view(num_kv_heads, group_size, num_rows)  # [Hkv, G, R] float32
+    shared, shared_lse = dense(_fold(q, num_kv_heads)[0], keys[0], values[0], None, scale)  # [Hkv, G*R, D]
+    shared = shared.reshape(num_kv_heads, group_size, num_rows, dim)  # [Hkv, G, R, D]
+    shared_lse = shared_lse.reshape(num_kv_heads, group_size, num_rows)  # [Hkv, G, R] float32
     own = torch.empty_like(shared)
     own_lse = torch.empty_like(shared_lse)
     offset = 0
@@ -161,10 +166,10 @@ def run_cascade(
         q_len = m.end_row - m.first_row
         keys = _gather(key_cache, m.suffix_block_ids, m.num_suffix_keys).to(q.dtype)  # [1, Hkv, S, D]
         values = _gather(value_cache, m.suffix_block_ids, m.num_suffix_keys).to(q.dtype)
-        o, lse = attend(_fold(q[offset:offset + q_len], num_kv_heads), keys, values, 0.0, False,
-                        attn_mask=m.suffix_bias, scale=scale)  # planned for this dtype and group
-        own[:, :, offset:offset + q_len] = o.view(num_kv_heads, group_size, q_len, dim)
-        own_lse[:, :, offset:offset + q_len] = lse.view(num_kv_heads, group_size, q_len)
+        o, lse = dense(_fold(q[offset:offset + q_len], num_kv_heads)[0], keys[0], values[0], m.suffix_limits,
+                       scale, m.suffix_bias)  # planned for this dtype and group
+        own[:, :, offset:offset + q_len] = o.reshape(num_kv_heads, group_size, q_len, dim)
+        own_lse[:, :, offset:offset + q_len] = lse.reshape(num_kv_heads, group_size, q_len)
         offset += q_len
     # softmax over prefix + own keys = each part's softmax weighted by its share of the total mass
     top = torch.maximum(shared_lse, own_lse)

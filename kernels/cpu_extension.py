@@ -2,8 +2,10 @@
 
 One extension holds every CPU kernel (`cpu_decode_attention.cpp`: paged decode attention;
 `cpu_fused_ops.cpp`: RMSNorm, SiLU-and-multiply, rotary embedding; `cpu_gemv.cpp`: float32
-linear layers at 1-4 rows; `cpu_extension_module.cpp` binds them), so there is one build (~40-60 s with g++ and ninja, done by ``infra/setup.sh`` at
-install) and one answer to "is it usable here".
+linear layers at 1-4 rows; `cpu_prefill_attention.cpp`: bf16 flash attention with AVX512-BF16;
+`cpu_vec_math.h`: the vector math they share; `cpu_extension_module.cpp` binds them), so there is
+one build (~40-60 s with g++ and ninja, done by ``infra/setup.sh`` at install) and one answer to
+"is it usable here".
 
 The build is cached in the checkout (``kernels/.build/``, ignored by git), not in the user-wide
 ``~/.cache/torch_extensions``: two checkouts sharing that directory rebuild it for each other in
@@ -25,7 +27,8 @@ from pathlib import Path
 import torch
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in (
-    "cpu_extension_module.cpp", "cpu_decode_attention.cpp", "cpu_fused_ops.cpp", "cpu_gemv.cpp"))
+    "cpu_extension_module.cpp", "cpu_decode_attention.cpp", "cpu_fused_ops.cpp", "cpu_gemv.cpp",
+    "cpu_prefill_attention.cpp"))
 
 
 @functools.cache  # one build check per process: the compiled module is immutable

@@ -8,11 +8,18 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor silu_and_mul(torch::Tensor x);
 torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 torch::Tensor linear_gemv(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);
+bool prefill_attention_available();
+std::vector<torch::Tensor> dense_prefill_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
+                                                   torch::Tensor limits, double scale);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "Paged decode attention (CPU, float32 or bfloat16)");
   m.def("rms_norm", &rms_norm, "RMSNorm as transformers' Llama computes it (CPU, float32 or bfloat16)");
   m.def("silu_and_mul", &silu_and_mul, "SiLU(gate) * up of a fused gate_up projection (CPU)");
   m.def("rope", &rope, "Rotary embedding, rotate-half layout, partial rotary (CPU)");
+  m.def("prefill_attention_available", &prefill_attention_available,
+        "Whether dense_prefill_attention was built (AVX512-BF16 at build time)");
+  m.def("dense_prefill_attention", &dense_prefill_attention,
+        "Flash attention of [H, M, D] bf16 queries over [H, N, D] keys/values, per-row key limits; (out, lse)");
   m.def("linear_gemv", &linear_gemv, "x W^T + b for 1-4 float32 rows, streaming the weight (CPU)");
 }

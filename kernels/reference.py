@@ -85,7 +85,7 @@ def _length_groups(seq_ids: list[int], seq_lens: tuple[int, ...], max_groups: in
 
 
 @dataclass(frozen=True)
-class _Call:
+class SdpaCall:
     """One SDPA call: which output rows, which KV blocks, and the mask (None = causal/full)."""
 
     rows: torch.Tensor  # [R] int64 output rows
@@ -100,7 +100,7 @@ class _Call:
 
 @dataclass(frozen=True)
 class _StepPlan:
-    calls: tuple[_Call, ...]
+    calls: tuple[SdpaCall, ...]
 
 
 def _plan(metadata: AttentionMetadata, block_size: int, sliding_window: int | None,
@@ -111,7 +111,7 @@ def _plan(metadata: AttentionMetadata, block_size: int, sliding_window: int | No
     starts = [0]
     for q_len in metadata.query_lens_host:
         starts.append(starts[-1] + q_len)
-    calls: list[_Call] = []
+    calls: list[SdpaCall] = []
     decode_ids = [b for b, q_len in enumerate(metadata.query_lens_host) if q_len == 1 and include_decode]
     for group in _length_groups(decode_ids, metadata.seq_lens_host):
         lens = [metadata.seq_lens_host[b] for b in group]
@@ -119,7 +119,7 @@ def _plan(metadata: AttentionMetadata, block_size: int, sliding_window: int | No
         ids = torch.tensor(group, device=device)
         key_pos = torch.arange(num_blocks * block_size, device=device)  # [L]
         query_pos = torch.tensor(lens, device=device).unsqueeze(-1) - 1  # [Bd, 1]
-        calls.append(_Call(
+        calls.append(SdpaCall(
             rows=torch.tensor([starts[b] for b in group], device=device),
             block_ids=tables[ids, :num_blocks].reshape(-1),
             num_seqs=len(group),
@@ -138,7 +138,7 @@ def _plan(metadata: AttentionMetadata, block_size: int, sliding_window: int | No
             key_pos = torch.arange(seq_len, device=device)
             query_pos = torch.arange(seq_len - q_len, seq_len, device=device)
             mask = _context_mask(query_pos, key_pos, sliding_window)  # [Q, S]
-        calls.append(_Call(
+        calls.append(SdpaCall(
             rows=torch.arange(starts[b], starts[b + 1], device=device),
             block_ids=tables[b, :num_blocks],
             num_seqs=1,
@@ -237,7 +237,7 @@ class ReferenceAttentionBackend:
         return out
 
     @staticmethod
-    def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, call: _Call, scale: float,
+    def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, call: SdpaCall, scale: float,
                 softcap: float | None) -> torch.Tensor:  # q: [B, Hq, Q, D]; keys/values: [B, Hkv, L, D]
         is_causal = call.mask is None and not call.is_decode
         keys, values = keys.to(q.dtype), values.to(q.dtype)
@@ -247,7 +247,7 @@ class ReferenceAttentionBackend:
         return _softcapped_attention(q, keys, values, call.mask, is_causal, scale, softcap)
 
     @staticmethod
-    def _gather(cache: torch.Tensor, call: _Call) -> torch.Tensor:
+    def _gather(cache: torch.Tensor, call: SdpaCall) -> torch.Tensor:
         # cache: [num_blocks, bs, Hkv, D] -> [B, Hkv, num_keys, D]
         # Selecting rows of a 2-D view is ~3x faster on CPU than index_select on the 4-D cache
         # (and ~5x faster than advanced indexing): one memcpy per block.

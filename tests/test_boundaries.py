@@ -42,9 +42,9 @@ ALLOWED: dict[tuple[str, str], str] = {
         "oneDNN's weight pre-packing exists only as a private torch op; probed with hasattr, falls back when absent",
     ("kernels/cpu_linear.py", "torch.ops.mkldnn._linear_pointwise"):
         "oneDNN's pre-packed linear exists only as a private torch op; probed with hasattr, falls back when absent",
-    ("kernels/cpu_cascade.py", "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu"):
+    ("kernels/cpu_dense_attention.py", "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu"):
         "the only CPU attention that returns the log-sum-exp a cascade merge needs; probed, falls back when absent",
-    ("kernels/cpu_cascade.py", "hasattr(torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu')"):
+    ("kernels/cpu_dense_attention.py", "hasattr(torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu')"):
         "the probe for the private op above: without it every prefill sequence is attended on its own",
     ("kernels/cpu_linear.py", "hasattr(torch.ops.mkldnn, '_reorder_linear_weight')"):
         "the probe for the private op above: without it the fp32 CPU path falls back to plain linear layers",
