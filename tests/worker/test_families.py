@@ -105,3 +105,39 @@ def test_bfloat16_greedy_decode_picks_transformers_best_token_up_to_rounding(tmp
         equal += int((rows.argmax(dim=-1) == torch.tensor(generated)).sum())
         total += len(generated)
     assert equal >= 0.9 * total, f"{equal}/{total} greedy tokens equal transformers' argmax"
+
+
+def test_bfloat16_prefill_through_the_prefill_kernel_matches_transformers(tmp_path, monkeypatch):
+    """Head size 64 in bfloat16: whole prompts and a burst behind one cached prefix (a cascade) take
+    Thaw's prefill kernel where it was built (`kernels/cpu_prefill_attention.cpp`); the burst's
+    greedy tokens are transformers' argmax up to bfloat16 rounding, as above."""
+    import transformers
+
+    import kernels.cpu_attention as cpu_attention
+    from kernels.cpu_dense_attention import flash_dense, kernel_usable
+    from kernels.cpu_extension import try_build_cpu_extension
+    from worker import SamplingParams
+
+    model_dir = make_hf_checkpoint(tmp_path / "llama64", arch="llama", hidden_size=256, num_attention_heads=4,
+                                   num_key_value_heads=2, seed=12)  # head size 64
+    cascades = []
+    real = cpu_attention.run_cascade
+    monkeypatch.setattr(cpu_attention, "run_cascade",
+                        lambda group, *args: cascades.append(args[-1] is not flash_dense) or real(group, *args))
+    engine = Engine(model_dir, EngineConfig(dtype="bfloat16", block_size=16, num_kv_blocks=96,
+                                            enable_prefix_caching=True))
+    gen = torch.Generator().manual_seed(3)
+    prefix = torch.randint(3, 400, (144,), generator=gen).tolist()
+    prompts = [prefix + torch.randint(3, 400, (n,), generator=gen).tolist() for n in (5, 9, 14, 20, 7)]
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    assert cascades, "the tails behind the prefix were not attended as a cascade"
+    if kernel_usable(try_build_cpu_extension()[0]):
+        assert all(cascades), "the cascade did not use the prefill kernel"
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    for prompt, out in zip(prompts, outputs):
+        generated = list(out.output_token_ids)
+        with torch.no_grad():
+            rows = hf(torch.tensor([prompt + generated])).logits[0].float()[len(prompt) - 1:-1]  # [8, V]
+        best = rows.max(dim=-1).values
+        chosen = rows.gather(1, torch.tensor(generated)[:, None])[:, 0]
+        assert bool(((best - chosen) <= 3e-2 * (best - rows.min(dim=-1).values)).all())
