@@ -24,7 +24,7 @@ import torch
 from kernels.attention_backend import check_gqa_heads, check_softcap
 from kernels.attention_metadata import AttentionMetadata
 from kernels.cpu_cascade import cascade_available, plan_cascades, run_cascade
-from kernels.cpu_dense_attention import dense_attention_for, flash_dense
+from kernels.cpu_dense_attention import dense_attention_for, flash_dense, fused_cascade_for
 from kernels.reference import ReferenceAttentionBackend, SdpaCall
 
 logger = logging.getLogger(__name__)
@@ -88,8 +88,9 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
                                  exclude=exclude)
         out = self._run(prefill, query, key_cache, value_cache, scale, softcap, key, value)
         dense = dense_attention_for(self._ext, query.dtype, query.shape[-1], self._prefill_kernel)
+        fused = fused_cascade_for(self._ext, query.dtype, query.shape[-1], self._prefill_kernel)
         for group in cascades:
-            run_cascade(group, query, key_cache, value_cache, scale, out, dense)
+            run_cascade(group, query, key_cache, value_cache, scale, out, dense, fused)
         if not has_decode:
             return out
         decode = self._cached(metadata, ("decode",), lambda: self._decode_plan(metadata))

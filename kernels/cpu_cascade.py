@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.attention_metadata import AttentionMetadata
-from kernels.cpu_dense_attention import DenseAttention, flash_available, flash_dense
+from kernels.cpu_dense_attention import DenseAttention, FusedCascade, flash_available, flash_dense
 
 # A group worth a cascade: enough tails sharing enough prefix that one large call beats several
 # small ones (below these, the extra suffix calls and the merge cost about what they save).
@@ -65,6 +65,12 @@ class CascadeGroup:
     prefix_len: int  # P * block_size tokens
     members: tuple[CascadeMember, ...]
     rows: torch.Tensor  # [R] int64: every member's step rows, member after member
+    # For the fused kernel (`FusedCascade`): member i's rows within `rows` and its keys within the
+    # members' suffix blocks gathered one after another (whole blocks), and each row's suffix limit.
+    member_rows: torch.Tensor  # [M + 1] int32
+    member_keys: torch.Tensor  # [M + 1] int32
+    row_suffix_limits: torch.Tensor  # [R] int32
+    suffix_block_ids: torch.Tensor  # [sum of members' suffix blocks] int64
 
     @property
     def seq_ids(self) -> frozenset[int]:
@@ -117,11 +123,19 @@ def plan_cascades(metadata: AttentionMetadata, block_size: int, device: torch.de
                 suffix_bias=bias.repeat(group_size, 1),  # [G * Q, S]
                 suffix_limits=(mask.sum(-1, dtype=torch.int32)).repeat(group_size),  # [G * Q]
             ))
+        row_offsets, key_offsets = [0], [0]
+        for m in members:
+            row_offsets.append(row_offsets[-1] + m.end_row - m.first_row)
+            key_offsets.append(key_offsets[-1] + len(m.suffix_block_ids) * block_size)
         groups.append(CascadeGroup(
             prefix_block_ids=tables[seq_ids[0], :num_prefix_blocks].long(),
             prefix_len=prefix_len,
             members=tuple(members),
             rows=torch.cat([torch.arange(m.first_row, m.end_row, device=device) for m in members]),
+            member_rows=torch.tensor(row_offsets, dtype=torch.int32),
+            member_keys=torch.tensor(key_offsets, dtype=torch.int32),
+            row_suffix_limits=torch.cat([m.suffix_mask.sum(-1, dtype=torch.int32) for m in members]),
+            suffix_block_ids=torch.cat([m.suffix_block_ids for m in members]),
         ))
     return tuple(groups)
 
@@ -148,7 +162,12 @@ def run_cascade(
     scale: float,
     out: torch.Tensor,  # [T, Hq, D]: the group's rows are written
     dense: DenseAttention = flash_dense,
+    fused: FusedCascade | None = None,
 ) -> None:
+    """Attends the group's rows: in one pass where `fused` is given, else as two parts merged."""
+    if fused is not None:
+        _run_fused(group, query, key_cache, value_cache, scale, out, fused)
+        return
     num_kv_heads, dim = key_cache.shape[2], key_cache.shape[3]
     num_heads = query.shape[1]
     group_size = num_heads // num_kv_heads
@@ -177,3 +196,20 @@ def run_cascade(
     w_own = (own_lse - top).exp_().unsqueeze(-1)
     merged = (shared.float() * w_shared + own.float() * w_own) / (w_shared + w_own)  # [Hkv, G, R, D]
     out.index_copy_(0, group.rows, merged.permute(2, 0, 1, 3).reshape(num_rows, num_heads, dim).to(out.dtype))
+
+
+def _run_fused(group: CascadeGroup, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+               scale: float, out: torch.Tensor, fused: FusedCascade) -> None:
+    num_kv_heads, dim = key_cache.shape[2], key_cache.shape[3]
+    num_heads = query.shape[1]
+    q = query.index_select(0, group.rows)  # [R, Hq, D]
+    num_rows = q.shape[0]
+    prefix_k = _gather(key_cache, group.prefix_block_ids, group.prefix_len)[0]  # [Hkv, P, D]
+    prefix_v = _gather(value_cache, group.prefix_block_ids, group.prefix_len)[0]
+    num_suffix = len(group.suffix_block_ids) * key_cache.shape[1]
+    suffix_k = _gather(key_cache, group.suffix_block_ids, num_suffix)[0]  # [Hkv, S, D], whole blocks
+    suffix_v = _gather(value_cache, group.suffix_block_ids, num_suffix)[0]
+    folded = fused(_fold(q, num_kv_heads)[0], prefix_k, prefix_v, suffix_k, suffix_v, group.member_rows,
+                   group.member_keys, group.row_suffix_limits, num_heads // num_kv_heads, scale)  # [Hkv, G*R, D]
+    rows = folded.view(num_kv_heads, num_heads // num_kv_heads, num_rows, dim).permute(2, 0, 1, 3)  # [R, Hkv, G, D]
+    out.index_copy_(0, group.rows, rows.reshape(num_rows, num_heads, dim).to(out.dtype))

@@ -12,7 +12,9 @@ prefix part with the tail part. Two implementations answer that one call:
   GFLOP/s, 31 tails' queries against a 1,024-token prefix, 2 threads).
 
 `dense_attention_for` picks one per (dtype, head size); both compute the same softmax up to
-rounding (tested against a float32 softmax).
+rounding (tested against a float32 softmax). Where the kernel applies, a cascade needs no
+log-sum-exp merge at all: `fused_cascade_for` gives the kernel's one-pass cascade, each row's
+online softmax running over the shared prefix and then over its own keys.
 """
 
 from __future__ import annotations
@@ -62,13 +64,39 @@ def kernel_dense(extension) -> DenseAttention:
     return attend
 
 
+# (q [Hkv, G*R, D], k_prefix [Hkv, P, D], v_prefix, k_suffix [Hkv, S, D], v_suffix, member_rows [n+1] int32,
+# member_keys [n+1] int32, suffix_limits [R] int32, group G, scale) -> out [Hkv, G*R, D]: row g * R + r
+# attends to the whole prefix and then to the first suffix_limits[r] keys of its member's suffix
+# (member i: rows member_rows[i]:member_rows[i+1], keys member_keys[i]:member_keys[i+1]).
+FusedCascade = Callable[..., torch.Tensor]
+
+
+def kernel_cascade(extension) -> FusedCascade:
+    """The kernel's cascade: both parts in one online softmax per row, no merge."""
+
+    def attend(q, k_prefix, v_prefix, k_suffix, v_suffix, member_rows, member_keys, suffix_limits, group, scale):
+        return extension.cascade_prefill_attention(
+            q.contiguous(), k_prefix.contiguous(), v_prefix.contiguous(), k_suffix.contiguous(),
+            v_suffix.contiguous(), member_rows, member_keys, suffix_limits, int(group), float(scale))
+
+    return attend
+
+
 def kernel_usable(extension) -> bool:
     """Whether the extension was built with the bf16 prefill kernel (AVX512-BF16 at build time)."""
     return extension is not None and getattr(extension, "prefill_attention_available", lambda: False)()
 
 
+def _kernel_applies(extension, dtype: torch.dtype, head_size: int, use_kernel: bool) -> bool:
+    return use_kernel and dtype == torch.bfloat16 and head_size in KERNEL_HEAD_SIZES and kernel_usable(extension)
+
+
 def dense_attention_for(extension, dtype: torch.dtype, head_size: int, use_kernel: bool = True) -> DenseAttention:
     """The kernel for bf16 at head size 64 or 128 where it was built (and `use_kernel`), else the op."""
-    if use_kernel and dtype == torch.bfloat16 and head_size in KERNEL_HEAD_SIZES and kernel_usable(extension):
-        return kernel_dense(extension)
-    return flash_dense
+    return kernel_dense(extension) if _kernel_applies(extension, dtype, head_size, use_kernel) else flash_dense
+
+
+def fused_cascade_for(extension, dtype: torch.dtype, head_size: int, use_kernel: bool = True) -> FusedCascade | None:
+    """The kernel's one-pass cascade where the kernel applies, else None (two parts merged by their
+    log-sum-exps, `kernels.cpu_cascade`)."""
+    return kernel_cascade(extension) if _kernel_applies(extension, dtype, head_size, use_kernel) else None

@@ -11,6 +11,10 @@ torch::Tensor linear_gemv(torch::Tensor x, torch::Tensor weight, torch::Tensor b
 bool prefill_attention_available();
 std::vector<torch::Tensor> dense_prefill_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                                    torch::Tensor limits, double scale);
+torch::Tensor cascade_prefill_attention(torch::Tensor q, torch::Tensor k_prefix, torch::Tensor v_prefix,
+                                        torch::Tensor k_suffix, torch::Tensor v_suffix, torch::Tensor member_rows,
+                                        torch::Tensor member_keys, torch::Tensor suffix_limits, int64_t group,
+                                        double scale);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "Paged decode attention (CPU, float32 or bfloat16)");
@@ -21,5 +25,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Whether dense_prefill_attention was built (AVX512-BF16 at build time)");
   m.def("dense_prefill_attention", &dense_prefill_attention,
         "Flash attention of [H, M, D] bf16 queries over [H, N, D] keys/values, per-row key limits; (out, lse)");
+  m.def("cascade_prefill_attention", &cascade_prefill_attention,
+        "Cascade attention in bf16: every row over a shared prefix, then over its member's own keys");
   m.def("linear_gemv", &linear_gemv, "x W^T + b for 1-4 float32 rows, streaming the weight (CPU)");
 }

@@ -9,8 +9,8 @@ import torch
 from kernels import ReferenceAttentionBackend
 from kernels.cpu_attention import CpuAttentionBackend
 from kernels.cpu_cascade import plan_cascades, run_cascade
-from kernels.cpu_dense_attention import (dense_attention_for, flash_available, flash_dense, kernel_dense,
-                                         kernel_usable)
+from kernels.cpu_dense_attention import (dense_attention_for, flash_available, flash_dense, fused_cascade_for,
+                                         kernel_cascade, kernel_dense, kernel_usable)
 from kernels.cpu_extension import try_build_cpu_extension
 from tests.kernels.paged_cases import make_batch
 from tests.kernels.test_cpu_cascade import BLOCK, shared_prefix_batch
@@ -97,12 +97,15 @@ def test_the_kernel_is_chosen_only_where_it_applies():
         assert dense_attention_for(EXT, dtype, head) is flash_dense
     assert dense_attention_for(EXT, torch.bfloat16, 64, use_kernel=False) is flash_dense
     assert dense_attention_for(None, torch.bfloat16, 64) is flash_dense
+    assert (fused_cascade_for(EXT, torch.bfloat16, 64) is not None) == kernel_usable(EXT)
+    assert fused_cascade_for(EXT, torch.float32, 64) is None and fused_cascade_for(EXT, torch.bfloat16, 32) is None
 
 
 @needs_kernel
 @needs_flash
+@pytest.mark.parametrize("fused", [False, True], ids=["two-parts", "one-pass"])
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (8, 2)], ids=["mha", "gqa4"])
-def test_a_cascade_through_the_kernel_matches_the_reference(num_heads, num_kv_heads):
+def test_a_cascade_through_the_kernel_matches_the_reference(num_heads, num_kv_heads, fused):
     query, key_cache, value_cache, meta = shared_prefix_batch(num_heads, num_kv_heads, torch.bfloat16, seed=5)
     query = torch.randn(query.shape[0], num_heads, 64, generator=torch.Generator().manual_seed(1)).bfloat16()
     key_cache = torch.randn(*key_cache.shape[:3], 64).bfloat16()
@@ -112,8 +115,12 @@ def test_a_cascade_through_the_kernel_matches_the_reference(num_heads, num_kv_he
     [group] = plan_cascades(meta, BLOCK, torch.device("cpu"), min_members=4, min_prefix_tokens=8,
                             dtype=torch.bfloat16, group_size=num_heads // num_kv_heads)
     out = torch.zeros_like(query)
-    run_cascade(group, query, key_cache, value_cache, 0.125, out, kernel_dense(EXT))
+    run_cascade(group, query, key_cache, value_cache, 0.125, out, kernel_dense(EXT),
+                kernel_cascade(EXT) if fused else None)
     torch.testing.assert_close(out[group.rows].float(), want[group.rows], atol=2e-2, rtol=2e-2)
+    others = torch.ones(query.shape[0], dtype=torch.bool)
+    others[group.rows] = False
+    assert out[others].abs().sum() == 0  # only the group's rows are written
 
 
 @needs_kernel
@@ -143,3 +150,17 @@ def test_the_backend_attends_whole_bf16_prompts_through_the_kernel(monkeypatch, 
     torch.testing.assert_close(plain.paged_attention(query, key_cache, value_cache, meta, 0.1).float(), want,
                                atol=2e-2, rtol=2e-2)
     assert calls == []
+
+
+@needs_kernel
+def test_the_one_pass_cascade_refuses_inconsistent_offsets():
+    q, k, v, _ = case(2, 2 * 6, 16, 64, seed=0, with_limits=False)  # group 2, 6 rows
+    args = dict(member_rows=torch.tensor([0, 4, 6], dtype=torch.int32),
+                member_keys=torch.tensor([0, 8, 16], dtype=torch.int32),
+                suffix_limits=torch.tensor([1, 2, 3, 4, 1, 8], dtype=torch.int32))
+    kernel_cascade(EXT)(q, k, v, k, v, *args.values(), 2, 0.125)  # consistent: runs
+    for name, bad, message in [("suffix_limits", torch.tensor([1, 2, 3, 9, 1, 2], dtype=torch.int32), "past its member"),
+                               ("member_rows", torch.tensor([0, 4, 5], dtype=torch.int32), "from 0 to the rows"),
+                               ("member_keys", torch.tensor([0, 8, 8, 16], dtype=torch.int32), "one offset per member")]:
+        with pytest.raises(RuntimeError, match=message):
+            kernel_cascade(EXT)(q, k, v, k, v, *{**args, name: bad}.values(), 2, 0.125)

@@ -12,7 +12,7 @@ from migration import EngineEndpoint
 from worker import AsyncEngine, DemoModelConfig, Engine, EngineConfig, write_demo_model
 
 TINY_DEMO = DemoModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                            intermediate_size=128, max_position_embeddings=256, init_std=0.1)
+                            intermediate_size=128, max_position_embeddings=1024, init_std=0.1)
 NUM_KV_BLOCKS = 160
 ENGINE_CONFIG = EngineConfig(block_size=8, num_kv_blocks=NUM_KV_BLOCKS, max_num_batched_tokens=32)
 

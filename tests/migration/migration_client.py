@@ -12,8 +12,10 @@ from worker import SamplingParams
 
 PROMPTS = ["The quick brown fox", "Paged attention stores keys", "def add(a, b):", "Once upon a time there",
            "Serverless inference", "A long walk home"]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
-SEEDED = SamplingParams(temperature=1.0, top_p=0.95, seed=77, max_tokens=100, ignore_eos=True)
+# 200 tokens: migrations started up to 60 tokens in still find the request decoding on a loaded
+# machine (100 once ended first in CI after decode got faster).
+GREEDY = SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True)
+SEEDED = SamplingParams(temperature=1.0, top_p=0.95, seed=77, max_tokens=200, ignore_eos=True)
 
 
 @dataclass
