@@ -53,6 +53,8 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         self._ext = extension
         self._cascade = cascade_available() if cascade is None else cascade
         self._prefill_kernel = prefill_kernel
+        # (dtype, head size) -> (dense, fused): chosen once, not in every layer of every step.
+        self._prefill_paths: dict[tuple[torch.dtype, int], tuple] = {}
 
     def paged_attention(
         self,
@@ -87,8 +89,7 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         prefill = self._plan_for(metadata, block_size, sliding_window, query.device, include_decode=False,
                                  exclude=exclude)
         out = self._run(prefill, query, key_cache, value_cache, scale, softcap, key, value)
-        dense = dense_attention_for(self._ext, query.dtype, query.shape[-1], self._prefill_kernel)
-        fused = fused_cascade_for(self._ext, query.dtype, query.shape[-1], self._prefill_kernel)
+        dense, fused = self._prefill_path(query.dtype, query.shape[-1])
         for group in cascades:
             run_cascade(group, query, key_cache, value_cache, scale, out, dense, fused)
         if not has_decode:
@@ -107,7 +108,7 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         """A whole prompt (plain causal attention, one sequence) through the dense kernel where it
         applies; everything else as the reference attends it."""
         whole_prompt = call.mask is None and not call.is_decode and softcap is None
-        dense = dense_attention_for(self._ext, q.dtype, q.shape[-1], self._prefill_kernel) if whole_prompt else None
+        dense = self._prefill_path(q.dtype, q.shape[-1])[0] if whole_prompt else None
         if dense is None or dense is flash_dense or keys.dtype != q.dtype or q.shape[0] != 1:
             return super()._attend(q, keys, values, call, scale, softcap)
         _, num_heads, num_rows, dim = q.shape
@@ -117,6 +118,15 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         limits = self._cached_limits(num_rows, group)
         out, _ = dense(q[0].reshape(num_kv_heads, group * num_rows, dim), keys[0], values[0], limits, scale)
         return out.view(1, num_heads, num_rows, dim)  # [Hkv, G*Q, D] is [Hq, Q, D]
+
+    def _prefill_path(self, dtype: torch.dtype, head_size: int) -> tuple:
+        """The (dense, fused) attention functions for prefill rows of this dtype and head size
+        (`kernels.cpu_dense_attention`); fused is None where only the two-part cascade applies."""
+        key = (dtype, head_size)
+        if key not in self._prefill_paths:
+            self._prefill_paths[key] = (dense_attention_for(self._ext, dtype, head_size, self._prefill_kernel),
+                                        fused_cascade_for(self._ext, dtype, head_size, self._prefill_kernel))
+        return self._prefill_paths[key]
 
     def _cached_limits(self, num_rows: int, group: int) -> torch.Tensor:  # [G * Q] int32
         return self._cached(self._plan_metadata, ("causal_limits", num_rows, group),

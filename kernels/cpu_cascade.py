@@ -10,7 +10,11 @@ query heads folded into its query rows so K/V are read once per KV head -- and t
 small masked call per tail over its own keys after the prefix. The two partial results merge exactly
 by their log-sum-exps (softmax over a union of key sets), in float32.
 
-Both calls need the log-sum-exp: `kernels.cpu_dense_attention` gives it, from Thaw's bf16 kernel or
+Where Thaw's bf16 prefill kernel applies (`kernels.cpu_dense_attention.fused_cascade_for`), the
+two parts are one pass instead: each row's online softmax runs over the shared prefix and then its
+own keys, so nothing needs merging (8.8 vs 12.7 ms a layer on the shape above).
+
+Otherwise both calls need the log-sum-exp: `kernels.cpu_dense_attention` gives it, from Thaw's bf16 kernel or
 PyTorch's private CPU flash-attention op
 (`torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`); where that op is missing,
 `cascade_available` is False and the backend attends each sequence as before (same results up to
@@ -107,13 +111,14 @@ def plan_cascades(metadata: AttentionMetadata, block_size: int, device: torch.de
         prefix_len = num_prefix_blocks * block_size
         if prefix_len < min_prefix_tokens:
             continue
-        members = []
+        members, member_limits = [], []
         for b in seq_ids:
             q_len, seq_len = metadata.query_lens_host[b], metadata.seq_lens_host[b]
             num_suffix = seq_len - prefix_len
             key_pos = torch.arange(prefix_len, seq_len, device=device)  # [S]
             query_pos = torch.arange(seq_len - q_len, seq_len, device=device)  # [Q]
             mask = key_pos <= query_pos.unsqueeze(-1)  # [Q, S]
+            limits = mask.sum(-1, dtype=torch.int32)  # [Q]: row i sees its first limits[i] suffix keys
             bias = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill_(~mask, float("-inf"))
             members.append(CascadeMember(
                 seq_id=b, first_row=starts[b], end_row=starts[b + 1],
@@ -121,8 +126,9 @@ def plan_cascades(metadata: AttentionMetadata, block_size: int, device: torch.de
                 num_suffix_keys=num_suffix,
                 suffix_mask=mask,
                 suffix_bias=bias.repeat(group_size, 1),  # [G * Q, S]
-                suffix_limits=(mask.sum(-1, dtype=torch.int32)).repeat(group_size),  # [G * Q]
+                suffix_limits=limits.repeat(group_size),  # [G * Q]
             ))
+            member_limits.append(limits)
         row_offsets, key_offsets = [0], [0]
         for m in members:
             row_offsets.append(row_offsets[-1] + m.end_row - m.first_row)
@@ -134,7 +140,7 @@ def plan_cascades(metadata: AttentionMetadata, block_size: int, device: torch.de
             rows=torch.cat([torch.arange(m.first_row, m.end_row, device=device) for m in members]),
             member_rows=torch.tensor(row_offsets, dtype=torch.int32),
             member_keys=torch.tensor(key_offsets, dtype=torch.int32),
-            row_suffix_limits=torch.cat([m.suffix_mask.sum(-1, dtype=torch.int32) for m in members]),
+            row_suffix_limits=torch.cat(member_limits),
             suffix_block_ids=torch.cat([m.suffix_block_ids for m in members]),
         ))
     return tuple(groups)

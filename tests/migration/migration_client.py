@@ -99,3 +99,38 @@ class FaultyEndpoint:
             raise self.error
 
         return call
+
+
+class RecordingEndpoint:
+    """Forwards to an endpoint and keeps what the steps a token migration makes there returned:
+    the size of every snapshot the source exported or froze, and every destination prefill's
+    ``num_tokens_with_kv`` -- so a test can say what the stop recomputed and why, whatever the
+    machine's speed."""
+
+    def __init__(self, inner: EngineEndpoint) -> None:
+        self.inner = inner
+        self.exported: list[int] = []
+        self.frozen: list[int] = []
+        self.prefilled: list[int] = []
+
+    @property
+    def instance_id(self) -> str:
+        return self.inner.instance_id
+
+    async def export_request(self, *args, **kwargs):
+        snapshot = await self.inner.export_request(*args, **kwargs)
+        self.exported.append(snapshot.num_tokens)
+        return snapshot
+
+    async def freeze_request(self, *args, **kwargs):
+        snapshot = await self.inner.freeze_request(*args, **kwargs)
+        self.frozen.append(snapshot.num_tokens)
+        return snapshot
+
+    async def prefill_import(self, *args, **kwargs):
+        num_tokens_with_kv = await self.inner.prefill_import(*args, **kwargs)
+        self.prefilled.append(num_tokens_with_kv)
+        return num_tokens_with_kv
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
