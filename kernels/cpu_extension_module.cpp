@@ -5,6 +5,8 @@ void paged_decode_attention(torch::Tensor out, torch::Tensor query, torch::Tenso
                             torch::Tensor value_cache, torch::Tensor block_tables, torch::Tensor seq_lens,
                             double scale, int64_t sliding_window, double softcap);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor delta, torch::Tensor weight,
+                                                      double eps);
 torch::Tensor silu_and_mul(torch::Tensor x);
 torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 torch::Tensor linear_gemv(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);
@@ -19,6 +21,7 @@ torch::Tensor cascade_prefill_attention(torch::Tensor q, torch::Tensor k_prefix,
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention, "Paged decode attention (CPU, float32 or bfloat16)");
   m.def("rms_norm", &rms_norm, "RMSNorm as transformers' Llama computes it (CPU, float32 or bfloat16)");
+  m.def("add_rms_norm", &add_rms_norm, "(x + delta, RMSNorm(x + delta)): a residual add and the next norm (CPU)");
   m.def("silu_and_mul", &silu_and_mul, "SiLU(gate) * up of a fused gate_up projection (CPU)");
   m.def("rope", &rope, "Rotary embedding, rotate-half layout, partial rotary (CPU)");
   m.def("prefill_attention_available", &prefill_attention_available,

@@ -7,12 +7,16 @@ arithmetic: the kernels do the same operations in the same order and precision, 
 PyTorch's intermediate roundings to bfloat16 (tested against that code).
 
 Why: at decode batch sizes RMSNorm is 8 PyTorch ops, rotary embedding 6 per tensor and
-SiLU-and-multiply 2 (each widening and narrowing bfloat16 operands); profiled on the 100M Llama
-in bfloat16 (32 decode rows, 2 threads) they were ~20% of a step, mostly per-op overhead.
+SiLU-and-multiply 2 (each widening and narrowing bfloat16 operands), the residual add one more;
+profiled on the 100M Llama in bfloat16 (30 decode rows, 2 threads) they were ~3.5 ms of a 20.8 ms
+step, mostly per-op overhead. Fused (AVX-512 where built, 16 lanes with PyTorch's roundings), the
+five calls of a layer take ~0.05 ms at that size, and the step ~18.5 ms.
 
-Not used by the model yet: wired into worker/llama.py they made a bfloat16 engine fed layer by
-layer (zigzag) differ from a loaded one (tests/worker/test_layer_gate.py), and the engine bench was
-no faster with them (302.7 vs 338.2 tok/s bf16, single runs); both to be understood first.
+Used by `worker/llama.py` (its RMSNorm, residual add + norm, MLP) and
+`worker/rotary_embedding.apply_rope`. A row's result depends only on its values, never on its
+address or batch (fixed-order sums): an engine fed layer by layer computes what a loaded one does
+for the same rows. (Where two engines chunk a prompt differently their attention paths differ and
+bfloat16 rounds differently anyway: tests hold those to transformers up to bfloat16 rounding.)
 """
 
 from __future__ import annotations
@@ -36,6 +40,17 @@ def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     if ext is None or x.dim() != 2 or x.stride(-1) != 1 or weight.dtype != x.dtype:
         return None
     return ext.rms_norm(x, weight.contiguous(), float(eps))  # [T, H]
+
+
+def fused_add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(x + delta, RMSNorm(x + delta))`` for ``x``, ``delta`` [T, H] and ``weight`` [H] of one
+    dtype (a decoder layer's residual add and the norm after it), or None."""
+    ext = _extension_for(x)
+    if (ext is None or x.dim() != 2 or x.stride(-1) != 1 or weight.dtype != x.dtype or delta.dtype != x.dtype
+            or delta.shape != x.shape or delta.stride(-1) != 1 or delta.device != x.device):
+        return None
+    return ext.add_rms_norm(x, delta, weight.contiguous(), float(eps))  # [T, H] each
 
 
 def fused_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor | None:

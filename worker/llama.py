@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import AttentionBackend, AttentionMetadata
+from kernels.cpu_fused_ops import fused_add_rms_norm, fused_rms_norm, fused_silu_and_mul
 from kernels.cpu_linear import PrepackedLinear, prepack_linear_layers
 from worker.model_config import ModelConfig
 from worker.moe import SparseMoeBlock
@@ -41,18 +42,31 @@ if TYPE_CHECKING:
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm computed in float32 and cast back, exactly as Hugging Face's Llama does."""
+    """RMSNorm computed in float32 and cast back, exactly as Hugging Face's Llama does. On CPU in
+    float32/bfloat16 one fused op does it (`kernels.cpu_fused_ops`: the same arithmetic, one
+    dispatch instead of eight); the PyTorch code below is the definition and the fallback."""
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, H]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, H] (or [T, Hq, D] for q/k norms)
+        fused = fused_rms_norm(x, self.weight, self.eps)
+        if fused is not None:
+            return fused
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
+
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, self(x + delta)): a residual add and this norm, fused where the op applies."""
+        fused = fused_add_rms_norm(x, delta, self.weight, self.eps)  # [T, H] each
+        if fused is not None:
+            return fused
+        x = x + delta
+        return x, self(x)
 
 
 class Attention(nn.Module):
@@ -106,8 +120,12 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate_up = self.gate_up_proj(x)  # [T, 2I]
+        fused = fused_silu_and_mul(gate_up)  # [T, I]: one op where it applies (`kernels.cpu_fused_ops`)
+        if fused is None:
+            gate, up = gate_up.split(self.intermediate_size, dim=-1)
+            fused = F.silu(gate) * up
+        return self.down_proj(fused)
 
 
 class DecoderLayer(nn.Module):
@@ -119,8 +137,9 @@ class DecoderLayer(nn.Module):
         self.mlp = SparseMoeBlock(config) if config.moe_layers[layer_idx] else MLP(config)
 
     def forward(self, x, cos, sin, kv_cache, metadata, backend):  # x: [T, H]
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, metadata, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, metadata, backend)
+        x, normed = self.post_attention_layernorm.add_and_norm(x, attended)
+        return x + self.mlp(normed)
 
 
 class LlamaForCausalLM(nn.Module):

@@ -38,6 +38,7 @@ import math
 
 import torch
 
+from kernels.cpu_fused_ops import fused_rope
 from worker.model_config import RopeScaling
 
 
@@ -162,6 +163,11 @@ def rope_cos_sin(
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # x: [T, H, D]; cos/sin: [T, 1, R], R = rotary_dim <= D
+    """Rotate-half RoPE. On CPU in float32/bfloat16 one fused op (`kernels.cpu_fused_ops`, the
+    same roundings as the PyTorch code below, which defines it and is the fallback)."""
+    fused = fused_rope(x, cos, sin)  # [T, H, D]
+    if fused is not None:
+        return fused
     rotary_dim = cos.shape[-1]
     if rotary_dim < x.shape[-1]:  # partial RoPE: rotate the first R dimensions, pass the rest through
         return torch.cat((apply_rope(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), dim=-1)

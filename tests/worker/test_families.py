@@ -20,6 +20,7 @@ import torch
 
 from kernels import AttentionMetadata
 from tests.model_factory import make_hf_checkpoint
+from tests.worker.bf16_greedy import assert_greedy_up_to_bf16_rounding
 from worker import Engine, EngineConfig
 
 BF16_RELATIVE_TOLERANCE = 3e-2
@@ -84,34 +85,20 @@ def test_bfloat16_greedy_decode_picks_transformers_best_token_up_to_rounding(tmp
     generated position the engine's greedy token is transformers' argmax or within bfloat16 rounding
     of it (its transformers logit at most 3e-2 of the row's range below the best), and most are equal."""
     from worker import SamplingParams
-    import transformers
 
     model_dir = make_hf_checkpoint(tmp_path / arch, **FAMILIES[arch], seed=11)
     prompts = [torch.randint(3, 400, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 19, 40)]
     engine = Engine(model_dir, EngineConfig(dtype="bfloat16", block_size=16, num_kv_blocks=32))
     outputs = engine.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
-    equal = total = 0
-    for prompt, out in zip(prompts, outputs):
-        generated = list(out.output_token_ids)
-        assert len(generated) == 24
-        with torch.no_grad():
-            logits = hf(torch.tensor([prompt + generated])).logits[0].float()  # [T, V]
-        rows = logits[len(prompt) - 1:len(prompt) - 1 + len(generated)]  # [24, V]: the logits each token was chosen from
-        best = rows.max(dim=-1).values
-        chosen = rows.gather(1, torch.tensor(generated)[:, None])[:, 0]
-        spread = best - rows.min(dim=-1).values
-        assert bool(((best - chosen) <= 3e-2 * spread).all()), (best - chosen) / spread
-        equal += int((rows.argmax(dim=-1) == torch.tensor(generated)).sum())
-        total += len(generated)
-    assert equal >= 0.9 * total, f"{equal}/{total} greedy tokens equal transformers' argmax"
+    for out in outputs:
+        assert len(out.output_token_ids) == 24
+    assert_greedy_up_to_bf16_rounding(model_dir, prompts, [list(out.output_token_ids) for out in outputs])
 
 
 def test_bfloat16_prefill_through_the_prefill_kernel_matches_transformers(tmp_path, monkeypatch):
     """Head size 64 in bfloat16: whole prompts and a burst behind one cached prefix (a cascade) take
     Thaw's prefill kernel where it was built (`kernels/cpu_prefill_attention.cpp`); the burst's
     greedy tokens are transformers' argmax up to bfloat16 rounding, as above."""
-    import transformers
 
     import kernels.cpu_attention as cpu_attention
     from kernels.cpu_dense_attention import kernel_usable
@@ -133,11 +120,5 @@ def test_bfloat16_prefill_through_the_prefill_kernel_matches_transformers(tmp_pa
     assert cascades, "the tails behind the prefix were not attended as a cascade"
     if kernel_usable(try_build_cpu_extension()[0]):
         assert all(cascades), "the cascade did not use the prefill kernel's one-pass cascade"
-    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
-    for prompt, out in zip(prompts, outputs):
-        generated = list(out.output_token_ids)
-        with torch.no_grad():
-            rows = hf(torch.tensor([prompt + generated])).logits[0].float()[len(prompt) - 1:-1]  # [8, V]
-        best = rows.max(dim=-1).values
-        chosen = rows.gather(1, torch.tensor(generated)[:, None])[:, 0]
-        assert bool(((best - chosen) <= 3e-2 * (best - rows.min(dim=-1).values)).all())
+    assert_greedy_up_to_bf16_rounding(model_dir, prompts, [list(out.output_token_ids) for out in outputs],
+                                      min_equal=0.0)

@@ -16,6 +16,7 @@ import torch
 
 from loader import LayerReadiness
 from tests.model_factory import make_hf_checkpoint
+from tests.worker.bf16_greedy import assert_greedy_up_to_bf16_rounding
 from worker import AsyncEngine, Engine, EngineConfig, LayerLoadError, SamplingParams
 from worker.async_engine import EngineDeadError
 from worker.checkpoint import CheckpointError, layer_state_dict, read_checkpoint, to_engine_state_dict
@@ -236,7 +237,14 @@ def test_requests_sent_before_any_layer_match_a_loaded_engine(model, dtype, zigz
     source.release_all()
     got = driver.join()
     assert driver.error is None
-    assert [got[rid] for rid in ids] == want
+    if dtype == "float32":
+        assert [got[rid] for rid in ids] == want
+    else:
+        # Weights arriving change how the long prompt is chunked (32 + 8 tokens here, 6 + 29 + 5
+        # loaded), so its attention runs other paths that round differently in bfloat16: held to
+        # transformers up to that rounding instead, as every bfloat16 path is (tests/worker/bf16_greedy.py).
+        prompt_ids = [loaded.tokenizer.encode_prompt(p) for p in PROMPTS]
+        assert_greedy_up_to_bf16_rounding(model_dir, prompt_ids, [list(got[rid]) for rid in ids])
     assert engine.weights_resident and engine.load_s > 0 and engine.runner.model.layer_gate is None
     assert engine.load_report.startswith(f"layer by layer from FakeLayerSource: {source.num_layers + 2} layers")
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
