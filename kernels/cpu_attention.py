@@ -38,6 +38,7 @@ class _DecodePlan:
     rows: torch.Tensor  # [Bd] int64 query rows of the decode sequences
     block_tables: torch.Tensor  # [Bd, max_blocks] int32, contiguous
     seq_lens: torch.Tensor  # [Bd] int32
+    every_row: bool  # every row of the step decodes (rows is 0..T-1): no gather or scatter needed
 
 
 class CpuAttentionBackend(ReferenceAttentionBackend):
@@ -85,6 +86,14 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
         if not cascades and not has_decode:
             return super().paged_attention(query, key_cache, value_cache, metadata, scale, sliding_window, softcap,
                                            key, value)
+        if has_decode and not cascades:
+            decode = self._cached(metadata, ("decode",), lambda: self._decode_plan(metadata))
+            if decode.every_row and query.is_contiguous():  # a decode-only step: straight into out
+                out = torch.empty_like(query)  # [B, Hq, D]
+                self._ext.paged_decode_attention(out, query, key_cache, value_cache, decode.block_tables,
+                                                 decode.seq_lens, float(scale), int(sliding_window or 0),
+                                                 float(softcap or 0.0))
+                return out
         exclude = frozenset().union(*(group.seq_ids for group in cascades))
         prefill = self._plan_for(metadata, block_size, sliding_window, query.device, include_decode=False,
                                  exclude=exclude)
@@ -143,4 +152,5 @@ class CpuAttentionBackend(ReferenceAttentionBackend):
             rows=torch.tensor([starts[b] for b in ids], device=metadata.block_tables.device),
             block_tables=metadata.block_tables.index_select(0, index).to(torch.int32).contiguous(),
             seq_lens=metadata.seq_lens.index_select(0, index).to(torch.int32).contiguous(),
+            every_row=len(ids) == len(metadata.query_lens_host),
         )
