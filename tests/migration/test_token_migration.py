@@ -39,7 +39,7 @@ def test_output_with_a_migration_at_a_random_point_equals_the_output_without(
     assert outcome.num_tokens_at_stop > migrate_after
 
 
-def test_the_last_round_leaves_at_most_the_delta_to_recompute(endpoints):
+def test_the_rounds_stop_at_the_delta_and_the_stop_recomputes_only_what_is_left(endpoints):
     source, dest = endpoints
     watched_source, watched_dest = RecordingEndpoint(source), RecordingEndpoint(dest)
     config = TokenMigrationConfig(max_delta_tokens=2, max_rounds=50)
@@ -50,14 +50,17 @@ def test_the_last_round_leaves_at_most_the_delta_to_recompute(endpoints):
         migrate=lambda: migrate_by_tokens(watched_source, watched_dest, "moving", config)))
     outcome = received.outcome
     assert outcome.status is MigrationStatus.MIGRATED, outcome.error
-    # The rounds stopped as soon as the destination was within the delta of the last snapshot
-    # (one export after each prefill; the first export is the handshake's).
+    # One export after each prefill (the first export is the handshake's); the rounds went on while
+    # the destination was more than the delta behind, and stopped at the first round within it --
+    # or after max_rounds, where the source decodes faster than the destination catches up (a
+    # loaded CI machine, once: 50 rounds, never within 2 tokens).
     rounds = list(zip(watched_source.exported[1:], watched_dest.prefilled))
-    assert len(rounds) == outcome.num_rounds < config.max_rounds
+    assert len(rounds) == outcome.num_rounds <= config.max_rounds
     deltas = [num_tokens - 1 - with_kv for num_tokens, with_kv in rounds]
-    assert deltas[-1] <= config.max_delta_tokens and all(d > config.max_delta_tokens for d in deltas[:-1])
-    # The stop recomputes that delta plus what the source decoded while the freeze travelled (a
-    # few steps, however loaded the machine: not asserted) -- not the whole output.
+    assert all(d > config.max_delta_tokens for d in deltas[:-1])
+    assert deltas[-1] <= config.max_delta_tokens or outcome.num_rounds == config.max_rounds
+    # The stop recomputes that last delta plus what the source decoded while the freeze travelled
+    # (a few steps, however loaded the machine: not asserted) -- not the whole output.
     [frozen] = watched_source.frozen
     decoded_meanwhile = frozen - watched_source.exported[-1]
     assert decoded_meanwhile >= 0
