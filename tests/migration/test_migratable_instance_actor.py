@@ -117,11 +117,17 @@ def test_a_destination_killed_mid_migration_leaves_the_request_whole_on_the_sour
     source = RayEndpoint(instances["inst-a"], "inst-a")
     dest = KilledOnArrival(doomed, "inst-doomed", kill_at)
 
+    async def freeze_then_migrate(request_id):
+        # Frozen first, as above: the tiny model once finished its 150 tokens before the migration
+        # stopped it (outcome FINISHED, in CI after decode got faster). The undo must then resume it.
+        await source.freeze_request(request_id)
+        return await migrate_request(source, dest, request_id)
+
     async def main():
         expected, _ = await read_following(instances, f"alone-{kill_at}")
         moved, outcome = await read_following(
             instances, f"moving-{kill_at}", migrate_after=5,
-            migrate=lambda: migrate_request(source, dest, f"moving-{kill_at}"))
+            migrate=lambda: freeze_then_migrate(f"moving-{kill_at}"))
         return expected, moved, outcome
 
     expected, moved, outcome = asyncio.run(main())
@@ -145,10 +151,14 @@ def test_a_spare_takes_a_model_with_assign_and_then_takes_migrated_requests_unde
     source = RayEndpoint(instances["inst-a"], "inst-a")
     dest = RayEndpoint(spare, "inst-assigned")
 
+    async def freeze_then_migrate(request_id):  # frozen first, as above: it must not end before the move
+        await source.freeze_request(request_id)
+        return await migrate_request(source, dest, request_id)
+
     async def main():
         expected, _ = await read_following(handles, "alone-spare")
         moved, outcome = await read_following(
-            handles, "moving-spare", migrate_after=5, migrate=lambda: migrate_request(source, dest, "moving-spare"))
+            handles, "moving-spare", migrate_after=5, migrate=lambda: freeze_then_migrate("moving-spare"))
         return expected, moved, outcome
 
     try:
