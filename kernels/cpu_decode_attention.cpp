@@ -124,6 +124,26 @@ inline void prefetch_first_rows(const T* cache, const int32_t* table, int64_t lo
     prefetch_row(cache, table, pos, block_size, block_stride, token_stride, kv_offset, head_dim);
 }
 
+// Row `pos` of one KV head, widened to float32 16 lanes at a time, with row pos + kAhead prefetched:
+// the one way every pass below reads the cache.
+template <typename T, int NC>
+inline void load_row(__m512 (&row)[NC], const T* cache, const int32_t* table, int64_t pos, int64_t seq_len,
+                     int64_t block_size, int64_t block_stride, int64_t token_stride, int64_t kv_offset) {
+  const T* p = cache + static_cast<int64_t>(table[pos / block_size]) * block_stride + (pos % block_size) * token_stride +
+               kv_offset;
+  if (pos + kAhead < seq_len) prefetch_row(cache, table, pos + kAhead, block_size, block_stride, token_stride,
+                                           kv_offset, NC * 16);
+  for (int c = 0; c < NC; ++c) row[c] = load16(p + c * 16);
+}
+
+// Query head g's products with one key row, still 16 lanes (summed by the caller).
+template <int NC>
+inline __m512 head_products(const __m512 (&q)[NC], const __m512 (&k)[NC]) {
+  __m512 sum = _mm512_mul_ps(q[0], k[0]);
+  for (int c = 1; c < NC; ++c) sum = _mm512_fmadd_ps(q[c], k[c], sum);
+  return sum;
+}
+
 // Sixteen vectors -> one: lane i is the sum of v[i]'s 16 lanes. A transposing tree of unpacks and
 // 128-bit shuffles: 45 instructions for 16 sums, where one horizontal reduction each took ~8
 // instructions and a long dependency chain (the scores' cost in the first version of this kernel).
@@ -163,17 +183,9 @@ void decode_scores_avx512(const __m512 (&qv)[kMaxGroup][NC], int64_t group, cons
         for (int64_t g = 0; g < group; ++g) partial[g][j] = _mm512_setzero_ps();
         continue;
       }
-      const T* k = kc + static_cast<int64_t>(table[pos / block_size]) * block_stride + (pos % block_size) * token_stride +
-                   kv_offset;
-      if (pos + kAhead < seq_len) prefetch_row(kc, table, pos + kAhead, block_size, block_stride, token_stride,
-                                               kv_offset, NC * 16);
       __m512 kv[NC];
-      for (int c = 0; c < NC; ++c) kv[c] = load16(k + c * 16);
-      for (int64_t g = 0; g < group; ++g) {
-        __m512 sum = _mm512_mul_ps(qv[g][0], kv[0]);
-        for (int c = 1; c < NC; ++c) sum = _mm512_fmadd_ps(qv[g][c], kv[c], sum);
-        partial[g][j] = sum;
-      }
+      load_row<T, NC>(kv, kc, table, pos, seq_len, block_size, block_stride, token_stride, kv_offset);
+      for (int64_t g = 0; g < group; ++g) partial[g][j] = head_products<NC>(qv[g], kv);
     }
     const __mmask16 live = static_cast<__mmask16>(count == 16 ? 0xFFFFu : (1u << count) - 1u);
     for (int64_t g = 0; g < group; ++g) {
@@ -202,21 +214,15 @@ void decode_task_avx512(const float* q_wide, int64_t group, const T* kc, const T
   if (softcap == 0.f) {
     decode_scores_avx512<T, NC>(qv, group, kc, table, block_size, block_stride, token_stride, kv_offset, lo, seq_len,
                                 scale, scores, row_max);
-  }
-  for (int64_t pos = softcap == 0.f ? seq_len : lo; pos < seq_len; ++pos) {
-    const T* k = kc + static_cast<int64_t>(table[pos / block_size]) * block_stride + (pos % block_size) * token_stride +
-                 kv_offset;
-    if (pos + kAhead < seq_len) prefetch_row(kc, table, pos + kAhead, block_size, block_stride, token_stride,
-                                             kv_offset, NC * 16);
-    __m512 kv[NC];
-    for (int c = 0; c < NC; ++c) kv[c] = load16(k + c * 16);
-    for (int64_t g = 0; g < group; ++g) {
-      __m512 sum = _mm512_mul_ps(qv[g][0], kv[0]);
-      for (int c = 1; c < NC; ++c) sum = _mm512_fmadd_ps(qv[g][c], kv[c], sum);
-      float s = _mm512_reduce_add_ps(sum) * scale;
-      if (softcap > 0.f) s = std::tanh(s / softcap) * softcap;
-      scores[g * num_keys + pos - lo] = s;
-      row_max[g] = std::max(row_max[g], s);
+  } else {  // Gemma 2's cap: a scalar tanh per score, one key at a time
+    for (int64_t pos = lo; pos < seq_len; ++pos) {
+      __m512 kv[NC];
+      load_row<T, NC>(kv, kc, table, pos, seq_len, block_size, block_stride, token_stride, kv_offset);
+      for (int64_t g = 0; g < group; ++g) {
+        const float s = std::tanh(_mm512_reduce_add_ps(head_products<NC>(qv[g], kv)) * scale / softcap) * softcap;
+        scores[g * num_keys + pos - lo] = s;
+        row_max[g] = std::max(row_max[g], s);
+      }
     }
   }
   // The values' first rows load while the softmax runs.
@@ -243,12 +249,8 @@ void decode_task_avx512(const float* q_wide, int64_t group, const T* kc, const T
   for (int64_t g = 0; g < group; ++g)
     for (int c = 0; c < NC; ++c) out[g][c] = _mm512_setzero_ps();
   for (int64_t pos = lo; pos < seq_len; ++pos) {
-    const T* v = vc + static_cast<int64_t>(table[pos / block_size]) * block_stride + (pos % block_size) * token_stride +
-                 kv_offset;
-    if (pos + kAhead < seq_len) prefetch_row(vc, table, pos + kAhead, block_size, block_stride, token_stride,
-                                             kv_offset, NC * 16);
     __m512 vv[NC];
-    for (int c = 0; c < NC; ++c) vv[c] = load16(v + c * 16);
+    load_row<T, NC>(vv, vc, table, pos, seq_len, block_size, block_stride, token_stride, kv_offset);
     for (int64_t g = 0; g < group; ++g) {
       const __m512 w = _mm512_set1_ps(scores[g * num_keys + pos - lo]);
       for (int c = 0; c < NC; ++c) out[g][c] = _mm512_fmadd_ps(w, vv[c], out[g][c]);

@@ -1,7 +1,8 @@
 """Thaw's C++ CPU kernels as one PyTorch extension: built once, cached in the checkout.
 
 One extension holds every CPU kernel (`cpu_decode_attention.cpp`: paged decode attention;
-`cpu_fused_ops.cpp`: RMSNorm, SiLU-and-multiply, rotary embedding; `cpu_gemv.cpp`: float32
+`cpu_fused_ops.cpp`: RMSNorm (alone or after the residual add), SiLU-and-multiply, rotary
+embedding; `cpu_gemv.cpp`: float32
 linear layers at 1-4 rows; `cpu_prefill_attention.cpp`: bf16 flash attention with AVX512-BF16;
 `cpu_vec_math.h`: the vector math they share; `cpu_extension_module.cpp` binds them), so there is
 one build (~40-60 s with g++ and ninja, done by ``infra/setup.sh`` at install) and one answer to

@@ -8,9 +8,9 @@ PyTorch's intermediate roundings to bfloat16 (tested against that code).
 
 Why: at decode batch sizes RMSNorm is 8 PyTorch ops, rotary embedding 6 per tensor and
 SiLU-and-multiply 2 (each widening and narrowing bfloat16 operands), the residual add one more;
-profiled on the 100M Llama in bfloat16 (30 decode rows, 2 threads) they were ~3.5 ms of a 20.8 ms
-step, mostly per-op overhead. Fused (AVX-512 where built, 16 lanes with PyTorch's roundings), the
-five calls of a layer take ~0.05 ms at that size, and the step ~18.5 ms.
+timed on the 100M Llama in bfloat16 (30 decode rows, 2 threads) they and the Python around them were
+~2.2 ms of a 17.9 ms step, mostly per-op overhead. Fused (AVX-512 where built, 16 lanes with
+PyTorch's roundings), the five calls of a layer take ~0.05 ms at that size (BENCHMARKS.md, #23).
 
 Used by `worker/llama.py` (its RMSNorm, residual add + norm, MLP) and
 `worker/rotary_embedding.apply_rope`. A row's result depends only on its values, never on its
