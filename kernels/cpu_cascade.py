@@ -10,11 +10,12 @@ query heads folded into its query rows so K/V are read once per KV head -- and t
 small masked call per tail over its own keys after the prefix. The two partial results merge exactly
 by their log-sum-exps (softmax over a union of key sets), in float32.
 
-Where Thaw's bf16 prefill kernel applies (`kernels.cpu_dense_attention.fused_cascade_for`), the
-two parts are one pass instead: each row's online softmax runs over the shared prefix and then its
-own keys, so nothing needs merging (8.8 vs 12.7 ms a layer on the shape above).
+Where one of Thaw's prefill kernels applies (`kernels.cpu_dense_attention.fused_cascade_for`: bf16
+or float32), the two parts are one pass instead: each row's online softmax runs over the shared
+prefix and then its own keys, so nothing needs merging (bf16: 8.8 vs 12.7 ms a layer on the shape
+above).
 
-Otherwise both calls need the log-sum-exp: `kernels.cpu_dense_attention` gives it, from Thaw's bf16 kernel or
+Otherwise both calls need the log-sum-exp: `kernels.cpu_dense_attention` gives it, from Thaw's kernels or
 PyTorch's private CPU flash-attention op
 (`torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`); where that op is missing,
 `cascade_available` is False and the backend attends each sequence as before (same results up to

@@ -3,7 +3,8 @@
 One extension holds every CPU kernel (`cpu_decode_attention.cpp`: paged decode attention;
 `cpu_fused_ops.cpp`: RMSNorm (alone or after the residual add), SiLU-and-multiply, rotary
 embedding; `cpu_gemv.cpp`: float32
-linear layers at 1-4 rows; `cpu_prefill_attention.cpp`: bf16 flash attention with AVX512-BF16;
+linear layers at 1-4 rows; `cpu_prefill_attention.cpp`: bf16 flash attention with AVX512-BF16 and
+the entry points of `cpu_prefill_attention_f32.cpp`, its float32 twin with query rows in lanes;
 `cpu_vec_math.h`: the vector math they share; `cpu_extension_module.cpp` binds them), so there is
 one build (~40-60 s with g++ and ninja, done by ``infra/setup.sh`` at install) and one answer to
 "is it usable here".
@@ -29,7 +30,7 @@ import torch
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in (
     "cpu_extension_module.cpp", "cpu_decode_attention.cpp", "cpu_fused_ops.cpp", "cpu_gemv.cpp",
-    "cpu_prefill_attention.cpp"))
+    "cpu_prefill_attention.cpp", "cpu_prefill_attention_f32.cpp"))
 
 
 @functools.cache  # one build check per process: the compiled module is immutable

@@ -11,6 +11,9 @@ torch::Tensor silu_and_mul(torch::Tensor x);
 torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 torch::Tensor linear_gemv(torch::Tensor x, torch::Tensor weight, torch::Tensor bias);
 bool prefill_attention_available();
+namespace thaw_cpu {
+bool prefill_f32_available();
+}
 std::vector<torch::Tensor> dense_prefill_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                                    torch::Tensor limits, double scale);
 torch::Tensor cascade_prefill_attention(torch::Tensor q, torch::Tensor k_prefix, torch::Tensor v_prefix,
@@ -26,9 +29,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope", &rope, "Rotary embedding, rotate-half layout, partial rotary (CPU)");
   m.def("prefill_attention_available", &prefill_attention_available,
         "Whether dense_prefill_attention was built (AVX512-BF16 at build time)");
+  m.def("prefill_attention_f32_available", &thaw_cpu::prefill_f32_available,
+        "Whether the float32 prefill attention kernel was built (AVX-512F at build time)");
   m.def("dense_prefill_attention", &dense_prefill_attention,
-        "Flash attention of [H, M, D] bf16 queries over [H, N, D] keys/values, per-row key limits; (out, lse)");
+        "Flash attention of [H, M, D] bf16 or float32 queries over [H, N, D] keys/values, per-row key limits; (out, lse)");
   m.def("cascade_prefill_attention", &cascade_prefill_attention,
-        "Cascade attention in bf16: every row over a shared prefix, then over its member's own keys");
+        "Cascade attention (bf16 or float32): every row over a shared prefix, then over its member's own keys");
   m.def("linear_gemv", &linear_gemv, "x W^T + b for 1-4 float32 rows, streaming the weight (CPU)");
 }

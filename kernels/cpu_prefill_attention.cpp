@@ -12,8 +12,9 @@
 //           a broadcast pair of a query row's dims;
 //   output  O[rows x D] += P V: a broadcast pair of a row's probabilities against the value rows
 //           of that key pair, interleaved (16 dims x 2 keys per vector).
-// 2.6x the op's rate on that shape (476 against 180 GFLOP/s). A float32 twin with FMAs was tried
-// and dropped: 198 against the op's 189 GFLOP/s, no gain for its code.
+// 2.6x the op's rate on that shape (476 against 180 GFLOP/s). This layout ported to float32 FMAs
+// gained nothing (198 against the op's 189 GFLOP/s); float32 has its own kernel with query rows in
+// vector lanes (cpu_prefill_attention_f32.cpp), to which both entry points below hand float32 calls.
 // Softmax state (running max, sum) and the output accumulate in float32; the probabilities are
 // rounded to bfloat16 before the P V product, as PyTorch's flash op rounds them for its GEMM.
 //
@@ -30,11 +31,15 @@
 //   out     [H, M, D]  bf16
 //   lse     [H, M]     float32  log(sum_j exp(scale * q.k_j)) over the row's keys, natural log (the
 //                               convention of PyTorch's `_scaled_dot_product_flash_attention_for_cpu`)
-// D is 64 or 128. Compiled only where the compiler targets AVX512-BF16 (-march=native on such a
-// CPU); elsewhere `prefill_attention_available()` is false and callers keep PyTorch's op.
+// D is 64 or 128. The bf16 kernel is compiled only where the compiler targets AVX512-BF16
+// (-march=native on such a CPU), the float32 one where it targets AVX-512F; elsewhere
+// `prefill_attention_available()` (bf16) or `thaw_cpu::prefill_f32_available()` is false and callers
+// keep PyTorch's op. float32 operands take the same layouts (float for bf16, lse alike).
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+
+#include "cpu_prefill_attention_f32.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -326,10 +331,12 @@ void run_cascade(const uint16_t* qd, const uint16_t* kpre, const uint16_t* vpre,
 
 std::vector<torch::Tensor> dense_prefill_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v,
                                                    torch::Tensor limits, double scale) {
-  TORCH_CHECK(prefill_attention_available(), "dense_prefill_attention needs AVX512-BF16 at build time");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "q, k, v must be [H, rows, D]");
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && k.scalar_type() == at::kBFloat16 &&
-                  v.scalar_type() == at::kBFloat16, "dense_prefill_attention is bfloat16 only");
+  const bool f32 = q.scalar_type() == at::kFloat;
+  TORCH_CHECK((q.scalar_type() == at::kBFloat16 || f32) && k.scalar_type() == q.scalar_type() &&
+                  v.scalar_type() == q.scalar_type(), "dense_prefill_attention takes bfloat16 or float32 q, k, v alike");
+  TORCH_CHECK(f32 ? thaw_cpu::prefill_f32_available() : prefill_attention_available(),
+              f32 ? "the float32 kernel needs AVX-512F at build time" : "the bfloat16 kernel needs AVX512-BF16 at build time");
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "q, k, v must be contiguous");
   const int64_t h = q.size(0), m = q.size(1), d = q.size(2), n = k.size(1);
   TORCH_CHECK(k.size(0) == h && v.size(0) == h && v.size(1) == n && k.size(2) == d && v.size(2) == d,
@@ -348,6 +355,12 @@ std::vector<torch::Tensor> dense_prefill_attention(torch::Tensor q, torch::Tenso
   }
   auto out = torch::empty_like(q);
   auto lse = torch::empty({h, m}, q.options().dtype(at::kFloat));
+  if (f32) {
+    thaw_cpu::dense_prefill_f32(q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), h, m, n, d,
+                                row_limits.data(), static_cast<float>(scale), out.data_ptr<float>(),
+                                lse.data_ptr<float>());
+    return {out, lse};
+  }
 #if defined(THAW_PREFILL_BF16)
   run_attention(reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>()),
                 reinterpret_cast<const uint16_t*>(k.data_ptr<at::BFloat16>()),
@@ -362,11 +375,14 @@ torch::Tensor cascade_prefill_attention(torch::Tensor q, torch::Tensor k_prefix,
                                         torch::Tensor k_suffix, torch::Tensor v_suffix, torch::Tensor member_rows,
                                         torch::Tensor member_keys, torch::Tensor suffix_limits, int64_t group,
                                         double scale) {
-  TORCH_CHECK(prefill_attention_available(), "cascade_prefill_attention needs AVX512-BF16 at build time");
+  const bool f32 = q.scalar_type() == at::kFloat;
   for (const auto& t : {q, k_prefix, v_prefix, k_suffix, v_suffix}) {
-    TORCH_CHECK(t.dim() == 3 && t.scalar_type() == at::kBFloat16 && t.is_contiguous(),
-                "q and the keys and values must be contiguous [H, rows, D] bfloat16");
+    TORCH_CHECK(t.dim() == 3 && (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kFloat) &&
+                    t.scalar_type() == q.scalar_type() && t.is_contiguous(),
+                "q and the keys and values must be contiguous [H, rows, D], all bfloat16 or all float32");
   }
+  TORCH_CHECK(f32 ? thaw_cpu::prefill_f32_available() : prefill_attention_available(),
+              f32 ? "the float32 kernel needs AVX-512F at build time" : "the bfloat16 kernel needs AVX512-BF16 at build time");
   const int64_t h = q.size(0), m = q.size(1), d = q.size(2), p = k_prefix.size(1), s = k_suffix.size(1);
   TORCH_CHECK(d == 64 || d == 128, "head size must be 64 or 128, got ", d);
   TORCH_CHECK(group >= 1 && m % group == 0, "q's rows must be group x rows");
@@ -391,6 +407,13 @@ torch::Tensor cascade_prefill_attention(torch::Tensor q, torch::Tensor k_prefix,
       TORCH_CHECK(limits[r] >= 1 && limits[r] <= keys[i + 1] - keys[i], "a suffix limit past its member's keys");
   }
   auto out = torch::empty_like(q);
+  if (f32) {
+    thaw_cpu::cascade_prefill_f32(q.data_ptr<float>(), k_prefix.data_ptr<float>(), v_prefix.data_ptr<float>(),
+                                  k_suffix.data_ptr<float>(), v_suffix.data_ptr<float>(), h, group, num_rows, p, s, d,
+                                  rows.data(), keys.data(), static_cast<int64_t>(rows.size()) - 1, limits,
+                                  static_cast<float>(scale), out.data_ptr<float>());
+    return out;
+  }
 #if defined(THAW_PREFILL_BF16)
   auto bits = [](const torch::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>()); };
   run_cascade(bits(q), bits(k_prefix), bits(v_prefix), bits(k_suffix), bits(v_suffix), h, group, num_rows, p, s, d,

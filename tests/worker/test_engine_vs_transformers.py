@@ -186,3 +186,46 @@ def test_greedy_matches_transformers_with_triton_kernels(tmp_path):
                                max_new_tokens=12, do_sample=False)[0, len(prompt):].tolist()
             assert list(completion.output_token_ids) == want
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_float32_prefill_through_the_prefill_kernel_matches_transformers(tmp_path, monkeypatch):
+    """Head size 64 in float32: whole prompts and a burst behind one cached prefix (a cascade) take
+    Thaw's float32 prefill kernel where it was built (`kernels/cpu_prefill_attention_f32.cpp`; the
+    checkpoints above have smaller heads, which it leaves to PyTorch); the tokens are still
+    transformers' own, exactly."""
+    import transformers
+
+    import kernels.cpu_attention as cpu_attention
+    import kernels.cpu_dense_attention as cpu_dense_attention
+    from kernels.cpu_extension import try_build_cpu_extension
+
+    if not cpu_dense_attention.kernel_usable(try_build_cpu_extension()[0], torch.float32):
+        pytest.skip("the float32 prefill kernel was not built here (no AVX-512)")
+    model_dir = make_hf_checkpoint(tmp_path / "llama64", arch="llama", hidden_size=256, num_attention_heads=4,
+                                   num_key_value_heads=2, seed=12)  # head size 64
+    fused = []
+    real_cascade = cpu_attention.run_cascade
+    monkeypatch.setattr(cpu_attention, "run_cascade",
+                        lambda group, *args: fused.append(args[-1] is not None) or real_cascade(group, *args))
+    dense_calls = []
+    real_kernel_dense = cpu_dense_attention.kernel_dense
+
+    def counting_kernel_dense(extension):  # the kernel's dense calls, counted by dtype
+        attend = real_kernel_dense(extension)
+        return lambda q, *rest, **kw: dense_calls.append(q.dtype) or attend(q, *rest, **kw)
+
+    monkeypatch.setattr(cpu_dense_attention, "kernel_dense", counting_kernel_dense)
+    engine = Engine(model_dir, EngineConfig(block_size=16, num_kv_blocks=96, enable_prefix_caching=True))
+    assert engine.runner.backend.name == "cpu"
+    gen = torch.Generator().manual_seed(3)
+    prefix = torch.randint(3, 400, (144,), generator=gen).tolist()
+    prompts = [prefix + torch.randint(3, 400, (n,), generator=gen).tolist() for n in (5, 9, 14, 20, 7)]
+    completions = engine.generate(prompts, SamplingParams(max_tokens=10, temperature=0.0))
+    assert dense_calls and set(dense_calls) == {torch.float32}, "the first prompt did not take the kernel"
+    assert fused and all(fused), "the burst behind the prefix did not take the kernel's one-pass cascade"
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for prompt, completion in zip(prompts, completions):
+            want = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                               max_new_tokens=10, do_sample=False)[0, len(prompt):].tolist()
+            assert list(completion.output_token_ids) == want
