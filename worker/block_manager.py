@@ -23,7 +23,12 @@ With a `PrefixHasher` (automatic prefix caching, vLLM v1's design) full blocks a
   so a lookup that misses on one of them says who is computing it (`PrefixHit.computing_by`): the
   scheduler lets such a sequence wait a step or two for the block instead of computing the same
   KV a second time (a burst of requests behind one new system prompt computes it once). Claims end
-  when the block is named (`cache_full_blocks`) or the claimer frees its blocks.
+  when the block is named (`cache_full_blocks`) or the claimer frees its blocks;
+- `ride_in_flight` lets such a sequence share the claimed blocks in the very step that computes them
+  (vLLM names a block when it is allocated, to the same effect): its hit goes on with the blocks the
+  claimer's chunk in that step completes (`PrefixHit.num_in_flight` of them), so the burst's tails
+  run in the prompt's own forward pass, whose layers write every token's KV before any attends.
+  Such a block is shared before it is named: held by the claimer, named when either names it.
 
 ``num_prefix_queried_tokens`` / ``num_prefix_hit_tokens`` count the tokens looked up at
 admission and the tokens found (vLLM's prefix-cache queries and hits).
@@ -50,6 +55,17 @@ class PrefixHit:
     num_queried_tokens: int = 0
     # The sequence computing the block right after the hit (claimed, not yet cached), if any.
     computing_by: str | None = None
+    # The last `num_in_flight` of block_ids are not cached yet: their claimer computes them in the
+    # step this hit is admitted to (`BlockManager.ride_in_flight`).
+    num_in_flight: int = 0
+
+    @property
+    def cached_block_ids(self) -> tuple[int, ...]:
+        return self.block_ids[:len(self.block_ids) - self.num_in_flight]
+
+    @property
+    def in_flight_block_ids(self) -> tuple[int, ...]:
+        return self.block_ids[len(self.block_ids) - self.num_in_flight:]
 
 
 NO_HIT = PrefixHit()  # no lookup made (prefix caching off, or a sequence that keeps its own blocks)
@@ -134,9 +150,10 @@ class BlockManager:
                 f"cannot allocate {missing} blocks for {seq_id}: only {available} free (call can_allocate first)"
             )
         if hit.num_queried_tokens:
-            self._pool.share(hit.block_ids)
+            self._pool.share(hit.cached_block_ids)
+            self._pool.share_held(hit.in_flight_block_ids)
             self._block_tables[seq_id] = list(hit.block_ids)
-            self._num_registered[seq_id] = len(hit.block_ids)
+            self._num_registered[seq_id] = len(hit.cached_block_ids)
             self.num_prefix_queried_tokens += hit.num_queried_tokens
             self.num_prefix_hit_tokens += hit.num_tokens
         new_ids = self._pool.take(missing)
@@ -200,6 +217,41 @@ class BlockManager:
                 num_claimed += 1
         return num_claimed
 
+    def ride_in_flight(self, seq_id: str, token_ids: Sequence[int], num_prompt_tokens: int, hit: PrefixHit,
+                       computed_through: int) -> PrefixHit:
+        """`hit` (just found for ``seq_id``) continued with the blocks its claimer (`hit.computing_by`)
+        is computing in the step about to run, which computes the claimer's first `computed_through`
+        tokens: its table's next blocks while they hold this sequence's prefix too, short of the
+        block holding this sequence's last token. The result's `computing_by` names whoever claimed
+        the block after those (None if nobody did), as a lookup would; `hit` itself if none ride.
+        Changes nothing but the memo of this sequence's hashes."""
+        claimer = hit.computing_by
+        if self._hasher is None or claimer is None:
+            return hit
+        size = self.block_size
+        hashes = self._block_hashes.setdefault(seq_id, [])
+        claimer_table = self._block_tables.get(claimer, [])
+        claimer_hashes = self._block_hashes.get(claimer, [])
+        limit = min((len(token_ids) - 1) // size, computed_through // size, len(claimer_table), len(claimer_hashes))
+        riding: list[int] = []
+        index = len(hit.block_ids)
+        while index < limit:
+            if index == len(hashes):
+                self._hasher.extend(hashes, token_ids, num_prompt_tokens, index + 1)
+            if hashes[index] != claimer_hashes[index] or self._computing.get(hashes[index]) != claimer:
+                break
+            riding.append(claimer_table[index])
+            index += 1
+        if not riding:
+            return hit
+        computing_by = None
+        if index < (len(token_ids) - 1) // size:
+            if index == len(hashes):
+                self._hasher.extend(hashes, token_ids, num_prompt_tokens, index + 1)
+            computing_by = self._computing.get(hashes[index])
+        return PrefixHit(hit.block_ids + tuple(riding), hit.num_tokens + len(riding) * size, hit.num_queried_tokens,
+                         None if computing_by == seq_id else computing_by, len(riding))
+
     def _drop_claims(self, seq_id: str, hashes) -> None:
         for block_hash in hashes:
             if self._computing.get(block_hash) == seq_id:
@@ -233,9 +285,13 @@ class BlockManager:
         if self._block_tables.get(seq_id):
             raise RuntimeError(f"{seq_id} already holds blocks: a prefix hit only starts a new table")
         hashes = self._block_hashes.get(seq_id, [])
+        cached = hit.cached_block_ids
         if len(hit.block_ids) > len(hashes) or any(
-                self._pool.cached_block(block_hash) != block_id for block_hash, block_id in zip(hashes, hit.block_ids)):
+                self._pool.cached_block(block_hash) != block_id for block_hash, block_id in zip(hashes, cached)):
             raise RuntimeError(f"the cached prefix found for {seq_id} is no longer cached: look it up again")
+        for block_hash, block_id in zip(hashes[len(cached):], hit.in_flight_block_ids):
+            if self._computing.get(block_hash) is None or self._pool.is_cached(block_id):
+                raise RuntimeError(f"block {block_id} is no longer in flight for {seq_id}: look the prefix up again")
 
     def _num_available(self, hit: PrefixHit) -> int:
         """Free blocks left for fresh allocation once `hit`'s blocks are taken back."""

@@ -88,6 +88,21 @@ class BlockPool:
                 del self._evictable[block_id]
             self._ref_counts[block_id] += 1
 
+    def share_held(self, block_ids: Iterable[int]) -> None:
+        """One more reference to each of these blocks, which another sequence holds and computes in
+        the step about to run (a sequence riding along with the one computing its prefix, see
+        `BlockManager.ride_in_flight`). Raises `RuntimeError` for a block nobody holds."""
+        block_ids = list(block_ids)
+        free = [b for b in block_ids if self._ref_counts[b] < 1]
+        if free:
+            raise RuntimeError(f"blocks {free} are held by no sequence: nothing is computing them")
+        for block_id in block_ids:
+            self._ref_counts[block_id] += 1
+
+    def is_cached(self, block_id: int) -> bool:
+        """Whether the block's KV is named (reusable by a later prefix)."""
+        return block_id in self._hash_by_block
+
     def release(self, block_ids: list[int]) -> None:
         """Drops one reference to each block of a sequence's table (in token order). Blocks nobody
         holds any more become free: never-cached ones join the free queue in table order, cached

@@ -374,6 +374,7 @@ class Engine:
         except BaseException:
             if masks is not None:
                 masks.wait()
+            self.scheduler.unwind_riders(batch)  # they started on KV this pass never computed
             raise
         self._in_step = ()
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens):

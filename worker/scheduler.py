@@ -18,10 +18,14 @@ preempted) starts at its longest cached prefix: its table begins with those shar
 preempted sequence usually finds most of its own blocks still cached). The first admission's hit
 is the request's ``num_cached_tokens``. Each running sequence's newly computed full blocks are
 named for reuse before it grows, and a finished or preempted one's before its blocks are freed.
-A waiting sequence whose next uncached block another running sequence is computing right now (a
-burst of requests behind one new system prompt) is passed over until that block is named: it then
-starts after it instead of computing the same KV again (vLLM computes the shared prompt once in such
-a burst too). Those behind it in the queue are admitted meanwhile; it keeps its place in line.
+A waiting sequence whose next uncached block another running sequence is computing (a burst of
+requests behind one new system prompt) never computes the same KV again (vLLM computes the shared
+prompt once in such a burst too). If that sequence's chunk in this very step completes the blocks
+the two share, the waiting one rides along (`BlockManager.ride_in_flight`): its table starts with
+them and this step computes only its tail, after them in the same forward pass (each layer writes
+the step's KV before it attends). Otherwise it is passed over until the block is named, then starts
+after it; those behind it in the queue are admitted meanwhile, and it keeps its place in line. If
+the step's forward pass fails, `unwind_riders` puts the riders back in line as they were.
 `admit_next` (prefill while weights arrive) looks nothing up: a pass begun layer by layer must hold
 its whole prompt to be handed to a loaded helper at a layer (`worker.layer_handoff`), and nothing
 is cached before the last layer lands anyway.
@@ -43,6 +47,8 @@ class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # Sequences admitted on blocks this step computes (in `seqs` too; see `Scheduler.unwind_riders`).
+    riders: list[Sequence] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -91,6 +97,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
+        computed_through: dict[str, int] = {}  # sequences of this step: their computed tokens after it
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
@@ -99,6 +106,7 @@ class Scheduler:
                 break  # seq itself was preempted: everything after it already was
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
+            computed_through[seq.request_id] = seq.num_computed_tokens + num_new
             budget -= num_new
             index += 1
         if batch.preempted:
@@ -108,6 +116,9 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             hit = self._find_cached_prefix(seq)
+            if hit.computing_by in computed_through:  # computing it in this step: ride along
+                hit = self.block_manager.ride_in_flight(seq.request_id, seq.token_ids, seq.num_prompt_tokens, hit,
+                                                        computed_through[hit.computing_by])
             if hit.computing_by in running_ids:
                 passed_over.append(self.waiting.popleft())
                 continue
@@ -123,9 +134,28 @@ class Scheduler:
             running_ids.add(seq.request_id)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
+            computed_through[seq.request_id] = seq.num_computed_tokens + num_new
+            if hit.num_in_flight:
+                batch.riders.append(seq)
             budget -= num_new
         self.waiting.extendleft(reversed(passed_over))  # back in their places, first in line
         return batch
+
+    def unwind_riders(self, batch: ScheduledBatch) -> None:
+        """After `batch`'s forward pass failed: its riders' shared blocks were never computed, so
+        each goes back to the front of the queue as it was before admission (no blocks, nothing
+        computed or cached), to look its prefix up again. The others need nothing: a failed step
+        advanced none of them."""
+        for seq in reversed(batch.riders):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            self.running.remove(seq)
+            self.block_manager.free(seq.request_id)
+            seq.num_computed_tokens = 0
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = 0
+            seq.status = SequenceStatus.WAITING
+            self.waiting.appendleft(seq)
 
     def admit_next(self, max_num_tokens: int) -> tuple[Sequence, int] | None:
         """Admits the oldest waiting sequence for its next chunk (at most `max_num_tokens` tokens)

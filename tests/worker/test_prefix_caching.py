@@ -1,7 +1,9 @@
 """Automatic prefix caching through the scheduler and the engine.
 
 With plain numbers (a `Scheduler` over a caching `BlockManager`): a sequence admitted after a shared
-prefix was computed starts there, spends budget only on its tail and records its cached tokens;
+prefix was computed starts there, spends budget only on its tail and records its cached tokens; a
+burst behind a prefix being computed rides along with the step that completes it (and goes back in
+line if that step fails);
 preemption, abort and finishing drop exactly one reference per block, so a shared block stays with
 its other holder, and a preempted sequence recomputes little because its own blocks are still cached.
 
@@ -79,13 +81,75 @@ def test_a_burst_behind_one_new_prefix_computes_it_once():
     assert [x.request_id for x in batch.seqs] == ["a"] and batch.num_new_tokens == [10]
     assert list(s.waiting) == [b, other]  # the budget went to a; b keeps its place in line
     run_step(batch)
-    batch = s.schedule()  # a named blocks 0-1 (8 tokens) but block 2 is still a's to compute
-    assert [x.request_id for x in batch.seqs] == ["a", "other"] and batch.num_new_tokens == [4, 3]
-    assert list(s.waiting) == [b]
+    batch = s.schedule()  # a named blocks 0-1 and completes block 2 in this step: b rides along
+    assert [x.request_id for x in batch.seqs] == ["a", "b", "other"] and batch.num_new_tokens == [4, 3, 3]
+    assert batch.riders == [b] and not s.waiting
+    assert b.num_computed_tokens == b.num_cached_tokens == 12 and s.block_manager.num_prefix_hit_tokens == 12
+    manager = s.block_manager
+    assert manager.block_table("b")[:3] == manager.block_table("a")[:3]
+    assert [manager.ref_count(i) for i in manager.block_table("a")[:3]] == [2, 2, 2]
+    assert manager.num_cached_blocks == 2  # block 2 is shared before it is named
     run_step(batch)
-    batch = s.schedule()  # a's prompt is done and named: b starts after all three blocks
-    assert [x.request_id for x in batch.seqs] == ["a", "other", "b"] and batch.num_new_tokens == [1, 1, 3]
-    assert b.num_cached_tokens == 12 and s.block_manager.num_prefix_hit_tokens == 12
+    s.schedule()  # a names block 2 (b could have too: the same block, the same name)
+    assert manager.num_cached_blocks == 3
+
+
+def test_a_burst_rides_along_with_the_step_that_computes_its_prefix():
+    s = caching_scheduler(40, budget=40)
+    a, b, c = make_seq("a", SYSTEM + [1, 2]), make_seq("b", SYSTEM + [3, 4, 5]), make_seq("c", SYSTEM[:8] + [9] * 6)
+    for seq in (a, b, c):
+        s.add(seq)
+    batch = s.schedule()  # one step: a computes the prompt, b and c only their tails
+    assert [x.request_id for x in batch.seqs] == ["a", "b", "c"] and batch.num_new_tokens == [14, 3, 6]
+    assert batch.riders == [b, c] and (b.num_cached_tokens, c.num_cached_tokens) == (12, 8)
+    manager = s.block_manager
+    a_table = manager.block_table("a")
+    assert manager.block_table("b")[:3] == a_table[:3] and manager.block_table("c")[:2] == a_table[:2]
+    assert manager.block_table("c")[2] not in a_table  # c's third block differs from a's
+    assert [manager.ref_count(i) for i in a_table] == [3, 3, 2, 1]
+    run_step(batch)
+    s.schedule()
+    assert manager.num_cached_blocks == 3 + 1  # a's three and c's own third block
+
+
+def test_a_sequence_does_not_ride_on_a_block_computed_in_a_later_step():
+    # a's first chunk completes blocks 0-1 but block 2 comes in a later chunk: b would have to
+    # compute block 2 itself, so it waits instead (as before riding existed).
+    s = caching_scheduler(40, budget=10)
+    a, b = make_seq("a", SYSTEM + [1, 2]), make_seq("b", SYSTEM + [3, 4, 5])
+    s.add(a)
+    s.add(b)
+    batch = s.schedule()
+    assert [x.request_id for x in batch.seqs] == ["a"] and not batch.riders and list(s.waiting) == [b]
+    assert [s.block_manager.ref_count(i) for i in s.block_manager.block_table("a")] == [1, 1, 1]
+
+
+def test_a_failed_step_puts_its_riders_back_as_they_were():
+    s = caching_scheduler(40, budget=40)
+    a, b = make_seq("a", SYSTEM + [1, 2]), make_seq("b", SYSTEM + [3, 4, 5])
+    s.add(a)
+    s.add(b)
+    manager = s.block_manager
+    batch = s.schedule()
+    assert batch.riders == [b]
+    s.unwind_riders(batch)  # the forward pass raised: block 0-2 hold no KV
+    assert list(s.waiting) == [b] and s.running == [a] and b.status is SequenceStatus.WAITING
+    assert manager.block_table("b") == [] and b.num_computed_tokens == b.num_cached_tokens == 0
+    assert [manager.ref_count(i) for i in manager.block_table("a")] == [1, 1, 1, 1]
+    batch = s.schedule()  # a is computed again from its start, and b rides along again
+    assert [x.request_id for x in batch.seqs] == ["a", "b"] and batch.num_new_tokens == [14, 3]
+    assert batch.riders == [b]
+
+
+def test_sharing_a_block_in_flight_needs_a_holder():
+    from worker.block_pool import BlockPool
+
+    pool = BlockPool(4)
+    [block] = pool.take(1)
+    pool.share_held([block])
+    assert pool.ref_count(block) == 2 and not pool.is_cached(block)
+    with pytest.raises(RuntimeError, match="held by no sequence"):
+        pool.share_held([3])
 
 
 def test_a_claim_ends_when_its_sequence_names_the_block_or_lets_it_go():
@@ -229,8 +293,46 @@ def test_a_burst_sharing_a_new_system_prompt_computes_it_once(tiny_llama_dir, pr
             tokens[out.request_id].extend(out.new_token_ids)
             num_cached[out.request_id] = out.num_cached_tokens
     assert [tokens[rid] for rid in ids] == want
-    # The first computes the 22-token system prompt; the others wait for its 5 full blocks.
+    # The first computes the 22-token system prompt; the others share its 5 full blocks.
     assert [num_cached[rid] for rid in ids] == [0, 20, 20, 20]
+
+
+def test_a_burst_gets_its_first_tokens_in_the_step_that_computes_the_prefix(tiny_llama_dir, prompts, monkeypatch):
+    """A tail rides along with the step that completes the system prompt's blocks: the budget of 16
+    takes the first prompt (25 tokens) in two chunks, and the second's 7-token tail fits in the
+    second step beside the first's last 9; the third's tail waits for the next step. Their tokens
+    are still those of an engine without caching, and a forward pass that fails puts the riders
+    back, so nothing is lost."""
+    plain = Engine(tiny_llama_dir, EngineConfig(**{**CONFIG.__dict__, "enable_prefix_caching": False}))
+    want = [list(c.output_token_ids) for c in plain.generate(prompts[:3], GREEDY)]
+    cached = Engine(tiny_llama_dir, CONFIG)
+    ids = [cached.add_request(prompt, GREEDY) for prompt in prompts[:3]]
+    real_execute = cached.runner.execute
+    failures = []
+
+    def fail_once(batch, block_tables):  # the step with riders fails once, before computing anything
+        if batch.riders and not failures:
+            failures.append([seq.request_id for seq in batch.riders])
+            raise RuntimeError("a forward pass failed")
+        return real_execute(batch, block_tables)
+
+    monkeypatch.setattr(cached.runner, "execute", fail_once)
+    first_step: dict[str, int] = {}
+    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+    step = 0
+    while cached.has_unfinished_requests():
+        try:
+            outs = cached.step()
+        except RuntimeError:
+            assert cached.request_ids_in_step[:1] == (ids[0],)
+            continue
+        step += 1
+        for out in outs:
+            first_step.setdefault(out.request_id, step)
+            tokens[out.request_id].extend(out.new_token_ids)
+    assert failures == [ids[1:2]]
+    assert [tokens[rid] for rid in ids] == want
+    assert [first_step[rid] for rid in ids] == [2, 2, 3]
 
 
 def test_a_cached_prefix_gives_transformers_tokens(tiny_llama_dir, prompts):
