@@ -236,5 +236,5 @@ def test_engine_shared_prefix_benchmark_quick():
     assert figures["ttft_ratio_no_caching_to_caching"] == pytest.approx(
         figures["mean_ttft_ms_no_caching"] / figures["mean_ttft_ms_caching"], rel=0.02)
     # 6 requests of a 64-token system prompt under a 128-token budget: the first computes it, the other
-    # five wait for its blocks (not computing them again) and each reuse its 4 full 16-token blocks.
+    # five share its blocks (not computing them again) and each reuse its 4 full 16-token blocks.
     assert figures["cached_prompt_tokens"] == 5 * 64 and figures["outputs_match"] == "6/6"
