@@ -184,8 +184,7 @@ class BlockManager:
         block_ids: list[int] = []
         computing_by = None
         for i in range((len(token_ids) - 1) // size):
-            if i == len(hashes):
-                self._hasher.extend(hashes, token_ids, num_prompt_tokens, i + 1)
+            self._hash_through(hashes, token_ids, num_prompt_tokens, i)
             block_id = self._pool.cached_block(hashes[i])
             if block_id is None:
                 computing_by = self._computing.get(hashes[i])
@@ -236,8 +235,7 @@ class BlockManager:
         riding: list[int] = []
         index = len(hit.block_ids)
         while index < limit:
-            if index == len(hashes):
-                self._hasher.extend(hashes, token_ids, num_prompt_tokens, index + 1)
+            self._hash_through(hashes, token_ids, num_prompt_tokens, index)
             if hashes[index] != claimer_hashes[index] or self._computing.get(hashes[index]) != claimer:
                 break
             riding.append(claimer_table[index])
@@ -246,11 +244,15 @@ class BlockManager:
             return hit
         computing_by = None
         if index < (len(token_ids) - 1) // size:
-            if index == len(hashes):
-                self._hasher.extend(hashes, token_ids, num_prompt_tokens, index + 1)
+            self._hash_through(hashes, token_ids, num_prompt_tokens, index)
             computing_by = self._computing.get(hashes[index])
         return PrefixHit(hit.block_ids + tuple(riding), hit.num_tokens + len(riding) * size, hit.num_queried_tokens,
                          None if computing_by == seq_id else computing_by, len(riding))
+
+    def _hash_through(self, hashes: list[bytes], token_ids: Sequence[int], num_prompt_tokens: int, index: int) -> None:
+        """Extends a sequence's memo of block hashes so that it holds block `index`'s."""
+        if index >= len(hashes):
+            self._hasher.extend(hashes, token_ids, num_prompt_tokens, index + 1)
 
     def _drop_claims(self, seq_id: str, hashes) -> None:
         for block_hash in hashes:

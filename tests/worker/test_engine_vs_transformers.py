@@ -195,18 +195,14 @@ def test_float32_prefill_through_the_prefill_kernel_matches_transformers(tmp_pat
     transformers' own, exactly."""
     import transformers
 
-    import kernels.cpu_attention as cpu_attention
     import kernels.cpu_dense_attention as cpu_dense_attention
     from kernels.cpu_extension import try_build_cpu_extension
+    from tests.worker.prefill_kernel_case import burst_behind_a_prefix, head64_llama, record_cascades
 
     if not cpu_dense_attention.kernel_usable(try_build_cpu_extension()[0], torch.float32):
         pytest.skip("the float32 prefill kernel was not built here (no AVX-512)")
-    model_dir = make_hf_checkpoint(tmp_path / "llama64", arch="llama", hidden_size=256, num_attention_heads=4,
-                                   num_key_value_heads=2, seed=12)  # head size 64
-    fused = []
-    real_cascade = cpu_attention.run_cascade
-    monkeypatch.setattr(cpu_attention, "run_cascade",
-                        lambda group, *args: fused.append(args[-1] is not None) or real_cascade(group, *args))
+    model_dir = head64_llama(tmp_path / "llama64")
+    fused = record_cascades(monkeypatch)
     dense_calls = []
     real_kernel_dense = cpu_dense_attention.kernel_dense
 
@@ -217,9 +213,7 @@ def test_float32_prefill_through_the_prefill_kernel_matches_transformers(tmp_pat
     monkeypatch.setattr(cpu_dense_attention, "kernel_dense", counting_kernel_dense)
     engine = Engine(model_dir, EngineConfig(block_size=16, num_kv_blocks=96, enable_prefix_caching=True))
     assert engine.runner.backend.name == "cpu"
-    gen = torch.Generator().manual_seed(3)
-    prefix = torch.randint(3, 400, (144,), generator=gen).tolist()
-    prompts = [prefix + torch.randint(3, 400, (n,), generator=gen).tolist() for n in (5, 9, 14, 20, 7)]
+    prompts = burst_behind_a_prefix()
     completions = engine.generate(prompts, SamplingParams(max_tokens=10, temperature=0.0))
     assert dense_calls and set(dense_calls) == {torch.float32}, "the first prompt did not take the kernel"
     assert fused and all(fused), "the burst behind the prefix did not take the kernel's one-pass cascade"

@@ -100,22 +100,16 @@ def test_bfloat16_prefill_through_the_prefill_kernel_matches_transformers(tmp_pa
     Thaw's prefill kernel where it was built (`kernels/cpu_prefill_attention.cpp`); the burst's
     greedy tokens are transformers' argmax up to bfloat16 rounding, as above."""
 
-    import kernels.cpu_attention as cpu_attention
     from kernels.cpu_dense_attention import kernel_usable
     from kernels.cpu_extension import try_build_cpu_extension
+    from tests.worker.prefill_kernel_case import burst_behind_a_prefix, head64_llama, record_cascades
     from worker import SamplingParams
 
-    model_dir = make_hf_checkpoint(tmp_path / "llama64", arch="llama", hidden_size=256, num_attention_heads=4,
-                                   num_key_value_heads=2, seed=12)  # head size 64
-    cascades = []
-    real = cpu_attention.run_cascade
-    monkeypatch.setattr(cpu_attention, "run_cascade",
-                        lambda group, *args: cascades.append(args[-1] is not None) or real(group, *args))
+    model_dir = head64_llama(tmp_path / "llama64")
+    cascades = record_cascades(monkeypatch)
     engine = Engine(model_dir, EngineConfig(dtype="bfloat16", block_size=16, num_kv_blocks=96,
                                             enable_prefix_caching=True))
-    gen = torch.Generator().manual_seed(3)
-    prefix = torch.randint(3, 400, (144,), generator=gen).tolist()
-    prompts = [prefix + torch.randint(3, 400, (n,), generator=gen).tolist() for n in (5, 9, 14, 20, 7)]
+    prompts = burst_behind_a_prefix()
     outputs = engine.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     assert cascades, "the tails behind the prefix were not attended as a cascade"
     if kernel_usable(try_build_cpu_extension()[0]):
