@@ -238,3 +238,14 @@ def test_engine_shared_prefix_benchmark_quick():
     # 6 requests of a 64-token system prompt under a 128-token budget: the first computes it, the other
     # five share its blocks (not computing them again) and each reuse its 4 full 16-token blocks.
     assert figures["cached_prompt_tokens"] == 5 * 64 and figures["outputs_match"] == "6/6"
+
+
+def test_cpu_prefill_benchmark_quick():
+    figures = run_quick("cpu_prefill.py")  # each kernel's output is checked against a float64 softmax first
+    assert figures["bench"] == "cpu_prefill" and figures["mode"] == "quick"
+    assert set(figures["by_dtype"]) | set(figures["skipped"]) == {"float32", "bfloat16"}
+    for shapes in figures["by_dtype"].values():
+        for shape in ("causal", "cascade"):
+            f = shapes[shape]
+            assert f["thaw_ms"] > 0 and f["op_ms"] > 0 and f["thaw_gflops"] > 0 and f["op_gflops"] > 0, shape
+            assert f["ratio_op_to_thaw"] == pytest.approx(f["op_ms"] / f["thaw_ms"], rel=0.02)
