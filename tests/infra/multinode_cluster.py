@@ -74,7 +74,8 @@ class RayNode:
     def raylet(self) -> psutil.Process | None:
         for process in self.processes():
             with contextlib.suppress(psutil.Error):
-                if Path(process.cmdline()[0]).name == "raylet":
+                command = process.cmdline()  # empty for a process just forked or already a zombie
+                if command and Path(command[0]).name == "raylet":
                     return process
         return None
 
