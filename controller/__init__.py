@@ -30,7 +30,7 @@ Public API (everything else in this folder is private to it):
   pickle across Ray with their fields).
 - `choose_destination`: where ``migrate`` and a drain send an instance's requests (pure policy).
 - `repository_name`, `worker_actor_name`, `node_store_actor_name`: how models and actors are named.
-- For the simulator (`sim/`), the rest of the policy layer it calls unchanged: `desired_instances`,
+- For the simulator (`sim/`), the rest of the policy layer it calls unchanged: `desired_instances`, `keep_alive_for`,
   `choose_eviction`/`EvictionCandidate`, `choose_preemption`/`PreemptionCandidate`,
   `order_waiting`/`WaitingModel`, `choose_load_path`/`PeerStreamSettings`, `ManagedInstance`/
   `InstancePhase` (their input), `UsageMeter` (the eviction score's frequency).
@@ -91,6 +91,7 @@ _LAZY = {
     "worker_actor_name": "controller.cluster_client",
     # The policy layer the simulator (sim/) drives unchanged, beside `decide` and `place` above.
     "desired_instances": "controller.autoscale_policy",
+    "keep_alive_for": "controller.autoscale_policy",
     "EvictionCandidate": "controller.eviction_policy",
     "choose_eviction": "controller.eviction_policy",
     "PreemptionCandidate": "controller.preemption_policy",
@@ -123,7 +124,7 @@ __all__ = [
     "model_spec_from_arguments", "new_api_key", "node_store_actor_name", "open_state_store", "parse_model_id", "place",
     "place_locality_blind", "queued_over_quota", "repository_name", "start_controller", "stop_controller",
     "worker_actor_name",
-    "desired_instances", "EvictionCandidate", "choose_eviction", "PreemptionCandidate", "choose_preemption",
+    "desired_instances", "keep_alive_for", "EvictionCandidate", "choose_eviction", "PreemptionCandidate", "choose_preemption",
     "WaitingModel", "order_waiting", "PeerStreamSettings", "choose_load_path", "ManagedInstance", "InstancePhase",
     "UsageMeter",
 ]

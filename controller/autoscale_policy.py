@@ -15,9 +15,13 @@ The rule (after Ray Serve's and ServerlessLLM's):
 4. Otherwise a change must persist: more instances only after the wish for more has lasted
    `upscale_delay_s`, fewer only after `downscale_delay_s` (hysteresis, as Ray Serve's
    consecutive-decision counter). The change applied is the desire at that moment.
-5. Zero demand keeps one instance warm until the model has been idle `keep_alive_s`; then it
+5. Zero demand keeps one instance warm until the model has been idle its keep-alive; then it
    scales to zero (only when min_instances == 0). Idle means no ongoing or queued request
-   since the snapshot's `last_request_s`.
+   since the snapshot's `last_request_s`. The keep-alive (`keep_alive_for`) is the policy's
+   `keep_alive_s`, or, with `keep_alive_per_restart`, that multiple of the snapshot's
+   `restart_s` within [min_keep_alive_s, max_keep_alive_s]: holding an idle instance is worth
+   what its restart would cost, and that cost grows with the restart time (a ski-rental rule,
+   weighted towards holding because a restart costs the waiting user too, not only the slot).
 6. A count outside [min, max] (the spec was just changed) is moved to the nearest bound at
    once: those are limits, not load signals to smooth.
 """
@@ -40,18 +44,26 @@ class LoadSnapshot:
         num_queued_requests: requests waiting at the gateway for an instance.
         last_request_s: when a request was last seen (arrived or finished), on the clock of
             `now`; None if the model has not served since the controller started.
+        restart_s: the model's estimated restart time (`TierBandwidths.restart_s`), seconds;
+            None when unknown (no instance placed since the controller started): the keep-alive
+            is then the longest a `keep_alive_per_restart` policy allows.
     """
 
     num_instances: int
     num_ongoing_requests: int = 0
     num_queued_requests: int = 0
     last_request_s: float | None = None
+    restart_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_instances", "num_ongoing_requests", "num_queued_requests"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        restart = self.restart_s
+        if restart is not None and (isinstance(restart, bool) or not isinstance(restart, (int, float))
+                                    or not math.isfinite(restart) or restart < 0):
+            raise ValueError(f"restart_s must be a finite number >= 0 or None, got {restart!r}")
 
     @property
     def num_demand_requests(self) -> int:
@@ -87,6 +99,26 @@ class ScaleDecision:
     num_instances: int
     num_desired_instances: int
     reason: str
+
+
+def keep_alive_for(policy: AutoscalingPolicy, restart_s: float | None) -> float:
+    """How long an idle model keeps its last instance: `keep_alive_s`, or with
+    `keep_alive_per_restart` that multiple of `restart_s` within [min_keep_alive_s,
+    max_keep_alive_s] (None restart: max_keep_alive_s, the cautious end: a model whose restart
+    is unknown may be one that restarts slowly)."""
+    factor = policy.keep_alive_per_restart
+    if factor is None:
+        return policy.keep_alive_s
+    if restart_s is None:
+        return policy.max_keep_alive_s
+    return min(policy.max_keep_alive_s, max(policy.min_keep_alive_s, factor * restart_s))
+
+
+def _keep_alive_text(policy: AutoscalingPolicy, restart_s: float | None, keep_alive_s: float) -> str:
+    if policy.keep_alive_per_restart is None:
+        return f"keep_alive_s {keep_alive_s:g}"
+    restart = "unknown" if restart_s is None else f"{restart_s:.3g}s"
+    return f"keep-alive {keep_alive_s:.3g}s ({policy.keep_alive_per_restart:g} x restart {restart})"
 
 
 def desired_instances(policy: AutoscalingPolicy, num_demand_requests: int) -> int:
@@ -131,10 +163,11 @@ def decide(
     if demand == 0:
         idle_from = snapshot.last_request_s if snapshot.last_request_s is not None else idle_since
         idle_s = max(0.0, now - idle_from)
-        if policy.min_instances == 0 and idle_s >= policy.keep_alive_s:
+        keep_alive_s = keep_alive_for(policy, snapshot.restart_s)
+        if policy.min_instances == 0 and idle_s >= keep_alive_s:
             return (
-                ScaleDecision(0, 0, f"scale to zero {current} -> 0: idle {idle_s:g}s >= keep_alive_s "
-                              f"{policy.keep_alive_s:g}"),
+                ScaleDecision(0, 0, f"scale to zero {current} -> 0: idle {idle_s:g}s >= "
+                              f"{_keep_alive_text(policy, snapshot.restart_s, keep_alive_s)}"),
                 AutoscaleState(idle_since_s=idle_since),
             )
         # Keep one instance warm until the keep-alive runs out: a scale to zero here would
@@ -144,7 +177,7 @@ def decide(
     if desired == current:
         reason = f"steady at {current}"
         if demand == 0 and policy.min_instances == 0:
-            reason += f": idle {idle_s:g}s of keep_alive_s {policy.keep_alive_s:g}"
+            reason += f": idle {idle_s:g}s of {_keep_alive_text(policy, snapshot.restart_s, keep_alive_for(policy, snapshot.restart_s))}"
         return ScaleDecision(current, desired, reason), AutoscaleState(idle_since_s=idle_since)
 
     direction = 1 if desired > current else -1

@@ -229,12 +229,14 @@ class Controller:
                             for i in self._instances.of_model(state.model_id))
 
     def get_model(self, model_id: str) -> dict[str, Any]:
-        """Spec, instances, desired count, queue, last scale decision, last placement with estimates."""
+        """Spec, instances, desired count, queue, last scale decision, last placement with estimates,
+        and the estimated restart time its keep-alive may follow (None before its first start)."""
         state = self._registry.model(model_id)
         now = self._clock()
         return {
             "model_id": model_id, "spec": state.spec.to_dict(), "repository_name": state.repository_name,
-            "num_bytes": state.num_bytes, "num_desired_instances": state.num_desired_instances,
+            "num_bytes": state.num_bytes, "restart_s": state.restart_s,
+            "num_desired_instances": state.num_desired_instances,
             "num_queued_requests": state.num_queued_requests(now, self.config.queue_report_ttl_s),
             "instances": [instance.to_dict() for instance in self._instances.of_model(model_id)],
             "last_scale": state.last_scale, "last_placement": state.last_placement,
@@ -447,7 +449,8 @@ class Controller:
         if ongoing or queued:
             model.last_request_s = now
         snapshot = LoadSnapshot(num_instances=model.num_desired_instances, num_ongoing_requests=ongoing,
-                                num_queued_requests=queued, last_request_s=model.last_request_s)
+                                num_queued_requests=queued, last_request_s=model.last_request_s,
+                                restart_s=model.restart_s)
         decision, model.autoscale_state = decide(model.spec.autoscaling, snapshot, model.autoscale_state, now)
         previous = model.num_desired_instances
         model.last_scale = scale_to_dict(model.model_id, previous, decision, self._wall_clock())
@@ -511,6 +514,9 @@ class Controller:
             self._record_unplaced(model, decision)
             return False
         draining = {n.node_id for n in nodes if n.draining}
+        chosen = next((v for v in views if v.node_id == decision.node_id), None)
+        if chosen is not None and model.num_bytes is not None:
+            model.restart_s = chosen.bandwidths.restart_s(model.num_bytes)
         instance = self._instances.start(model, self._nodes[decision.node_id], decision.estimate_s, now,
                                          tier=decision.tier, draining_node_ids=draining)
         model.last_placement = placement_to_dict(model.model_id, decision, self._wall_clock(), instance.instance_id)

@@ -5,7 +5,8 @@ every change so a restarted controller resumes at the same scale) and when the m
 (`deployed_s`; None only for a model deployed before the store kept it). Volatile, rebuilt after a
 restart: the autoscaler's `AutoscaleState` (a lost one only makes the next move wait its delay
 again), when a request was last seen, the gateways' queue reports, the model's size, the last
-scale and placement decisions, and the back-off after failed starts. `record` is the model as the gateway reads it (`wire.ModelRecord`).
+scale and placement decisions, the model's estimated restart time (`restart_s`, from the node
+of its latest start; the keep-alive of a `keep_alive_per_restart` policy), and the back-off after failed starts. `record` is the model as the gateway reads it (`wire.ModelRecord`).
 
 Queue reports are levels per reporter (one per gateway replica), not increments: a gateway
 reports how many requests wait for the model now and how long the oldest of them has waited,
@@ -36,6 +37,7 @@ class ModelState:
     repository_name: str
     num_desired_instances: int
     num_bytes: int | None = None
+    restart_s: float | None = None
     autoscale_state: AutoscaleState = field(default_factory=AutoscaleState)
     last_request_s: float | None = None
     # reporter -> (queued, oldest queued request's wait when reported, reported at)

@@ -74,6 +74,16 @@ class TierBandwidths:
     def rate(self, tier: str) -> float | None:
         return getattr(self, f"{tier}_bytes_per_s")
 
+    def restart_s(self, model_bytes: int) -> float:
+        """Seconds to read `model_bytes` again on this node from its fastest checkpoint tier (DRAM,
+        else SSD, else the repository): a model that ran here left its copy there, so this is
+        what a restart after a scale to zero costs (the autoscaler's `keep_alive_per_restart`)."""
+        for tier in ("dram", "ssd"):
+            rate = self.rate(tier)
+            if rate is not None:
+                return model_bytes / rate
+        return model_bytes / self.repository_bytes_per_s
+
 
 @dataclass(frozen=True, kw_only=True)
 class NodeView:

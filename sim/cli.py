@@ -31,7 +31,7 @@ QUICK = {"models": 50, "nodes": 2, "gpus_per_node": 4, "hours": 0.25}
 
 def add_simulate_command(sub) -> None:
     """Registers `simulate` on the `thaw` command's subparsers."""
-    from sim.policies import POLICY_NAMES
+    from sim.policies import DEFAULT_THAW_KEEP_ALIVE_PER_RESTART, POLICY_NAMES
 
     p = sub.add_parser("simulate", help="replay a workload on a simulated cluster under Thaw's and its peers' policies")
     p.add_argument("--models", type=int, default=1000, help="models in the catalog (default 1000)")
@@ -57,6 +57,9 @@ def add_simulate_command(sub) -> None:
     p.add_argument("--thaw-no-preempt", action="store_true", help="Thaw: never preempt a busy instance")
     p.add_argument("--thaw-max-wait-before-preempt-s", type=float, default=None,
                    help="Thaw: the bounded wait before preempting (model spec default 5)")
+    p.add_argument("--thaw-keep-alive-per-restart", type=float, default=DEFAULT_THAW_KEEP_ALIVE_PER_RESTART,
+                   help="Thaw: keep-alive as this multiple of a model's restart time, 10-180 s (default "
+                        f"{DEFAULT_THAW_KEEP_ALIVE_PER_RESTART:g}); 0: the fixed keep-alive every policy gets")
     p.set_defaults(func=run_simulate_command)
 
 
@@ -116,11 +119,15 @@ def run_simulate_command(args) -> int:
         sizes = dict(QUICK)
     policies = list(POLICY_NAMES) if args.policy == "all" else [args.policy]
     try:  # bad input is exit 2 with the message, as every thaw command does
+        if args.thaw_keep_alive_per_restart < 0:
+            raise ValueError(f"--thaw-keep-alive-per-restart must be a number >= 0 (0: the fixed keep-alive), "
+                             f"got {args.thaw_keep_alive_per_restart:g}")
         configs = [SimConfig(num_models=sizes["models"], num_nodes=sizes["nodes"], gpus_per_node=sizes["gpus_per_node"],
                              hours=sizes["hours"], seed=args.seed, policy=name,
                              trace_dir=Path(args.trace) if args.trace else None, source=args.source,
                              slo_ttft_s=args.slo_ttft_s, thaw_sharing=_thaw_sharing(args),
-                             thaw_max_wait_before_preempt_s=args.thaw_max_wait_before_preempt_s)
+                             thaw_max_wait_before_preempt_s=args.thaw_max_wait_before_preempt_s,
+                             thaw_keep_alive_per_restart=args.thaw_keep_alive_per_restart or None)
                    for name in policies]  # all validated before any runs
         if args.workers is not None and args.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {args.workers}")

@@ -23,9 +23,12 @@ import heapq
 import math
 from dataclasses import dataclass
 
-__all__ = ["POLICY_NAMES", "PolicySettings", "SimPolicy", "make_policy"]
+__all__ = ["DEFAULT_THAW_KEEP_ALIVE_PER_RESTART", "POLICY_NAMES", "PolicySettings", "SimPolicy", "make_policy"]
 
 POLICY_NAMES = ("thaw", "serverlessllm", "rayserve", "unbounded")
+# Thaw's keep-alive in the simulator: 20 x a model's restart time (the spec's
+# `keep_alive_per_restart`), chosen on the medium scenario's seeds (BENCHMARKS.md, issue 24).
+DEFAULT_THAW_KEEP_ALIVE_PER_RESTART = 20.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,15 +155,16 @@ class SimPolicy:
 
 def make_policy(name: str, settings: PolicySettings, *, thaw_sharing=None,
                 thaw_max_wait_before_preempt_s: float | None = None, thaw_autoscaling=None,
-                thaw_activity_at_ticks: bool = False) -> SimPolicy:
+                thaw_activity_at_ticks: bool = False, thaw_keep_alive_per_restart: float | None = None) -> SimPolicy:
     """The policy called `name` (one of `POLICY_NAMES`). `thaw_sharing` (a controller
     `SlotSharingSettings`), `thaw_max_wait_before_preempt_s`, `thaw_autoscaling` (a whole
-    controller `AutoscalingPolicy`) and `thaw_activity_at_ticks` configure Thaw's policy only
-    (None / False: the controller's defaults, activity known at once)."""
+    controller `AutoscalingPolicy`), `thaw_activity_at_ticks` and `thaw_keep_alive_per_restart`
+    configure Thaw's policy only (None / False: the controller's defaults, activity known at once)."""
     if name == "thaw":
         from sim.thaw_policy import ThawPolicy
         return ThawPolicy(settings, sharing=thaw_sharing, max_wait_before_preempt_s=thaw_max_wait_before_preempt_s,
-                          autoscaling=thaw_autoscaling, activity_at_ticks=thaw_activity_at_ticks)
+                          autoscaling=thaw_autoscaling, activity_at_ticks=thaw_activity_at_ticks,
+                          keep_alive_per_restart=thaw_keep_alive_per_restart)
     if name == "serverlessllm":
         from sim.serverlessllm_policy import ServerlessLLMPolicy
         return ServerlessLLMPolicy(settings)

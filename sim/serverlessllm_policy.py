@@ -50,7 +50,12 @@ class ServerlessLLMPolicy(SimPolicy):
 
     def on_demand(self, state) -> None:
         demand = state.num_ongoing + len(state.queue)
-        if self._wanted(demand) > len(state.instances) or demand == 0:
+        if demand == 0:
+            if state.instances:
+                # Idle-model fast path: every instance's keep-alive counts from the model's last
+                # request (this moment), so the tick's look is due only when that runs out.
+                self.wake_model_at(state.index, state.last_request_s + self.settings.keep_alive_s)
+        elif self._wanted(demand) > len(state.instances):
             self.mark(state.index)
 
     def on_ready(self, instance) -> None:

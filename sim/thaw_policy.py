@@ -44,7 +44,8 @@ import math
 from controller import (AutoscaleState, AutoscalingPolicy, EvictionCandidate, InstancePhase as ControllerPhase,
                         LoadSnapshot, ManagedInstance, PeerStreamSettings, PlacementDecision, PreemptionCandidate,
                         SlotSharingSettings, UsageMeter, WaitingModel, choose_destination, choose_eviction,
-                        choose_load_path, choose_preemption, decide, desired_instances, order_waiting, place)
+                        choose_load_path, choose_preemption, decide, desired_instances, keep_alive_for, order_waiting,
+                        place)
 from sim.node_views import NodeViews, sim_tier
 from sim.policies import PolicySettings, SimPolicy
 from sim.sim_instance import InstancePhase
@@ -60,6 +61,7 @@ class _ModelControl:
     """What the controller keeps per model between ticks (`ModelState`'s volatile part)."""
 
     desired: int = 0
+    restart_s: float | None = None  # `ModelState.restart_s`: from the node of its latest start
     autoscale: AutoscaleState = dataclasses.field(default_factory=AutoscaleState)
     usage: UsageMeter | None = None
 
@@ -69,24 +71,29 @@ class ThawPolicy(SimPolicy):
 
     def __init__(self, settings: PolicySettings, *, sharing: SlotSharingSettings | None = None,
                  max_wait_before_preempt_s: float | None = None,
-                 autoscaling: AutoscalingPolicy | None = None, activity_at_ticks: bool = False) -> None:
+                 autoscaling: AutoscalingPolicy | None = None, activity_at_ticks: bool = False,
+                 keep_alive_per_restart: float | None = None) -> None:
         """`sharing` and `max_wait_before_preempt_s`: the controller config's `slot_sharing` and the
         model spec's bounded wait (None: the controller's defaults), so a setting is studied with
         the same code. `autoscaling`: every model's whole spec policy instead (a real deployment's,
         to replay it); `settings` then only says what the other policies get. `activity_at_ticks`:
         a model's last request is known at the next tick (`_seen_s`), as the controller learns it;
-        False: at once (the cluster-scale figures were taken so)."""
+        False: at once (the cluster-scale figures were taken so). `keep_alive_per_restart`: the spec
+        setting of that name (None: the fixed `settings.keep_alive_s`), with its default bounds."""
         super().__init__(settings)
         self.activity_at_ticks = activity_at_ticks
         if autoscaling is not None:
             if max_wait_before_preempt_s is not None:
                 raise ValueError("ThawPolicy: give max_wait_before_preempt_s or autoscaling, not both")
+            if keep_alive_per_restart is not None:
+                raise ValueError("ThawPolicy: give keep_alive_per_restart or autoscaling, not both")
             self.autoscaling = autoscaling
         else:
             wait = {} if max_wait_before_preempt_s is None else {"max_wait_before_preempt_s": max_wait_before_preempt_s}
             self.autoscaling = AutoscalingPolicy(min_instances=0, max_instances=settings.max_instances,
                                                  target_ongoing_requests=settings.target_ongoing_requests,
-                                                 keep_alive_s=settings.keep_alive_s, **wait)
+                                                 keep_alive_s=settings.keep_alive_s,
+                                                 keep_alive_per_restart=keep_alive_per_restart, **wait)
         self.sharing = sharing if sharing is not None else SlotSharingSettings()
         self.peer_stream: PeerStreamSettings | None = None
         self.views: NodeViews | None = None
@@ -119,7 +126,10 @@ class ThawPolicy(SimPolicy):
         return {"min_idle_s": eviction.min_idle_s, "usage_half_life_s": eviction.usage_half_life_s,
                 "preempt": self.sharing.preempt, "min_run_s": self.sharing.min_run_s,
                 "max_wait_before_preempt_s": self.autoscaling.max_wait_before_preempt_s,
-                "keep_alive_s": self.autoscaling.keep_alive_s}
+                "keep_alive_s": self.autoscaling.keep_alive_s,
+                "keep_alive_per_restart": self.autoscaling.keep_alive_per_restart,
+                "min_keep_alive_s": self.autoscaling.min_keep_alive_s,
+                "max_keep_alive_s": self.autoscaling.max_keep_alive_s}
 
     # --- callbacks ---------------------------------------------------------------------------
 
@@ -130,7 +140,7 @@ class ThawPolicy(SimPolicy):
             if control.desired == 1 and not control.autoscale.wish_direction and state.last_request_s is not None:
                 # Idle-model fast path: with one instance wanted, decide holds it steady until the
                 # keep-alive runs out; look again only then.
-                self.wake_model_at(state.index, self._seen_s(state.last_request_s) + self.autoscaling.keep_alive_s)
+                self.wake_model_at(state.index, self._seen_s(state.last_request_s) + self._keep_alive_s(control))
             elif control.desired:
                 self.mark(state.index)
         elif control.autoscale.wish_direction or self._desired(demand) != control.desired:
@@ -145,6 +155,10 @@ class ThawPolicy(SimPolicy):
             return time_s
         tick_s = self.ticks.tick_s
         return math.ceil(time_s / tick_s - 1e-9) * tick_s
+
+    def _keep_alive_s(self, control: _ModelControl) -> float:
+        """The model's keep-alive as `decide` computes it (`keep_alive_for`)."""
+        return keep_alive_for(self.autoscaling, control.restart_s)
 
     def _desired(self, demand: int) -> int:
         """`desired_instances(self.autoscaling, demand)`, remembered per demand (called per request)."""
@@ -197,7 +211,7 @@ class ThawPolicy(SimPolicy):
         if state.queue or state.num_ongoing or control.desired != 1 or control.autoscale.wish_direction \
                 or state.last_request_s is None:
             return False
-        return self._seen_s(state.last_request_s) + self.autoscaling.keep_alive_s > now + 1e-9
+        return self._seen_s(state.last_request_s) + self._keep_alive_s(control) > now + 1e-9
 
     def tick(self, now: float) -> None:
         cluster = self.cluster
@@ -228,7 +242,8 @@ class ThawPolicy(SimPolicy):
             control.autoscale = AutoscaleState()
             return  # idle and scaled to zero: decide would say so
         snapshot = LoadSnapshot(num_instances=control.desired, num_ongoing_requests=state.num_ongoing,
-                                num_queued_requests=queued, last_request_s=self._seen_s(state.last_request_s))
+                                num_queued_requests=queued, last_request_s=self._seen_s(state.last_request_s),
+                                restart_s=control.restart_s)
         decision, control.autoscale = decide(self.autoscaling, snapshot, control.autoscale, now)
         control.desired = decision.num_instances
         self._converge(state, control, now)
@@ -238,7 +253,7 @@ class ThawPolicy(SimPolicy):
             self.wake_model_at(state.index, auto.wish_since_s + delay)
         elif demand == 0 and control.desired:
             since = self._seen_s(state.last_request_s) if state.last_request_s is not None else auto.idle_since_s
-            self.wake_model_at(state.index, max(now, (since or now) + self.autoscaling.keep_alive_s))
+            self.wake_model_at(state.index, max(now, (since or now) + self._keep_alive_s(control)))
 
     def _converge(self, state, control: _ModelControl, now: float) -> None:
         live = list(state.instances)
@@ -286,6 +301,8 @@ class ThawPolicy(SimPolicy):
             if path.kind == "stream":
                 source = next(i for i in ready if i.instance_id == path.source_instance_id)
                 self._counts["stream_starts"] += 1
+        # The controller's `ModelState.restart_s`: the chosen node's read of its fastest tier.
+        self._control[state.index].restart_s = self.views.bandwidths.restart_s(weight_bytes)
         cluster.start_instance(state.index, node.index, sim_tier(tier), stream_from=source)
         return True
 

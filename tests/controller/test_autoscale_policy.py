@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controller import AutoscaleState, AutoscalingPolicy, LoadSnapshot, decide
-from controller.autoscale_policy import desired_instances
+from controller.autoscale_policy import desired_instances, keep_alive_for
 
 POLICY = AutoscalingPolicy(
     min_instances=0, max_instances=4, target_ongoing_requests=2,
@@ -211,9 +211,43 @@ def test_restart_with_a_lost_state_only_delays():
     assert decision.num_instances == 3
 
 
+RESTART_POLICY = AutoscalingPolicy(max_instances=4, keep_alive_s=30.0, keep_alive_per_restart=20.0,
+                                   min_keep_alive_s=10.0, max_keep_alive_s=180.0)
+
+
+@pytest.mark.parametrize(
+    ("restart_s", "expected"),
+    [(0.1, 10.0), (0.5, 10.0), (1.5, 30.0), (4.0, 80.0), (9.0, 180.0), (60.0, 180.0), (None, 180.0)],
+)
+def test_keep_alive_per_restart_is_that_multiple_within_its_bounds(restart_s, expected):
+    assert keep_alive_for(RESTART_POLICY, restart_s) == pytest.approx(expected)
+
+
+def test_fixed_keep_alive_ignores_the_restart_time():
+    assert keep_alive_for(POLICY, 9.0) == keep_alive_for(POLICY, 0.1) == keep_alive_for(POLICY, None) == 30.0
+
+
+def test_a_quick_restart_scales_to_zero_sooner_than_a_slow_one():
+    """Idle since t=100: the 0.5 s restart goes at the 10 s floor, the 4 s one holds until 80 s
+    (20 x 4), whatever the fixed keep_alive_s (30) says."""
+    def count_at(now: float, restart_s: float) -> int:
+        snapshot = LoadSnapshot(num_instances=1, last_request_s=100.0, restart_s=restart_s)
+        return decide(RESTART_POLICY, snapshot, AutoscaleState(), now)[0].num_instances
+
+    assert [count_at(t, 0.5) for t in (109.9, 110.0)] == [1, 0]
+    assert [count_at(t, 4.0) for t in (130.0, 179.9, 180.0)] == [1, 1, 0]
+    decision, _ = decide(RESTART_POLICY, LoadSnapshot(num_instances=1, last_request_s=100.0, restart_s=4.0),
+                         AutoscaleState(), 180.0)
+    assert decision.reason == "scale to zero 1 -> 0: idle 80s >= keep-alive 80s (20 x restart 4s)"
+    decision, _ = decide(RESTART_POLICY, LoadSnapshot(num_instances=1, last_request_s=100.0), AutoscaleState(), 150.0)
+    assert decision.reason == "steady at 1: idle 50s of keep-alive 180s (20 x restart unknown)"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
+        ({"num_instances": 1, "restart_s": -1.0}, "restart_s must be a finite number >= 0 or None, got -1.0"),
+        ({"num_instances": 1, "restart_s": float("nan")}, "restart_s must be a finite number >= 0 or None"),
         ({"num_instances": -1}, "num_instances must be an integer >= 0, got -1"),
         ({"num_instances": 1, "num_ongoing_requests": 1.5}, "num_ongoing_requests must be an integer >= 0"),
         ({"num_instances": True}, "num_instances must be an integer >= 0, got True"),

@@ -539,6 +539,33 @@ def test_a_busy_loader_counts_as_wait_on_its_node(tmp_path):
     asyncio.run(scenario())
 
 
+def test_a_keep_alive_per_restart_follows_the_restart_estimate_of_the_node_it_started_on(tmp_path):
+    """The controller records the model's restart estimate (its bytes over the chosen node's
+    fastest tier) when it places it, and the autoscaler's keep-alive is that many restarts."""
+    async def scenario():
+        async with Harness(tmp_path) as h:
+            await h.controller.deploy(spec("acme/m1", h.source("m1"), keep_alive_per_restart=1e6,
+                                           min_keep_alive_s=0.0, max_keep_alive_s=1000.0))
+            assert h.controller.get_model("acme/m1")["restart_s"] is None
+            h.controller.notify_demand("acme/m1", 1)
+            await h.tick()
+            h.controller.notify_demand("acme/m1", 0)
+            restart_s = h.controller.get_model("acme/m1")["restart_s"]
+            [node] = h.controller.status()["nodes"]
+            rate = node["placement_bytes_per_s"]["dram_bytes_per_s"] or node["placement_bytes_per_s"]["ssd_bytes_per_s"]
+            assert restart_s == pytest.approx(MODEL_BYTES / rate)
+            keep_alive_s = 1e6 * restart_s
+            assert 1.0 < keep_alive_s < 1000.0  # neither bound binds: the keep-alive is the multiple
+            await h.tick(keep_alive_s * 0.99)
+            assert len(h.cluster.live_workers()) == 1
+            await h.tick(keep_alive_s * 0.02)
+            assert h.cluster.live_workers() == []
+            assert h.controller.get_model("acme/m1")["last_scale"]["reason"].endswith(
+                f"(1e+06 x restart {restart_s:.3g}s)")
+
+    asyncio.run(scenario())
+
+
 def test_without_slot_sharing_no_free_slot_waits_until_another_model_scales_to_zero(tmp_path):
     """Keep-alive as a hard lease (`slot_sharing=None`); with sharing see test_slot_sharer.py."""
     async def scenario():

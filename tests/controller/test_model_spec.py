@@ -33,8 +33,8 @@ FULL = {
     "resources": {"num_cpus": 2.0, "num_gpus": 1.0, "num_worker_slots": 1},
     "autoscaling": {
         "min_instances": 0, "max_instances": 3, "target_ongoing_requests": 4.0, "upscale_delay_s": 0.5,
-        "downscale_delay_s": 20.0, "keep_alive_s": 120.0, "max_queued_requests": 32, "queue_timeout_s": 15.0,
-        "priority": 3, "max_wait_before_preempt_s": 2.5,
+        "downscale_delay_s": 20.0, "keep_alive_s": 120.0, "keep_alive_per_restart": 15.0, "min_keep_alive_s": 5.0,
+        "max_keep_alive_s": 240.0, "max_queued_requests": 32, "queue_timeout_s": 15.0, "priority": 3, "max_wait_before_preempt_s": 2.5,
     },
 }
 
@@ -182,6 +182,11 @@ def test_invalid_sources(source, reason):
          "autoscaling.target_ongoing_requests: must be a finite number, got nan"),
         ({"autoscaling": {"upscale_delay_s": -1}}, "autoscaling.upscale_delay_s: must be >= 0, got -1"),
         ({"autoscaling": {"keep_alive_s": "60"}}, "autoscaling.keep_alive_s: must be a finite number, got '60'"),
+        ({"autoscaling": {"keep_alive_per_restart": 0}}, "autoscaling.keep_alive_per_restart: must be > 0, got 0"),
+        ({"autoscaling": {"min_keep_alive_s": 200.0}},
+         "autoscaling.max_keep_alive_s: must be >= min_keep_alive_s (200), got 180"),
+        ({"autoscaling": {"max_keep_alive_s": float("inf")}},
+         "autoscaling.max_keep_alive_s: must be a finite number, got inf"),
         ({"autoscaling": {"max_queued_requests": 0}}, "autoscaling.max_queued_requests: must be >= 1, got 0"),
         ({"autoscaling": {"queue_timeout_s": 0}}, "autoscaling.queue_timeout_s: must be > 0, got 0"),
         ({"autoscaling": [1, 2]}, "autoscaling: must be a mapping, got list"),
@@ -295,6 +300,15 @@ def test_spec_from_flags(tmp_path):
             keep_alive_s=10, max_queued_requests=7, queue_timeout_s=2.5,
         ),
     )
+
+
+def test_keep_alive_per_restart_flags():
+    spec = model_spec_from_arguments(_parse(["--name", "acme/llama", "--source", "s3://bucket/llama",
+                                             "--keep-alive-per-restart", "20", "--min-keep-alive-s", "5",
+                                             "--max-keep-alive-s", "120"]))
+    assert (spec.autoscaling.keep_alive_per_restart, spec.autoscaling.min_keep_alive_s,
+            spec.autoscaling.max_keep_alive_s) == (20.0, 5.0, 120.0)
+    assert ModelSpec(tenant="acme", name="x", source="/m").autoscaling.keep_alive_per_restart is None
 
 
 def test_flags_override_a_base_spec_and_absent_flags_do_not():

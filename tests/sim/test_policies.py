@@ -201,3 +201,36 @@ def test_a_models_oldest_wait_is_the_longest_any_queued_request_waited():
     suspended.queued_s, suspended.requeued = 45.0, True  # back at the head: it waits from 45 s, as a new ticket
     state.queue.appendleft(suspended)
     assert state.oldest_wait_s(50.0) == 40.0  # not 5 s: the request behind it has waited since 10 s
+
+
+def test_thaw_keeps_an_idle_model_for_its_keep_alive_per_restart():
+    """With the spec's `keep_alive_per_restart` (20 here), a model that restarts in 0.13 s is
+    stopped at the 10 s floor and one that restarts in 3.8 s after 76 s idle; the fixed
+    keep-alive (60 s) would hold both alike."""
+    big = SimModel(model_id="big", family="llama", params_b=30.0, weight_bytes=60_000_000_000)
+    policy = make_policy("thaw", PolicySettings(), thaw_keep_alive_per_restart=20.0)
+    loop = EventLoop()
+    cluster = SimCluster(ClusterSpec(num_nodes=1, gpus_per_node=2, start_overhead_s=0.0), [MODEL_A, big], COST, H100,
+                         loop)
+    cluster.attach(policy)
+    policy.attach(cluster, TickScheduler(loop, 1.0, policy.tick))
+    released: dict[str, float] = {}
+    original = policy.on_released
+
+    def on_released(instance):
+        released[cluster.models[instance.model_index].model_id] = loop.now
+        original(instance)
+
+    policy.on_released = on_released
+    for model_index in (0, 1):
+        cluster.preload(0, model_index, "dram")
+        arrive(loop, cluster, 0.0, model_index, model_index)
+    loop.run()
+    restart = {m.model_id: m.weight_bytes / COST.dram_Bps for m in (MODEL_A, big)}
+    keep = {"a": 10.0, "big": 20.0 * restart["big"]}
+    assert restart["a"] * 20 < 10.0 < 60.0 < keep["big"] < 180.0  # the fixed 60 s lies between
+    for model_index, model_id in enumerate(("a", "big")):
+        idle_from = cluster.finish_s[model_index]
+        # Stopped at the first whole-second tick at or after the keep-alive ran out.
+        assert idle_from + keep[model_id] - 1e-9 <= released[model_id] < idle_from + keep[model_id] + 1.0 + 1e-9
+    assert policy.describe()["keep_alive_per_restart"] == 20.0

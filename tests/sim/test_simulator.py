@@ -87,7 +87,13 @@ def test_thaws_slot_sharing_settings_come_from_the_config():
         SimConfig(num_models=1, num_nodes=1, thaw_max_wait_before_preempt_s=-1)
     default = run_simulation(SimConfig(policy="thaw", **SMALL))
     assert default.settings == {"min_idle_s": 0.5, "usage_half_life_s": 300.0, "preempt": True, "min_run_s": 2.0,
-                                "max_wait_before_preempt_s": 5.0, "keep_alive_s": 60.0}
+                                "max_wait_before_preempt_s": 5.0, "keep_alive_s": 60.0, "keep_alive_per_restart": 20.0,
+                                "min_keep_alive_s": 10.0, "max_keep_alive_s": 180.0}
+    with pytest.raises(ValueError, match="SimConfig.thaw_keep_alive_per_restart must be a finite number > 0"):
+        SimConfig(num_models=1, num_nodes=1, thaw_keep_alive_per_restart=0)
+    fixed = run_simulation(SimConfig(policy="thaw", thaw_keep_alive_per_restart=None, **SMALL))
+    assert fixed.settings["keep_alive_per_restart"] is None
+    assert fixed.accelerator_s != default.accelerator_s  # the setting reaches the policy
     sharing = SlotSharingSettings(eviction=EvictionSettings(min_idle_s=600.0), preempt=False)
     held = run_simulation(SimConfig(policy="thaw", thaw_sharing=sharing, thaw_max_wait_before_preempt_s=30.0, **SMALL))
     assert held.settings["min_idle_s"] == 600.0 and held.settings["preempt"] is False
