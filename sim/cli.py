@@ -31,7 +31,9 @@ QUICK = {"models": 50, "nodes": 2, "gpus_per_node": 4, "hours": 0.25}
 
 def add_simulate_command(sub) -> None:
     """Registers `simulate` on the `thaw` command's subparsers."""
-    from sim.policies import DEFAULT_THAW_KEEP_ALIVE_PER_RESTART, POLICY_NAMES
+    from sim.policies import POLICY_NAMES, ThawAutoscaling
+
+    spec = ThawAutoscaling()
 
     p = sub.add_parser("simulate", help="replay a workload on a simulated cluster under Thaw's and its peers' policies")
     p.add_argument("--models", type=int, default=1000, help="models in the catalog (default 1000)")
@@ -57,9 +59,16 @@ def add_simulate_command(sub) -> None:
     p.add_argument("--thaw-no-preempt", action="store_true", help="Thaw: never preempt a busy instance")
     p.add_argument("--thaw-max-wait-before-preempt-s", type=float, default=None,
                    help="Thaw: the bounded wait before preempting (model spec default 5)")
-    p.add_argument("--thaw-keep-alive-per-restart", type=float, default=DEFAULT_THAW_KEEP_ALIVE_PER_RESTART,
+    p.add_argument("--thaw-keep-alive-per-restart", type=float, default=spec.keep_alive_per_restart,
                    help="Thaw: keep-alive as this multiple of a model's restart time, 10-180 s (default "
-                        f"{DEFAULT_THAW_KEEP_ALIVE_PER_RESTART:g}); 0: the fixed keep-alive every policy gets")
+                        f"{spec.keep_alive_per_restart:g}); 0: the fixed keep-alive every policy gets")
+    p.add_argument("--thaw-upscale-delay-s", type=float, default=spec.upscale_delay_s,
+                   help=f"Thaw: the spec's upscale_delay_s (default {spec.upscale_delay_s:g})")
+    p.add_argument("--thaw-downscale-delay-s", type=float, default=spec.downscale_delay_s,
+                   help=f"Thaw: the spec's downscale_delay_s (default {spec.downscale_delay_s:g})")
+    p.add_argument("--thaw-controller-defaults", action="store_true",
+                   help="Thaw: the controller's own spec defaults (fixed keep-alive, delays 1 s / 30 s) instead of "
+                        "the three settings above")
     p.set_defaults(func=run_simulate_command)
 
 
@@ -74,6 +83,21 @@ def _thaw_sharing(args):
     eviction = base.eviction if args.thaw_min_idle_s is None else EvictionSettings(min_idle_s=args.thaw_min_idle_s)
     return SlotSharingSettings(eviction=eviction, preempt=not args.thaw_no_preempt,
                                min_run_s=base.min_run_s if args.thaw_min_run_s is None else args.thaw_min_run_s)
+
+
+def _thaw_spec(args):
+    """The `ThawAutoscaling` the --thaw-* spec flags ask for."""
+    from sim.policies import ThawAutoscaling
+
+    if args.thaw_controller_defaults:
+        return ThawAutoscaling.controller_defaults()
+    for flag, value in (("--thaw-keep-alive-per-restart", args.thaw_keep_alive_per_restart),
+                        ("--thaw-upscale-delay-s", args.thaw_upscale_delay_s),
+                        ("--thaw-downscale-delay-s", args.thaw_downscale_delay_s)):
+        if not value >= 0 or value == float("inf"):
+            raise ValueError(f"{flag} must be a finite number >= 0, got {value:g}")
+    return ThawAutoscaling(keep_alive_per_restart=args.thaw_keep_alive_per_restart or None,
+                           upscale_delay_s=args.thaw_upscale_delay_s, downscale_delay_s=args.thaw_downscale_delay_s)
 
 
 def _run_one(config, progress_queue, index: int):
@@ -119,15 +143,13 @@ def run_simulate_command(args) -> int:
         sizes = dict(QUICK)
     policies = list(POLICY_NAMES) if args.policy == "all" else [args.policy]
     try:  # bad input is exit 2 with the message, as every thaw command does
-        if args.thaw_keep_alive_per_restart < 0:
-            raise ValueError(f"--thaw-keep-alive-per-restart must be a number >= 0 (0: the fixed keep-alive), "
-                             f"got {args.thaw_keep_alive_per_restart:g}")
+        thaw_spec = _thaw_spec(args)
         configs = [SimConfig(num_models=sizes["models"], num_nodes=sizes["nodes"], gpus_per_node=sizes["gpus_per_node"],
                              hours=sizes["hours"], seed=args.seed, policy=name,
                              trace_dir=Path(args.trace) if args.trace else None, source=args.source,
                              slo_ttft_s=args.slo_ttft_s, thaw_sharing=_thaw_sharing(args),
                              thaw_max_wait_before_preempt_s=args.thaw_max_wait_before_preempt_s,
-                             thaw_keep_alive_per_restart=args.thaw_keep_alive_per_restart or None)
+                             thaw_spec=thaw_spec)
                    for name in policies]  # all validated before any runs
         if args.workers is not None and args.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {args.workers}")

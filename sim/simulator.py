@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.event_loop import EventLoop
-from sim.policies import DEFAULT_THAW_KEEP_ALIVE_PER_RESTART, POLICY_NAMES, PolicySettings, make_policy
+from sim.policies import POLICY_NAMES, PolicySettings, ThawAutoscaling, make_policy
 from sim.sim_cluster import COLD_START_TIERS, ClusterSpec, SimCluster
 from sim.tick_scheduler import TickScheduler
 
@@ -67,11 +67,10 @@ class SimConfig:
             defaults: evict an instance idle 0.5 s, preempt a busy one ready 2 s).
         thaw_max_wait_before_preempt_s: the model spec's bounded wait before Thaw preempts (None:
             its default, 5 s).
-        thaw_keep_alive_per_restart: Thaw's keep-alive as a multiple of each model's restart time
-            (the spec's `keep_alive_per_restart`, with its default bounds 10-180 s); None: the fixed
-            `keep_alive_s` every policy gets (the controller's default). Default 20: what Thaw would
-            be deployed with on such a cluster (BENCHMARKS.md, "Cluster-scale simulation", shows
-            both). Not used with `thaw_autoscaling`, whose own setting applies.
+        thaw_spec: the spec settings Thaw's policy is deployed with on a GPU cluster
+            (`ThawAutoscaling`: keep-alive per restart, scale delays; its defaults);
+            `ThawAutoscaling.controller_defaults()` for the controller's own. Not used with
+            `thaw_autoscaling`, whose own settings apply.
         thaw_autoscaling: every model's whole `AutoscalingPolicy` for Thaw's policy (its delays,
             keep-alive, bounded wait), as a real deployment's spec gives it (None: built from
             `target_ongoing_requests` / `max_instances` / `keep_alive_s` and the defaults).
@@ -106,7 +105,7 @@ class SimConfig:
     sample_s: float = 60.0
     thaw_sharing: object = None
     thaw_max_wait_before_preempt_s: float | None = None
-    thaw_keep_alive_per_restart: float | None = DEFAULT_THAW_KEEP_ALIVE_PER_RESTART
+    thaw_spec: ThawAutoscaling = field(default_factory=ThawAutoscaling)
     thaw_autoscaling: object = None
     real_controller_timing: bool = False
     hardware: object = None
@@ -140,9 +139,9 @@ class SimConfig:
             object.__setattr__(self, "thaw_max_wait_before_preempt_s",
                                _seconds("thaw_max_wait_before_preempt_s", self.thaw_max_wait_before_preempt_s,
                                         allow_zero=True))
-        if self.thaw_keep_alive_per_restart is not None:
-            object.__setattr__(self, "thaw_keep_alive_per_restart",
-                               _seconds("thaw_keep_alive_per_restart", self.thaw_keep_alive_per_restart))
+        if not isinstance(self.thaw_spec, ThawAutoscaling):
+            raise ValueError(f"SimConfig.thaw_spec must be a sim.policies.ThawAutoscaling, "
+                             f"got {type(self.thaw_spec).__name__}")
         if self.thaw_autoscaling is not None:
             from controller import AutoscalingPolicy
             if not isinstance(self.thaw_autoscaling, AutoscalingPolicy):
@@ -284,8 +283,7 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
                          thaw_max_wait_before_preempt_s=config.thaw_max_wait_before_preempt_s,
                          thaw_autoscaling=config.thaw_autoscaling,
                          thaw_activity_at_ticks=config.real_controller_timing,
-                         thaw_keep_alive_per_restart=(config.thaw_keep_alive_per_restart
-                                                      if config.thaw_autoscaling is None else None))
+                         thaw_spec=config.thaw_spec if config.thaw_autoscaling is None else None)
     decision_s: list[float] = []
 
     def on_tick(now: float) -> None:

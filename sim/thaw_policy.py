@@ -47,7 +47,7 @@ from controller import (AutoscaleState, AutoscalingPolicy, EvictionCandidate, In
                         choose_load_path, choose_preemption, decide, desired_instances, keep_alive_for, order_waiting,
                         place)
 from sim.node_views import NodeViews, sim_tier
-from sim.policies import PolicySettings, SimPolicy
+from sim.policies import PolicySettings, SimPolicy, ThawAutoscaling
 from sim.sim_instance import InstancePhase
 
 __all__ = ["ThawPolicy"]
@@ -72,28 +72,28 @@ class ThawPolicy(SimPolicy):
     def __init__(self, settings: PolicySettings, *, sharing: SlotSharingSettings | None = None,
                  max_wait_before_preempt_s: float | None = None,
                  autoscaling: AutoscalingPolicy | None = None, activity_at_ticks: bool = False,
-                 keep_alive_per_restart: float | None = None) -> None:
+                 spec: ThawAutoscaling | None = None) -> None:
         """`sharing` and `max_wait_before_preempt_s`: the controller config's `slot_sharing` and the
         model spec's bounded wait (None: the controller's defaults), so a setting is studied with
         the same code. `autoscaling`: every model's whole spec policy instead (a real deployment's,
         to replay it); `settings` then only says what the other policies get. `activity_at_ticks`:
         a model's last request is known at the next tick (`_seen_s`), as the controller learns it;
-        False: at once (the cluster-scale figures were taken so). `keep_alive_per_restart`: the spec
-        setting of that name (None: the fixed `settings.keep_alive_s`), with its default bounds."""
+        False: at once (the cluster-scale figures were taken so). `spec`: the spec's keep-alive
+        and delay settings (`ThawAutoscaling`; None: the controller's defaults)."""
         super().__init__(settings)
         self.activity_at_ticks = activity_at_ticks
         if autoscaling is not None:
             if max_wait_before_preempt_s is not None:
                 raise ValueError("ThawPolicy: give max_wait_before_preempt_s or autoscaling, not both")
-            if keep_alive_per_restart is not None:
-                raise ValueError("ThawPolicy: give keep_alive_per_restart or autoscaling, not both")
+            if spec is not None:
+                raise ValueError("ThawPolicy: give spec or autoscaling, not both")
             self.autoscaling = autoscaling
         else:
             wait = {} if max_wait_before_preempt_s is None else {"max_wait_before_preempt_s": max_wait_before_preempt_s}
             self.autoscaling = AutoscalingPolicy(min_instances=0, max_instances=settings.max_instances,
                                                  target_ongoing_requests=settings.target_ongoing_requests,
                                                  keep_alive_s=settings.keep_alive_s,
-                                                 keep_alive_per_restart=keep_alive_per_restart, **wait)
+                                                 **(spec.spec_fields() if spec is not None else {}), **wait)
         self.sharing = sharing if sharing is not None else SlotSharingSettings()
         self.peer_stream: PeerStreamSettings | None = None
         self.views: NodeViews | None = None
@@ -129,7 +129,9 @@ class ThawPolicy(SimPolicy):
                 "keep_alive_s": self.autoscaling.keep_alive_s,
                 "keep_alive_per_restart": self.autoscaling.keep_alive_per_restart,
                 "min_keep_alive_s": self.autoscaling.min_keep_alive_s,
-                "max_keep_alive_s": self.autoscaling.max_keep_alive_s}
+                "max_keep_alive_s": self.autoscaling.max_keep_alive_s,
+                "upscale_delay_s": self.autoscaling.upscale_delay_s,
+                "downscale_delay_s": self.autoscaling.downscale_delay_s}
 
     # --- callbacks ---------------------------------------------------------------------------
 

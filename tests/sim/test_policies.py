@@ -10,7 +10,7 @@ import pytest
 
 from sim.cost_model import H100, default_cost_model
 from sim.event_loop import EventLoop
-from sim.policies import PolicySettings, make_policy
+from sim.policies import PolicySettings, ThawAutoscaling, make_policy
 from sim.sim_cluster import ClusterSpec, SimCluster
 from sim.sim_models import SimModel
 from sim.tick_scheduler import TickScheduler
@@ -208,7 +208,7 @@ def test_thaw_keeps_an_idle_model_for_its_keep_alive_per_restart():
     stopped at the 10 s floor and one that restarts in 3.8 s after 76 s idle; the fixed
     keep-alive (60 s) would hold both alike."""
     big = SimModel(model_id="big", family="llama", params_b=30.0, weight_bytes=60_000_000_000)
-    policy = make_policy("thaw", PolicySettings(), thaw_keep_alive_per_restart=20.0)
+    policy = make_policy("thaw", PolicySettings(), thaw_spec=ThawAutoscaling(keep_alive_per_restart=20.0))
     loop = EventLoop()
     cluster = SimCluster(ClusterSpec(num_nodes=1, gpus_per_node=2, start_overhead_s=0.0), [MODEL_A, big], COST, H100,
                          loop)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from infra.cli import main
+from sim.policies import ThawAutoscaling
 from sim.simulator import SimConfig, run_simulation
 
 SMALL = dict(num_models=30, num_nodes=2, gpus_per_node=2, hours=0.1, seed=3)
@@ -87,13 +88,19 @@ def test_thaws_slot_sharing_settings_come_from_the_config():
         SimConfig(num_models=1, num_nodes=1, thaw_max_wait_before_preempt_s=-1)
     default = run_simulation(SimConfig(policy="thaw", **SMALL))
     assert default.settings == {"min_idle_s": 0.5, "usage_half_life_s": 300.0, "preempt": True, "min_run_s": 2.0,
-                                "max_wait_before_preempt_s": 5.0, "keep_alive_s": 60.0, "keep_alive_per_restart": 20.0,
-                                "min_keep_alive_s": 10.0, "max_keep_alive_s": 180.0}
-    with pytest.raises(ValueError, match="SimConfig.thaw_keep_alive_per_restart must be a finite number > 0"):
-        SimConfig(num_models=1, num_nodes=1, thaw_keep_alive_per_restart=0)
-    fixed = run_simulation(SimConfig(policy="thaw", thaw_keep_alive_per_restart=None, **SMALL))
-    assert fixed.settings["keep_alive_per_restart"] is None
-    assert fixed.accelerator_s != default.accelerator_s  # the setting reaches the policy
+                                "max_wait_before_preempt_s": 5.0, "keep_alive_s": 60.0, "keep_alive_per_restart": 30.0,
+                                "min_keep_alive_s": 10.0, "max_keep_alive_s": 180.0, "upscale_delay_s": 0.0,
+                                "downscale_delay_s": 600.0}
+    with pytest.raises(ValueError, match="ThawAutoscaling.keep_alive_per_restart must be a finite number > 0 or None"):
+        ThawAutoscaling(keep_alive_per_restart=0)
+    with pytest.raises(ValueError, match="ThawAutoscaling.downscale_delay_s must be a finite number >= 0 or None"):
+        ThawAutoscaling(downscale_delay_s=-1)
+    with pytest.raises(ValueError, match="SimConfig.thaw_spec must be a sim.policies.ThawAutoscaling, got dict"):
+        SimConfig(num_models=1, num_nodes=1, thaw_spec={"keep_alive_per_restart": 20})
+    controller = run_simulation(SimConfig(policy="thaw", thaw_spec=ThawAutoscaling.controller_defaults(), **SMALL))
+    assert (controller.settings["keep_alive_per_restart"], controller.settings["upscale_delay_s"],
+            controller.settings["downscale_delay_s"]) == (None, 1.0, 30.0)
+    assert controller.accelerator_s != default.accelerator_s  # the settings reach the policy
     sharing = SlotSharingSettings(eviction=EvictionSettings(min_idle_s=600.0), preempt=False)
     held = run_simulation(SimConfig(policy="thaw", thaw_sharing=sharing, thaw_max_wait_before_preempt_s=30.0, **SMALL))
     assert held.settings["min_idle_s"] == 600.0 and held.settings["preempt"] is False
