@@ -30,10 +30,12 @@ only when `desired_instances` changes), eviction when no instance is idle, preem
 wait bound or when nothing is busy.
 
 Settings: the controller's defaults (`SlotSharingSettings()`, `AutoscalingPolicy`'s
-`max_wait_before_preempt_s`), or those a run passes (`SimConfig.thaw_sharing`,
-`thaw_max_wait_before_preempt_s`, or a whole spec `AutoscalingPolicy` in `thaw_autoscaling` to
-replay a real deployment; `thaw simulate --thaw-*`): the same code under another config, which is
-how a setting is studied. `describe()` reports the ones a run used.
+`max_wait_before_preempt_s`) with the spec's keep-alive and delays of `sim.policies.ThawAutoscaling`
+(keep-alive per restart, scale-up at once, extras kept 600 s: what a GPU deployment would set; each
+model's restart estimate taken at its start, as the controller's `ModelState.restart_s`), or
+those a run passes (`SimConfig.thaw_sharing`, `thaw_max_wait_before_preempt_s`, `thaw_spec`, or a
+whole spec `AutoscalingPolicy` in `thaw_autoscaling` to replay a real deployment; `thaw simulate
+--thaw-*`): the same code under another config, which is how a setting is studied. `describe()` reports the ones a run used.
 """
 
 from __future__ import annotations
