@@ -160,10 +160,10 @@ def decide(
         )
 
     idle_s = 0.0
+    keep_alive_s = keep_alive_for(policy, snapshot.restart_s)
     if demand == 0:
         idle_from = snapshot.last_request_s if snapshot.last_request_s is not None else idle_since
         idle_s = max(0.0, now - idle_from)
-        keep_alive_s = keep_alive_for(policy, snapshot.restart_s)
         if policy.min_instances == 0 and idle_s >= keep_alive_s:
             return (
                 ScaleDecision(0, 0, f"scale to zero {current} -> 0: idle {idle_s:g}s >= "
@@ -177,7 +177,7 @@ def decide(
     if desired == current:
         reason = f"steady at {current}"
         if demand == 0 and policy.min_instances == 0:
-            reason += f": idle {idle_s:g}s of {_keep_alive_text(policy, snapshot.restart_s, keep_alive_for(policy, snapshot.restart_s))}"
+            reason += f": idle {idle_s:g}s of {_keep_alive_text(policy, snapshot.restart_s, keep_alive_s)}"
         return ScaleDecision(current, desired, reason), AutoscaleState(idle_since_s=idle_since)
 
     direction = 1 if desired > current else -1

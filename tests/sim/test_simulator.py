@@ -129,3 +129,7 @@ def test_thaw_simulate_bad_sizes_exit_2_with_the_message(capsys):
     assert "num_models must be an integer >= 1, got 0" in capsys.readouterr().err
     assert main(["simulate", "--quick", "--workers", "0"]) == 2
     assert "--workers must be >= 1" in capsys.readouterr().err
+    assert main(["simulate", "--quick", "--thaw-downscale-delay-s", "-1"]) == 2
+    assert "--thaw-downscale-delay-s must be a finite number >= 0, got -1" in capsys.readouterr().err
+    assert main(["simulate", "--quick", "--thaw-keep-alive-per-restart", "nan"]) == 2
+    assert "--thaw-keep-alive-per-restart must be a finite number >= 0, got nan" in capsys.readouterr().err
