@@ -143,8 +143,8 @@ class ClusterClient(ABC):
 
     @abstractmethod
     async def stop_worker(self, handle: ActorHandle, timeout_s: float) -> None:
-        """Shut the worker down (open requests end with "abort") and end its actor; a worker
-        that is already gone counts as stopped."""
+        """Shut the worker down (open requests end "suspended": the gateway continues them on the
+        model's next instance) and end its actor; a worker that is already gone counts as stopped."""
 
     @abstractmethod
     async def release_worker(self, handle: ActorHandle, timeout_s: float) -> None:

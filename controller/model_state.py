@@ -69,8 +69,14 @@ class ModelState:
                            tool_call_format=self.tool_call_format)
 
     def report_queue(self, reporter: str, num_queued: int, now: float, oldest_wait_s: float = 0.0) -> None:
+        """A gateway's queue length for the model now. Requests waiting are requests seen; so is
+        a queue that got shorter: its requests went to an instance just now, before that
+        instance's next load report can show them. Without that, a short keep-alive could scale
+        the model to zero between the hand-over and the report, under the requests it was
+        started for."""
+        previous = self.queue_reports.get(reporter)
         self.queue_reports[reporter] = (num_queued, max(0.0, oldest_wait_s), now)
-        if num_queued > 0:
+        if num_queued > 0 or (previous is not None and previous[0] > num_queued):
             self.last_request_s = now
 
     def num_queued_requests(self, now: float, ttl_s: float) -> int:

@@ -45,7 +45,10 @@ that serves on (`wire.RequestFailedError`) is not retried at all. A stream
 that ends with finish reason "suspended" (the controller preempted its instance's slot for
 another model) is no failure: the request goes back into its model's queue the same way, with a
 fresh queue deadline, and its model's next instance continues it from the tokens the client has;
-the client sees a pause (with progress comments while it waits), never an error.
+the client sees a pause (with progress comments while it waits), never an error. (Workers end
+their streams "suspended" when they are stopped, too: a stop that raced a request lands here.) A
+stream that ends "abort" without this gateway having aborted it is treated as its instance's
+death: the client's stream is never cut short with a finish reason it did not cause.
 
 Generation goes through `serving_cluster`, which follows a request live-migrated to another
 instance (`migration.follow_generation`) and whose early close ``ray.cancel``s the stream and so
@@ -94,6 +97,8 @@ __all__ = ["RayBackendConfig", "RayGatewayBackend", "model_info_from_record"]
 
 logger = logging.getLogger(__name__)
 
+# A stream's finish reason when its request was aborted (by this gateway, or by its instance).
+ABORTED = "abort"
 # How many more instances a request is tried on after an engine died in a forward pass it was in.
 _MAX_SUSPECT_RETRIES = 1
 
@@ -234,6 +239,15 @@ class RayGatewayBackend:
                                     yield gateway_chunk(dataclasses.replace(chunk, finish_reason=None), queue_s)
                                     first, queue_s = False, None
                                 break
+                            if chunk.finish_reason == ABORTED and not request.aborted:
+                                # An abort this gateway did not ask for: its instance ended it on
+                                # its own (a stop that did not suspend it). Carried on elsewhere
+                                # from what the client has, as after a death, not cut short.
+                                if chunk.token_ids:
+                                    yield gateway_chunk(dataclasses.replace(chunk, finish_reason=None), queue_s)
+                                    first, queue_s = False, None
+                                raise InstanceGone(f"instance {route.instance_id} ended request {request_id} "
+                                                   "without being asked to")
                             yield gateway_chunk(chunk, queue_s)
                             first, queue_s = False, None
                     if not suspended:

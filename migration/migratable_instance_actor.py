@@ -197,6 +197,8 @@ class MigratableInstanceActor(InstanceWorkerActor):
     async def _adopted_chunks(self, request_id: str) -> AsyncIterator[GenerationChunk]:
         """An imported request's outputs as `GenerationChunk`s; closing early aborts it."""
         outputs = (await self._migration()).adopted_stream(request_id)
+        # Held here: `release_model` lets the worker go while this stream still ends "suspended".
+        worker = self._model_worker()
         self._resumed.add(request_id)
         try:
             async with contextlib.aclosing(outputs):
@@ -205,7 +207,7 @@ class MigratableInstanceActor(InstanceWorkerActor):
                         request_id=request_id,
                         text=out.new_text,
                         token_ids=out.new_token_ids,
-                        finish_reason=self._model_worker().finish_reason(request_id, out.finish_reason),
+                        finish_reason=worker.finish_reason(request_id, out.finish_reason),
                         num_prompt_tokens=out.num_prompt_tokens,
                         num_completion_tokens=out.num_output_tokens,
                         logprobs=out.logprobs,  # of the tokens generated here; those streamed before are the client's
@@ -237,10 +239,9 @@ class MigratableInstanceActor(InstanceWorkerActor):
     async def release_model(self, timeout_s: float = 10.0) -> None:
         """The base's, with the migration endpoint of the model let go too (the process becomes a
         spare; a later ``assign`` builds a new endpoint over the new engine). Imported requests
-        are aborted as in ``shutdown``."""
+        end "suspended" as in ``shutdown``."""
         if self._endpoint is not None:
-            for request_id in self._imported_request_ids():
-                self._endpoint.async_engine.abort(request_id)
+            self.suspend_requests()
             self._endpoint.close()
         self._endpoint = None
         self._resumed.clear()
@@ -253,11 +254,11 @@ class MigratableInstanceActor(InstanceWorkerActor):
         return self._worker.suspend(self._imported_request_ids())
 
     async def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Aborts the imported requests too (the base aborts the ones it started), so their
-        streams end with "abort" instead of waiting on a stopped engine, then shuts down."""
+        """Ends the imported requests' streams "suspended" too (the base does it for the ones it
+        started), so they continue on the model's next instance instead of waiting on a stopped
+        engine, then shuts down."""
         if self._endpoint is not None:
-            for request_id in self._imported_request_ids():
-                self._endpoint.async_engine.abort(request_id)
+            self.suspend_requests()
             self._endpoint.close()
         await super().shutdown(timeout_s)
 

@@ -12,7 +12,8 @@ the model instead of failing, and a load that fails is reported by ``ready()`` â
 actor that dies in its constructor or hangs.
 
 `suspend` ends every stream with finish reason "suspended" when the slot is preempted for another
-model; the gateway continues those requests on the model's next instance.
+model, and `shutdown` does the same when the instance stops; the gateway continues those requests
+on the model's next instance.
 
 Requests are validated before they touch the engine and refused with `InvalidFieldError`, which
 names the offending field (OpenAI's error ``param``) so the gateway answers 400 pointing at it.
@@ -275,8 +276,15 @@ class InstanceWorker:
         return self.state
 
     async def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Stops taking requests, aborts the open ones (their streams end with "abort") and stops
-        the engine thread. Idempotent.
+        """Stops taking requests, ends the open ones' streams with finish reason "suspended" (as
+        `suspend` does) and stops the engine thread. Idempotent.
+
+        "Suspended", not "abort": the instance goes away through no fault of its requests, so the
+        gateway continues each on its model's next instance from the tokens its client has. A
+        stop can race a request the controller's drain did not see yet (routed just before the
+        instance left the routing table, or still being tokenized); that request must lose
+        nothing either. A request that arrives once the instance is stopped gets `EngineDeadError`
+        before any token, which the gateway retries elsewhere.
 
         Waits up to ``timeout_s`` for the open streams to close, which needs their readers to keep
         reading â€” Ray does, in the actor; a plain caller must not await this from its only reader.
@@ -291,10 +299,9 @@ class InstanceWorker:
             if self._peer is not None:
                 await asyncio.to_thread(self._peer.close)
             return
-        # Aborts first, and wait for the streams to close: AsyncEngine.shutdown stops its thread
-        # without answering open streams, which would leave their callers waiting forever.
-        for request_id in list(self._open_streams):
-            async_engine.abort(request_id)
+        # Ends the streams first, and waits for them to close: AsyncEngine.shutdown stops its
+        # thread without answering open streams, which would leave their callers waiting forever.
+        self.suspend()
         closing = list(self._open_streams.values())
         if closing:
             await asyncio.wait(closing, timeout=timeout_s)
@@ -381,7 +388,8 @@ class InstanceWorker:
         model's next instance, which continues each from the tokens its client received.
         `other_request_ids`: requests this engine runs whose streams are not this class's (taken
         in by migration); they are aborted and reported "suspended" by `finish_reason` too.
-        Returns the ids suspended. Used when the slot is preempted for another model."""
+        Returns the ids suspended. Used when the slot is preempted for another model, and by
+        `shutdown`."""
         self._suspending = True
         request_ids = sorted(set(self._open_streams) | set(other_request_ids))
         self._suspended.update(request_ids)

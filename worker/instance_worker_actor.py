@@ -229,7 +229,7 @@ def start_spare_worker(*, name: str | None = None, namespace: str | None = None,
 
 
 def stop_instance_worker(handle, timeout_s: float = 30.0) -> None:
-    """Shuts the instance down cleanly (open streams end with "abort", the engine thread stops),
+    """Shuts the instance down cleanly (open streams end "suspended", the engine thread stops),
     then ends the actor. An actor that is already gone counts as stopped."""
     import ray
 

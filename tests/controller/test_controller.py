@@ -539,6 +539,29 @@ def test_a_busy_loader_counts_as_wait_on_its_node(tmp_path):
     asyncio.run(scenario())
 
 
+def test_the_keep_alive_counts_from_when_the_queue_went_to_an_instance(tmp_path):
+    """A gateway's report that its queue got shorter is a request seen: the requests went to an
+    instance whose next load report has not shown them yet. Counting the keep-alive from the
+    last report of a non-empty queue instead scaled a model to zero under the requests it had
+    just been started for (a truncated stream in a CI run, keep-alive 1 s)."""
+    async def scenario():
+        async with Harness(tmp_path) as h:
+            await h.controller.deploy(spec("acme/m1", h.source("m1"), keep_alive_s=1.0, downscale_delay_s=0.0))
+            h.controller.notify_demand("acme/m1", 1)
+            await h.tick()  # t = 0: waiting, so seen; the instance starts
+            [worker] = h.cluster.live_workers()
+            h.clock.advance(0.9)
+            h.controller.notify_demand("acme/m1", 0)  # t = 0.9: handed to the instance, between two ticks
+            await h.tick(0.6)  # t = 1.5: the instance's report does not show it yet (0 ongoing)
+            assert h.cluster.live_workers() == [worker], h.controller.get_model("acme/m1")["last_scale"]
+            await h.tick(0.5)  # t = 2.0: 1.1 s after the hand-over, with nothing ongoing
+            assert h.cluster.live_workers() == []
+            assert h.controller.get_model("acme/m1")["last_scale"]["reason"] == (
+                "scale to zero 1 -> 0: idle 1.1s >= keep_alive_s 1")
+
+    asyncio.run(scenario())
+
+
 def test_a_keep_alive_per_restart_follows_the_restart_estimate_of_the_node_it_started_on(tmp_path):
     """The controller records the model's restart estimate (its bytes over the chosen node's
     fastest tier) when it places it, and the autoscaler's keep-alive is that many restarts."""

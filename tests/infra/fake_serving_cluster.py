@@ -70,6 +70,8 @@ class FakeCluster:
         self.fail_before_first: set[str] = set()  # instance ids whose actor is gone
         self.fail_after_first: set[str] = set()
         self.suspend_after_first: set[str] = set()  # instance ids whose slot is preempted mid-stream
+        # instance ids that end a stream "abort" on their own after its first token (with one more token)
+        self.abort_after_first: set[str] = set()
         self.refuse: Exception | None = None
         self.unreachable = False
         self._releases: dict[str, asyncio.Event] = {}
@@ -175,6 +177,12 @@ class FakeCluster:
                         yield GenerationChunk(request_id=request_id, text="", token_ids=(),
                                               finish_reason="suspended", num_prompt_tokens=4,
                                               num_completion_tokens=i + 1)
+                        finished = True
+                        return
+                    if r.instance_id in self.abort_after_first and not last:
+                        yield GenerationChunk(request_id=request_id, text=f"t{i + 1} ", token_ids=(101 + i,),
+                                              finish_reason="abort", num_prompt_tokens=4,
+                                              num_completion_tokens=i + 2)
                         finished = True
                         return
                     if self.hold:

@@ -311,6 +311,23 @@ def test_a_suspended_request_waits_for_the_models_next_instance_and_continues_fr
     run(test)(cluster, dataclasses.replace(FAST, max_attempts=1))
 
 
+def test_an_abort_the_gateway_did_not_ask_for_is_continued_elsewhere_not_cut_short():
+    cluster = FakeCluster()
+    cluster.records[MODEL] = record(MODEL, queue_timeout_s=30.0)
+    cluster.set_routes(MODEL, [route("stopping"), route("next", ongoing=9)])
+    cluster.abort_after_first = {"stopping"}
+
+    async def test(cluster, backend):
+        chunks = await collect(backend, "cut")
+        # Its two tokens from "stopping" reach the client; "next" continues from them.
+        assert cluster.served == [("cut", "stopping"), ("cut", "next", 2)]
+        assert [c.token_ids for c in chunks] == [(100 + i,) for i in range(PARAMS.max_tokens)]
+        assert [c.finish_reason for c in chunks] == [None] * (PARAMS.max_tokens - 1) + ["length"]
+        assert cluster.aborted == [] and backend.inflight() == {}
+
+    run(test)(cluster, dataclasses.replace(FAST, max_attempts=2))
+
+
 def test_worker_refusals_name_the_field_and_a_long_prompt_is_context_length_exceeded():
     cluster = FakeCluster()
     cluster.records[MODEL] = record(MODEL)

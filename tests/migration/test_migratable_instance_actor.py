@@ -3,8 +3,10 @@ with `follow_generation` gets exactly the unmoved output (seeded sampling, both 
 request moves under it, the KV blocks going through Ray's object store; a destination killed
 mid-migration (a real `ray.kill`) leaves the request finishing on the source, whole; a request
 frozen by a driver that died streams on from its source once the freeze's lease runs out; a stream
-that stays quiet with no progress ends with `StreamIdleTimeout` and its request is cancelled; and a
-recovery continues on another checkpoint of the model (a live migration would be refused)."""
+that stays quiet with no progress ends with `StreamIdleTimeout` and its request is cancelled; a
+recovery continues on another checkpoint of the model (a live migration would be refused); and an
+instance shut down ends its streams "suspended", the ones it started and the ones it took in, so
+the gateway continues them elsewhere."""
 
 from __future__ import annotations
 
@@ -252,3 +254,31 @@ def test_a_recovery_continues_on_another_checkpoint_of_the_model(instances, tmp_
         assert idle(redeployed)
     finally:
         stop_instance_worker(redeployed)
+
+
+def test_an_instance_shut_down_ends_its_own_and_its_recovered_streams_suspended(instances, model_dir):
+    stopping = start("inst-stop", model_dir)
+    ray.get(stopping.ready.remote(), timeout=120)
+
+    async def resolve(instance_id):
+        return stopping
+
+    async def main():
+        expected, _ = await read_following(instances, "reference-stop")
+        sent = [t for c in expected[:10] for t in c.token_ids]
+        own = follow_generation(stopping, "own", PROMPT, SEEDED, resolve=resolve)
+        taken_in = follow_generation(stopping, "taken-in", PROMPT, SEEDED, resolve=resolve, sent_token_ids=sent)
+        firsts = [await anext(own), await anext(taken_in)]
+        await asyncio.to_thread(ray.get, stopping.shutdown.remote(30.0), timeout=60)
+        return expected, firsts, [[c async for c in own], [c async for c in taken_in]]
+
+    try:
+        expected, firsts, rests = asyncio.run(asyncio.wait_for(main(), 120))
+    finally:
+        stop_instance_worker(stopping)
+    for first, rest in zip(firsts, rests):
+        chunks = [first, *rest]
+        # Cut short by the stop, and said so: the gateway requeues "suspended"; an "abort" would
+        # reach the client as a truncated answer.
+        assert chunks[-1].finish_reason == "suspended" and all(c.finish_reason is None for c in chunks[:-1])
+        assert chunks[-1].num_completion_tokens < expected[-1].num_completion_tokens

@@ -1,4 +1,4 @@
-"""The model-instance worker without Ray: load reporting, streams, field-named errors, abort, shutdown."""
+"""The model-instance worker without Ray: load reporting, streams, field-named errors, abort, suspension, shutdown."""
 
 from __future__ import annotations
 
@@ -221,7 +221,9 @@ def test_load_failure_is_reported_not_hung(tmp_path):
     assert state_after_shutdown is InstanceState.STOPPED
 
 
-def test_shutdown_aborts_open_streams_and_stops_the_engine_thread(model_dir):
+def test_shutdown_ends_open_streams_suspended_and_stops_the_engine_thread(model_dir):
+    """"Suspended", not "abort": the gateway continues such a request on the model's next
+    instance, so a stop that races a request (the drain did not see it yet) loses nothing."""
     threads_before = set(threading.enumerate())
 
     async def main():
@@ -248,7 +250,7 @@ def test_shutdown_aborts_open_streams_and_stops_the_engine_thread(model_dir):
 
     worker, engine_threads, chunks = asyncio.run(main())
     assert len(engine_threads) == 1 and not engine_threads[0].is_alive()
-    assert chunks[-1].finish_reason == "abort"
+    assert chunks[-1].finish_reason == "suspended" and all(c.finish_reason is None for c in chunks[:-1])
     assert worker.health() is InstanceState.STOPPED and worker.stats().num_ongoing_requests == 0
 
 
