@@ -7,11 +7,12 @@ the policies, acts, and a failure in one step is logged without stopping the oth
 
 One tick (`reconcile_once`):
 
-1. nodes: the live Ray nodes give the logical nodes; each gets its node store (found by name,
-   else started);
-2. reports, gathered in parallel with a timeout each: every store's holdings and rates, every
-   ready worker's stats (a dead or FAILED worker is dropped and replaced; the live report always
-   wins). Prompts waiting on a streamed instance's missing layers go to loaded ones (`PrefillHelper`);
+1. nodes (`NodeRoster.refresh`): the live Ray nodes give the logical nodes; each gets its node
+   store (found by name, else started);
+2. reports (`NodeRoster.gather_reports`), gathered in parallel with a timeout each: every store's
+   holdings and rates, every ready worker's stats (a dead or FAILED worker is dropped and
+   replaced; the live report always wins). Prompts waiting on a streamed instance's missing
+   layers go to loaded ones (`PrefillHelper`);
 3. autoscale, per model: `decide` on ongoing requests (summed over its workers) plus the
    requests the gateways report queued, against the model's desired count; the new count is
    saved, then the instances are converged to it: missing ones placed (`place` over a
@@ -58,9 +59,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from controller.autoscale_policy import AutoscaleState, LoadSnapshot, decide
-from controller.cluster_client import ActorGoneError, ClusterClient
+from controller.cluster_client import ClusterClient
 from controller.checkpoint_copies import CheckpointCopies
-from controller.cluster_node import ClusterNode, node_view, num_used_slots, plan_nodes
+from controller.cluster_node import ClusterNode, node_view, num_used_slots
 from controller.controller_config import ControllerConfig
 from controller.controller_status import node_to_dict, placement_to_dict, scale_to_dict
 from controller.instance_manager import InstanceManager, stop_order
@@ -69,6 +70,7 @@ from controller.engine_settings import engine_config_for
 from controller.model_registry import ModelRegistry
 from controller.model_spec import ModelSpec
 from controller.model_state import ModelState
+from controller.node_roster import NodeRoster
 from controller.placement_policy import PlacementDecision, place
 from controller.prefill_helper import PrefillHelper
 from controller.request_mover import RequestMover
@@ -111,6 +113,7 @@ class Controller:
                                           record=self._recent.append, clock=clock, wall_clock=wall_clock,
                                           before_ready=lambda instance: self._sharer.before_ready(instance),
                                           spares=self._spares if config.spare_workers_per_node else None)
+        self._roster = NodeRoster(config, cluster, self._nodes, self._instances, clock=clock)
         self._mover = RequestMover(config, cluster, self._instances, self._nodes, record=self._record,
                                    wall_clock=wall_clock, is_closed=lambda: self._closed)
         self._num_ticks = 0
@@ -139,7 +142,7 @@ class Controller:
         """Load the registry, find the nodes, adopt the workers still alive."""
         self._registry.load()
         try:
-            await self._refresh_nodes()
+            await self._roster.refresh()
         except Exception:  # noqa: BLE001 - the loop tries again; adoption needs no node list
             logger.exception("listing nodes at start failed")
         await self._instances.adopt(self._nodes)
@@ -341,7 +344,7 @@ class Controller:
             return {"errors": ["shut down"]}
         async with self._tick_lock:
             errors: list[str] = []
-            for name, step in (("nodes", self._refresh_nodes), ("reports", self._gather_reports),
+            for name, step in (("nodes", self._roster.refresh), ("reports", self._roster.gather_reports),
                                ("handoffs", self._helper.hand_over_waiting),
                                ("autoscale", self._autoscale), ("pins", self._copies.reconcile_pins),
                                ("promote", self._promote_to_dram), ("spares", self._replenish_spares)):
@@ -373,63 +376,6 @@ class Controller:
         busy = {i.ray_node_id for i in self._settling_instances()}
         return self._spares.replenish(sorted({node.ray_node_id for node in self._nodes.values()}),
                                       busy_ray_node_ids=busy)
-
-    async def _refresh_nodes(self) -> list[str]:
-        planned = plan_nodes(await self._cluster.list_nodes(), self.config.nodes_per_ray_node,
-                             self.config.cpu_worker_slots_per_node, self.config.excluded_ray_node_ids)
-        for node_id, ray_node_id, num_slots in planned:
-            node = self._nodes.get(node_id)
-            if node is None:
-                self._nodes[node_id] = ClusterNode(node_id, ray_node_id, num_slots)
-                logger.info("node %s (Ray node %s, %d worker slots) joined", node_id, ray_node_id, num_slots)
-            else:
-                node.num_slots = num_slots
-        for node_id in set(self._nodes) - {planned_id for planned_id, _, _ in planned}:
-            logger.warning("node %s left the cluster", node_id)
-            del self._nodes[node_id]
-        unconnected = [node for node in self._nodes.values() if node.store is None]
-        config = self.config
-        results = await asyncio.gather(*(
-            self._cluster.connect_node_store(node.node_id, node.ray_node_id, config.node_store_config(node.node_id))
-            for node in unconnected), return_exceptions=True)
-        errors = []
-        for node, result in zip(unconnected, results):
-            if isinstance(result, BaseException):
-                node.report_error = f"cannot start its store: {result}"
-                errors.append(f"node {node.node_id}: {node.report_error}")
-            else:
-                node.store = result
-        return errors
-
-    async def _gather_reports(self) -> list[str]:
-        timeout_s = self.config.report_timeout_s
-        nodes = [node for node in self._nodes.values() if node.store is not None]
-        ready = [i for i in self._instances.all() if i.phase is InstancePhase.READY and i.handle is not None]
-        results = await asyncio.gather(
-            *(self._cluster.node_store_report(node.store, timeout_s) for node in nodes),
-            *(self._cluster.worker_stats(instance.handle, timeout_s) for instance in ready),
-            return_exceptions=True)
-        errors = []
-        for node, result in zip(nodes, results[:len(nodes)]):
-            if isinstance(result, ActorGoneError):
-                node.store, node.report_error = None, "its store died; starting a new one"
-            elif isinstance(result, BaseException):
-                node.report_error = f"no report: {type(result).__name__}: {result}"
-            else:
-                node.report, node.report_error = result, None
-            if node.report_error:
-                errors.append(f"node {node.node_id}: {node.report_error}")
-        now = self._clock()
-        for instance, result in zip(ready, results[len(nodes):]):
-            if instance.phase is not InstancePhase.READY or self._instances.get(instance.instance_id) is not instance:
-                continue  # stopped while we waited
-            if isinstance(result, ActorGoneError):
-                self._instances.died(instance, str(result))
-            elif isinstance(result, BaseException):
-                errors.append(f"instance {instance.instance_id}: no stats: {type(result).__name__}: {result}")
-            else:
-                self._instances.apply_stats(instance, result, now)
-        return errors
 
     async def _autoscale(self) -> list[str]:
         errors = []
