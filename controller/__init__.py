@@ -96,6 +96,8 @@ _LAZY = {
     "choose_eviction": "controller.eviction_policy",
     "PreemptionCandidate": "controller.preemption_policy",
     "choose_preemption": "controller.preemption_policy",
+    "SlotReclaimCosts": "controller.slot_reclaim_policy",
+    "plan_slot_reclaim": "controller.slot_reclaim_policy",
     "WaitingModel": "controller.slot_queue_policy",
     "order_waiting": "controller.slot_queue_policy",
     "PeerStreamSettings": "controller.stream_source_policy",
@@ -125,6 +127,7 @@ __all__ = [
     "place_locality_blind", "queued_over_quota", "repository_name", "start_controller", "stop_controller",
     "worker_actor_name",
     "desired_instances", "keep_alive_for", "EvictionCandidate", "choose_eviction", "PreemptionCandidate", "choose_preemption",
+    "SlotReclaimCosts", "plan_slot_reclaim",
     "WaitingModel", "order_waiting", "PeerStreamSettings", "choose_load_path", "ManagedInstance", "InstancePhase",
     "UsageMeter",
 ]

@@ -2,7 +2,7 @@
 
     thaw simulate --models N --nodes N --gpus-per-node N --hours H [--trace DIR] --policy NAME|all
                   [--seed S] [--json] [--out DIR] [--quick] [--workers N]
-                  [--thaw-min-idle-s S] [--thaw-min-run-s S] [--thaw-no-preempt]
+                  [--thaw-min-idle-s S] [--thaw-min-run-s S] [--thaw-no-preempt] [--thaw-no-slot-reclaim]
                   [--thaw-max-wait-before-preempt-s S]
 
 A progress bar (tqdm) on stderr follows simulated time across the policies. With `--policy all`
@@ -57,6 +57,9 @@ def add_simulate_command(sub) -> None:
     p.add_argument("--thaw-min-run-s", type=float, default=None,
                    help="Thaw: a busy instance is preempted only after serving this long (controller default 2)")
     p.add_argument("--thaw-no-preempt", action="store_true", help="Thaw: never preempt a busy instance")
+    p.add_argument("--thaw-no-slot-reclaim", action="store_true",
+                   help="Thaw: never free a slot by migrating an instance's requests to a sibling (controller "
+                        "slot_reclaim=None)")
     p.add_argument("--thaw-max-wait-before-preempt-s", type=float, default=None,
                    help="Thaw: the bounded wait before preempting (model spec default 5)")
     p.add_argument("--thaw-keep-alive-per-restart", type=float, default=spec.keep_alive_per_restart,
@@ -149,7 +152,7 @@ def run_simulate_command(args) -> int:
                              trace_dir=Path(args.trace) if args.trace else None, source=args.source,
                              slo_ttft_s=args.slo_ttft_s, thaw_sharing=_thaw_sharing(args),
                              thaw_max_wait_before_preempt_s=args.thaw_max_wait_before_preempt_s,
-                             thaw_spec=thaw_spec)
+                             thaw_spec=thaw_spec, thaw_slot_reclaim=not args.thaw_no_slot_reclaim)
                    for name in policies]  # all validated before any runs
         if args.workers is not None and args.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {args.workers}")

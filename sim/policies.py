@@ -195,16 +195,18 @@ class SimPolicy:
 
 def make_policy(name: str, settings: PolicySettings, *, thaw_sharing=None,
                 thaw_max_wait_before_preempt_s: float | None = None, thaw_autoscaling=None,
-                thaw_activity_at_ticks: bool = False, thaw_spec: ThawAutoscaling | None = None) -> SimPolicy:
+                thaw_activity_at_ticks: bool = False, thaw_spec: ThawAutoscaling | None = None,
+                thaw_slot_reclaim: bool = True) -> SimPolicy:
     """The policy called `name` (one of `POLICY_NAMES`). `thaw_sharing` (a controller
     `SlotSharingSettings`), `thaw_max_wait_before_preempt_s`, `thaw_autoscaling` (a whole
-    controller `AutoscalingPolicy`), `thaw_activity_at_ticks` and `thaw_spec` (a `ThawAutoscaling`)
-    configure Thaw's policy only (None / False: the controller's defaults, activity known at once)."""
+    controller `AutoscalingPolicy`), `thaw_activity_at_ticks`, `thaw_spec` (a `ThawAutoscaling`)
+    and `thaw_slot_reclaim` configure Thaw's policy only (None / False / True: the controller's
+    defaults, activity known at once)."""
     if name == "thaw":
         from sim.thaw_policy import ThawPolicy
         return ThawPolicy(settings, sharing=thaw_sharing, max_wait_before_preempt_s=thaw_max_wait_before_preempt_s,
                           autoscaling=thaw_autoscaling, activity_at_ticks=thaw_activity_at_ticks,
-                          spec=thaw_spec)
+                          spec=thaw_spec, slot_reclaim=thaw_slot_reclaim)
     if name == "serverlessllm":
         from sim.serverlessllm_policy import ServerlessLLMPolicy
         return ServerlessLLMPolicy(settings)

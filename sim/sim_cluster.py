@@ -479,7 +479,9 @@ class SimCluster:
         now = self.loop.now
         back = []
         for flight in flights:
-            flight.needs_prefill = token_based or now < flight.prefill_end_s
+            # Taken mid-prefill (`take_all`: no first token yet), it is prefilled again here
+            # whenever it lands: its KV was not whole, and its first token is still to come.
+            flight.needs_prefill = token_based or flight.first_token_s is None or now < flight.prefill_end_s
             if destination.has_room:
                 destination.admit(flight, now)
             else:  # the destination went away meanwhile, or its batch is full (vLLM's max_num_seqs):

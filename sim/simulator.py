@@ -71,6 +71,9 @@ class SimConfig:
             (`ThawAutoscaling`: keep-alive per restart, scale delays; its defaults);
             `ThawAutoscaling.controller_defaults()` for the controller's own. Not used with
             `thaw_autoscaling`, whose own settings apply.
+        thaw_slot_reclaim: Thaw's policy frees a slot for a cold model when no node has room by
+            migrating a busy instance's requests to a sibling of its model (the controller's default
+            `ControllerConfig.slot_reclaim`); False: never, as ``slot_reclaim=None``.
         thaw_autoscaling: every model's whole `AutoscalingPolicy` for Thaw's policy (its delays,
             keep-alive, bounded wait), as a real deployment's spec gives it (None: built from
             `target_ongoing_requests` / `max_instances` / `keep_alive_s` and the defaults).
@@ -106,6 +109,7 @@ class SimConfig:
     thaw_sharing: object = None
     thaw_max_wait_before_preempt_s: float | None = None
     thaw_spec: ThawAutoscaling = field(default_factory=ThawAutoscaling)
+    thaw_slot_reclaim: bool = True
     thaw_autoscaling: object = None
     real_controller_timing: bool = False
     hardware: object = None
@@ -150,6 +154,8 @@ class SimConfig:
             if self.thaw_max_wait_before_preempt_s is not None:
                 raise ValueError("SimConfig: give thaw_max_wait_before_preempt_s or thaw_autoscaling (whose "
                                  "max_wait_before_preempt_s it is), not both")
+        if not isinstance(self.thaw_slot_reclaim, bool):
+            raise ValueError(f"SimConfig.thaw_slot_reclaim must be True or False, got {self.thaw_slot_reclaim!r}")
         if not isinstance(self.real_controller_timing, bool):
             raise ValueError(f"SimConfig.real_controller_timing must be True or False, "
                              f"got {self.real_controller_timing!r}")
@@ -283,7 +289,8 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
                          thaw_max_wait_before_preempt_s=config.thaw_max_wait_before_preempt_s,
                          thaw_autoscaling=config.thaw_autoscaling,
                          thaw_activity_at_ticks=config.real_controller_timing,
-                         thaw_spec=config.thaw_spec if config.thaw_autoscaling is None else None)
+                         thaw_spec=config.thaw_spec if config.thaw_autoscaling is None else None,
+                         thaw_slot_reclaim=config.thaw_slot_reclaim)
     decision_s: list[float] = []
 
     def on_tick(now: float) -> None:

@@ -12,18 +12,24 @@ Per tick, for each dirty model, in the controller's order (models waiting for a 
    of the default `SlotSharingSettings`; frequency from a `UsageMeter` per model, as the
    controller's), the victim's model's desired count lowered by one, then placement on the freed
    node (as `SlotSharer.steer` does with the held slot);
-4. still none and the oldest request waited `max_wait_before_preempt_s`: `choose_preemption` over
+4. still none, and the model has no ready instance: `plan_slot_reclaim` (the controller's default
+   `SlotReclaimCosts`) over ready instances whose model has a sibling, the victim's requests
+   KV-migrated to that sibling, then placement on the freed node (as `SlotReclaimer.steer`);
+5. still none and the oldest request waited `max_wait_before_preempt_s`: `choose_preemption` over
    busy instances, the victim's requests KV-migrated to another instance of its model
    (`choose_destination`) or suspended, then placement on the freed node;
-5. the load path: `choose_load_path` (`PeerStreamSettings`, with the link rate set to the
+6. the load path: `choose_load_path` (`PeerStreamSettings`, with the link rate set to the
    simulated network's) -- a peer's stream or the tier placement chose.
 
 What is adapted, not the policies: the inputs are built from the simulated cluster; eviction
-sees the `num_idle_candidates` longest-idle instances and preemption the `num_busy_candidates`
-longest-running busy ones rather than all 8,000 (the policies choose among those); a freed slot
+sees the `num_idle_candidates` longest-idle instances, preemption the `num_busy_candidates`
+longest-running busy ones and slot reclaim the instances of `num_busy_candidates` models with a
+sibling, rather than all 8,000 (the policies choose among those); slot reclaim is asked only when
+no node has room (the controller also asks it when a full node would have the model ready sooner
+than the nodes with room: a rarer case, and a costly scan at cluster scale); a freed slot
 is used in the same tick where the cluster's stops are immediate (`ClusterSpec.stop_s` 0, the
 cluster-scale model), and otherwise held for the model it was freed for until the victim is
-gone, as `SlotSharer` holds it (other models' placement does not see it); slot reclaim (`plan_slot_reclaim`) and prefill hand-off are not
+gone, as `SlotSharer` holds it (other models' placement does not see it); prefill hand-off is not
 simulated. Fast paths skip calls whose answer is known: `decide` for a model whose demand asks
 for exactly the instances it has and no wish is pending (the cluster's `on_demand` marks a model
 only when `desired_instances` changes), eviction when no instance is idle, preemption before the
@@ -45,9 +51,9 @@ import math
 
 from controller import (AutoscaleState, AutoscalingPolicy, EvictionCandidate, InstancePhase as ControllerPhase,
                         LoadSnapshot, ManagedInstance, PeerStreamSettings, PlacementDecision, PreemptionCandidate,
-                        SlotSharingSettings, UsageMeter, WaitingModel, choose_destination, choose_eviction,
-                        choose_load_path, choose_preemption, decide, desired_instances, keep_alive_for, order_waiting,
-                        place)
+                        SlotReclaimCosts, SlotSharingSettings, UsageMeter, WaitingModel, choose_destination,
+                        choose_eviction, choose_load_path, choose_preemption, decide, desired_instances, keep_alive_for,
+                        order_waiting, place, plan_slot_reclaim)
 from sim.node_views import NodeViews, sim_tier
 from sim.policies import PolicySettings, SimPolicy, ThawAutoscaling
 from sim.sim_instance import InstancePhase
@@ -74,14 +80,15 @@ class ThawPolicy(SimPolicy):
     def __init__(self, settings: PolicySettings, *, sharing: SlotSharingSettings | None = None,
                  max_wait_before_preempt_s: float | None = None,
                  autoscaling: AutoscalingPolicy | None = None, activity_at_ticks: bool = False,
-                 spec: ThawAutoscaling | None = None) -> None:
+                 spec: ThawAutoscaling | None = None, slot_reclaim: bool = True) -> None:
         """`sharing` and `max_wait_before_preempt_s`: the controller config's `slot_sharing` and the
         model spec's bounded wait (None: the controller's defaults), so a setting is studied with
         the same code. `autoscaling`: every model's whole spec policy instead (a real deployment's,
         to replay it); `settings` then only says what the other policies get. `activity_at_ticks`:
         a model's last request is known at the next tick (`_seen_s`), as the controller learns it;
         False: at once (the cluster-scale figures were taken so). `spec`: the spec's keep-alive
-        and delay settings (`ThawAutoscaling`; None: the controller's defaults)."""
+        and delay settings (`ThawAutoscaling`; None: the controller's defaults). `slot_reclaim`:
+        the controller config's `slot_reclaim` on (its default costs) or off."""
         super().__init__(settings)
         self.activity_at_ticks = activity_at_ticks
         if autoscaling is not None:
@@ -97,6 +104,7 @@ class ThawPolicy(SimPolicy):
                                                  keep_alive_s=settings.keep_alive_s,
                                                  **(spec.spec_fields() if spec is not None else {}), **wait)
         self.sharing = sharing if sharing is not None else SlotSharingSettings()
+        self.reclaim_costs = SlotReclaimCosts() if slot_reclaim else None  # `ControllerConfig.slot_reclaim`
         self.peer_stream: PeerStreamSettings | None = None
         self.views: NodeViews | None = None
         self._control: list[_ModelControl] = []
@@ -108,7 +116,7 @@ class ThawPolicy(SimPolicy):
         # Slots being freed for a model (`SlotSharer`'s holds): model index -> node index. Only
         # when the cluster's stops take time (`ClusterSpec.stop_s`); otherwise the slot is free at once.
         self._holds: dict[int, int] = {}
-        self._counts = {"stream_starts": 0, "evictions_chosen": 0, "preemptions_migrated": 0,
+        self._counts = {"stream_starts": 0, "evictions_chosen": 0, "slot_reclaims": 0, "preemptions_migrated": 0,
                         "preemptions_suspended": 0}
 
     def attach(self, cluster, ticks) -> None:
@@ -127,6 +135,7 @@ class ThawPolicy(SimPolicy):
         eviction = self.sharing.eviction
         return {"min_idle_s": eviction.min_idle_s, "usage_half_life_s": eviction.usage_half_life_s,
                 "preempt": self.sharing.preempt, "min_run_s": self.sharing.min_run_s,
+                "slot_reclaim": self.reclaim_costs is not None,
                 "max_wait_before_preempt_s": self.autoscaling.max_wait_before_preempt_s,
                 "keep_alive_s": self.autoscaling.keep_alive_s,
                 "keep_alive_per_restart": self.autoscaling.keep_alive_per_restart,
@@ -290,7 +299,8 @@ class ThawPolicy(SimPolicy):
             views = self._reserved(self.views.views(state.index, now), state.index)
         decision = place(weight_bytes, views, state.num_slots) if views else None
         if (decision is None or not decision.placed) and state.queue and held is None:
-            decision = self._evict_for(state, now) or self._preempt_for(state, now) or decision
+            decision = self._evict_for(state, now) or self._reclaim_for(state, now) or self._preempt_for(state, now) \
+                or decision
         if decision is None or not decision.placed:
             return False
         node = self.views.node_of(decision.node_id)
@@ -407,6 +417,39 @@ class ThawPolicy(SimPolicy):
         owner.desired = max(self.autoscaling.min_instances, owner.desired - 1)  # `_shrink_after_eviction`
         owner.autoscale = AutoscaleState()
         self._counts["evictions_chosen"] += 1
+        return self._freed_for(state, node, now)
+
+    def _reclaim_for(self, state, now: float) -> PlacementDecision | None:
+        """`SlotReclaimer.steer` when no node has room: `plan_slot_reclaim` over ready instances
+        whose model has another ready instance to take their requests (up to
+        `NUM_BUSY_CANDIDATES` such models, and their siblings); the victim's requests KV-migrated,
+        it stops, and the freed slot is placed on (or held) as after an eviction."""
+        if self.reclaim_costs is None or any(i.phase == InstancePhase.READY for i in state.instances):
+            return None  # a model already served scales out where there is room (the policy's guard)
+        cluster = self.cluster
+        owners: dict[int, list] = {}
+        for instance in cluster.instances.values():
+            if instance.phase == InstancePhase.READY and instance.model_index != state.index \
+                    and instance.node_index >= 0:
+                owners.setdefault(instance.model_index, []).append(instance)
+        siblings = [group for group in owners.values() if len(group) >= 2][:NUM_BUSY_CANDIDATES]
+        if not siblings:
+            return None
+        by_id = {instance.instance_id: instance for group in siblings for instance in group}
+        managed = [self._managed(instance, cluster.models[instance.model_index], now) for instance in by_id.values()]
+        nodes = {instance.node_index: cluster.nodes[instance.node_index] for instance in by_id.values()}
+        decision = place(state.model.weight_bytes,
+                         self._reserved(self.views.views(state.index, now, nodes.values()), state.index),
+                         state.num_slots)
+        if decision.placed:
+            return decision
+        plan, _ = plan_slot_reclaim(state.model_id, decision, managed, (), self.reclaim_costs, state.num_slots)
+        if plan is None:
+            return None
+        victim, destination = by_id[plan.victim_instance_id], by_id[plan.destination_instance_id]
+        node = cluster.nodes[victim.node_index]
+        cluster.migrate(victim, destination, token_based=False)
+        self._counts["slot_reclaims"] += 1
         return self._freed_for(state, node, now)
 
     def _preempt_for(self, state, now: float) -> PlacementDecision | None:

@@ -163,6 +163,51 @@ def test_thaw_preempts_a_busy_instance_only_when_allowed(preempt):
     assert policy.describe()["preempt"] is preempt
 
 
+@pytest.mark.parametrize("reclaim", [True, False])
+def test_thaw_reclaims_a_slot_by_migrating_to_a_sibling_when_no_node_has_room(reclaim):
+    loop, cluster, policy = build("thaw", [MODEL_A, MODEL_B], gpus=2, settings=PolicySettings(target_ongoing_requests=1))
+    if not reclaim:
+        policy.reclaim_costs = None  # the controller's slot_reclaim=None
+    for i in range(2):  # a wants two instances and gets both GPUs; its requests are long
+        arrive(loop, cluster, 0.0, i, 0, output_tokens=200_000)
+    loop.run(until_s=50.0)
+    assert len(cluster.models[0].ready_instances()) == 2
+    arrive(loop, cluster, 50.0, 2, 0, output_tokens=200_000)  # to the instance the first two left idle
+    arrive(loop, cluster, 60.0, 3, 1)  # b waits: no free GPU, nothing idle to evict, 5 s before it may preempt
+    loop.run(until_s=63.0)
+    a_instances = [i for i in cluster.instances.values() if i.model_index == 0]
+    assert cluster.counts["evictions"] == 0 and cluster.counts["preemptions"] == 0
+    assert policy.counts()["slot_reclaims"] == (1 if reclaim else 0)
+    assert policy.describe()["slot_reclaim"] is reclaim
+    if reclaim:  # the instance with one request emptied into its sibling; b loads in its slot
+        assert cluster.counts["migrations"] == 1 and cluster.counts["requests_migrated"] == 1
+        assert [i.num_ongoing for i in a_instances] == [3]
+        assert [cluster.models[i.model_index].model_id for i in cluster.instances.values()] == ["a", "b"]
+    else:
+        assert cluster.counts["migrations"] == 0 and sorted(i.num_ongoing for i in a_instances) == [1, 2]
+
+
+def test_a_request_migrated_mid_prefill_is_prefilled_again_and_gets_its_first_token():
+    loop = EventLoop()
+    long_prompt = 200_000  # its prefill outlasts the migration's pause
+    cluster = SimCluster(ClusterSpec(num_nodes=1, gpus_per_node=2), [MODEL_A], COST, H100, loop)
+    cluster.attach(_Inert())
+    source = cluster.start_instance(0, 0, "dram")
+    destination = cluster.start_instance(0, 0, "dram")
+    loop.run(until_s=1.0)  # both loaded
+    prefill = COST.prefill_s(MODEL_A, H100, long_prompt)
+    pause = COST.migration_pause_s(MODEL_A, H100, 1, long_prompt, "kv")
+    loop.schedule(1.0, cluster.arrive, 0, 0, long_prompt, 5)
+    loop.run(until_s=1.0 + prefill - pause / 2)  # its prefill ends during the pause
+    [holder] = [i for i in (source, destination) if i.num_ongoing]
+    other = destination if holder is source else source
+    cluster.migrate(holder, other, token_based=False)  # by KV, just before its first token
+    loop.run()
+    # It lands after its prefill would have ended, but its first token never came out: prefilled again.
+    assert cluster.ttft_s[0] == pytest.approx(1.0 + prefill - pause / 2 + pause + prefill - 1.0, abs=1e-6)
+    assert cluster.finish_s[0] > cluster.ttft_s[0]
+
+
 class _Inert:
     """A policy that decides nothing (the cluster's own mechanics alone)."""
 

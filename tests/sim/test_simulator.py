@@ -88,7 +88,7 @@ def test_thaws_slot_sharing_settings_come_from_the_config():
         SimConfig(num_models=1, num_nodes=1, thaw_max_wait_before_preempt_s=-1)
     default = run_simulation(SimConfig(policy="thaw", **SMALL))
     assert default.settings == {"min_idle_s": 0.5, "usage_half_life_s": 300.0, "preempt": True, "min_run_s": 2.0,
-                                "max_wait_before_preempt_s": 5.0, "keep_alive_s": 60.0, "keep_alive_per_restart": 30.0,
+                                "slot_reclaim": True, "max_wait_before_preempt_s": 5.0, "keep_alive_s": 60.0, "keep_alive_per_restart": 30.0,
                                 "min_keep_alive_s": 10.0, "max_keep_alive_s": 180.0, "upscale_delay_s": 0.0,
                                 "downscale_delay_s": 600.0}
     with pytest.raises(ValueError, match="ThawAutoscaling.keep_alive_per_restart must be a finite number > 0 or None"):
@@ -107,6 +107,15 @@ def test_thaws_slot_sharing_settings_come_from_the_config():
     assert held.settings["max_wait_before_preempt_s"] == 30.0
     assert held.preemptions == 0 and held.evictions < default.evictions
     assert held.summary()["settings"] == held.settings
+    with pytest.raises(ValueError, match="SimConfig.thaw_slot_reclaim must be True or False, got 'no'"):
+        SimConfig(num_models=1, num_nodes=1, thaw_slot_reclaim="no")
+    assert run_simulation(SimConfig(policy="thaw", thaw_slot_reclaim=False, **SMALL)).settings["slot_reclaim"] is False
+
+
+def test_thaw_simulate_no_slot_reclaim_reaches_thaws_policy(capsys):
+    assert main(["simulate", "--quick", "--policy", "thaw", "--json", "--thaw-no-slot-reclaim"]) == 0
+    [line] = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert line["settings"]["slot_reclaim"] is False and line["counts"]["slot_reclaims"] == 0
 
 
 def test_policies_run_side_by_side_give_the_figures_of_one_after_another():
