@@ -206,8 +206,9 @@ def test_grammar_benchmark_quick():
         assert 0 < figures[f"{library}_p50_us"] <= figures[f"{library}_p99_us"], library
         assert figures[f"{library}_mean_us"] > 0, library
     for key in ("mean", "p99"):
+        # rel 2%: the times are rounded to 0.01 us, the ratio is taken before that rounding
         assert figures[f"{key}_ratio_xgrammar_to_llguidance"] == pytest.approx(
-            figures[f"xgrammar_{key}_us"] / figures[f"llguidance_{key}_us"], rel=0.01)
+            figures[f"xgrammar_{key}_us"] / figures[f"llguidance_{key}_us"], rel=0.02)
     assert figures["apply_one_row_us"]["thaw"] > 0 and figures["apply_one_row_us"]["xgrammar_cpu_kernel"] > 0
 
 
