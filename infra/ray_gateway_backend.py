@@ -91,14 +91,12 @@ from infra.queue_outlooks import QueueOutlooks
 from infra.queue_ticket import QueueTicket, RequestPlace, prune_settled
 from infra.ray_backend_config import RayBackendConfig
 from infra.serving_cluster import InstanceGone, InstanceRoute, ServingCluster
-from wire import SUSPENDED, ChatPrompt, InvalidRequestError, ModelRecord, RequestFailedError, SamplingParams
+from wire import ABORTED, SUSPENDED, ChatPrompt, InvalidRequestError, ModelRecord, RequestFailedError, SamplingParams
 
 __all__ = ["RayBackendConfig", "RayGatewayBackend", "model_info_from_record"]
 
 logger = logging.getLogger(__name__)
 
-# A stream's finish reason when its request was aborted (by this gateway, or by its instance).
-ABORTED = "abort"
 # How many more instances a request is tried on after an engine died in a forward pass it was in.
 _MAX_SUSPECT_RETRIES = 1
 
@@ -219,7 +217,7 @@ class RayGatewayBackend:
                 else:
                     route = admitted
                 if route is None:  # aborted while it waited
-                    yield GenerationChunk(request_id=request_id, text="", token_ids=(), finish_reason="abort",
+                    yield GenerationChunk(request_id=request_id, text="", token_ids=(), finish_reason=ABORTED,
                                           num_prompt_tokens=0, num_completion_tokens=len(sent_token_ids),
                                           queue_s=self._clock() - arrival if first else None)
                     return

@@ -32,8 +32,9 @@ cluster-scale model), and otherwise held for the model it was freed for until th
 gone, as `SlotSharer` holds it (other models' placement does not see it); prefill hand-off is not
 simulated. Fast paths skip calls whose answer is known: `decide` for a model whose demand asks
 for exactly the instances it has and no wish is pending (the cluster's `on_demand` marks a model
-only when `desired_instances` changes), eviction when no instance is idle, preemption before the
-wait bound or when nothing is busy.
+only when `desired_instances` changes), eviction when no instance is idle, slot reclaim for a model
+that has a ready instance (the policy refuses it), preemption before the wait bound or when
+nothing is busy.
 
 Settings: the controller's defaults (`SlotSharingSettings()`, `AutoscalingPolicy`'s
 `max_wait_before_preempt_s`) with the spec's keep-alive and delays of `sim.policies.ThawAutoscaling`
@@ -351,6 +352,14 @@ class ThawPolicy(SimPolicy):
             self._holds[state.index] = node.index
         return decision
 
+    def _place_among(self, state, instances, now: float) -> PlacementDecision:
+        """Placement for `state`'s model over the nodes of `instances` (the candidates a slot may
+        be freed from), slots held for other models taken out: what eviction, slot reclaim and
+        preemption rank their victims' nodes by (placed: a slot there is free after all)."""
+        nodes = {instance.node_index: self.cluster.nodes[instance.node_index] for instance in instances}
+        return place(state.model.weight_bytes,
+                     self._reserved(self.views.views(state.index, now, nodes.values()), state.index), state.num_slots)
+
     def _targets(self, decision: PlacementDecision) -> tuple[dict[str, float], dict[str, int]]:
         """As `SlotSharer._targets`: the waiting model's time to ready and free slots per node."""
         return ({e.node_id: e.ready_s for e in decision.estimates},
@@ -398,10 +407,7 @@ class ThawPolicy(SimPolicy):
                 idle_s=max(0.0, now - since), num_model_instances=len(owner.instances),
                 min_instances=self.autoscaling.min_instances, priority=self.autoscaling.priority,
                 frequency=self._control[owner.index].usage.value(now), reload_s=reload_s, reload_tier=tier))
-        nodes = {instance.node_index: cluster.nodes[instance.node_index] for instance in idle}
-        decision = place(state.model.weight_bytes,
-                         self._reserved(self.views.views(state.index, now, nodes.values()), state.index),
-                         state.num_slots)
+        decision = self._place_among(state, idle, now)
         if decision.placed:
             return decision
         load_s, free = self._targets(decision)
@@ -437,10 +443,7 @@ class ThawPolicy(SimPolicy):
             return None
         by_id = {instance.instance_id: instance for group in siblings for instance in group}
         managed = [self._managed(instance, cluster.models[instance.model_index], now) for instance in by_id.values()]
-        nodes = {instance.node_index: cluster.nodes[instance.node_index] for instance in by_id.values()}
-        decision = place(state.model.weight_bytes,
-                         self._reserved(self.views.views(state.index, now, nodes.values()), state.index),
-                         state.num_slots)
+        decision = self._place_among(state, by_id.values(), now)
         if decision.placed:
             return decision
         plan, _ = plan_slot_reclaim(state.model_id, decision, managed, (), self.reclaim_costs, state.num_slots)
@@ -480,10 +483,7 @@ class ThawPolicy(SimPolicy):
                 ready=True, num_ongoing_requests=instance.num_ongoing, ready_for_s=now - instance.ready_s,
                 priority=self.autoscaling.priority,
                 destination_instance_id=destination.instance_id if destination is not None else None))
-        nodes = {instance.node_index: cluster.nodes[instance.node_index] for instance in busy}
-        decision = place(state.model.weight_bytes,
-                         self._reserved(self.views.views(state.index, now, nodes.values()), state.index),
-                         state.num_slots)
+        decision = self._place_among(state, busy, now)
         if decision.placed:
             return decision
         load_s, free = self._targets(decision)

@@ -44,7 +44,7 @@ Public API:
 
 from wire.chat_prompt import ChatPrompt
 from wire.grammar_spec import GRAMMAR_KINDS, GrammarSpec
-from wire.generation_chunk import SUSPENDED, ChatMessage, GenerationChunk, Prompt
+from wire.generation_chunk import ABORTED, SUSPENDED, ChatMessage, GenerationChunk, Prompt
 from wire.engine_gauges import EngineGauges
 from wire.gateway_metrics_snapshot import GatewayMetricsSnapshot
 from wire.instance_route import InstanceRoute
@@ -62,7 +62,7 @@ from wire.wire_record import WireRecord
 
 __all__ = [
     "GRAMMAR_KINDS", "GrammarSpec", "MAX_LOGPROBS", "MODEL_DEFAULT_FIELDS", "TOOL_CALL_FORMATS", "TokenLogprobs", "detect_tool_call_format",
-    "SUSPENDED", "ActorGoneError", "ActorUnreachableError", "ChatMessage", "ChatPrompt", "GenerationChunk", "InstanceLoadRecord",
+    "ABORTED", "SUSPENDED", "ActorGoneError", "ActorUnreachableError", "ChatMessage", "ChatPrompt", "GenerationChunk", "InstanceLoadRecord",
     "EngineGauges", "GatewayMetricsSnapshot", "InstanceRoute", "ModelRecord", "Prompt", "SamplingParams", "WireRecord", "call", "is_ours",
     "ray_errors_translated", "stream", "translated",
     "InstanceLoad", "InstanceState", "InstanceStats",

@@ -6,8 +6,9 @@ follows a migrated request passes them on. Before this module there were two chu
 worker's named its counts ``num_completion_tokens``, the gateway's ``num_output_tokens`` and
 stored ``finished`` beside ``finish_reason``) and three prompt aliases, with a translation between.
 
-Finish reasons: "stop", "length", "abort" (cancelled) end a request; `SUSPENDED` does not -- the
-instance gave up its slot and the gateway continues the request on the model's next instance. A
+Finish reasons: "stop", "length", `ABORTED` (cancelled) end a request; `SUSPENDED` does not -- the
+instance gave up its slot (preempted, or stopped) and the gateway continues the request on the
+model's next instance. A
 chunk prints without its text (house rule: logs never leak prompts or completions).
 
 A request that asked for log-probabilities (``SamplingParams.logprobs``) gets them in ``logprobs``,
@@ -24,11 +25,14 @@ from wire.chat_prompt import ChatPrompt
 from wire.token_logprobs import TokenLogprobs
 from wire.wire_record import WireRecord, check_count, check_name, check_optional_seconds, check_token_ids
 
-__all__ = ["SUSPENDED", "ChatMessage", "GenerationChunk", "Prompt"]
+__all__ = ["ABORTED", "SUSPENDED", "ChatMessage", "GenerationChunk", "Prompt"]
 
 # The finish reason of a stream whose request left its instance unfinished because the slot was
-# preempted: the client's side (the gateway) continues it on the model's next instance.
+# preempted or the instance stopped: the client's side (the gateway) continues it on the model's
+# next instance.
 SUSPENDED = "suspended"
+# The finish reason of a request cancelled by its caller (the engine's `FinishReason.ABORT`).
+ABORTED = "abort"
 
 # A chat message as `worker.Tokenizer.encode_chat` renders it: {"role": ..., "content": ..., ...}.
 ChatMessage = Mapping[str, Any]

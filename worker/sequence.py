@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from wire import ABORTED
 from worker.sampling_params import SamplingParams
 from worker.token_counts import TokenCounts
 
@@ -35,7 +36,7 @@ class SequenceStatus(enum.Enum):
 class FinishReason(str, enum.Enum):
     STOP = "stop"  # eos, a stop token or a stop string
     LENGTH = "length"  # max_tokens or the model's context
-    ABORT = "abort"  # cancelled by the caller or the client went away
+    ABORT = ABORTED  # cancelled by the caller or the client went away (the wire's finish reason)
     MIGRATED = "migrated"  # handed over to another instance; the stream continues there
     ERROR = "error"  # this request alone failed (sampling, stop handling, detokenizing); the engine goes on
 
