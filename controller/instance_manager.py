@@ -21,7 +21,9 @@ makes it so, one instance at a time, without ever blocking a reconcile tick:
   (or a peer's refusal) is an event ("load_path"); every instance's path and its reason are part
   of it in ``thaw status``.
 - `begin_stop`: out of the routing table at once; the instance finishes its open requests (up
-  to a drain timeout), then shuts down, and its record goes.
+  to a drain timeout), then shuts down, and its record goes. A request still open at the
+  shutdown (past the timeout, or routed there as the stop began) ends "suspended", and the
+  gateway continues it on the model's next instance.
 - `adopt`: after a restart, the records whose actors are alive become instances again (READY
   or still LOADING), the others are forgotten, and a worker actor of the namespace that no
   record accounts for is ended -- so nothing is ever started twice.
