@@ -39,7 +39,8 @@ tenant with ``max_instances`` instances loading or ready gets no placement for a
 gateways' to enforce, from `tenant_quotas`.
 
 The registry (deploy, update, delete, scale, tenants' quotas) is `ModelRegistry`'s; the controller
-forwards to it and gives it what a change means for the cluster (stopping a deleted model's
+forwards to it (a deploy started with `start_deploy` runs as a background job, `DeployJobs`, whose
+progress `deploy_progress` reads) and gives it what a change means for the cluster (stopping a deleted model's
 instances, dropping stale node copies). What the gateway reads of the models is `model_records`
 (`wire.ModelRecord`: queue limits, the deploy time, how each instance was loaded).
 
@@ -63,6 +64,7 @@ from controller.cluster_client import ClusterClient
 from controller.checkpoint_copies import CheckpointCopies
 from controller.cluster_node import ClusterNode, node_view, num_used_slots
 from controller.controller_config import ControllerConfig
+from controller.deploy_jobs import DeployJob, DeployJobs
 from controller.controller_status import node_to_dict, placement_to_dict, scale_to_dict
 from controller.instance_manager import InstanceManager, stop_order
 from controller.managed_instance import InstancePhase, ManagedInstance
@@ -83,7 +85,7 @@ from controller.spare_pool import SparePool
 from controller.state_store import StateStore, open_state_store
 from controller.tenant_quota import instances_over_quota
 from storage import ModelRepository, open_repository
-from wire import EngineGauges, InstanceLoadRecord, ModelRecord
+from wire import DeployProgress, EngineGauges, InstanceLoadRecord, ModelRecord
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +136,7 @@ class Controller:
                                        stop_instances=self._stop_deleted, usage_meter=self._usage_meter,
                                        record=self._record, wall_clock=wall_clock, wake=self._wake.set,
                                        engine_config=lambda spec: engine_config_for(spec, config))
+        self._deploys = DeployJobs(wall_clock=wall_clock, clock=clock)
         self._closed = False
 
     # --- life --------------------------------------------------------------------------------
@@ -171,6 +174,7 @@ class Controller:
             return
         self._closed = True
         self._wake.set()
+        await self._deploys.close()
         for task in list(self._background):
             task.cancel()  # a migration cancelled midway is undone: the request stays on its source
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -198,6 +202,35 @@ class Controller:
         """See `ModelRegistry.deploy`."""
         self._check_open()
         return await self._registry.deploy(spec_data)
+
+    def start_deploy(self, spec_data: Mapping[str, Any] | ModelSpec, update: bool = False) -> DeployProgress:
+        """Starts a deploy (or an update) as a job and answers at once with its first record; what
+        can be refused before any I/O (a bad spec, a model deployed differently or not at all, a
+        deploy of it in flight) raises here as `deploy` would. The job's conversion and upload
+        report their progress (`deploy_progress`). See `DeployJobs`."""
+        self._check_open()
+        spec = self._registry.begin(spec_data, update=update)
+        action = "update" if update else "deploy"
+        if spec is None:  # the same spec again: nothing to do
+            model_id = self._registry.model_id_of(spec_data)
+            return self._deploys.finished(model_id, action, self._registry.model(model_id).spec.to_dict())
+
+        async def work(job: DeployJob) -> dict[str, Any]:
+            return await self._registry.complete(spec, update=update, progress=job.report)
+
+        return self._deploys.start(spec.model_id, action, work)
+
+    def deploy_progress(self, deploy_id: str) -> DeployProgress:
+        """A deploy job's record now; `UnknownDeployError` for an id it does not know."""
+        return self._deploys.get(deploy_id)
+
+    async def wait_deploy(self, deploy_id: str, timeout_s: float) -> DeployProgress:
+        """A deploy job's record once it finished, or after `timeout_s` (a long poll)."""
+        return await self._deploys.wait(deploy_id, timeout_s)
+
+    def recent_deploys(self) -> list[DeployProgress]:
+        """The deploy jobs this controller remembers, oldest first (running ones always)."""
+        return self._deploys.recent()
 
     async def update(self, spec_data: Mapping[str, Any] | ModelSpec) -> dict[str, Any]:
         """See `ModelRegistry.update`."""
@@ -562,6 +595,7 @@ class Controller:
             "slot_reclaims": self._reclaimer.pending(),
             "slot_sharing": self._sharer.status(now),
             "recent_decisions": list(self._recent),
+            "deploys": [record.to_dict() for record in self._deploys.recent()],
         }
 
     def _record(self, decision: dict[str, Any]) -> None:

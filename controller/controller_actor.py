@@ -36,7 +36,7 @@ from controller.controller_config import ControllerConfig
 from controller.gateway_metrics_board import GatewayMetricsBoard
 from controller.ray_cluster_client import RayClusterClient
 from controller.slot_outlook import SlotOutlook
-from wire import EngineGauges, GatewayMetricsSnapshot, ModelRecord
+from wire import DeployProgress, EngineGauges, GatewayMetricsSnapshot, ModelRecord
 
 DEFAULT_CONTROLLER_NAME = "thaw-controller"
 logger = logging.getLogger(__name__)
@@ -56,6 +56,18 @@ class ControllerActor:
 
     async def deploy(self, spec: dict[str, Any]) -> dict[str, Any]:
         return await self._controller.deploy(spec)
+
+    async def start_deploy(self, spec: dict[str, Any], update: bool = False) -> DeployProgress:
+        return self._controller.start_deploy(spec, update)
+
+    async def deploy_progress(self, deploy_id: str) -> DeployProgress:
+        return self._controller.deploy_progress(deploy_id)
+
+    async def wait_deploy(self, deploy_id: str, timeout_s: float) -> DeployProgress:
+        return await self._controller.wait_deploy(deploy_id, timeout_s)
+
+    async def recent_deploys(self) -> list[DeployProgress]:
+        return self._controller.recent_deploys()
 
     async def update(self, spec: dict[str, Any]) -> dict[str, Any]:
         return await self._controller.update(spec)

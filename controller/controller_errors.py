@@ -98,3 +98,16 @@ class UnknownInstanceError(ControllerError, LookupError):
 class MigrationConflictError(ControllerError, RuntimeError):
     """A well-formed migration that cannot happen now (no ready destination, a loading source);
     the message says what would make it possible."""
+
+
+class UnknownDeployError(ControllerError, LookupError):
+    """No deploy job of that id: never started, or forgotten (the controller keeps the most recent
+    ones, and none across a restart)."""
+
+    def __init__(self, deploy_id: str) -> None:
+        super().__init__(f"no deploy {deploy_id!r} (the controller keeps its most recent deploys, and none across "
+                         f"a restart: thaw list shows whether the model is deployed)")
+        self.deploy_id = deploy_id
+
+    def __reduce__(self):
+        return type(self), (self.deploy_id,)

@@ -21,8 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from controller.controller_errors import (DeployConflictError, InvalidSpecError, ModelAlreadyDeployedError,
@@ -34,7 +33,8 @@ from controller.model_state import ModelState
 from controller.state_store import StateStore
 from controller.tenant_quota import TenantQuota
 from controller.usage_meter import UsageMeter
-from storage import ModelRepository, PushConflictError
+from storage import ModelRepository, PushConflictError, PushProgress
+from wire import DeployStage
 
 logger = logging.getLogger(__name__)
 
@@ -99,70 +99,100 @@ class ModelRegistry:
 
     # --- models ------------------------------------------------------------------------------
 
-    async def deploy(self, spec_data: Mapping[str, Any] | ModelSpec) -> dict[str, Any]:
+    @staticmethod
+    def model_id_of(spec_data: Mapping[str, Any] | ModelSpec) -> str:
+        return spec_from(spec_data).model_id
+
+    def begin(self, spec_data: Mapping[str, Any] | ModelSpec, *, update: bool) -> ModelSpec | None:
+        """What a deploy (or update) answers at once, before any I/O: the spec validated, the model
+        known (update) or not yet deployed differently (deploy), and the claim on its id taken (see
+        the module docstring). Returns the spec to pass to `complete`, or None when a deploy has
+        nothing to do (the same spec is deployed already). Synchronous on purpose: no other call
+        runs between the checks and the claim."""
+        spec = spec_from(spec_data)
+        if update:
+            if spec.model_id not in self._models:
+                raise UnknownModelError(spec.model_id)
+        else:
+            existing = self._models.get(spec.model_id)
+            if existing is not None:
+                if _same_deploy(existing.spec, spec):
+                    return None
+                raise ModelAlreadyDeployedError(spec.model_id)
+        self._acquire(spec)
+        return spec
+
+    async def complete(self, spec: ModelSpec, *, update: bool, progress: PushProgress | None = None
+                       ) -> dict[str, Any]:
+        """The I/O part of a deploy or update that `begin` claimed (the claim is released here, however
+        it ends): the checkpoint published (`progress` hears its stages and bytes), then the spec
+        saved and made live. Nothing is visible before the spec is saved, so a failure (or a killed
+        controller) leaves no half-deployed model. Running instances of an updated model keep serving
+        what they loaded; new ones use the new spec and source (no rolling restart)."""
+        model_id = spec.model_id
+        try:
+            published = await self._publish(spec, progress)
+            spec = _with_resolved_tool_parser(spec, published)
+            if progress is not None:
+                progress(DeployStage.REGISTERING, 0, 0)
+            async with self._lock:
+                if update:
+                    state = self._models.get(model_id)
+                    if state is None:  # deleted while we were pushing
+                        raise UnknownModelError(model_id)
+                    self._store.put_model_spec(spec)
+                    state.spec, state.repository_name, state.num_bytes = (spec, published.repository_name,
+                                                                          published.num_bytes)
+                else:
+                    self._store.add_tenant(spec.tenant)
+                    self._store.put_model_spec(spec)
+                    self._store.set_desired_instances(model_id, spec.autoscaling.min_instances)
+                    deployed_s = self._wall_clock()
+                    self._store.set_deployed_s(model_id, deployed_s)
+                    self._models[model_id] = ModelState(spec, published.repository_name,
+                                                        spec.autoscaling.min_instances,
+                                                        num_bytes=published.num_bytes, usage=self._usage_meter(),
+                                                        deployed_s=deployed_s)
+        finally:
+            self._release(model_id)
+        if update:
+            detail = f"repository model {published.repository_name}{' (new content pushed)' if published.pushed else ''}"
+        else:
+            detail = (f"repository model {published.repository_name} "
+                      f"({published.num_bytes} bytes{', pushed' if published.pushed else ''})")
+        self._record(event_to_dict("updated" if update else "deployed", model_id, detail, self._wall_clock()))
+        self._wake()
+        return spec.to_dict()
+
+    async def deploy(self, spec_data: Mapping[str, Any] | ModelSpec, progress: PushProgress | None = None
+                     ) -> dict[str, Any]:
         """Register a model (pushing a local source into the repository once); returns the stored
         spec. Deploying the same spec again is a no-op; a different one needs `update`."""
-        spec = spec_from(spec_data)
-        existing = self._models.get(spec.model_id)
-        if existing is not None:
-            if _same_deploy(existing.spec, spec):
-                return existing.spec.to_dict()
-            raise ModelAlreadyDeployedError(spec.model_id)
-        with self._claim(spec):
-            published = await self._publish(spec)
-            spec = _with_resolved_tool_parser(spec, published)
-            async with self._lock:
-                self._store.add_tenant(spec.tenant)
-                self._store.put_model_spec(spec)
-                self._store.set_desired_instances(spec.model_id, spec.autoscaling.min_instances)
-                deployed_s = self._wall_clock()
-                self._store.set_deployed_s(spec.model_id, deployed_s)
-                self._models[spec.model_id] = ModelState(spec, published.repository_name,
-                                                         spec.autoscaling.min_instances,
-                                                         num_bytes=published.num_bytes, usage=self._usage_meter(),
-                                                         deployed_s=deployed_s)
-        self._record(event_to_dict("deployed", spec.model_id, f"repository model {published.repository_name} "
-                                   f"({published.num_bytes} bytes{', pushed' if published.pushed else ''})",
-                                   self._wall_clock()))
-        self._wake()
-        return spec.to_dict()
+        spec = self.begin(spec_data, update=False)
+        if spec is None:
+            return self.model(spec_from(spec_data).model_id).spec.to_dict()
+        return await self.complete(spec, update=False, progress=progress)
 
-    async def update(self, spec_data: Mapping[str, Any] | ModelSpec) -> dict[str, Any]:
-        """Replace a deployed model's spec. Running instances keep serving what they loaded;
-        new ones use the new spec and source (no rolling restart)."""
-        spec = spec_from(spec_data)
-        if spec.model_id not in self._models:
-            raise UnknownModelError(spec.model_id)
-        with self._claim(spec):
-            published = await self._publish(spec)
-            spec = _with_resolved_tool_parser(spec, published)
-            async with self._lock:
-                state = self._models.get(spec.model_id)
-                if state is None:  # deleted while we were pushing
-                    raise UnknownModelError(spec.model_id)
-                self._store.put_model_spec(spec)
-                state.spec, state.repository_name, state.num_bytes = (spec, published.repository_name,
-                                                                      published.num_bytes)
-        self._record(event_to_dict("updated", spec.model_id, f"repository model {published.repository_name}"
-                                   f"{' (new content pushed)' if published.pushed else ''}", self._wall_clock()))
-        self._wake()
-        return spec.to_dict()
+    async def update(self, spec_data: Mapping[str, Any] | ModelSpec, progress: PushProgress | None = None
+                     ) -> dict[str, Any]:
+        """Replace a deployed model's spec (see `complete`)."""
+        spec = self.begin(spec_data, update=True)
+        assert spec is not None  # an update always has work: begin returns None only for a deploy
+        return await self.complete(spec, update=True, progress=progress)
 
-    @contextmanager
-    def _claim(self, spec: ModelSpec) -> Iterator[None]:
+    def _acquire(self, spec: ModelSpec) -> None:
         """Hold the model id for one deploy or update (see the module docstring); `DeployConflictError`
-        if another holds it. Synchronous on purpose: no other call runs between check and claim."""
+        if another holds it."""
         if spec.model_id in self._publishing:
             raise DeployConflictError(spec.model_id, "another deploy or update of it is in progress; wait for it "
                                                      "to finish (thaw list shows the result), then try again")
         self._publishing[spec.model_id] = repository_name_for(spec, self._repository.uri)
-        try:
-            yield
-        finally:
-            del self._publishing[spec.model_id]
 
-    async def _publish(self, spec: ModelSpec) -> PublishedModel:
-        """Push or find the spec's checkpoint (the caller holds `_claim`). New content under an
+    def _release(self, model_id: str) -> None:
+        self._publishing.pop(model_id, None)
+
+    async def _publish(self, spec: ModelSpec, progress: PushProgress | None) -> PublishedModel:
+        """Push or find the spec's checkpoint (the caller holds the claim). New content under an
         existing name makes the nodes' cached copies stale: they are dropped, so the next start
         fetches the new one."""
         name = repository_name_for(spec, self._repository.uri)
@@ -176,7 +206,7 @@ class ModelRegistry:
                                                f"{users[0]!r} already uses; choose another name")
         try:
             engine_config = self._engine_config(spec) if self._engine_config is not None else None
-            published = await asyncio.to_thread(publish_source, spec, self._repository, engine_config)
+            published = await asyncio.to_thread(publish_source, spec, self._repository, engine_config, progress)
         except PushConflictError:
             raise DeployConflictError(spec.model_id, f"repository model {name!r} was pushed or deleted by someone "
                                                      f"else while this call was pushing it; try again") from None

@@ -37,8 +37,8 @@ import xxhash
 from controller.controller_errors import InvalidSpecError
 from controller.model_spec import ModelSpec, parse_model_id
 from loader import model_dir_files
-from storage import LocalModelRepository, ModelManifest, ModelNotFoundError, ModelRepository
-from wire import detect_tool_call_format
+from storage import LocalModelRepository, ModelManifest, ModelNotFoundError, ModelRepository, PushProgress
+from wire import DeployStage, detect_tool_call_format
 
 _HASH_BLOCK_BYTES = 8 << 20
 
@@ -135,15 +135,23 @@ def _xxh3_64(path: Path) -> str:
     return digest.hexdigest()
 
 
-def same_content(src_dir: Path, manifest: ModelManifest) -> bool:
+def same_content(src_dir: Path, manifest: ModelManifest, progress: PushProgress | None = None) -> bool:
     """True if the repository copy has exactly the dir's files, sizes and xxh3_64 (sizes are
-    compared first, so a changed model is usually told apart without hashing)."""
+    compared first, so a changed model is usually told apart without hashing). `progress` hears
+    the bytes hashed (stage CHECKING)."""
     files = _local_files(src_dir)
     if set(files) != {entry.path for entry in manifest.files}:
         return False
     if any(files[entry.path].stat().st_size != entry.size for entry in manifest.files):
         return False
-    return all(_xxh3_64(files[entry.path]) == entry.xxh3_64 for entry in manifest.files)
+    total, done = sum(entry.size for entry in manifest.files), 0
+    for entry in manifest.files:
+        if _xxh3_64(files[entry.path]) != entry.xxh3_64:
+            return False
+        done += entry.size
+        if progress is not None:
+            progress(DeployStage.CHECKING, done, total)
+    return True
 
 
 def check_engine_can_run(src: Path, spec: ModelSpec | None = None, engine_config: Any = None) -> None:
@@ -166,10 +174,15 @@ def check_engine_can_run(src: Path, spec: ModelSpec | None = None, engine_config
             raise InvalidSpecError("max_model_len", problem)
 
 
-def publish_source(spec: ModelSpec, repository: ModelRepository, engine_config: Any = None) -> PublishedModel:
+def publish_source(spec: ModelSpec, repository: ModelRepository, engine_config: Any = None,
+                   progress: PushProgress | None = None) -> PublishedModel:
     """Make the spec's checkpoint a repository model (see the module docstring). Raises
     `InvalidSpecError` on ``source`` when it cannot be used. `engine_config`: the instances'
-    `worker.EngineConfig`, to check the model's context against their KV pool."""
+    `worker.EngineConfig`, to check the model's context against their KV pool. `progress` hears
+    each stage's bytes (checking, converting, uploading) as the work goes, from this thread and
+    the push's."""
+    if progress is not None:
+        progress(DeployStage.CHECKING, 0, 0)
     inside = _name_inside_repository(spec.source, repository.uri)
     if inside is not None:
         try:
@@ -198,10 +211,10 @@ def publish_source(spec: ModelSpec, repository: ModelRepository, engine_config: 
     existed = not fresh and repository.exists(name)
     if existed:
         manifest = repository.describe(name)
-        if same_content(src, manifest):
+        if same_content(src, manifest, progress):
             return PublishedModel(name, manifest.total_bytes, pushed=False, tool_call_format=tool_call_format)
     try:
-        manifest = repository.push(src, name, overwrite=True)
+        manifest = repository.push(src, name, overwrite=True, progress=progress)
     except ValueError as exc:  # neither a thaw nor a Hugging Face dir
         raise InvalidSpecError("source", str(exc)) from None
     return PublishedModel(name, manifest.total_bytes, pushed=True, replaced=existed, tool_call_format=tool_call_format)

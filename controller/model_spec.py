@@ -473,12 +473,27 @@ def _dest(dotted: str) -> str:
     return "spec__" + dotted.replace(".", "__")
 
 
+def _metavar(flag: str, kind: type) -> str:
+    """What ``--help`` shows for a flag's value: SECONDS, BYTES, N or X by its unit and type, else
+    the flag's last word (``--source SOURCE``), never the internal dest (``SPEC__AUTOSCALING__...``)."""
+    if flag.endswith("-s"):
+        return "SECONDS"
+    if flag.endswith("-bytes"):
+        return "BYTES"
+    if kind is int:
+        return "N"
+    if kind is float:
+        return "X"
+    return flag.rsplit("-", 1)[-1].upper()
+
+
 def add_model_spec_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one flag per spec field. Flags left out are absent from the namespace, so they
     neither override a spec file nor hide the dataclass defaults."""
     group = parser.add_argument_group("model spec")
     for flag, dotted, kind, help_text in _FLAGS:
-        group.add_argument(flag, dest=_dest(dotted), type=kind, default=argparse.SUPPRESS, help=help_text)
+        group.add_argument(flag, dest=_dest(dotted), type=kind, default=argparse.SUPPRESS, help=help_text,
+                           metavar=_metavar(flag, kind))
 
 
 def model_spec_from_arguments(

@@ -4,6 +4,12 @@ What the ``thaw`` CLI (and any script) operates the platform through:
 
 - models: ``GET/POST /admin/models``, ``GET/PUT/DELETE /admin/models/{tenant}/{name}``,
   ``POST /admin/models/{tenant}/{name}/scale``;
+- deploys as jobs: ``POST /admin/deploys`` (``?update=true`` for an update) answers 202 at once
+  with the job's `wire.DeployProgress`; ``GET /admin/deploys/{id}`` (``?wait_s=`` long-polls up to
+  that many seconds for it to finish) and ``GET /admin/deploys`` say where each stands: stage,
+  bytes, rate, ETA, or why it failed. ``POST /admin/models`` and ``PUT /admin/models/...`` run the
+  same job and answer when it has finished, however long that takes (no call waits on the
+  conversion: each long poll is a short controller call);
 - the cluster: ``GET /admin/status`` (nodes, tiers, instances, recent decisions),
   ``POST /admin/nodes/{node_id}/drain`` (its requests migrated off), ``POST /admin/nodes/{node_id}/undrain``
   (placement may use it again), ``POST /admin/migrate``;
@@ -43,6 +49,7 @@ from infra.controller_client import ControllerUnavailable
 from infra.gateway_access import principal_of
 from infra.gateway_auth import GatewayAuth, Principal
 from infra.openai_errors import OpenAIError, bad_request
+from wire import DeployProgress
 
 T = TypeVar("T")
 
@@ -50,9 +57,13 @@ T = TypeVar("T")
 class AdminController(Protocol):
     """What the admin API needs of the controller (`ControllerClient` provides it)."""
 
-    async def deploy(self, spec: dict[str, Any]) -> dict[str, Any]: ...
+    async def start_deploy(self, spec: dict[str, Any], update: bool = False) -> DeployProgress: ...
 
-    async def update(self, spec: dict[str, Any]) -> dict[str, Any]: ...
+    async def deploy_progress(self, deploy_id: str) -> DeployProgress: ...
+
+    async def wait_deploy(self, deploy_id: str, timeout_s: float) -> DeployProgress: ...
+
+    async def recent_deploys(self) -> list[DeployProgress]: ...
 
     async def delete(self, model_id: str) -> Any: ...
 
@@ -106,6 +117,22 @@ def _not_found(what: str) -> OpenAIError:
 
 def _conflict(message: str) -> OpenAIError:
     return OpenAIError(409, message, "invalid_request_error", None, "conflict")
+
+
+_DEPLOY_POLL_S = 10.0  # one long poll of a deploy job that POST /admin/models waits on
+MAX_DEPLOY_WAIT_S = 30.0  # the longest ?wait_s a caller may ask of GET /admin/deploys/{id}
+
+
+def deploy_failure(record: DeployProgress) -> OpenAIError:
+    """A failed deploy job as the HTTP answer a synchronous deploy would have given."""
+    message = record.error or "the deploy failed"
+    if record.error_kind == "invalid":
+        return bad_request(message, record.error_field)
+    if record.error_kind == "conflict":
+        return _conflict(message)
+    if record.error_kind == "not_found":
+        return _not_found(message)
+    return OpenAIError(500, message, "server_error", None, "deploy_failed")
 
 
 def _forbidden_name(field: str, value: str) -> OpenAIError:
@@ -178,12 +205,43 @@ def build_admin_router(controller: AdminController, store: StateStore, auth: Gat
     async def list_models(tenant: str | None = None) -> list[dict[str, Any]]:
         return await call(controller.list_models(tenant))
 
+    async def deployed(spec: ModelSpec, update: bool) -> dict[str, Any]:
+        """Runs the deploy job and waits for its end (long polls), answering as a synchronous call would."""
+        record = await call(controller.start_deploy(spec.to_dict(), update))
+        while not record.finished:
+            record = await call(controller.wait_deploy(record.deploy_id, _DEPLOY_POLL_S))
+        if record.error is not None:
+            raise deploy_failure(record)
+        return record.spec or spec.to_dict()
+
     @router.post("/models", status_code=201)
     async def deploy(body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
         spec = checked_spec(body)
-        deployed = await call(controller.deploy(spec.to_dict()))
+        result = await deployed(spec, update=False)
         await in_thread(store.add_tenant, spec.tenant)  # deploying for a new tenant creates it
-        return deployed
+        return result
+
+    # ---- deploys as jobs -------------------------------------------------------------------
+
+    @router.post("/deploys", status_code=202)
+    async def start_deploy(body: Annotated[dict[str, Any], Body()], update: bool = False) -> dict[str, Any]:
+        """Starts a deploy (``?update=true``: an update) and answers at once with its job."""
+        spec = checked_spec(body)  # (the controller adds a new tenant when the deploy succeeds)
+        return (await call(controller.start_deploy(spec.to_dict(), update))).to_dict()
+
+    @router.get("/deploys")
+    async def list_deploys() -> list[dict[str, Any]]:
+        return [record.to_dict() for record in await call(controller.recent_deploys())]
+
+    @router.get("/deploys/{deploy_id}")
+    async def get_deploy(deploy_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+        """The job now, or (``wait_s`` > 0) once it finished or after that many seconds."""
+        if not 0 <= wait_s <= MAX_DEPLOY_WAIT_S:  # also refuses nan
+            raise bad_request(f"wait_s: must be between 0 and {MAX_DEPLOY_WAIT_S:g} seconds, got {wait_s!r}",
+                              "wait_s")
+        if wait_s > 0:
+            return (await call(controller.wait_deploy(deploy_id, wait_s))).to_dict()
+        return (await call(controller.deploy_progress(deploy_id))).to_dict()
 
     @router.get("/models/{tenant}/{name}")
     async def get_model(tenant: str, name: str) -> dict[str, Any]:
@@ -195,7 +253,7 @@ def build_admin_router(controller: AdminController, store: StateStore, auth: Gat
         spec = checked_spec({"tenant": tenant, "name": name, **body} if "name" not in body else body)
         if spec.model_id != model_id:
             raise bad_request(f"the spec is for {spec.model_id!r} but the URL names {model_id!r}", "name")
-        return await call(controller.update(spec.to_dict()))
+        return await deployed(spec, update=True)
 
     @router.delete("/models/{tenant}/{name}")
     async def delete(tenant: str, name: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import aiohttp
 
 from infra.admin_key import read_key_file
 from infra.platform_config import ADMIN_KEY_FILE, DEFAULT_PORT, GATEWAY_URL_FILE
+from wire import DeployProgress
 
 URL_ENV = "THAW_URL"
 ADMIN_KEY_ENV = "THAW_ADMIN_KEY"
@@ -101,6 +102,22 @@ class AdminClient:
 
     async def get_model(self, model_id: str) -> dict[str, Any]:
         return await self._request("GET", f"/admin/models/{model_id}")
+
+    # `deploy` and `update` answer when the work is done (bounded by this client's timeout); a
+    # real-size checkpoint is better deployed as a job, watched as it goes:
+
+    async def start_deploy(self, spec: Mapping[str, Any], update: bool = False) -> DeployProgress:
+        """Starts a deploy (or update) job; answers at once with where it stands."""
+        return DeployProgress.from_dict(await self._request("POST", "/admin/deploys", dict(spec),
+                                                            params={"update": "true"} if update else None))
+
+    async def deploy_status(self, deploy_id: str, wait_s: float = 0.0) -> DeployProgress:
+        """The job now, or once it finished or after `wait_s` seconds (a long poll, at most 30)."""
+        return DeployProgress.from_dict(await self._request("GET", f"/admin/deploys/{deploy_id}",
+                                                            params={"wait_s": f"{wait_s:g}"} if wait_s else None))
+
+    async def list_deploys(self) -> list[DeployProgress]:
+        return [DeployProgress.from_dict(item) for item in await self._request("GET", "/admin/deploys")]
 
     async def delete(self, model_id: str) -> dict[str, Any]:
         return await self._request("DELETE", f"/admin/models/{model_id}")

@@ -1,6 +1,7 @@
 """The ``thaw`` subcommands that operate a running platform through its admin API.
 
-``deploy``, ``delete``, ``list``, ``status``, ``scale``, ``drain``, ``undrain``, ``migrate``, ``tenants ...``
+``deploy`` (a job followed with a progress bar, or ``--no-wait``), ``deploys`` (the recent deploy
+jobs, or one), ``delete``, ``list``, ``status``, ``scale``, ``drain``, ``undrain``, ``migrate``, ``tenants ...``
 (``ls`` with each tenant's quota, ``create``, ``delete``, ``quota``) and ``keys ...`` each make one
 or two calls with `AdminClient` and print a table (``--json``: the API's own JSON, for scripts).
 Where the platform is and which key to use come from ``--url`` / ``--admin-key``, else
@@ -25,6 +26,7 @@ from typing import Any
 
 from infra.admin_client import AdminApiError, AdminClient, AdminUnreachable, resolve_endpoint
 from infra.platform_config import default_state_dir
+from wire import DeployProgress
 
 
 class AdminCommandError(Exception):
@@ -114,23 +116,75 @@ def _specs_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
+    """Starts each spec's deploy job and (unless --no-wait) follows it with a progress bar until it
+    has finished; a failed one ends the command with its error (the ones before it stay deployed)."""
+    from infra.deploy_watch import DeployLost, DeployProgressView, watch_deploy
+
     specs = _specs_from_args(args)
+    verb = "update" if args.update else "deploy"
 
     async def action(client: AdminClient) -> list[dict[str, Any]]:
         done = []
         for spec in specs:
+            model_id = f"{spec['tenant']}/{spec['name']}"
             start = time.perf_counter()
-            print(f"{'updating' if args.update else 'deploying'} {spec['tenant']}/{spec['name']} ...", file=sys.stderr)
-            result = await (client.update(spec) if args.update else client.deploy(spec))
-            print(f"{spec['tenant']}/{spec['name']} {'updated' if args.update else 'deployed'} in "
-                  f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
-            done.append(result)
+            record = await client.start_deploy(spec, update=args.update)
+            if args.no_wait:
+                print(f"{verb} of {model_id} started as {record.deploy_id}; follow it with "
+                      f"`thaw deploys {record.deploy_id}`", file=sys.stderr)
+                done.append(record.to_dict())
+                continue
+            print(f"{verb}ing {model_id} ({record.deploy_id}) ...", file=sys.stderr)
+            try:
+                record = await watch_deploy(client, record, None if args.json else DeployProgressView())
+            except DeployLost as exc:
+                raise AdminCommandError(str(exc), 1) from None
+            if record.error is not None:  # exit 2 where a synchronous call would have been a 400
+                raise AdminCommandError(f"{verb} of {model_id} failed: {record.error}",
+                                        2 if record.error_kind == "invalid" else 1)
+            print(f"{model_id} {'updated' if args.update else 'deployed'} in {time.perf_counter() - start:.1f} s",
+                  file=sys.stderr)
+            done.append(record.spec or spec)
         return done
 
     results = _run(args, action)
     if args.json:
         _print_json(results)
     return 0
+
+
+def cmd_deploys(args: argparse.Namespace) -> int:
+    """``thaw deploys [ID]``: the recent deploy jobs, or one (``--wait``: followed until it ends)."""
+    from infra.deploy_watch import DeployProgressView, watch_deploy
+
+    async def action(client: AdminClient) -> list[DeployProgress]:
+        if args.deploy_id is None:
+            return await client.list_deploys()
+        record = await client.deploy_status(args.deploy_id)
+        if args.wait:
+            record = await watch_deploy(client, record, None if args.json else DeployProgressView())
+        return [record]
+
+    records = _run(args, action)
+    if args.json:
+        _print_json([r.to_dict() for r in records])
+    else:
+        print_deploys(records, "no deploy remembered (the controller keeps its recent ones until it restarts)")
+    return 1 if any(r.error is not None for r in records) and args.deploy_id is not None else 0
+
+
+def print_deploys(records: Sequence[DeployProgress], empty: str | None = None) -> None:
+    print_table(("DEPLOY", "MODEL", "ACTION", "STATE", "STAGE", "PROGRESS", "RATE", "ETA S", "ERROR"),
+                [(r.deploy_id, r.model_id, r.action, r.state.value, r.stage.value, _progress(r),
+                  "-" if not r.bytes_per_s else f"{_size(int(r.bytes_per_s))}/s", "-" if r.eta_s is None else f"{r.eta_s:.0f}", r.error or "")
+                 for r in records], empty)
+
+
+def _progress(record: DeployProgress) -> str:
+    if record.num_bytes_total <= 0:
+        return "-"
+    return (f"{_size(record.num_bytes_done)} / {_size(record.num_bytes_total)} "
+            f"({100 * record.num_bytes_done / record.num_bytes_total:.0f}%)")
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
@@ -196,6 +250,10 @@ def print_status(status: dict[str, Any]) -> None:
     errors = status.get("last_tick_errors") or []
     if errors:
         print(f"last tick errors: {'; '.join(errors)}")
+    running = [DeployProgress.from_dict(d) for d in status.get("deploys", []) if d.get("state") in ("pending", "running")]
+    if running:
+        print("\nDEPLOYS IN PROGRESS")
+        print_deploys(running)
     print("\nMODELS")
     print_table(("MODEL", "READY", "LOADING", "DESIRED", "ONGOING", "QUEUED", "LAST SCALE DECISION"),
                 [(m["model_id"], m["num_ready_instances"], m["num_loading_instances"], m["num_desired_instances"],
@@ -410,8 +468,15 @@ def add_admin_commands(sub: argparse._SubParsersAction) -> None:
     deploy = sub.add_parser("deploy", parents=[common], help="deploy (or --update) a model from a spec file or flags")
     deploy.add_argument("file", nargs="?", default=None, help="spec file (YAML or JSON; one model or a list)")
     deploy.add_argument("--update", action="store_true", help="replace the spec of a deployed model")
+    deploy.add_argument("--no-wait", action="store_true",
+                        help="start the deploy job and exit at once, printing its id (follow it with `thaw deploys ID`)")
     add_model_spec_arguments(deploy)
     deploy.set_defaults(func=cmd_deploy)
+
+    deploys = sub.add_parser("deploys", parents=[common], help="the recent deploy jobs, or one of them")
+    deploys.add_argument("deploy_id", nargs="?", default=None, help="a deploy's id (as thaw deploy printed it)")
+    deploys.add_argument("--wait", action="store_true", help="follow that deploy with a progress bar until it ends")
+    deploys.set_defaults(func=cmd_deploys)
 
     delete = sub.add_parser("delete", parents=[common], help="delete a model and stop its instances")
     delete.add_argument("model", help="tenant/name")

@@ -13,7 +13,9 @@ actor under the same name: given `resolve` (how to find the controller by name),
 it up again after a call finds its actor dead, so the gateway follows a moved controller instead
 of answering 503 from then on. The failed call itself is not retried (it may have run).
 
-What the gateway reads of the models comes typed (`model_records`, `model_record`: the
+A deploy runs as a job in the controller (`start_deploy` answers at once with its
+`wire.DeployProgress`; `wait_deploy` long-polls it), so no call waits on a conversion or an
+upload. What the gateway reads of the models comes typed (`model_records`, `model_record`: the
 `wire.ModelRecord` the controller builds); the admin API's calls pass the controller's dicts on.
 """
 
@@ -24,7 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from controller import SlotOutlook
-from wire import ActorGoneError, EngineGauges, GatewayMetricsSnapshot, ModelRecord, call
+from wire import ActorGoneError, DeployProgress, EngineGauges, GatewayMetricsSnapshot, ModelRecord, call
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,21 @@ class ControllerClient:
 
     async def update(self, spec: Mapping[str, Any]) -> dict[str, Any]:
         return await self._call("update", dict(spec))
+
+    async def start_deploy(self, spec: Mapping[str, Any], update: bool = False) -> DeployProgress:
+        """Starts a deploy (or update) job; answers at once (the work runs in the controller)."""
+        return await self._call("start_deploy", dict(spec), update)
+
+    async def deploy_progress(self, deploy_id: str) -> DeployProgress:
+        return await self._call("deploy_progress", deploy_id)
+
+    async def wait_deploy(self, deploy_id: str, timeout_s: float) -> DeployProgress:
+        """The job's record once finished, or after `timeout_s` (a long poll, so the call's own
+        timeout is that plus the client's)."""
+        return await self._call("wait_deploy", deploy_id, timeout_s, timeout_s=timeout_s + self._call_timeout_s)
+
+    async def recent_deploys(self) -> list[DeployProgress]:
+        return list(await self._call("recent_deploys"))
 
     async def delete(self, model_id: str) -> Any:
         return await self._call("delete", model_id)

@@ -3,13 +3,14 @@
 `ModelRepository` (open one with `open_repository(RepositoryConfig(uri))`) is the source of
 truth: push (a Hugging Face dir converted to the thaw format once, there, and stored beside it;
 staged, made visible in one conditional manifest write: of two racing pushes exactly one wins,
-`PushConflictError` for the other), list, describe, fetch with parallel ranged reads.
+`PushConflictError` for the other; its progress reported through `PushProgress`, its upload rate
+capped by `UploadThrottle` when configured), list, describe, fetch with parallel ranged reads.
 `NodeStore` (as a Ray actor: `start_node_store`) keeps thaw-format copies on the node's SSD and
 in shared memory within byte capacities -- copying what the push converted, converting only a
 model the repository holds in Hugging Face form alone --, fills a miss once however many ask, evicts least recently used (never pinned or
 loading) entries, re-fetches a corrupt copy, measures the node's bandwidths and reports what it
 holds (`NodeStoreReport`). Every checkpoint file it writes is the owner's only (directories 0700,
-files 0600). Depends on `loader` only.
+files 0600). Depends on `loader` (and `wire`'s records) only.
 
 The node-store names are imported on first use (PEP 562 `__getattr__`): they need the loader and
 so torch, seconds to import, which the repository side (``thaw models ls``, the controller reading
@@ -21,7 +22,8 @@ import importlib
 from storage.local_repository import LocalModelRepository
 from storage.model_name import InvalidModelNameError, validate_model_name
 from storage.model_repository import (FetchResult, FetchVerificationError, ModelExistsError, ModelNotFoundError,
-                                      ModelRepository, ObjectNotFoundError, PushConflictError, RepositoryError)
+                                      ModelRepository, ObjectNotFoundError, PushConflictError, PushProgress,
+                                      RepositoryError, UploadThrottle)
 from storage.repository_config import RepositoryConfig, open_repository
 from storage.repository_manifest import ManifestError, ManifestFile, ModelManifest
 from storage.s3_repository import S3ModelRepository
@@ -63,6 +65,8 @@ __all__ = [
     "NodeStoreReport",
     "ObjectNotFoundError",
     "PushConflictError",
+    "PushProgress",
+    "UploadThrottle",
     "RepositoryConfig",
     "RepositoryError",
     "S3ModelRepository",

@@ -35,8 +35,8 @@ class LocalModelRepository(ModelRepository):
     """`ModelRepository` over a directory; created on the first push."""
 
     def __init__(self, root: str | Path, *, part_bytes: int = DEFAULT_PART_BYTES,
-                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY):
-        super().__init__(part_bytes=part_bytes, max_concurrency=max_concurrency)
+                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY, upload_bytes_per_s: float | None = None):
+        super().__init__(part_bytes=part_bytes, max_concurrency=max_concurrency, upload_bytes_per_s=upload_bytes_per_s)
         self.root = Path(root).absolute()
 
     @property

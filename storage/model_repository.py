@@ -46,6 +46,7 @@ import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,7 @@ import xxhash
 
 from loader import make_private_dirs, model_dir_files, open_private
 from storage.model_name import validate_model_name
+from wire import DeployStage
 from storage.repository_manifest import (CONVERTED_PREFIX, REVISIONS_DIR, ManifestError, ManifestFile, ModelManifest,
                                          new_revision, revision_started_s, validate_revision)
 
@@ -67,7 +69,40 @@ PROBE_PREFIX = "_probes"
 THAW_INDEX_FILE = "thaw_index.json"  # what marks a thaw checkpoint dir (loader.format)
 ABANDONED_PUSH_S = 24 * 3600.0  # a revision no manifest names, older than this, is a crashed push's
 _HASH_BLOCK_BYTES = 8 * MIB
+_PACING_BYTES = 256 << 10  # a throttled upload's slice
 _MAX_NAMES_IN_ERROR = 10
+
+
+# What a push reports as it goes: (stage, bytes done, bytes total) -- CHECKING, CONVERTING (the
+# weights converted to the thaw format), UPLOADING (bytes checksummed and uploaded). Called from the
+# push's threads; the deploy job (`controller.DeployJob`) turns it into rate and ETA.
+PushProgress = Callable[[DeployStage, int, int], None]
+
+
+def _no_progress(stage: DeployStage, done: int, total: int) -> None:
+    """A push nobody watches."""
+
+
+class UploadThrottle:
+    """Caps the bytes a repository's pushes upload per second, over all their threads and files
+    together, on either backend: a deploy's push then leaves the link to the node stores' fetches.
+    `take(n)` blocks until `n` more bytes fit the rate -- pacing, not synchronisation."""
+
+    def __init__(self, bytes_per_s: float) -> None:
+        if not bytes_per_s > 0:
+            raise ValueError(f"upload bytes_per_s must be > 0, got {bytes_per_s!r}")
+        self.bytes_per_s = float(bytes_per_s)
+        self._lock = threading.Lock()
+        self._next_free = time.monotonic()  # when the bytes sent so far have "drained" at the rate
+
+    def take(self, num_bytes: int) -> None:
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next_free)
+            self._next_free = start + num_bytes / self.bytes_per_s
+            wait_s = start - now
+        if wait_s > 0:
+            time.sleep(wait_s)
 
 
 class RepositoryError(Exception):
@@ -141,7 +176,7 @@ def _object_keys(manifest: ModelManifest) -> list[str]:
             + [manifest.converted_key(f.path) for f in manifest.converted])
 
 
-def _convert_for_push(src: Path, model: str, scratch: Path) -> Path | None:
+def _convert_for_push(src: Path, model: str, scratch: Path, progress: PushProgress) -> Path | None:
     """The Hugging Face dir `src` converted to a thaw checkpoint under `scratch`; None, with a
     warning, when the converter cannot read it (node stores then convert on fetch, as before)."""
     try:
@@ -149,7 +184,7 @@ def _convert_for_push(src: Path, model: str, scratch: Path) -> Path | None:
         from loader import convert_checkpoint
 
         out = scratch / "checkpoint"
-        convert_checkpoint(src, out, progress=False)
+        convert_checkpoint(src, out, progress=lambda done, total: progress(DeployStage.CONVERTING, done, total))
         return out
     except Exception as exc:  # noqa: BLE001 - stored as given; the node store's conversion reports it at start
         logger.warning("model %r: converting %s to the thaw format at push failed (%s: %s); it is stored in "
@@ -161,13 +196,16 @@ def _convert_for_push(src: Path, model: str, scratch: Path) -> Path | None:
 class ModelRepository(ABC):
     """Source of truth for model files; see the module docstring. Thread-safe."""
 
-    def __init__(self, *, part_bytes: int = DEFAULT_PART_BYTES, max_concurrency: int = DEFAULT_MAX_CONCURRENCY):
+    def __init__(self, *, part_bytes: int = DEFAULT_PART_BYTES, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+                 upload_bytes_per_s: float | None = None):
         if part_bytes < 1:
             raise ValueError(f"part_bytes is {part_bytes}; it must be >= 1")
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency is {max_concurrency}; it must be >= 1")
         self.part_bytes = part_bytes
         self.max_concurrency = max_concurrency
+        # None: uploads as fast as the link goes; else every push's bytes paced to this rate.
+        self.upload_throttle = UploadThrottle(upload_bytes_per_s) if upload_bytes_per_s is not None else None
 
     # -- backend primitives: keys are '/'-separated, relative to the repository root -------------
 
@@ -265,7 +303,8 @@ class ModelRepository(ABC):
             return None
         return self._read_object(manifest.object_key(path))
 
-    def push(self, src_dir: str | Path, model: str, *, overwrite: bool = False, convert: bool = True) -> ModelManifest:
+    def push(self, src_dir: str | Path, model: str, *, overwrite: bool = False, convert: bool = True,
+             progress: PushProgress | None = None) -> ModelManifest:
         """Upload a Hugging Face or thaw-format model dir as `model`; returns its manifest.
 
         A Hugging Face dir is converted to the thaw format once, here, and both are uploaded (see
@@ -274,7 +313,9 @@ class ModelRepository(ABC):
         manifest is swapped in last, so until this returns readers see the previous version whole
         (or no model). Raises `ModelExistsError` if the model exists and not `overwrite`,
         `PushConflictError` if a concurrent push of `model` won, `loader.UnsafeModelDirError`
-        (a ValueError) if the dir names files outside itself."""
+        (a ValueError) if the dir names files outside itself. `progress` hears the conversion's and
+        the upload's bytes as they go (from the push's threads)."""
+        progress = progress or _no_progress
         validate_model_name(model)
         src = Path(src_dir)
         if not src.is_dir():
@@ -287,13 +328,13 @@ class ModelRepository(ABC):
         if current is not None and not overwrite:
             raise ModelExistsError(f"model {model!r} already exists in {self.uri}; pass overwrite to replace it")
         with tempfile.TemporaryDirectory(prefix="thaw-push-") as scratch:
-            thaw_dir = _convert_for_push(src, model, Path(scratch)) if kind == "hf" and convert else None
+            thaw_dir = _convert_for_push(src, model, Path(scratch), progress) if kind == "hf" and convert else None
             return self._upload_revision(model, kind, files, model_dir_files(thaw_dir) if thaw_dir else [], current,
-                                         overwrite)
+                                         overwrite, progress)
 
     def _upload_revision(self, model: str, kind: str, files: list[tuple[str, Path]],
                          converted_files: list[tuple[str, Path]], current: tuple[bytes, str] | None,
-                         overwrite: bool) -> ModelManifest:
+                         overwrite: bool, progress: PushProgress = _no_progress) -> ModelManifest:
         """The staged part of `push`: upload into a fresh revision, swap the manifest in, delete
         what it replaced."""
         manifest_key = self._manifest_key(model)
@@ -301,14 +342,32 @@ class ModelRepository(ABC):
         prefix = f"{model}/{REVISIONS_DIR}/{revision}"
         converted_prefix = f"{CONVERTED_PREFIX}/{model}/{revision}"
 
+        jobs = [(f"{prefix}/{rel}", rel, path) for rel, path in files]
+        jobs += [(f"{converted_prefix}/{rel}", rel, path) for rel, path in converted_files]
+        total_bytes = sum(path.stat().st_size for _, _, path in jobs)
+        uploaded = [0]
+        lock = threading.Lock()
+        progress(DeployStage.UPLOADING, 0, total_bytes)
+
+        def advance(num_bytes: int) -> None:
+            with lock:
+                uploaded[0] += num_bytes
+                progress(DeployStage.UPLOADING, uploaded[0], total_bytes)
+
         def upload(key: str, rel: str, path: Path) -> ManifestFile:
             size = path.stat().st_size
             digest = file_xxh3_64(path)
+            paced = 0
+            if self.upload_throttle is not None:  # paced in slices, so progress moves while it waits
+                for offset in range(0, size, _PACING_BYTES):
+                    self.upload_throttle.take(min(_PACING_BYTES, size - offset))
+                    if offset:  # the file's first slice counts once it is uploaded
+                        advance(_PACING_BYTES)
+                        paced += _PACING_BYTES
             self._upload_file(key, path)
+            advance(size - paced)
             return ManifestFile(path=rel, size=size, xxh3_64=digest)
 
-        jobs = [(f"{prefix}/{rel}", rel, path) for rel, path in files]
-        jobs += [(f"{converted_prefix}/{rel}", rel, path) for rel, path in converted_files]
         try:
             with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="thaw-push") as pool:
                 entries = list(pool.map(lambda job: upload(*job), jobs))

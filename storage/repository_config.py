@@ -6,6 +6,7 @@ own repository with `open_repository`; the URI decides the backend (``s3://`` or
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from storage.local_repository import LocalModelRepository
@@ -20,13 +21,15 @@ _MAX_CONCURRENCY = 256
 class RepositoryConfig:
     """`uri`: a directory path or ``s3://bucket/prefix``. `endpoint_url`/`region`: S3 only (None:
     boto3's environment, e.g. ``AWS_ENDPOINT_URL``). `part_bytes`: the size of one ranged read;
-    `max_concurrency`: ranges (and uploads) in flight."""
+    `max_concurrency`: ranges (and uploads) in flight. `upload_bytes_per_s`: a cap on what pushes
+    (deploys) upload per second, all together, so they leave the link to node fetches (None: none)."""
 
     uri: str
     endpoint_url: str | None = None
     region: str | None = None
     part_bytes: int = DEFAULT_PART_BYTES
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    upload_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.uri, str) or not self.uri.strip():
@@ -48,6 +51,12 @@ class RepositoryConfig:
                 bound = f"in {low}..{high}" if high else f">= {low}"
                 raise ValueError(f"RepositoryConfig.{name} is {value!r}; it must be an integer {bound}")
 
+        value = self.upload_bytes_per_s
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise ValueError(f"RepositoryConfig.upload_bytes_per_s is {value!r}; it must be None (no cap) or a "
+                             f"number of bytes per second > 0")
+
     @property
     def is_s3(self) -> bool:
         return self.uri.startswith(S3_SCHEME)
@@ -57,5 +66,7 @@ def open_repository(config: RepositoryConfig) -> ModelRepository:
     """The repository `config` describes (no I/O until it is used)."""
     if config.is_s3:
         return S3ModelRepository(config.uri, endpoint_url=config.endpoint_url, region=config.region,
-                                 part_bytes=config.part_bytes, max_concurrency=config.max_concurrency)
-    return LocalModelRepository(config.uri, part_bytes=config.part_bytes, max_concurrency=config.max_concurrency)
+                                 part_bytes=config.part_bytes, max_concurrency=config.max_concurrency,
+                                 upload_bytes_per_s=config.upload_bytes_per_s)
+    return LocalModelRepository(config.uri, part_bytes=config.part_bytes, max_concurrency=config.max_concurrency,
+                                upload_bytes_per_s=config.upload_bytes_per_s)

@@ -59,8 +59,8 @@ class S3ModelRepository(ModelRepository):
 
     def __init__(self, uri: str, *, endpoint_url: str | None = None, region: str | None = None,
                  part_bytes: int = DEFAULT_PART_BYTES, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-                 client=None):
-        super().__init__(part_bytes=part_bytes, max_concurrency=max_concurrency)
+                 upload_bytes_per_s: float | None = None, client=None):
+        super().__init__(part_bytes=part_bytes, max_concurrency=max_concurrency, upload_bytes_per_s=upload_bytes_per_s)
         self.bucket, self.prefix = parse_s3_uri(uri)
         if client is None:
             # One client shared by all threads (boto3 clients are thread-safe, sessions are not);

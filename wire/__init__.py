@@ -33,6 +33,8 @@ Public API:
 - `RequestSnapshot`: a request's state without its KV (source worker -> migration driver ->
   destination worker); `MigrationOutcome`, with `MigrationMethod` and `MigrationStatus`: how one
   live migration went (migration driver -> controller -> CLI).
+- `DeployProgress`, with `DeployState` and `DeployStage`: where one deploy job stands, its stage,
+  bytes, rate and ETA, or why it failed (controller -> gateway -> CLI).
 - `WireRecord`: the base of the records (schema tag, dict form, pickling through it).
 - `InvalidRequestError` (refused, a `ValueError`), `RequestFailedError` (failed alone; the engine
   serves on), `EngineDeadError` (the engine stopped; ``suspect``): how a request's stream ends on
@@ -45,6 +47,7 @@ Public API:
 from wire.chat_prompt import ChatPrompt
 from wire.grammar_spec import GRAMMAR_KINDS, GrammarSpec
 from wire.generation_chunk import ABORTED, SUSPENDED, ChatMessage, GenerationChunk, Prompt
+from wire.deploy_progress import DeployProgress, DeployStage, DeployState
 from wire.engine_gauges import EngineGauges
 from wire.gateway_metrics_snapshot import GatewayMetricsSnapshot
 from wire.instance_route import InstanceRoute
@@ -67,5 +70,6 @@ __all__ = [
     "ray_errors_translated", "stream", "translated",
     "InstanceLoad", "InstanceState", "InstanceStats",
     "EngineDeadError", "InvalidRequestError", "RequestFailedError",
+    "DeployProgress", "DeployStage", "DeployState",
     "MigrationMethod", "MigrationOutcome", "MigrationStatus", "RequestSnapshot",
 ]

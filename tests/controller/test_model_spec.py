@@ -330,3 +330,15 @@ def test_flag_errors_name_the_flag():
         model_spec_from_arguments(_parse(["--name", "a/b/c", "--source", "/m"]))
     with pytest.raises(SpecError, match="^--source: required$"):
         model_spec_from_arguments(_parse(["--name", "acme/llama"]))
+
+
+def test_help_shows_plain_metavars_not_internal_dests():
+    parser = argparse.ArgumentParser()
+    add_model_spec_arguments(parser)
+    text = parser.format_help()
+    assert "SPEC__" not in text
+    assert "--max-wait-before-preempt-s SECONDS" in text
+    assert "--kv-cache-bytes BYTES" in text
+    assert "--max-instances N" in text
+    assert "--source SOURCE" in text
+    assert "--num-cpus X" in text

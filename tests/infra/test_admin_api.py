@@ -30,7 +30,9 @@ import uvicorn
 from controller import (InvalidMigrationError, InvalidSpecError, MigrationConflictError, ModelAlreadyDeployedError,
                         ModelSpec, SpecError, TenantQuota, UnknownInstanceError, UnknownModelError, UnknownTenantError,
                         open_state_store)
-from controller import DeployConflictError
+from controller import DeployConflictError, UnknownDeployError
+from controller.deploy_jobs import deploy_error_message
+from wire import DeployProgress
 from infra.admin_api import build_admin_router
 from infra.admin_client import AdminApiError, AdminClient, resolve_endpoint
 from infra.admin_key import ADMIN_TENANT, AdminKeyAuth, ensure_admin_key, read_key_file, reset_admin_key
@@ -78,6 +80,9 @@ class FakeController:
         self.migrations: list[tuple] = []
         self.unavailable = False
         self.refusals: dict[str, Exception] = {}  # source -> what the real controller raises for it
+        self.scripted: dict[str, list[tuple[str, int, int]]] = {}  # source -> a job's running steps
+        self.deploys: dict[str, list[DeployProgress]] = {}  # deploy id -> its steps still to show
+        self.waits: list[tuple[str, float]] = []
 
     def _check(self) -> None:
         if self.unavailable:
@@ -88,21 +93,59 @@ class FakeController:
             raise UnknownModelError(model_id)
         return self.specs[model_id]
 
-    async def deploy(self, spec: dict[str, Any]) -> dict[str, Any]:
-        self._check()
-        if spec["source"] in self.refusals:
-            raise self.refusals[spec["source"]]
+    def _deploy_now(self, spec: dict[str, Any], update: bool) -> dict[str, Any]:
         model_id = f"{spec['tenant']}/{spec['name']}"
-        if model_id in self.specs and self.specs[model_id] != spec:
+        if update:
+            self._model(model_id)
+        elif model_id in self.specs and self.specs[model_id] != spec:
             raise ModelAlreadyDeployedError(model_id)
         self.specs[model_id] = copy.deepcopy(spec)
         return spec
 
-    async def update(self, spec: dict[str, Any]) -> dict[str, Any]:
+    async def start_deploy(self, spec: dict[str, Any], update: bool = False) -> DeployProgress:
+        """As the controller: a conflict is refused at once, a bad source fails the job; a source in
+        `scripted` runs through those (stage, done, total) records, one per long poll."""
         self._check()
-        self._model(f"{spec['tenant']}/{spec['name']}")
-        self.specs[f"{spec['tenant']}/{spec['name']}"] = copy.deepcopy(spec)
-        return spec
+        model_id = f"{spec['tenant']}/{spec['name']}"
+        refusal = self.refusals.get(spec["source"])
+        if isinstance(refusal, (DeployConflictError, UnknownModelError)):
+            raise refusal
+        if update:
+            self._model(model_id)
+        elif model_id in self.specs and self.specs[model_id] != spec:
+            raise ModelAlreadyDeployedError(model_id)
+        deploy_id = f"d-{len(self.deploys) + 1}"
+        action = "update" if update else "deploy"
+        steps = [DeployProgress(deploy_id, model_id, action, "running", stage, done, total, started_s=1.0)
+                 for stage, done, total in self.scripted.get(spec["source"], [("checking", 0, 0)])]
+        if refusal is not None:
+            message, field, kind = deploy_error_message(refusal)
+            steps.append(DeployProgress(deploy_id, model_id, action, "failed", steps[-1].stage, started_s=1.0,
+                                        finished_s=2.0, error=message, error_field=field, error_kind=kind))
+        else:
+            steps.append(DeployProgress(deploy_id, model_id, action, "succeeded", "done", started_s=1.0,
+                                        finished_s=2.0, spec=self._deploy_now(spec, update)))
+        self.deploys[deploy_id] = steps
+        return steps[0]
+
+    async def deploy_progress(self, deploy_id: str) -> DeployProgress:
+        self._check()
+        if deploy_id not in self.deploys:
+            raise UnknownDeployError(deploy_id)
+        return self.deploys[deploy_id][0]
+
+    async def wait_deploy(self, deploy_id: str, timeout_s: float) -> DeployProgress:
+        """The job's next step (each long poll moves it one on)."""
+        await self.deploy_progress(deploy_id)
+        self.waits.append((deploy_id, timeout_s))
+        steps = self.deploys[deploy_id]
+        if len(steps) > 1:
+            steps.pop(0)
+        return steps[0]
+
+    async def recent_deploys(self) -> list[DeployProgress]:
+        self._check()
+        return [steps[0] for steps in self.deploys.values()]
 
     async def delete(self, model_id: str) -> None:
         self._check()
@@ -386,6 +429,60 @@ def test_an_unsafe_source_is_400_on_source_and_a_lost_deploy_race_is_409(server)
     finally:
         server.controller.refusals = {}
     assert "acme/unsafe" not in server.controller.specs and "acme/raced" not in server.controller.specs
+
+
+def test_a_deploy_job_answers_at_once_and_the_cli_follows_it_to_the_end(server):
+    big = [("checking", 0, 0), ("converting", 0, 4_000_000), ("converting", 2_000_000, 4_000_000),
+           ("uploading", 1_000_000, 8_000_000), ("uploading", 8_000_000, 8_000_000), ("registering", 0, 0)]
+    server.controller.scripted = {"/models/big": big}
+    try:
+        started = server.call(lambda c: c.start_deploy({**spec("acme/big"), "source": "/models/big"}))
+        assert (started.state.value, started.stage.value, started.model_id) == ("running", "checking", "acme/big")
+        assert server.call(lambda c: c.deploy_status(started.deploy_id)) == started  # no wait: as it is
+        step = server.call(lambda c: c.deploy_status(started.deploy_id, wait_s=2.5))
+        assert (step.stage.value, step.num_bytes_total) == ("converting", 4_000_000)
+        assert server.controller.waits[-1] == (started.deploy_id, 2.5)
+        assert [r.deploy_id for r in server.call(lambda c: c.list_deploys())][-1] == started.deploy_id
+        for wait_s, param in (("31", "wait_s"), ("-1", "wait_s"), ("nan", "wait_s")):
+            with pytest.raises(AdminApiError) as info:
+                server.call(lambda c: c._request("GET", f"/admin/deploys/{started.deploy_id}", params={"wait_s": wait_s}))
+            assert (info.value.status, info.value.param) == (400, param), wait_s
+        with pytest.raises(AdminApiError) as info:
+            server.call(lambda c: c.deploy_status("d-none"))
+        assert info.value.status == 404 and "no deploy 'd-none'" in info.value.message
+
+        # The CLI: starts the job, draws each stage's bar from the long polls, waits for the end.
+        result = server.thaw("deploy", "--name", "acme/big2", "--source", "/models/big")
+        assert result.returncode == 0, result.stderr
+        assert "deploying acme/big2 (d-" in result.stderr and "acme/big2 deployed in" in result.stderr
+        assert "converting" in result.stderr and "uploading" in result.stderr and "registering ..." in result.stderr
+        assert "7.63M/7.63M" in result.stderr  # the upload's bar, in tqdm's units (MiB), ran to its end
+        assert "acme/big2" in server.controller.specs
+
+        result = server.thaw("deploy", "--name", "acme/big3", "--source", "/models/big", "--no-wait")
+        assert result.returncode == 0 and "started as d-" in result.stderr and "thaw deploys d-" in result.stderr
+        deploy_id = result.stderr.split("started as ")[1].split(";")[0]
+        listing = server.thaw("deploys")
+        assert listing.returncode == 0 and deploy_id in listing.stdout and "acme/big3" in listing.stdout
+        one = server.thaw("deploys", deploy_id, "--wait", "--json")
+        assert one.returncode == 0 and json.loads(one.stdout)[0]["state"] == "succeeded"
+    finally:
+        server.controller.scripted = {}
+
+
+def test_a_failed_deploy_job_exits_with_its_reason(server):
+    unsafe = InvalidSpecError("source", "/models/gone is not a directory on the controller's machine")
+    server.controller.refusals = {"/models/gone": unsafe}
+    try:
+        result = server.thaw("deploy", "--name", "acme/gone", "--source", "/models/gone")
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().endswith(f"deploy of acme/gone failed: {unsafe}")
+        listing = server.thaw("deploys", "--json")
+        failed = [d for d in json.loads(listing.stdout) if d["model_id"] == "acme/gone"]
+        assert failed and failed[-1]["state"] == "failed" and failed[-1]["error_field"] == "source"
+    finally:
+        server.controller.refusals = {}
+    assert "acme/gone" not in server.controller.specs
 
 
 def test_migrate_route_validates_and_maps_refusals_to_statuses(server):
