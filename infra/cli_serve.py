@@ -33,6 +33,10 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
     if not 0 < args.body_timeout_s < float("inf"):
         raise UsageError(f"--body-timeout-s must be more than 0 (seconds a request body may take to arrive), "
                          f"got {args.body_timeout_s:g}")
+    upload_mb_s = args.repository_upload_mb_s
+    if upload_mb_s is not None and not 0 < upload_mb_s < float("inf"):
+        raise UsageError(f"--repository-upload-mb-s must be more than 0 (MB/s deploys may upload into the "
+                         f"repository; leave it out for no cap), got {upload_mb_s:g}")
     if not 0 <= args.peer_link_gbps < float("inf"):
         raise UsageError(f"--peer-link-gbps must be 0 or more (GB/s assumed for streaming weights from a running "
                          f"instance; 0: never), got {args.peer_link_gbps:g}")
@@ -40,6 +44,7 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
         return PlatformConfig.create(
             state_dir=Path(args.state).expanduser().absolute(), state_store=args.state_store,
             repository_uri=args.repository, repository_endpoint_url=args.endpoint_url, ray_address=args.address,
+            repository_upload_bytes_per_s=None if upload_mb_s is None else upload_mb_s * 1e6,
             host=args.host, port=args.port, namespace=args.namespace, auth=not args.no_auth, num_cpus=args.num_cpus,
             metrics_token_file=(Path(args.metrics_token_file).expanduser().absolute()
                                 if args.metrics_token_file is not None else None),
@@ -132,6 +137,9 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--repository", default=None, help="model repository: a directory or s3://bucket/prefix "
                                                            "(default: STATE/repository)")
     serve.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint of the repository")
+    serve.add_argument("--repository-upload-mb-s", type=float, default=None, metavar="MB_PER_S",
+                       help="cap what deploys upload into the repository, in MB/s over all of them, so they leave "
+                            "the link to the nodes' fetches (default: no cap)")
     serve.add_argument("--namespace", default="thaw", help="Ray namespace of this platform's actors")
     serve.add_argument("--no-auth", action="store_true",
                        help="no API keys: anyone on this machine may call anything; only with a loopback --host, "

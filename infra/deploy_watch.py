@@ -7,23 +7,26 @@ uploading; checking when unchanged content is hashed), with its rate and ETA, an
 for the stages that do not (registering). A long poll answers as soon as the job ends, so a small
 deploy costs one round trip; a large one redraws about once a second.
 
-A job the controller no longer knows (it was restarted mid-deploy: nothing of the deploy is
+While the controller does not answer (503: Ray is restarting it) the watch keeps asking, up to
+`UNAVAILABLE_S`; a job the restarted controller no longer knows (nothing of the deploy is
 visible) is `DeployLost`, whose message says to run the deploy again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from typing import Any, TextIO
 
 from tqdm import tqdm
 
 from infra.admin_client import AdminApiError, AdminClient
-from wire import DeployProgress, DeployStage
+from wire import DeployProgress, DeployStage, DeployState
 
 __all__ = ["DeployLost", "DeployProgressView", "watch_deploy"]
 
 POLL_S = 1.0  # each long poll's bound: how often a running job's bar is redrawn
+UNAVAILABLE_S = 120.0  # how long the watch waits for a controller that does not answer
 
 
 class DeployLost(Exception):
@@ -40,6 +43,8 @@ class DeployProgressView:
 
     def show(self, record: DeployProgress) -> None:
         if record.stage is not self._stage:
+            if self._bar is not None and record.state is not DeployState.FAILED:  # a stage moved past is done
+                self._bar.update(max(0, self._bar.total - self._bar.n))
             self._close_bar()
             self._stage = record.stage
             if record.stage is DeployStage.DONE:
@@ -67,6 +72,8 @@ class DeployProgressView:
 async def watch_deploy(client: AdminClient, record: DeployProgress, view: DeployProgressView | None = None
                        ) -> DeployProgress:
     """Follows the job until it finished; returns its last record (succeeded or failed)."""
+    loop = asyncio.get_running_loop()
+    unavailable_since: float | None = None
     try:
         while True:
             if view is not None:
@@ -75,7 +82,14 @@ async def watch_deploy(client: AdminClient, record: DeployProgress, view: Deploy
                 return record
             try:
                 record = await client.deploy_status(record.deploy_id, wait_s=POLL_S)
+                unavailable_since = None
             except AdminApiError as exc:
+                if exc.status == 503:  # the controller is restarting: ask again, for a while
+                    unavailable_since = unavailable_since or loop.time()
+                    if loop.time() - unavailable_since > UNAVAILABLE_S:
+                        raise
+                    await asyncio.sleep(POLL_S)  # a retry interval, bounded above
+                    continue
                 if exc.status == 404:
                     raise DeployLost(f"the controller no longer knows deploy {record.deploy_id} (it was restarted "
                                      f"while deploying {record.model_id}); nothing of that deploy is visible: run "

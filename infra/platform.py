@@ -3,9 +3,10 @@
 `start` brings up, in order: Ray (a local single-node instance owned by this process and
 listening on loopback only, `infra.local_ray`; or an existing cluster joined with
 ``ray_address``), the admin key (first start only), the controller actor
-(which starts the node stores and, as models get traffic, the workers), the gateway as a Ray
-Serve application, and — for ``--demo`` — the demo model deployed as ``demo/tiny``. It returns
-once the gateway answers ``/readyz``. `stop` takes it down in the reverse order: the gateway
+(which starts the node stores and, as models get traffic, the workers), for ``--demo`` the demo
+model deployed as ``demo/tiny`` (through the controller, before the gateway exists), and the
+gateway as a Ray Serve application. It returns once the gateway answers ``/readyz``: a probe or a
+script that waits for ``/readyz`` (or for the banner) can call the demo model at once. `stop` takes it down in the reverse order: the gateway
 first (no new requests), then the controller with its workers and node stores (which removes
 their shared memory), then Ray (with Serve) if this process started it.
 
@@ -71,8 +72,9 @@ class Platform:
         try:
             self._start_ray()
             self._start_controller(ready_timeout_s)
-            self._start_gateway(ready_timeout_s, metrics_token)
+            # Before the gateway: its /readyz (and so the banner) then means the demo model answers.
             demo_model_id = self._deploy_demo() if demo else None
+            self._start_gateway(ready_timeout_s, metrics_token)
         except BaseException:
             self.stop()
             raise

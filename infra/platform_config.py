@@ -130,15 +130,17 @@ class PlatformConfig:
 
     @classmethod
     def create(cls, *, state_dir: str | Path, repository_uri: str | None = None,
-               repository_endpoint_url: str | None = None, peer_link_bytes_per_s: float | None = None,
-               slot_sharing: bool = True, **settings: Any) -> PlatformConfig:
+               repository_endpoint_url: str | None = None, repository_upload_bytes_per_s: float | None = None,
+               peer_link_bytes_per_s: float | None = None, slot_sharing: bool = True,
+               **settings: Any) -> PlatformConfig:
         """A platform from flat settings: each of `settings` is a field of the platform's own
         (see the class) or of `controller.ControllerConfig`, and goes where it is defined. The
         rest are ``thaw serve``'s shapes of controller settings:
 
         - `state_dir`: absolute (``~`` expanded); the controller's state directory;
         - `repository_uri` / `repository_endpoint_url`: the repository (a directory or
-          ``s3://bucket/prefix``); None: ``state_dir/repository``;
+          ``s3://bucket/prefix``); None: ``state_dir/repository``; `repository_upload_bytes_per_s`: a
+          cap on what deploys upload into it (`storage.RepositoryConfig.upload_bytes_per_s`);
         - `peer_link_bytes_per_s`: the rate assumed for streaming a new instance's weights from
           a running one (the `link_bytes_per_s` of `ControllerConfig.peer_stream`); 0: never
           stream; None: the controller's default;
@@ -174,7 +176,8 @@ class PlatformConfig:
         platform_fields = {f.name for f in dataclasses.fields(cls)} - {"controller"}
         own = {name: settings.pop(name) for name in list(settings) if name in platform_fields}
         repository = RepositoryConfig(uri=repository_uri if repository_uri is not None
-                                      else str(state_dir / "repository"), endpoint_url=repository_endpoint_url)
+                                      else str(state_dir / "repository"), endpoint_url=repository_endpoint_url,
+                                      upload_bytes_per_s=repository_upload_bytes_per_s)
         controller = ControllerConfig(state_dir=state_dir, repository=repository,
                                       slot_sharing=SlotSharingSettings() if slot_sharing else None, **settings)
         if value is not None:  # the controller's stream settings, at this rate (0: none)

@@ -107,13 +107,14 @@ class RunningPlatform:
 
 
 @contextlib.contextmanager
-def start_platform(root: Path, model_dir: Path, *args: str, prefix: str = "e2e") -> Iterator[RunningPlatform]:
-    """``thaw serve --demo`` with `args` (after the state, port and namespace it picks), running
-    until the block ends; then SIGINT (a kill after the deadline)."""
+def start_platform(root: Path, model_dir: Path, *args: str, prefix: str = "e2e", demo: bool = True
+                   ) -> Iterator[RunningPlatform]:
+    """``thaw serve --demo`` (without `demo`: no demo model) with `args` (after the state, port and
+    namespace it picks), running until the block ends; then SIGINT (a kill after the deadline)."""
     state_dir, port, namespace = root / "state", free_port(), f"{prefix}{uuid.uuid4().hex[:8]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("THAW_", "RAY_ADDRESS"))}
     process = subprocess.Popen(
-        [THAW, "serve", "--demo", "--state", str(state_dir), "--port", str(port), "--namespace", namespace, *args],
+        [THAW, "serve", *(["--demo"] if demo else []), "--state", str(state_dir), "--port", str(port), "--namespace", namespace, *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     running = RunningPlatform(process, f"http://127.0.0.1:{port}", state_dir, namespace, env, model_dir)
     try:
