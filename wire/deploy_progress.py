@@ -19,7 +19,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from wire.wire_record import WireRecord, check_count, check_name, check_optional_seconds, check_seconds
+from wire.wire_record import (WireRecord, check_count, check_member, check_name, check_optional_seconds,
+                               check_seconds)
 
 __all__ = ["ERROR_KINDS", "DeployProgress", "DeployStage", "DeployState"]
 
@@ -44,14 +45,6 @@ class DeployStage(str, enum.Enum):
 
 _FINISHED = (DeployState.SUCCEEDED, DeployState.FAILED)
 ERROR_KINDS = ("invalid", "conflict", "not_found", "failed")
-
-
-def _member(record: str, field: str, kind: type[enum.Enum], value: object) -> Any:
-    try:
-        return kind(value)
-    except (ValueError, TypeError):
-        choices = ", ".join(repr(member.value) for member in kind)
-        raise ValueError(f"{record}.{field} must be one of {choices}, got {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -96,8 +89,8 @@ class DeployProgress(WireRecord):
         check_name(name, "model_id", self.model_id)
         if self.action not in ("deploy", "update"):
             raise ValueError(f"{name}.action must be 'deploy' or 'update', got {self.action!r}")
-        object.__setattr__(self, "state", _member(name, "state", DeployState, self.state))
-        object.__setattr__(self, "stage", _member(name, "stage", DeployStage, self.stage))
+        object.__setattr__(self, "state", check_member(name, "state", DeployState, self.state))
+        object.__setattr__(self, "stage", check_member(name, "stage", DeployStage, self.stage))
         for field in ("num_bytes_done", "num_bytes_total"):
             object.__setattr__(self, field, check_count(name, field, getattr(self, field)))
         for field in ("bytes_per_s", "eta_s", "finished_s"):

@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import ClassVar
 
-from wire.wire_record import WireRecord, check_count, check_name, check_seconds
+from wire.wire_record import WireRecord, check_count, check_member, check_name, check_seconds
 
 __all__ = ["MigrationMethod", "MigrationOutcome", "MigrationStatus"]
-
-E = TypeVar("E", bound=enum.Enum)
-
 
 class MigrationMethod(str, enum.Enum):
     TOKENS = "tokens"  # the destination recomputes the KV from the tokens (ServerlessLLM)
@@ -35,15 +32,6 @@ class MigrationStatus(str, enum.Enum):
     REFUSED = "refused"  # the destination said no (KV blocks, request id, model); the source carries on
     FAILED = "failed"  # a step failed (an instance died, a call broke); the source carries on, whole
     FINISHED = "finished"  # the request ended on the source first (done, or aborted): nothing to move
-
-
-def _member(record: str, field: str, kind: type[E], value: object) -> E:
-    """`value` as a member of `kind` (a member, or its string value)."""
-    try:
-        return kind(value)
-    except (ValueError, TypeError):
-        choices = ", ".join(repr(member.value) for member in kind)
-        raise ValueError(f"{record}.{field} must be one of {choices}, got {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -80,8 +68,8 @@ class MigrationOutcome(WireRecord):
     def __post_init__(self) -> None:
         name = self.record_name()
         check_name(name, "request_id", self.request_id)
-        object.__setattr__(self, "method", _member(name, "method", MigrationMethod, self.method))
-        object.__setattr__(self, "status", _member(name, "status", MigrationStatus, self.status))
+        object.__setattr__(self, "method", check_member(name, "method", MigrationMethod, self.method))
+        object.__setattr__(self, "status", check_member(name, "status", MigrationStatus, self.status))
         check_name(name, "source_id", self.source_id)
         check_name(name, "destination_id", self.destination_id)
         for field in ("num_rounds", "num_tokens_at_stop", "num_tokens_after_stop", "num_blocks_copied",

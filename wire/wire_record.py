@@ -23,9 +23,10 @@ import numbers
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
-__all__ = ["WireRecord", "check_count", "check_name", "check_optional_seconds", "check_seconds", "check_token_ids"]
+__all__ = ["WireRecord", "check_count", "check_member", "check_name", "check_optional_seconds", "check_seconds", "check_token_ids"]
 
 R = TypeVar("R", bound="WireRecord")
+E = TypeVar("E", bound=enum.Enum)
 
 SCHEMA_KEY = "schema"
 
@@ -103,6 +104,15 @@ def _plain(value: Any) -> Any:
 def _is_int(value: object) -> bool:
     """True for ints (numpy ints included), False for bools, which are ints in Python."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_member(record: str, field: str, kind: type[E], value: object) -> E:
+    """`value` as a member of the enum `kind` (a member, or its value: a dict form carries values)."""
+    try:
+        return kind(value)
+    except (ValueError, TypeError):
+        choices = ", ".join(repr(member.value) for member in kind)
+        raise ValueError(f"{record}.{field} must be one of {choices}, got {value!r}") from None
 
 
 def check_name(record: str, field: str, value: object, *, optional: bool = False) -> str | None:
