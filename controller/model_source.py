@@ -3,9 +3,9 @@
 Node stores fill only from the platform's repository, by a single-segment model name, so a
 deploy turns the spec's ``source`` into such a name:
 
-- a local directory is pushed under ``tenant--name`` -- once: a later deploy or update of the
-  same content finds the repository copy identical (same files, sizes and xxh3_64) and reuses
-  it; changed content replaces it (the push hides the old version first, so no reader sees a
+- a local directory is pushed under ``tenant--name`` -- once, converted to the thaw format and
+  stored as that checkpoint alone: a later deploy or update of the same content finds the
+  repository copy made from identical files (same files, sizes and xxh3_64) and reuses it; changed content replaces it (the push hides the old version first, so no reader sees a
   mix);
 - a location inside the repository itself (``<repository uri>/<model>``, e.g. pushed earlier
   with ``thaw models push``) is used as it is, under that name;
@@ -136,16 +136,18 @@ def _xxh3_64(path: Path) -> str:
 
 
 def same_content(src_dir: Path, manifest: ModelManifest, progress: PushProgress | None = None) -> bool:
-    """True if the repository copy has exactly the dir's files, sizes and xxh3_64 (sizes are
-    compared first, so a changed model is usually told apart without hashing). `progress` hears
-    the bytes hashed (stage CHECKING)."""
+    """True if the repository copy was pushed from exactly the dir's files, sizes and xxh3_64
+    (`ModelManifest.source_files`: the converted-from dir's fingerprints, or the files as stored).
+    Sizes are compared first, so a changed model is usually told apart without hashing. `progress`
+    hears the bytes hashed (stage CHECKING)."""
     files = _local_files(src_dir)
-    if set(files) != {entry.path for entry in manifest.files}:
+    pushed = manifest.source_files
+    if set(files) != {entry.path for entry in pushed}:
         return False
-    if any(files[entry.path].stat().st_size != entry.size for entry in manifest.files):
+    if any(files[entry.path].stat().st_size != entry.size for entry in pushed):
         return False
-    total, done = sum(entry.size for entry in manifest.files), 0
-    for entry in manifest.files:
+    total, done = sum(entry.size for entry in pushed), 0
+    for entry in pushed:
         if _xxh3_64(files[entry.path]) != entry.xxh3_64:
             return False
         done += entry.size

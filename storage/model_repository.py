@@ -21,13 +21,15 @@ lives here, once, on top of a handful of object primitives:
 - the source directory is read through `loader.model_dir_files`: a symlink or index entry
   leading outside it is refused (`loader.UnsafeModelDirError`, a ValueError), so a push never
   uploads someone else's files;
-- conversion once, at push: a Hugging Face dir is converted to the thaw format (in a temporary
-  directory under ``TMPDIR``) and that checkpoint is uploaded beside the dir, in the same
-  revision's staging, under ``_thaw/<model>/<revision>/`` (`ModelManifest.converted`); node
-  stores fetch it (``fetch(..., prefer_thaw=True)``) and only copy. The dir as pushed stays the
-  model's `files` (listings, re-deploy comparisons and plain fetches are as before). A dir the
-  converter cannot read is stored as given, with a warning: node stores then convert it on fetch
-  as they do for repositories pushed before this (and report the same error when they do);
+- conversion once, at push, and the model stored once: a Hugging Face dir is converted to the
+  thaw format (in a temporary directory under ``TMPDIR``) and only that checkpoint is uploaded
+  (it carries the config, tokenizer and chat templates serving needs); the dir as pushed is kept
+  as fingerprints (`ModelManifest.source`), which re-deploys compare their source with. Node
+  stores fetch the checkpoint and only copy. A dir the converter cannot read is stored as given,
+  with a warning: node stores then convert it on fetch (and report the same error when they do).
+  Repositories pushed before stored the dir and the checkpoint beside it (``_thaw/<model>/...``,
+  `ModelManifest.converted`); those are still read, and ``fetch(..., prefer_thaw=True)`` gets
+  their checkpoint;
 - fetch: every file split into ``part_bytes`` ranges, all ranges of all files downloaded on one
   pool of ``max_concurrency`` threads straight into their place in the destination files
   (parallel ranged GETs on S3, ``copy_file_range`` locally), then sizes and xxh3_64 verified.
@@ -307,9 +309,9 @@ class ModelRepository(ABC):
              progress: PushProgress | None = None) -> ModelManifest:
         """Upload a Hugging Face or thaw-format model dir as `model`; returns its manifest.
 
-        A Hugging Face dir is converted to the thaw format once, here, and both are uploaded (see
-        the module docstring); `convert` False stores it as given (as repositories did before:
-        node stores convert it on fetch). Staged: the files go under a fresh revision and the
+        A Hugging Face dir is converted to the thaw format once, here, and only the checkpoint is
+        uploaded (see the module docstring); `convert` False stores the dir as given (node stores
+        convert it on fetch). Staged: the files go under a fresh revision and the
         manifest is swapped in last, so until this returns readers see the previous version whole
         (or no model). Raises `ModelExistsError` if the model exists and not `overwrite`,
         `PushConflictError` if a concurrent push of `model` won, `loader.UnsafeModelDirError`
@@ -328,22 +330,40 @@ class ModelRepository(ABC):
         if current is not None and not overwrite:
             raise ModelExistsError(f"model {model!r} already exists in {self.uri}; pass overwrite to replace it")
         with tempfile.TemporaryDirectory(prefix="thaw-push-") as scratch:
-            thaw_dir = _convert_for_push(src, model, Path(scratch), progress) if kind == "hf" and convert else None
-            return self._upload_revision(model, kind, files, model_dir_files(thaw_dir) if thaw_dir else [], current,
-                                         overwrite, progress)
+            if kind == "hf" and convert:
+                source = self._fingerprints(files, progress)
+                thaw_dir = _convert_for_push(src, model, Path(scratch), progress)
+                if thaw_dir is not None:  # stored once: the checkpoint, and the dir's fingerprints
+                    return self._upload_revision(model, "thaw", model_dir_files(thaw_dir), current, overwrite,
+                                                 progress, source=source)
+            return self._upload_revision(model, kind, files, current, overwrite, progress)
+
+    def _fingerprints(self, files: list[tuple[str, Path]], progress: PushProgress) -> tuple[ManifestFile, ...]:
+        """Size and xxh3_64 of each (rel, path) -- a source dir's identity, for the manifest's
+        `source` -- hashed on the push's pool; `progress` hears the bytes (stage CHECKING)."""
+        total_bytes, done = sum(path.stat().st_size for _, path in files), [0]
+        lock = threading.Lock()
+
+        def fingerprint(rel: str, path: Path) -> ManifestFile:
+            entry = ManifestFile(path=rel, size=path.stat().st_size, xxh3_64=file_xxh3_64(path))
+            with lock:
+                done[0] += entry.size
+                progress(DeployStage.CHECKING, done[0], total_bytes)
+            return entry
+
+        with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="thaw-hash") as pool:
+            return tuple(pool.map(lambda item: fingerprint(*item), files))
 
     def _upload_revision(self, model: str, kind: str, files: list[tuple[str, Path]],
-                         converted_files: list[tuple[str, Path]], current: tuple[bytes, str] | None,
-                         overwrite: bool, progress: PushProgress = _no_progress) -> ModelManifest:
+                         current: tuple[bytes, str] | None, overwrite: bool, progress: PushProgress = _no_progress,
+                         *, source: tuple[ManifestFile, ...] = ()) -> ModelManifest:
         """The staged part of `push`: upload into a fresh revision, swap the manifest in, delete
-        what it replaced."""
+        what it replaced. `source`: the fingerprints of the dir `files` were converted from."""
         manifest_key = self._manifest_key(model)
         revision = new_revision()
         prefix = f"{model}/{REVISIONS_DIR}/{revision}"
-        converted_prefix = f"{CONVERTED_PREFIX}/{model}/{revision}"
 
         jobs = [(f"{prefix}/{rel}", rel, path) for rel, path in files]
-        jobs += [(f"{converted_prefix}/{rel}", rel, path) for rel, path in converted_files]
         total_bytes = sum(path.stat().st_size for _, _, path in jobs)
         uploaded = [0]
         lock = threading.Lock()
@@ -371,8 +391,8 @@ class ModelRepository(ABC):
         try:
             with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="thaw-push") as pool:
                 entries = list(pool.map(lambda job: upload(*job), jobs))
-            manifest = ModelManifest(model=model, kind=kind, files=tuple(entries[:len(files)]), pushed_at=time.time(),
-                                     revision=revision, converted=tuple(entries[len(files):]))
+            manifest = ModelManifest(model=model, kind=kind, files=tuple(entries), pushed_at=time.time(),
+                                     revision=revision, source=source)
             if not self._swap_object(manifest_key, manifest.to_json().encode(), current[1] if current else None):
                 again = "push again to replace it" if overwrite else "push again with overwrite to replace it"
                 raise PushConflictError(f"model {model!r} in {self.uri} was pushed (or deleted) by someone else "

@@ -12,12 +12,16 @@ manifest names (nor another push's), and replacing the manifest -- one object, w
 conditionally -- is what makes a new version visible. Version 1 manifests (files directly under
 ``<model>/``, no revision) are still read.
 
-A Hugging Face push is converted to the thaw format once, at push, and the manifest lists that
-checkpoint too (`converted`, under ``_thaw/<model>/<revision>/``: names cannot start with ``_``),
-so node stores copy it instead of each converting. `files` stays the dir as pushed (what ``thaw
-models ls`` shows and what a re-deploy compares its source with). The list is optional within
-version 2: a reader that predates it ignores it and converts, and a manifest without it (a
-repository from before, or a dir the converter could not read) is converted by the node store.
+A Hugging Face push is converted to the thaw format once, at push, and only that checkpoint is
+stored (it carries what serving needs besides the weights: config, tokenizer, chat templates):
+the model's `kind` is then "thaw", its `files` the checkpoint's, and `source` lists the dir as
+pushed by size and xxh3_64 alone (nothing of it is uploaded) -- what a re-deploy compares its
+source with, so an unchanged model is not pushed again. A dir the converter cannot read is
+stored as given (kind "hf"), and node stores convert it on fetch.
+
+Repositories written before stored both: the dir as pushed in `files` and the checkpoint in
+`converted` (under ``_thaw/<model>/<revision>/``: names cannot start with ``_``). Those are still
+read (node stores copy `converted`); new pushes write no `converted`.
 """
 
 from __future__ import annotations
@@ -91,9 +95,10 @@ class ManifestFile:
 @dataclass(frozen=True)
 class ModelManifest:
     """A complete model in a repository: its name, kind, files, when it was pushed (Unix time),
-    the push's revision (where its files are; None: a version 1 manifest, files under ``<model>/``)
-    and, for a Hugging Face push, the files of the thaw checkpoint converted from it (empty: none,
-    node stores convert on fetch)."""
+    the push's revision (where its files are; None: a version 1 manifest, files under ``<model>/``);
+    for a thaw checkpoint converted from a Hugging Face dir at push, that dir's fingerprints
+    (`source`, not stored); for a Hugging Face push of an older repository, the files of the thaw
+    checkpoint stored beside it (`converted`; empty: none, node stores convert on fetch)."""
 
     model: str
     kind: str
@@ -101,6 +106,7 @@ class ModelManifest:
     pushed_at: float
     revision: str | None = None
     converted: tuple[ManifestFile, ...] = ()
+    source: tuple[ManifestFile, ...] = ()
 
     def __post_init__(self) -> None:
         try:
@@ -121,6 +127,18 @@ class ModelManifest:
             converted = [f.path for f in self.converted]
             if len(set(converted)) != len(converted):
                 raise ManifestError(f"model {self.model!r}: a converted file is listed twice")
+        if self.source:
+            if self.kind != "thaw" or self.revision is None:
+                raise ManifestError(f"model {self.model!r}: only a thaw checkpoint with a revision has a source "
+                                    f"it was converted from")
+            source = [f.path for f in self.source]
+            if len(set(source)) != len(source):
+                raise ManifestError(f"model {self.model!r}: a source file is listed twice")
+
+    @property
+    def source_files(self) -> tuple[ManifestFile, ...]:
+        """The dir as it was pushed: the converted-from source's fingerprints, else the files."""
+        return self.source or self.files
 
     @property
     def files_prefix(self) -> str:
@@ -155,6 +173,8 @@ class ModelManifest:
         data["files"] = [{"path": f.path, "size": f.size, "xxh3_64": f.xxh3_64} for f in self.files]
         if self.converted:  # absent otherwise: a manifest without one reads as it always did
             data["converted"] = [{"path": f.path, "size": f.size, "xxh3_64": f.xxh3_64} for f in self.converted]
+        if self.source:
+            data["source"] = [{"path": f.path, "size": f.size, "xxh3_64": f.xxh3_64} for f in self.source]
         return json.dumps(data, indent=1)
 
     @classmethod
@@ -173,12 +193,14 @@ class ModelManifest:
             files = tuple(ManifestFile(path=f["path"], size=f["size"], xxh3_64=f["xxh3_64"]) for f in data["files"])
             converted = tuple(ManifestFile(path=f["path"], size=f["size"], xxh3_64=f["xxh3_64"])
                               for f in (data.get("converted", ()) if version >= 2 else ()))
+            source = tuple(ManifestFile(path=f["path"], size=f["size"], xxh3_64=f["xxh3_64"])
+                           for f in (data.get("source", ()) if version >= 2 else ()))
             pushed_at = data["pushed_at"]
             if not isinstance(pushed_at, (int, float)) or isinstance(pushed_at, bool):
                 raise ManifestError(f"pushed_at {pushed_at!r} is not a number")
             revision = validate_revision(data["revision"]) if version >= 2 else None  # version 2 has one
             return cls(model=data["model"], kind=data["kind"], files=files, pushed_at=float(pushed_at),
-                       revision=revision, converted=converted)
+                       revision=revision, converted=converted, source=source)
         except (KeyError, TypeError) as exc:
             raise ManifestError(f"{origin}: missing or malformed field {exc}") from None
         except ManifestError as exc:

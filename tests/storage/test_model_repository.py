@@ -35,7 +35,7 @@ def _same_tree(a, b) -> bool:
 
 
 def test_push_list_describe_fetch_round_trip(repository, hf_model_dir, thaw_model_dir, tmp_path):
-    hf = repository.push(hf_model_dir, "tiny-hf")
+    hf = repository.push(hf_model_dir, "tiny-hf", convert=False)
     thaw = repository.push(thaw_model_dir, "tiny-thaw")
     assert (hf.kind, thaw.kind) == ("hf", "thaw")
     assert [f.path for f in hf.files] == ["config.json", "model.safetensors", "tokenizer.json"]
@@ -53,7 +53,7 @@ def test_push_list_describe_fetch_round_trip(repository, hf_model_dir, thaw_mode
 
 
 def test_missing_model_names_it_and_lists_what_is_there(repository, hf_model_dir, tmp_path):
-    repository.push(hf_model_dir, "present")
+    repository.push(hf_model_dir, "present", convert=False)
     with pytest.raises(ModelNotFoundError, match=r"model 'absent' not found in .*1 models there: present"):
         repository.fetch("absent", tmp_path / "out")
     with pytest.raises(ModelNotFoundError, match="absent"):
@@ -61,7 +61,7 @@ def test_missing_model_names_it_and_lists_what_is_there(repository, hf_model_dir
 
 
 def test_missing_object_is_named(repository, hf_model_dir, tmp_path):
-    manifest = repository.push(hf_model_dir, "tiny")
+    manifest = repository.push(hf_model_dir, "tiny", convert=False)
     repository._delete_objects([manifest.object_key("model.safetensors")])  # lost behind the manifest's back
     with pytest.raises(ObjectNotFoundError, match=rf"tiny/\.revisions/{manifest.revision}/model\.safetensors.*"
                                                   r"push the model again"):
@@ -69,7 +69,7 @@ def test_missing_object_is_named(repository, hf_model_dir, tmp_path):
 
 
 def test_corrupted_object_fails_verification(repository, hf_model_dir, tmp_path):
-    manifest = repository.push(hf_model_dir, "tiny")
+    manifest = repository.push(hf_model_dir, "tiny", convert=False)
     data = bytearray((hf_model_dir / "tokenizer.json").read_bytes())
     data[3] ^= 0xFF
     repository._write_object(manifest.object_key("tokenizer.json"), bytes(data))  # same size, different bytes
@@ -88,7 +88,7 @@ def test_invalid_names_are_refused_before_any_io(repository, hf_model_dir, name)
 
 def test_existing_model_needs_overwrite_and_overwrite_replaces_everything(repository, hf_model_dir, thaw_model_dir,
                                                                           tmp_path):
-    repository.push(hf_model_dir, "m")
+    repository.push(hf_model_dir, "m", convert=False)
     with pytest.raises(ModelExistsError, match="overwrite"):
         repository.push(thaw_model_dir, "m")
     manifest = repository.push(thaw_model_dir, "m", overwrite=True)
@@ -125,7 +125,7 @@ def test_interrupted_push_is_not_listed_and_a_retry_succeeds(repository, thaw_mo
 
 
 def test_delete_removes_manifest_and_files(repository, hf_model_dir):
-    repository.push(hf_model_dir, "gone")
+    repository.push(hf_model_dir, "gone", convert=False)
     repository.delete("gone")
     assert repository.list_models() == [] and repository._list_objects("gone") == []
     with pytest.raises(ModelNotFoundError):
@@ -142,7 +142,7 @@ def test_source_without_weights_is_refused(repository, tmp_path):
 
 
 def test_fetch_refuses_a_non_empty_destination(repository, hf_model_dir, tmp_path):
-    repository.push(hf_model_dir, "tiny")
+    repository.push(hf_model_dir, "tiny", convert=False)
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "x").write_text("x")
     with pytest.raises(FileExistsError):
@@ -156,7 +156,7 @@ def test_hidden_files_are_not_pushed_and_subdirectories_are(repository, hf_model
     (src / ".cache" / "lock").write_text("x")
     (src / "original").mkdir()
     (src / "original" / "params.json").write_text("{}")
-    manifest = repository.push(src, "nested")
+    manifest = repository.push(src, "nested", convert=False)
     assert [f.path for f in manifest.files] == ["config.json", "model.safetensors", "original/params.json",
                                                 "tokenizer.json"]
     repository.fetch("nested", tmp_path / "out")
@@ -164,7 +164,7 @@ def test_hidden_files_are_not_pushed_and_subdirectories_are(repository, hf_model
 
 
 def test_download_probe_measures_and_cleans_up(repository, hf_model_dir, tmp_path):
-    repository.push(hf_model_dir, "tiny")
+    repository.push(hf_model_dir, "tiny", convert=False)
     (tmp_path / "scratch").mkdir()
     rate = repository.measure_download_bytes_per_s(100_000, tmp_path / "scratch", "probe-1")
     assert rate > 0
@@ -192,7 +192,7 @@ def _object_keys(repository, model: str) -> list[str]:
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_racing_pushes_of_one_name_exactly_one_wins(repository, hf_model_dir, tmp_path, monkeypatch, overwrite):
     sources = [_variant(hf_model_dir, tmp_path, "a"), _variant(hf_model_dir, tmp_path, "b")]
-    old = repository.push(hf_model_dir, "m") if overwrite else None
+    old = repository.push(hf_model_dir, "m", convert=False) if overwrite else None
     # Both pushes past their "does it exist" check, both uploading, before either writes its manifest.
     both_uploading = threading.Barrier(2, timeout=WAIT_S)
     started: set[str] = set()
@@ -218,7 +218,7 @@ def test_racing_pushes_of_one_name_exactly_one_wins(repository, hf_model_dir, tm
 
     def push(i: int) -> None:
         try:
-            outcomes[i] = repository.push(sources[i], "m", overwrite=overwrite)
+            outcomes[i] = repository.push(sources[i], "m", overwrite=overwrite, convert=False)
         except Exception as exc:  # noqa: BLE001 -- the outcome is what the test checks
             outcomes[i] = exc
 
@@ -246,7 +246,7 @@ def test_racing_pushes_of_one_name_exactly_one_wins(repository, hf_model_dir, tm
 
 def test_an_overwrite_keeps_the_old_version_whole_until_the_new_one_is_complete(repository, hf_model_dir,
                                                                                  tmp_path, monkeypatch):
-    old = repository.push(hf_model_dir, "m")
+    old = repository.push(hf_model_dir, "m", convert=False)
     new_src = _variant(hf_model_dir, tmp_path, "new")
     uploading, release = threading.Event(), threading.Event()
     real_upload = repository._upload_file
@@ -258,7 +258,7 @@ def test_an_overwrite_keeps_the_old_version_whole_until_the_new_one_is_complete(
 
     monkeypatch.setattr(repository, "_upload_file", gated_upload)
     result: list = []
-    thread = threading.Thread(target=lambda: result.append(repository.push(new_src, "m", overwrite=True)))
+    thread = threading.Thread(target=lambda: result.append(repository.push(new_src, "m", overwrite=True, convert=False)))
     thread.start()
     try:
         assert uploading.wait(WAIT_S)
@@ -285,7 +285,7 @@ def test_a_repository_of_the_unrevisioned_layout_is_read_and_replaced(repository
     assert repository.describe("old") == legacy
     repository.fetch("old", tmp_path / "legacy")
     assert _same_tree(hf_model_dir, tmp_path / "legacy")
-    new = repository.push(hf_model_dir, "old", overwrite=True)
+    new = repository.push(hf_model_dir, "old", overwrite=True, convert=False)
     assert _object_keys(repository, "old") == sorted(f"old/.revisions/{new.revision}/{f.path}" for f in new.files)
 
 
@@ -294,7 +294,7 @@ def test_revisions_of_crashed_pushes_are_swept_once_abandoned(repository, hf_mod
     in_progress = new_revision()
     repository._write_object(f"m/.revisions/{abandoned}/model.safetensors", b"crashed")
     repository._write_object(f"m/.revisions/{in_progress}/model.safetensors", b"uploading")
-    manifest = repository.push(hf_model_dir, "m")
+    manifest = repository.push(hf_model_dir, "m", convert=False)
     assert _object_keys(repository, "m") == sorted(
         [f"m/.revisions/{in_progress}/model.safetensors"] + [manifest.object_key(f.path) for f in manifest.files])
     repository.delete("m")  # a push still in progress keeps its files
@@ -334,7 +334,7 @@ def _unsafe_sources(hf_model_dir, root):
 
 def test_a_directory_naming_files_outside_itself_is_refused_and_nothing_is_written(repository, hf_model_dir,
                                                                                    tmp_path):
-    repository.push(hf_model_dir, "ok")
+    repository.push(hf_model_dir, "ok", convert=False)
     for name, src, entry in _unsafe_sources(hf_model_dir, tmp_path):
         with pytest.raises(UnsafeModelDirError) as info:
             repository.push(src, name)
@@ -349,7 +349,7 @@ def test_a_symlink_that_stays_inside_the_directory_is_fine(repository, hf_model_
     (src / ".blobs").mkdir()
     (src / "model.safetensors").rename(src / ".blobs" / "weights")
     (src / "model.safetensors").symlink_to(src / ".blobs" / "weights")
-    manifest = repository.push(src, "linked")
+    manifest = repository.push(src, "linked", convert=False)
     assert [f.path for f in manifest.files] == ["config.json", "model.safetensors", "tokenizer.json"]
     repository.fetch("linked", tmp_path / "out")
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == (hf_model_dir / "model.safetensors").read_bytes()
@@ -363,7 +363,7 @@ def _modes(root) -> dict[str, int]:
 
 
 def test_local_repository_and_fetched_files_are_the_owners_only(repository, hf_model_dir, tmp_path):
-    manifest = repository.push(hf_model_dir, "tiny")
+    manifest = repository.push(hf_model_dir, "tiny", convert=False)
     repository.fetch("tiny", tmp_path / "fetched" / "tiny")
     fetched = _modes(tmp_path / "fetched")
     assert fetched == {"tiny": 0o700, **{f"tiny/{f.path}": 0o600 for f in manifest.files}}
@@ -375,35 +375,65 @@ def test_local_repository_and_fetched_files_are_the_owners_only(repository, hf_m
         assert modes[f"tiny/.revisions/{manifest.revision}/model.safetensors"] == 0o600
 
 
-# --- a Hugging Face push is converted once, and its thaw checkpoint stored beside it ---------------
+# --- a Hugging Face push is converted once and stored once: the thaw checkpoint ------------------
 
 
-def test_a_hugging_face_push_stores_its_thaw_conversion_and_a_plain_fetch_still_gets_the_dir(
+def test_a_hugging_face_push_is_stored_once_as_its_thaw_conversion_with_the_dir_as_fingerprints(
         repository, hf_model_dir, tmp_path):
     from loader import convert_checkpoint
     from worker import checkpoint_identity
 
-    manifest = repository.push(hf_model_dir, "tiny")
-    assert (manifest.kind, [f.path for f in manifest.files]) == ("hf", ["config.json", "model.safetensors",
-                                                                       "tokenizer.json"])
-    assert [f.path for f in manifest.converted] == ["config.json", "partition_000.bin", "thaw_index.json",
-                                                    "tokenizer.json"]
+    seen = []
+    manifest = repository.push(hf_model_dir, "tiny", progress=lambda stage, done, total: seen.append(stage.value))
+    assert manifest.kind == "thaw" and manifest.converted == ()
+    assert [f.path for f in manifest.files] == ["config.json", "partition_000.bin", "thaw_index.json",
+                                                "tokenizer.json"]
+    assert [(f.path, f.size, f.xxh3_64) for f in manifest.source] == [
+        (p.name, p.stat().st_size, file_xxh3_64(p)) for p in sorted(hf_model_dir.iterdir())]
+    assert manifest.source_files == manifest.source
     assert repository.describe("tiny") == manifest
-    assert _object_keys(repository, "_thaw/tiny") == sorted(
-        f"_thaw/tiny/{manifest.revision}/{f.path}" for f in manifest.converted)
-    # What a node store copies: the thaw checkpoint, exactly what converting the dir gives, so a
-    # copy converted at push and one a node converted (an older repository) are one checkpoint.
+    # Stored once: only the checkpoint's objects exist (no copy of the safetensors weights).
+    assert _object_keys(repository, "tiny") == sorted(manifest.object_key(f.path) for f in manifest.files)
+    assert _object_keys(repository, "_thaw/tiny") == []
+    assert seen[0] == "checking" and "converting" in seen and seen[-1] == "uploading"
+    # What a node store copies is exactly what converting the dir gives, so a copy converted at
+    # push and one a node converted (an older repository) are one checkpoint.
     result = repository.fetch("tiny", tmp_path / "thaw", prefer_thaw=True)
     assert (result.kind, result.num_files, result.num_bytes) == ("thaw", 4, manifest.checkpoint_bytes)
     convert_checkpoint(hf_model_dir, tmp_path / "local", progress=False)
     assert _same_tree(tmp_path / "local", tmp_path / "thaw")
     assert checkpoint_identity(tmp_path / "thaw") == checkpoint_identity(tmp_path / "local")
+    # Replaced by a plain thaw push (no source), then deleted: nothing is left.
+    thaw = repository.push(tmp_path / "local", "tiny", overwrite=True)
+    assert thaw.source == () and thaw.source_files == thaw.files
+    repository.push(hf_model_dir, "tiny", overwrite=True)
+    repository.delete("tiny")
+    assert _object_keys(repository, "_thaw/tiny") == [] and _object_keys(repository, "tiny") == []
+
+
+def test_a_repository_written_before_keeps_serving_its_converted_copy(repository, hf_model_dir, tmp_path):
+    """A manifest of the older layout (the dir as pushed, and its checkpoint under ``_thaw/``) is
+    still read: a node store's fetch gets the checkpoint, a plain one the dir."""
+    from loader import convert_checkpoint, model_dir_files
+    from storage.repository_manifest import new_revision
+
+    convert_checkpoint(hf_model_dir, tmp_path / "checkpoint", progress=False)
+    revision = new_revision()
+    files, converted = [], []
+    for rel, path in model_dir_files(hf_model_dir):
+        repository._upload_file(f"tiny/.revisions/{revision}/{rel}", path)
+        files.append(ManifestFile(rel, path.stat().st_size, file_xxh3_64(path)))
+    for rel, path in model_dir_files(tmp_path / "checkpoint"):
+        repository._upload_file(f"_thaw/tiny/{revision}/{rel}", path)
+        converted.append(ManifestFile(rel, path.stat().st_size, file_xxh3_64(path)))
+    old = ModelManifest(model="tiny", kind="hf", files=tuple(files), pushed_at=1.0, revision=revision,
+                        converted=tuple(converted))
+    repository._write_object("_manifests/tiny.json", old.to_json().encode())
+    assert repository.describe("tiny") == old and old.source_files == old.files
+    assert repository.fetch("tiny", tmp_path / "thaw", prefer_thaw=True).kind == "thaw"
+    assert _same_tree(tmp_path / "checkpoint", tmp_path / "thaw")
     assert repository.fetch("tiny", tmp_path / "as-pushed").kind == "hf"
     assert _same_tree(hf_model_dir, tmp_path / "as-pushed")
-    # Replaced, then deleted: the converted files go with the version that named them.
-    thaw = repository.push(tmp_path / "local", "tiny", overwrite=True)
-    assert thaw.converted == () and _object_keys(repository, "_thaw/tiny") == []
-    repository.push(hf_model_dir, "tiny", overwrite=True)
     repository.delete("tiny")
     assert _object_keys(repository, "_thaw/tiny") == [] and _object_keys(repository, "tiny") == []
 

@@ -91,7 +91,7 @@ def test_a_model_converted_at_push_is_only_copied_by_every_node_store(store_conf
     monkeypatch.setattr(storage.node_store, "convert_checkpoint",
                         lambda *args, **kwargs: conversions.append(args) or real_convert(*args, **kwargs))
     published = repository.push(hf_model_dir, "published")
-    assert published.converted  # converted once, here
+    assert published.kind == "thaw" and published.source  # converted once, here, and stored so
     for _ in range(2):  # two nodes
         with NodeStore(store_config(), repository) as store:
             path = store.ensure("published", "ssd")
