@@ -26,7 +26,8 @@ Public API (everything else in this folder is private to it):
   max queued requests) and the pure checks the controller and the gateway enforce them with.
 - `ControllerError`, `InvalidSpecError`, `UnknownModelError`, `UnknownTenantError`, `ModelAlreadyDeployedError`,
   `DeployConflictError` (another deploy of the name is in flight), `InvalidMigrationError`,
-  `UnknownInstanceError`, `MigrationConflictError`, `UnknownDeployError`: what the controller's API refuses with (they
+  `UnknownInstanceError`, `MigrationConflictError`, `UnknownDeployError`, `UnknownUploadError`,
+  `InvalidUploadError`, `UploadOffsetError`: what the controller's API refuses with (they
   pickle across Ray with their fields).
 - `choose_destination`: where ``migrate`` and a drain send an instance's requests (pure policy).
 - `repository_name`, `worker_actor_name`, `node_store_actor_name`: how models and actors are named.
@@ -44,8 +45,9 @@ import importlib
 
 from controller.autoscale_policy import AutoscaleState, LoadSnapshot, ScaleDecision, decide
 from controller.controller_errors import (ControllerError, DeployConflictError, InvalidMigrationError, InvalidSpecError,
-                                         MigrationConflictError, ModelAlreadyDeployedError, UnknownDeployError,
-                                         UnknownInstanceError, UnknownModelError, UnknownTenantError)
+                                         InvalidUploadError, MigrationConflictError, ModelAlreadyDeployedError,
+                                         UnknownDeployError, UnknownInstanceError, UnknownModelError,
+                                         UnknownTenantError, UnknownUploadError, UploadOffsetError)
 from controller.model_spec import (
     AutoscalingPolicy,
     ModelSpec,
@@ -119,7 +121,8 @@ __all__ = [
     "ControllerActor", "ControllerConfig", "ControllerError", "DEFAULT_CONTROLLER_NAME", "InvalidMigrationError",
     "DeployConflictError", "InvalidSpecError", "LoadSnapshot", "MigrationConflictError", "ModelAlreadyDeployedError", "ModelSpec", "NodeEstimate", "NodeView", "PlacementDecision",
     "GatewayMetricsBoard", "NODE_ID_PREFIX_CHARS", "RayClusterClient", "RayNodeInfo", "ResourceSpec", "Route", "RoutingTable", "ScaleDecision", "SpecError",
-    "SlotHolder", "SlotOutlook", "SlotSharingSettings", "StateStore", "StateStoreError", "TenantQuota", "TierBandwidths", "UnknownDeployError", "UnknownInstanceError", "UnknownModelError",
+    "SlotHolder", "SlotOutlook", "SlotSharingSettings", "StateStore", "StateStoreError", "TenantQuota", "TierBandwidths", "UnknownDeployError", "UnknownInstanceError", "UnknownModelError", "UnknownUploadError",
+    "InvalidUploadError", "UploadOffsetError",
     "UnknownTenantError",
     "WorkerRecord", "add_model_spec_arguments", "choose_destination", "decide", "get_controller",
     "instances_over_quota", "load_model_spec", "load_model_specs",

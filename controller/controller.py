@@ -65,6 +65,7 @@ from controller.checkpoint_copies import CheckpointCopies
 from controller.cluster_node import ClusterNode, node_view, num_used_slots
 from controller.controller_config import ControllerConfig
 from controller.deploy_jobs import DeployJob, DeployJobs
+from controller.upload_area import UploadArea
 from controller.controller_status import node_to_dict, placement_to_dict, scale_to_dict
 from controller.instance_manager import InstanceManager, stop_order
 from controller.managed_instance import InstancePhase, ManagedInstance
@@ -131,11 +132,13 @@ class Controller:
                                   wall_clock=wall_clock, background=self._background)
         self._helper = PrefillHelper(config, cluster, self._instances, draining_nodes=self._draining_nodes,
                                      record=self._record, wall_clock=wall_clock, background=self._background)
+        self._uploads = UploadArea(config.state_dir / "uploads", clock=wall_clock)
         self._registry = ModelRegistry(self._store, self._repository, self._models, lock=self._tick_lock,
                                        invalidate_copies=self._invalidate_copies,
                                        stop_instances=self._stop_deleted, usage_meter=self._usage_meter,
                                        record=self._record, wall_clock=wall_clock, wake=self._wake.set,
-                                       engine_config=lambda spec: engine_config_for(spec, config))
+                                       engine_config=lambda spec: engine_config_for(spec, config),
+                                       uploads=self._uploads)
         self._deploys = DeployJobs(wall_clock=wall_clock, clock=clock)
         self._closed = False
 
@@ -223,6 +226,25 @@ class Controller:
     def deploy_progress(self, deploy_id: str) -> DeployProgress:
         """A deploy job's record now; `UnknownDeployError` for an id it does not know."""
         return self._deploys.get(deploy_id)
+
+    # --- uploads (`UploadArea`): a deploy's source sent through the admin API -----------------
+
+    async def create_upload(self) -> str:
+        self._check_open()
+        return await asyncio.to_thread(self._uploads.create)
+
+    async def upload_piece(self, upload_id: str, path: str, offset: int, data: bytes) -> int:
+        """Appends a piece to one file of an upload at `offset`; returns the file's new size."""
+        return await asyncio.to_thread(self._uploads.write, upload_id, path, offset, data)
+
+    async def upload_status(self, upload_id: str) -> dict[str, Any]:
+        return await asyncio.to_thread(self._uploads.status, upload_id)
+
+    async def seal_upload(self, upload_id: str, files: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        return await asyncio.to_thread(self._uploads.seal, upload_id, {k: dict(v) for k, v in files.items()})
+
+    async def delete_upload(self, upload_id: str) -> None:
+        await asyncio.to_thread(self._uploads.delete, upload_id)
 
     async def wait_deploy(self, deploy_id: str, timeout_s: float) -> DeployProgress:
         """A deploy job's record once it finished, or after `timeout_s` (a long poll)."""

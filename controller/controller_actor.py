@@ -69,6 +69,21 @@ class ControllerActor:
     async def recent_deploys(self) -> list[DeployProgress]:
         return self._controller.recent_deploys()
 
+    async def create_upload(self) -> str:
+        return await self._controller.create_upload()
+
+    async def upload_piece(self, upload_id: str, path: str, offset: int, data: bytes) -> int:
+        return await self._controller.upload_piece(upload_id, path, offset, data)
+
+    async def upload_status(self, upload_id: str) -> dict[str, Any]:
+        return await self._controller.upload_status(upload_id)
+
+    async def seal_upload(self, upload_id: str, files: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        return await self._controller.seal_upload(upload_id, files)
+
+    async def delete_upload(self, upload_id: str) -> None:
+        await self._controller.delete_upload(upload_id)
+
     async def update(self, spec: dict[str, Any]) -> dict[str, Any]:
         return await self._controller.update(spec)
 

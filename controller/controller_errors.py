@@ -111,3 +111,41 @@ class UnknownDeployError(ControllerError, LookupError):
 
     def __reduce__(self):
         return type(self), (self.deploy_id,)
+
+
+class UnknownUploadError(ControllerError, LookupError):
+    """No upload of that id (never created, deployed and deleted, or expired)."""
+
+    def __init__(self, upload_id: str) -> None:
+        super().__init__(f"no upload {upload_id!r} (uploads are deleted once deployed, and after a day unused): "
+                         f"upload the directory again")
+        self.upload_id = upload_id
+
+    def __reduce__(self):
+        return type(self), (self.upload_id,)
+
+
+class InvalidUploadError(ControllerError, ValueError):
+    """A bad upload request or an upload that does not match what the caller listed; `field` names
+    the part (path, offset, files, source)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+    def __reduce__(self):
+        return type(self), (self.field, self.reason)
+
+
+class UploadOffsetError(ControllerError, RuntimeError):
+    """A piece for another offset than where its file's bytes end (HTTP 409): the message names the
+    size to resume from (`size`; None when the upload is sealed)."""
+
+    def __init__(self, upload_id: str, path: str, offset: int, size: int | None, reason: str | None = None) -> None:
+        super().__init__(reason or f"{path!r} of upload {upload_id} has {size} bytes; send the piece at offset "
+                                   f"{size}, not {offset}")
+        self.upload_id, self.path, self.offset, self.size, self.reason = upload_id, path, offset, size, reason
+
+    def __reduce__(self):
+        return type(self), (self.upload_id, self.path, self.offset, self.size, self.reason)

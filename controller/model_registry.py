@@ -22,6 +22,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from controller.controller_errors import (DeployConflictError, InvalidSpecError, ModelAlreadyDeployedError,
@@ -32,6 +33,7 @@ from controller.model_spec import ModelSpec, SpecError, parse_model_id, validate
 from controller.model_state import ModelState
 from controller.state_store import StateStore
 from controller.tenant_quota import TenantQuota
+from controller.upload_area import UploadArea, upload_id_of
 from controller.usage_meter import UsageMeter
 from storage import ModelRepository, PushConflictError, PushProgress
 from wire import DeployStage
@@ -71,7 +73,8 @@ class ModelRegistry:
                  lock: asyncio.Lock, invalidate_copies: Callable[[str], Awaitable[None]],
                  stop_instances: Callable[[str], list[asyncio.Task]], usage_meter: Callable[[], UsageMeter],
                  record: Callable[[dict[str, Any]], None], wall_clock: Callable[[], float],
-                 wake: Callable[[], None], engine_config: Callable[[ModelSpec], Any] | None = None) -> None:
+                 wake: Callable[[], None], engine_config: Callable[[ModelSpec], Any] | None = None,
+                 uploads: UploadArea | None = None) -> None:
         self._store = store
         self._repository = repository
         self._models = models
@@ -83,6 +86,7 @@ class ModelRegistry:
         self._wall_clock = wall_clock
         self._wake = wake
         self._engine_config = engine_config  # a spec's worker.EngineConfig, to check its context fits
+        self._uploads = uploads  # where upload:<id> sources are (None: this registry takes none)
         self._quotas: dict[str, TenantQuota] = {}  # tenants with a limit; the store's copy
         self._publishing: dict[str, str] = {}  # model id -> repository name, of deploys/updates in flight
 
@@ -119,8 +123,16 @@ class ModelRegistry:
                 if _same_deploy(existing.spec, spec):
                     return None
                 raise ModelAlreadyDeployedError(spec.model_id)
+        upload_id = upload_id_of(spec.source)
+        if upload_id is not None:
+            self._upload_dir(upload_id)  # an unknown or unsealed upload is refused at once
         self._acquire(spec)
         return spec
+
+    def _upload_dir(self, upload_id: str) -> Path:
+        if self._uploads is None:
+            raise InvalidSpecError("source", "this controller takes no uploads; deploy from a path it can read")
+        return self._uploads.path_of(upload_id)
 
     async def complete(self, spec: ModelSpec, *, update: bool, progress: PushProgress | None = None
                        ) -> dict[str, Any]:
@@ -155,6 +167,9 @@ class ModelRegistry:
                                                         deployed_s=deployed_s)
         finally:
             self._release(model_id)
+        upload_id = upload_id_of(spec.source)
+        if upload_id is not None:  # the repository holds it now
+            await asyncio.to_thread(self._uploads.delete, upload_id)
         if update:
             detail = f"repository model {published.repository_name}{' (new content pushed)' if published.pushed else ''}"
         else:
@@ -204,9 +219,11 @@ class ModelRegistry:
             if users:
                 raise InvalidSpecError("name", f"{spec.model_id!r} maps to repository model {name!r}, which "
                                                f"{users[0]!r} already uses; choose another name")
+        upload_id = upload_id_of(spec.source)
+        readable = spec if upload_id is None else dataclasses.replace(spec, source=str(self._upload_dir(upload_id)))
         try:
             engine_config = self._engine_config(spec) if self._engine_config is not None else None
-            published = await asyncio.to_thread(publish_source, spec, self._repository, engine_config, progress)
+            published = await asyncio.to_thread(publish_source, readable, self._repository, engine_config, progress)
         except PushConflictError:
             raise DeployConflictError(spec.model_id, f"repository model {name!r} was pushed or deleted by someone "
                                                      f"else while this call was pushing it; try again") from None

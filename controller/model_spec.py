@@ -116,11 +116,17 @@ def _float(field_path: str, value: object, *, minimum: float, exclusive: bool = 
 
 
 def _check_source(value: object) -> str:
-    """A checkpoint location: an absolute local path, or ``s3://bucket[/prefix]``."""
+    """A checkpoint location: an absolute local path, ``s3://bucket[/prefix]``, or ``upload:<id>``
+    (a directory uploaded through the admin API, `controller.upload_area`)."""
     if not isinstance(value, str) or not value.strip():
         raise SpecError("source", f"must be a local path or s3://bucket/prefix, got {value!r}")
     if "\x00" in value:
         raise SpecError("source", "must not contain a NUL character")
+    if value.startswith("upload:"):
+        upload_id = value[len("upload:"):]
+        if len(upload_id) != 32 or any(c not in "0123456789abcdef" for c in upload_id):
+            raise SpecError("source", f"an upload source is upload:<32 hex digits>, got {value!r}")
+        return value
     if "://" in value:
         scheme, rest = value.split("://", 1)
         if scheme != "s3":
@@ -283,7 +289,8 @@ class ModelSpec:
     Fields:
         tenant: owner; part of the model id.
         name: the model's name within the tenant; ``model_id`` is ``tenant/name``.
-        source: where the checkpoint lives: an absolute local path or ``s3://bucket/prefix``.
+        source: where the checkpoint lives: an absolute local path, ``s3://bucket/prefix``, or
+            ``upload:<id>`` (a directory uploaded through the admin API; ``thaw deploy`` does it).
         dtype: weights dtype; "auto" keeps the checkpoint's.
         max_model_len: longest prompt + output; None means the model's own limit. A deploy refuses
             one the instance's KV pool cannot hold, with the numbers.

@@ -10,6 +10,13 @@ What the ``thaw`` CLI (and any script) operates the platform through:
   bytes, rate, ETA, or why it failed. ``POST /admin/models`` and ``PUT /admin/models/...`` run the
   same job and answer when it has finished, however long that takes (no call waits on the
   conversion: each long poll is a short controller call);
+- uploads, a deploy's source sent from the caller's machine (`controller.UploadArea`): ``POST
+  /admin/uploads`` opens one, ``PUT /admin/uploads/{id}/files/{path}?offset=N`` appends a piece
+  (each under the gateway's body limit; a piece for another offset than where the file's bytes
+  end is a 409 naming that size, so a client resumes), ``GET /admin/uploads/{id}`` says what has
+  arrived, ``POST /admin/uploads/{id}/seal`` checks every file against the caller's sizes and
+  xxh3_64 digests, ``DELETE /admin/uploads/{id}`` drops it; a sealed upload deploys as
+  ``upload:<id>``;
 - the cluster: ``GET /admin/status`` (nodes, tiers, instances, recent decisions),
   ``POST /admin/nodes/{node_id}/drain`` (its requests migrated off), ``POST /admin/nodes/{node_id}/undrain``
   (placement may use it again), ``POST /admin/migrate``;
@@ -42,7 +49,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from controller import (
-    MigrationConflictError, ModelAlreadyDeployedError, ModelSpec, SpecError, StateStore, TenantQuota, parse_model_id,
+    MigrationConflictError, ModelAlreadyDeployedError, ModelSpec, SpecError, StateStore, TenantQuota, UploadOffsetError,
+    parse_model_id,
 )
 from infra.admin_key import ADMIN_TENANT
 from infra.controller_client import ControllerUnavailable
@@ -64,6 +72,16 @@ class AdminController(Protocol):
     async def wait_deploy(self, deploy_id: str, timeout_s: float) -> DeployProgress: ...
 
     async def recent_deploys(self) -> list[DeployProgress]: ...
+
+    async def create_upload(self) -> str: ...
+
+    async def upload_piece(self, upload_id: str, path: str, offset: int, data: bytes) -> int: ...
+
+    async def upload_status(self, upload_id: str) -> dict[str, Any]: ...
+
+    async def seal_upload(self, upload_id: str, files: dict[str, dict[str, Any]]) -> dict[str, Any]: ...
+
+    async def delete_upload(self, upload_id: str) -> None: ...
 
     async def delete(self, model_id: str) -> Any: ...
 
@@ -104,6 +122,19 @@ class MigrateRequest(BaseModel):
     to_node: str | None = None
     to_instance: str | None = None
     method: Literal["kv", "tokens"] = "kv"
+
+
+class UploadedFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    size: int
+    xxh3_64: str
+
+
+class SealRequest(BaseModel):
+    """``POST /admin/uploads/{id}/seal``: every file of the directory with its size and xxh3_64."""
+
+    model_config = ConfigDict(extra="forbid")
+    files: dict[str, UploadedFile]
 
 
 class TenantRequest(BaseModel):
@@ -168,7 +199,7 @@ def build_admin_router(controller: AdminController, store: StateStore, auth: Gat
             raise bad_request(str(exc), exc.field) from None
         except LookupError as exc:  # UnknownModelError, UnknownInstanceError, an unknown node
             raise _not_found(str(exc).strip("'\"")) from None
-        except (ModelAlreadyDeployedError, MigrationConflictError) as exc:  # incl. DeployConflictError
+        except (ModelAlreadyDeployedError, MigrationConflictError, UploadOffsetError) as exc:  # incl. DeployConflictError
             raise _conflict(str(exc)) from None
         except ValueError as exc:  # InvalidSpecError and InvalidMigrationError name the field
             raise bad_request(str(exc), getattr(exc, "field", None)) from None
@@ -267,6 +298,35 @@ def build_admin_router(controller: AdminController, store: StateStore, auth: Gat
             raise bad_request("give min_instances and/or max_instances", "min_instances")
         return await call(controller.scale(model_id_of(tenant, name), min_instances=body.min_instances,
                                            max_instances=body.max_instances))
+
+    # ---- uploads ---------------------------------------------------------------------------
+
+    @router.post("/uploads", status_code=201)
+    async def create_upload() -> dict[str, Any]:
+        return {"upload_id": await call(controller.create_upload())}
+
+    @router.put("/uploads/{upload_id}/files/{path:path}")
+    async def upload_piece(upload_id: str, path: str, request: Request, offset: int = 0) -> dict[str, Any]:
+        """Appends the body to the upload's file `path` at `offset` (where its bytes end)."""
+        if offset < 0:
+            raise bad_request(f"offset: must be >= 0, got {offset}", "offset")
+        data = await request.body()  # bounded by the gateway's body limit (BodyLimit)
+        size = await call(controller.upload_piece(upload_id, path, offset, data))
+        return {"upload_id": upload_id, "path": path, "size": size}
+
+    @router.get("/uploads/{upload_id}")
+    async def upload_status(upload_id: str) -> dict[str, Any]:
+        return await call(controller.upload_status(upload_id))
+
+    @router.post("/uploads/{upload_id}/seal")
+    async def seal_upload(upload_id: str, body: SealRequest) -> dict[str, Any]:
+        return await call(controller.seal_upload(upload_id, {path: entry.model_dump()
+                                                             for path, entry in body.files.items()}))
+
+    @router.delete("/uploads/{upload_id}")
+    async def delete_upload(upload_id: str) -> dict[str, Any]:
+        await call(controller.delete_upload(upload_id))
+        return {"deleted": upload_id}
 
     # ---- the cluster -----------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 
@@ -73,10 +74,13 @@ class AdminClient:
         if self._session is not None:
             await self._session.close()
 
-    async def _request(self, method: str, path: str, body: Any = None, params: Mapping[str, str] | None = None) -> Any:
+    async def _request(self, method: str, path: str, body: Any = None, params: Mapping[str, str] | None = None,
+                       data: bytes | None = None) -> Any:
+        """One call: `body` sent as JSON, or `data` as raw bytes."""
         assert self._session is not None, "use AdminClient as an async context manager"
+        payload = {"json": body} if data is None else {"data": data}
         try:
-            async with self._session.request(method, f"{self.url}{path}", json=body, params=params) as response:
+            async with self._session.request(method, f"{self.url}{path}", params=params, **payload) as response:
                 text = await response.text()
                 payload = _json_or_none(text)
                 if response.status >= 400:
@@ -115,6 +119,27 @@ class AdminClient:
         """The job now, or once it finished or after `wait_s` seconds (a long poll, at most 30)."""
         return DeployProgress.from_dict(await self._request("GET", f"/admin/deploys/{deploy_id}",
                                                             params={"wait_s": f"{wait_s:g}"} if wait_s else None))
+
+    # ---- uploads: a deploy's source sent from this machine (infra.source_upload drives them) --
+
+    async def create_upload(self) -> str:
+        return str((await self._request("POST", "/admin/uploads"))["upload_id"])
+
+    async def upload_piece(self, upload_id: str, path: str, offset: int, data: bytes) -> int:
+        """Appends `data` to the upload's file `path` at `offset`; returns the file's new size."""
+        reply = await self._request("PUT", f"/admin/uploads/{upload_id}/files/{quote(path)}",
+                                    params={"offset": str(offset)}, data=data)
+        return int(reply["size"])
+
+    async def upload_status(self, upload_id: str) -> dict[str, Any]:
+        return await self._request("GET", f"/admin/uploads/{upload_id}")
+
+    async def seal_upload(self, upload_id: str, files: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        return await self._request("POST", f"/admin/uploads/{upload_id}/seal",
+                                   {"files": {path: dict(entry) for path, entry in files.items()}})
+
+    async def delete_upload(self, upload_id: str) -> dict[str, Any]:
+        return await self._request("DELETE", f"/admin/uploads/{upload_id}")
 
     async def list_deploys(self) -> list[DeployProgress]:
         return [DeployProgress.from_dict(item) for item in await self._request("GET", "/admin/deploys")]

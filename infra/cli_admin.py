@@ -119,15 +119,21 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     """Starts each spec's deploy job and (unless --no-wait) follows it with a progress bar until it
     has finished; a failed one ends the command with its error (the ones before it stay deployed)."""
     from infra.deploy_watch import DeployLost, DeployProgressView, watch_deploy
+    from infra.source_upload import ResumeRecords, wants_upload
 
     specs = _specs_from_args(args)
     verb = "update" if args.update else "deploy"
+    records = ResumeRecords(Path(args.state).expanduser())
 
     async def action(client: AdminClient) -> list[dict[str, Any]]:
         done = []
         for spec in specs:
             model_id = f"{spec['tenant']}/{spec['name']}"
             start = time.perf_counter()
+            local = Path(spec["source"]) if spec["source"].startswith("/") else None  # not s3:// nor upload:
+            uploaded = local is not None and wants_upload(args.upload, client.url)
+            if uploaded:
+                spec = {**spec, "source": f"upload:{await _uploaded(client, local, records)}"}
             record = await client.start_deploy(spec, update=args.update)
             if args.no_wait:
                 print(f"{verb} of {model_id} started as {record.deploy_id}; follow it with "
@@ -142,6 +148,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             if record.error is not None:  # exit 2 where a synchronous call would have been a 400
                 raise AdminCommandError(f"{verb} of {model_id} failed: {record.error}",
                                         2 if record.error_kind == "invalid" else 1)
+            if uploaded:
+                records.forget(local, client.url)  # deployed: the platform deleted the upload
             print(f"{model_id} {'updated' if args.update else 'deployed'} in {time.perf_counter() - start:.1f} s",
                   file=sys.stderr)
             done.append(record.spec or spec)
@@ -151,6 +159,22 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(results)
     return 0
+
+
+async def _uploaded(client: AdminClient, src: Path, records: Any) -> str:
+    """Uploads the source directory `src` from this machine (`infra.source_upload`); its upload id."""
+    from infra.source_upload import upload_directory
+
+    if not src.is_dir():
+        raise AdminCommandError(f"source: {src} is not a directory on this machine", 2)
+    try:
+        return await upload_directory(client, src, records)
+    except AdminApiError as exc:
+        if exc.status == 400:  # a file that arrived differently: the next run starts a new upload
+            records.forget(src, client.url)
+        raise
+    except ValueError as exc:  # it names files outside itself (loader.UnsafeModelDirError)
+        raise AdminCommandError(f"source: {exc}", 2) from None
 
 
 def cmd_deploys(args: argparse.Namespace) -> int:
@@ -468,6 +492,12 @@ def add_admin_commands(sub: argparse._SubParsersAction) -> None:
     deploy = sub.add_parser("deploy", parents=[common], help="deploy (or --update) a model from a spec file or flags")
     deploy.add_argument("file", nargs="?", default=None, help="spec file (YAML or JSON; one model or a list)")
     deploy.add_argument("--update", action="store_true", help="replace the spec of a deployed model")
+    where = deploy.add_mutually_exclusive_group()
+    where.add_argument("--upload", dest="upload", action="store_const", const="always", default="auto",
+                       help="send --source's directory from this machine through the admin API (resumable; the "
+                            "default when the platform is on another machine)")
+    where.add_argument("--no-upload", dest="upload", action="store_const", const="never",
+                       help="--source is a path on the controller's machine (the default when the platform runs here)")
     deploy.add_argument("--no-wait", action="store_true",
                         help="start the deploy job and exit at once, printing its id (follow it with `thaw deploys ID`)")
     add_model_spec_arguments(deploy)

@@ -94,6 +94,25 @@ class ControllerClient:
     async def recent_deploys(self) -> list[DeployProgress]:
         return list(await self._call("recent_deploys"))
 
+    # ---- uploads (a deploy's source sent through the admin API) -----------------------------
+
+    async def create_upload(self) -> str:
+        return str(await self._call("create_upload"))
+
+    async def upload_piece(self, upload_id: str, path: str, offset: int, data: bytes) -> int:
+        return int(await self._call("upload_piece", upload_id, path, offset, data))
+
+    async def upload_status(self, upload_id: str) -> dict[str, Any]:
+        return dict(await self._call("upload_status", upload_id))
+
+    async def seal_upload(self, upload_id: str, files: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        # Hashing the uploaded files takes a while for a large model: longer than a plain call.
+        return dict(await self._call("seal_upload", upload_id, {k: dict(v) for k, v in files.items()},
+                                     timeout_s=max(self._call_timeout_s, 600.0)))
+
+    async def delete_upload(self, upload_id: str) -> None:
+        await self._call("delete_upload", upload_id)
+
     async def delete(self, model_id: str) -> Any:
         return await self._call("delete", model_id)
 

@@ -11,8 +11,10 @@ import json
 import pickle
 
 import pytest
+import xxhash
 
-from controller import DeployConflictError, InvalidSpecError, UnknownDeployError, UnknownModelError
+from controller import (DeployConflictError, InvalidSpecError, InvalidUploadError, UnknownDeployError,
+                        UnknownModelError, UnknownUploadError)
 from controller.deploy_jobs import DeployJob, DeployJobs, deploy_error_message
 from storage import LocalModelRepository, RepositoryError
 from tests.controller.test_controller import MODEL_BYTES, SERVABLE_CONFIG, Harness, eventually, spec
@@ -170,3 +172,33 @@ def test_the_record_checks_its_fields():
     with pytest.raises(ValueError, match="finished_s must be set exactly when"):
         DeployProgress(**{**base, "state": "succeeded"})
     assert DeployProgress.from_dict(DeployProgress(**base).to_dict()) == DeployProgress(**base)
+
+
+def test_a_deploy_from_an_upload_reads_it_and_deletes_it_once_deployed(tmp_path):
+    async def scenario():
+        async with Harness(tmp_path) as h:
+            source = h.source("m1")
+            upload_id = await h.controller.create_upload()
+            listed = {}
+            for path in sorted(source.iterdir()):
+                data = path.read_bytes()
+                half = len(data) // 2
+                assert await h.controller.upload_piece(upload_id, path.name, 0, data[:half]) == half
+                assert await h.controller.upload_piece(upload_id, path.name, half, data[half:]) == len(data)
+                listed[path.name] = {"size": len(data), "xxh3_64": xxhash.xxh3_64(data).hexdigest()}
+            with pytest.raises(InvalidUploadError, match="not sealed yet"):  # refused at once
+                h.controller.start_deploy(spec("acme/m1", f"upload:{upload_id}"))
+            assert (await h.controller.seal_upload(upload_id, listed))["sealed"] is True
+            with pytest.raises(UnknownUploadError):
+                h.controller.start_deploy(spec("acme/m1", "upload:" + "0" * 32))
+            record = h.controller.start_deploy(spec("acme/m1", f"upload:{upload_id}"))
+            done = await h.controller.wait_deploy(record.deploy_id, WAIT_S)
+            assert done.state is DeployState.SUCCEEDED, done.error
+            assert done.spec["source"] == f"upload:{upload_id}"  # where it came from, as deployed
+            fetched = tmp_path / "fetched"
+            LocalModelRepository(tmp_path / "repo").fetch("acme--m1", fetched)
+            assert (fetched / "model.safetensors").read_bytes() == (source / "model.safetensors").read_bytes()
+            with pytest.raises(UnknownUploadError):  # the repository holds it now
+                await h.controller.upload_status(upload_id)
+
+    asyncio.run(scenario())

@@ -32,6 +32,8 @@ from controller import (InvalidMigrationError, InvalidSpecError, MigrationConfli
                         open_state_store)
 from controller import DeployConflictError, UnknownDeployError
 from controller.deploy_jobs import deploy_error_message
+from controller.upload_area import UploadArea
+from infra.source_upload import PIECE_BYTES, ResumeRecords, _listing_key
 from wire import DeployProgress
 from infra.admin_api import build_admin_router
 from infra.admin_client import AdminApiError, AdminClient, resolve_endpoint
@@ -72,7 +74,7 @@ class FakeController:
     """The controller's API in memory, refusing with the controller's own errors; a quota is
     saved in the state store as the real one saves it."""
 
-    def __init__(self, store) -> None:
+    def __init__(self, store, upload_root: Path) -> None:
         self.store = store
         self.quotas: dict[str, TenantQuota] = {}
         self.specs: dict[str, dict[str, Any]] = {}
@@ -83,6 +85,8 @@ class FakeController:
         self.scripted: dict[str, list[tuple[str, int, int]]] = {}  # source -> a job's running steps
         self.deploys: dict[str, list[DeployProgress]] = {}  # deploy id -> its steps still to show
         self.waits: list[tuple[str, float]] = []
+        self.uploads = UploadArea(upload_root)
+        self.pieces: list[tuple[str, int, int]] = []
 
     def _check(self) -> None:
         if self.unavailable:
@@ -146,6 +150,29 @@ class FakeController:
     async def recent_deploys(self) -> list[DeployProgress]:
         self._check()
         return [steps[0] for steps in self.deploys.values()]
+
+    # Uploads: the controller's own UploadArea, in the state directory (as the real one keeps them).
+
+    async def create_upload(self) -> str:
+        self._check()
+        return self.uploads.create()
+
+    async def upload_piece(self, upload_id: str, path: str, offset: int, data: bytes) -> int:
+        self._check()
+        self.pieces.append((path, offset, len(data)))
+        return self.uploads.write(upload_id, path, offset, data)
+
+    async def upload_status(self, upload_id: str) -> dict[str, Any]:
+        self._check()
+        return self.uploads.status(upload_id)
+
+    async def seal_upload(self, upload_id: str, files: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        self._check()
+        return self.uploads.seal(upload_id, files)
+
+    async def delete_upload(self, upload_id: str) -> None:
+        self._check()
+        self.uploads.delete(upload_id)
 
     async def delete(self, model_id: str) -> None:
         self._check()
@@ -278,7 +305,7 @@ def server(tmp_path_factory) -> Iterator[Server]:
     state_dir = tmp_path_factory.mktemp("admin-state")
     store = open_state_store(str(state_dir) + "/")
     admin_key = ensure_admin_key(store, state_dir / "admin_key")
-    controller = FakeController(store)
+    controller = FakeController(store, state_dir / "uploads")
     auth = AdminKeyAuth(verify_api_key=store.verify_api_key)
     app = build_gateway_app(CardsBackend(controller), auth)
     app.include_router(build_admin_router(controller, store, auth))
@@ -483,6 +510,62 @@ def test_a_failed_deploy_job_exits_with_its_reason(server):
     finally:
         server.controller.refusals = {}
     assert "acme/gone" not in server.controller.specs
+
+
+def test_deploy_uploads_a_directory_from_this_machine_and_resumes_an_interrupted_upload(server, tmp_path):
+    src = tmp_path / "model"
+    src.mkdir()
+    (src / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (src / "model.safetensors").write_bytes(bytes(range(256)) * (PIECE_BYTES // 256 * 2 + 7))  # three pieces
+    (src / ".cache").mkdir()
+    (src / ".cache" / "lock").write_text("not sent")  # hidden: not part of the model
+    result = server.thaw("deploy", "--name", "acme/up", "--source", str(src), "--upload")
+    assert result.returncode == 0, result.stderr
+    assert "sending 2 files to the platform" in result.stderr and "acme/up deployed in" in result.stderr
+    source = server.controller.specs["acme/up"]["source"]
+    upload_id = source.removeprefix("upload:")
+    status = server.call(lambda c: c.upload_status(upload_id))
+    assert status["sealed"] and status["files"] == {"config.json": (src / "config.json").stat().st_size,
+                                                    "model.safetensors": (src / "model.safetensors").stat().st_size}
+    assert (server.state_dir / "uploads" / upload_id / "model.safetensors").read_bytes() == (
+        src / "model.safetensors").read_bytes()
+    assert ResumeRecords(server.state_dir).get(src, server.url, _listing_key([])) is None  # forgotten once deployed
+
+    # An upload cut short: one piece of the weights arrived; the CLI's record of it remains.
+    from loader import model_dir_files
+
+    records = ResumeRecords(server.state_dir)
+    partial = server.call(lambda c: c.create_upload())
+    first = (src / "model.safetensors").read_bytes()[:PIECE_BYTES]
+    assert server.call(lambda c: c.upload_piece(partial, "model.safetensors", 0, first)) == PIECE_BYTES
+    records.put(src, server.url, _listing_key(model_dir_files(src)), partial)
+    before = len(server.controller.pieces)
+    result = server.thaw("deploy", "--name", "acme/up2", "--source", str(src), "--upload")
+    assert result.returncode == 0, result.stderr
+    assert f"({partial}, resuming)" in result.stderr
+    assert server.controller.specs["acme/up2"]["source"] == f"upload:{partial}"
+    sent = server.controller.pieces[before:]
+    assert ("model.safetensors", 0, PIECE_BYTES) not in sent  # the arrived piece was not sent again
+    assert [(p, o) for p, o, _ in sent if p == "model.safetensors"] == [("model.safetensors", PIECE_BYTES),
+                                                                        ("model.safetensors", 2 * PIECE_BYTES)]
+
+    # Over HTTP: a misplaced piece is a 409 naming where to resume; a bad path a 400; an unknown id a 404.
+    fresh = server.call(lambda c: c.create_upload())
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.upload_piece(fresh, "config.json", 5, b"x"))
+    assert info.value.status == 409 and "send the piece at offset 0, not 5" in info.value.message
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.upload_piece(fresh, ".git/config", 0, b"x"))  # (a '..' never leaves the client)
+    assert (info.value.status, info.value.param) == (400, "path"), info.value.message
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.upload_status("f" * 32))
+    assert info.value.status == 404 and "upload the directory again" in info.value.message
+    with pytest.raises(AdminApiError) as info:
+        server.call(lambda c: c.seal_upload(fresh, {"config.json": {"size": 1, "xxh3_64": "0" * 16}}))
+    assert (info.value.status, info.value.param) == (400, "files") and "never uploaded" in info.value.message
+    assert server.call(lambda c: c.delete_upload(fresh)) == {"deleted": fresh}
+    result = server.thaw("deploy", "--name", "acme/up3", "--source", str(tmp_path / "missing"), "--upload")
+    assert result.returncode == 2 and "is not a directory on this machine" in result.stderr
 
 
 def test_migrate_route_validates_and_maps_refusals_to_statuses(server):

@@ -1,7 +1,8 @@
 """A deploy that takes longer than any controller call may, end to end (#37): ``thaw serve`` with
-its repository uploads capped (``--repository-upload-mb-s``), so a 49 MB checkpoint (97 MB with
-its converted copy) takes over 30 s to deploy -- past the 30 s call bound that used to fail such
-a deploy. ``thaw deploy`` follows it with a progress bar and succeeds, and the model serves.
+its repository uploads capped (``--repository-upload-mb-s``), so a 49 MB checkpoint takes over
+30 s to deploy -- past the 30 s call bound that used to fail such a deploy. ``thaw deploy
+--upload`` sends the directory from the caller's side through the admin API, follows the deploy
+with a progress bar and succeeds, and the model serves.
 
 Before that, the same deploy is cut short by SIGKILL of the controller's process while it uploads:
 ``thaw deploy`` says the deploy was lost and to run it again, nothing of it is visible (no
@@ -23,7 +24,7 @@ from worker import DemoModelConfig, write_demo_model
 pytestmark = pytest.mark.slow
 
 MODEL = "acme/big"
-UPLOAD_MB_S = 3.0
+UPLOAD_MB_S = 1.5
 OLD_CALL_BOUND_S = 30.0  # ControllerClient's call timeout, which bounded a whole deploy before #37
 
 
@@ -54,7 +55,7 @@ def test_a_deploy_cut_short_by_a_killed_controller_leaves_nothing_and_says_run_i
     cli = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=platform.env)
     try:
         running = wait_for(lambda: uploading(platform), "the deploy to be uploading")
-        assert running["state"] == "running" and running["num_bytes_total"] > 90_000_000
+        assert running["state"] == "running" and running["num_bytes_total"] > 45_000_000
         status = platform.thaw("status").stdout
         assert "DEPLOYS IN PROGRESS" in status and MODEL in status and "uploading" in status
         kill_controller(platform)
@@ -70,15 +71,17 @@ def test_a_deploy_cut_short_by_a_killed_controller_leaves_nothing_and_says_run_i
     assert not manifests.exists() or list(manifests.iterdir()) == []
 
 
-def test_a_deploy_longer_than_the_old_call_bound_shows_progress_and_serves(platform):
+def test_a_deploy_uploaded_from_the_callers_side_and_longer_than_the_old_call_bound_serves(platform):
     start = time.monotonic()
     result = subprocess.run([THAW, "deploy", "--name", MODEL, "--source", str(platform.model_dir), "--min-instances",
-                             "0", "--state", str(platform.state_dir)], capture_output=True, text=True,
+                             "0", "--upload", "--state", str(platform.state_dir)], capture_output=True, text=True,
                             timeout=DEADLINE_S * 3, env=platform.env)
     elapsed_s = time.monotonic() - start
     assert result.returncode == 0, result.stderr
-    assert elapsed_s > OLD_CALL_BOUND_S  # paced by the cap: ~97 MB at 3 MB/s
+    assert elapsed_s > OLD_CALL_BOUND_S  # paced by the cap: ~49 MB at 1.5 MB/s
+    assert "sending 5 files to the platform" in result.stderr and "sending: 100%" in result.stderr
     assert "uploading: 100%" in result.stderr and f"{MODEL} deployed in" in result.stderr  # (converting: < 1 s)
+    assert list((platform.state_dir / "uploads").iterdir()) == []  # deployed: the upload is gone
     done = [d for d in deploys(platform) if d["model_id"] == MODEL and d["state"] == "succeeded"]
     assert done and done[-1]["finished_s"] - done[-1]["started_s"] > OLD_CALL_BOUND_S
     reply = platform.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],

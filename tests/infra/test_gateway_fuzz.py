@@ -61,7 +61,7 @@ def gateway(tmp_path_factory) -> Iterator[tuple[Any, Any, dict[str, str]]]:
     keys = {"admin": ensure_admin_key(store, None), "tenant": store.create_api_key(TENANT)}
     auth = AdminKeyAuth(verify_api_key=store.verify_api_key)
     app = build_gateway_app(LocalEngineBackend({MODEL: async_engine}), auth)
-    app.include_router(build_admin_router(FakeController(store), store, auth))
+    app.include_router(build_admin_router(FakeController(store, root / "uploads"), store, auth))
     try:
         schema = schemathesis.openapi.from_asgi("/openapi.json", app,  # the schema needs a key too
                                                 headers={"Authorization": f"Bearer {keys['tenant']}"})
