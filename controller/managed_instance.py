@@ -84,6 +84,16 @@ class ManagedInstance:
         """Counts toward the model's instances (the autoscaler's current count)."""
         return self.phase is not InstancePhase.STOPPING
 
+    def expected_remaining_s(self, now: float, start_overhead_s: float) -> float | None:
+        """How long a client should expect to wait for this loading instance: placement's read
+        estimate plus a start's measured fixed cost, less the time it has loaded. None when that is
+        unknown: adopted (no estimate), not loading, or past it (an estimate of 0 s would be a lie:
+        the instance is late, and nothing says by how much)."""
+        if self.phase is not InstancePhase.LOADING or self.estimate_s is None:
+            return None
+        remaining = self.estimate_s + start_overhead_s - (now - self.started_s)
+        return remaining if remaining > 0 else None
+
     def remaining_load_s(self, now: float) -> float:
         """What is left of placement's estimate for a loading instance: its node's loader wait."""
         if self.phase is not InstancePhase.LOADING or self.estimate_s is None:

@@ -288,10 +288,14 @@ class SlotSharer:
             return SlotOutlook(model_id=model_id, status="ready", estimate_s=0.0,
                                reason="an instance is ready; requests wait for room on it", holders=holders)
         loading = [i for i in live if i.phase is InstancePhase.LOADING]
+        overhead_s = self.start_overhead_s()
         if loading:
-            remaining = min(i.remaining_load_s(now) for i in loading)
-            return SlotOutlook(model_id=model_id, status="loading", estimate_s=remaining,
-                               reason=f"instance {loading[0].instance_id} is loading on {loading[0].node_id}",
+            # Placement's read estimate plus a start's measured fixed cost (the same calibrated
+            # model the eviction score prices reloads with); unknown once the instance is late.
+            known = [r for r in (i.expected_remaining_s(now, overhead_s) for i in loading) if r is not None]
+            late = "" if known else ", taking longer than estimated"
+            return SlotOutlook(model_id=model_id, status="loading", estimate_s=min(known) if known else None,
+                               reason=f"instance {loading[0].instance_id} is loading on {loading[0].node_id}{late}",
                                holders=holders)
         model = self._models.get(model_id)
         hold = self._holds.get(model_id)
@@ -301,7 +305,7 @@ class SlotSharer:
             if victim is not None and victim.num_ongoing_requests:
                 freeing += self.config.slot_reclaim.migrate_s_per_request if self.config.slot_reclaim else 0.3
             return SlotOutlook(model_id=model_id, status="waiting_for_slot", position=1,
-                               estimate_s=freeing + hold.load_s,
+                               estimate_s=freeing + hold.load_s + overhead_s,
                                reason=f"a slot on {hold.node_id} is being freed for it ({hold.kind} of "
                                       f"{hold.victim_instance_id}, {hold.victim_model_id})", holders=holders)
         order = [w.model_id for w in self.waiting(now)]
@@ -310,16 +314,18 @@ class SlotSharer:
             return SlotOutlook(model_id=model_id, status="unplaced", reason=why, holders=holders)
         position = order.index(model_id) + 1
         return SlotOutlook(model_id=model_id, status="waiting_for_slot", position=position,
-                           estimate_s=self._wait_estimate(model, position, now),
+                           estimate_s=self._wait_estimate(model, position, now, overhead_s),
                            reason=f"every slot is busy; position {position} of {len(order)} models waiting",
                            holders=holders)
 
-    def _wait_estimate(self, model: ModelState, position: int, now: float) -> float | None:
-        """About how long until `model` is ready: its own load, after the slots freed for the
-        models ahead of it, each at the soonest a busy slot can be preempted (it has served
-        `min_run_s`, and as long as a load takes: `choose_preemption`)."""
+    def _wait_estimate(self, model: ModelState, position: int, now: float, overhead_s: float) -> float | None:
+        """About how long until `model` is ready: its own load (placement's read estimate plus a
+        start's measured fixed cost), after the slots freed for the models ahead of it, each at the
+        soonest a busy slot can be preempted (it has served `min_run_s`, and as long as a load
+        takes: `choose_preemption`)."""
         placement = model.last_placement or {}
-        load_s = min((e["ready_s"] for e in placement.get("estimates", ())), default=None)
+        read_s = min((e["ready_s"] for e in placement.get("estimates", ())), default=None)
+        load_s = None if read_s is None else read_s + overhead_s
         settings = self.config.slot_sharing
         if load_s is None or settings is None:
             return None

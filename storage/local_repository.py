@@ -131,6 +131,27 @@ class LocalModelRepository(ModelRepository):
         finally:
             tmp.unlink(missing_ok=True)
 
+    def _adopt_file(self, key: str, path: Path) -> None:
+        """A file the push made itself (its conversion, in scratch space) is moved in, not copied:
+        a rename on the same filesystem (a 16 GB checkpoint costs no second write), a copy across."""
+        dest = self._path(key)
+        tmp = self._temp_path(dest)
+
+        def move(target: Path) -> None:
+            try:
+                os.rename(path, target)
+                os.chmod(target, 0o600)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                copy_private(path, target)
+
+        try:
+            self._create(tmp, move)
+            self._install(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+
     def _list_objects(self, prefix: str) -> list[tuple[str, int]]:
         self._check_root()
         base = self._path(prefix)

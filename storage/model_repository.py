@@ -255,6 +255,11 @@ class ModelRepository(ABC):
 
         Raises `ObjectNotFoundError` if the object is gone, `RepositoryError` if it is shorter."""
 
+    def _adopt_file(self, key: str, path: Path) -> None:
+        """Create or replace an object with a file the push made itself and deletes afterwards (its
+        conversion): a backend may move it in instead of copying it (a local repository does)."""
+        self._upload_file(key, path)
+
     def _prepare_for_push(self) -> None:
         """Create what a first push needs (a local repository creates its directory)."""
 
@@ -335,7 +340,7 @@ class ModelRepository(ABC):
                 thaw_dir = _convert_for_push(src, model, Path(scratch), progress)
                 if thaw_dir is not None:  # stored once: the checkpoint, and the dir's fingerprints
                     return self._upload_revision(model, "thaw", model_dir_files(thaw_dir), current, overwrite,
-                                                 progress, source=source)
+                                                 progress, source=source, adopt=True)
             return self._upload_revision(model, kind, files, current, overwrite, progress)
 
     def _fingerprints(self, files: list[tuple[str, Path]], progress: PushProgress) -> tuple[ManifestFile, ...]:
@@ -356,9 +361,10 @@ class ModelRepository(ABC):
 
     def _upload_revision(self, model: str, kind: str, files: list[tuple[str, Path]],
                          current: tuple[bytes, str] | None, overwrite: bool, progress: PushProgress = _no_progress,
-                         *, source: tuple[ManifestFile, ...] = ()) -> ModelManifest:
+                         *, source: tuple[ManifestFile, ...] = (), adopt: bool = False) -> ModelManifest:
         """The staged part of `push`: upload into a fresh revision, swap the manifest in, delete
-        what it replaced. `source`: the fingerprints of the dir `files` were converted from."""
+        what it replaced. `source`: the fingerprints of the dir `files` were converted from;
+        `adopt`: `files` are the push's own scratch files (`_adopt_file` may move them in)."""
         manifest_key = self._manifest_key(model)
         revision = new_revision()
         prefix = f"{model}/{REVISIONS_DIR}/{revision}"
@@ -384,7 +390,7 @@ class ModelRepository(ABC):
                     if offset:  # the file's first slice counts once it is uploaded
                         advance(_PACING_BYTES)
                         paced += _PACING_BYTES
-            self._upload_file(key, path)
+            (self._adopt_file if adopt else self._upload_file)(key, path)
             advance(size - paced)
             return ManifestFile(path=rel, size=size, xxh3_64=digest)
 

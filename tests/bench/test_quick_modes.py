@@ -250,3 +250,14 @@ def test_cpu_prefill_benchmark_quick():
             f = shapes[shape]
             assert f["thaw_ms"] > 0 and f["op_ms"] > 0 and f["thaw_gflops"] > 0 and f["op_gflops"] > 0, shape
             assert f["ratio_op_to_thaw"] == pytest.approx(f["op_ms"] / f["thaw_ms"], rel=0.02)
+
+
+@pytest.mark.slow
+def test_deploy_benchmark_quick():
+    figures = run_quick("deploy.py")
+    assert figures["bench"] == "deploy" and figures["mode"] == "quick" and figures["model_bytes"] > 1_000_000
+    for key in ("send_s", "deploy_s", "first_token_s", "floor_s", "floor_copy_bytes_per_s"):
+        assert figures[key] > 0, key
+    assert figures["total_s"] == pytest.approx(figures["send_s"] + figures["deploy_s"], abs=0.02)
+    assert figures["ratio_to_floor"] == pytest.approx(figures["total_s"] / figures["floor_s"], rel=0.05)
+    assert "checking" in figures["stages_s"]

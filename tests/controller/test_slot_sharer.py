@@ -345,3 +345,37 @@ def test_an_evicted_workers_process_goes_back_to_the_spare_pool_and_serves_the_n
             assert len(h.routes(b)) == 1
 
     asyncio.run(scenario())
+
+
+def test_a_loading_instances_outlook_adds_the_start_cost_and_never_says_zero_when_late(tmp_path):
+    """The wait a client is told: placement's read estimate plus a start's measured fixed cost
+    (before any start was measured, the configured default), counting down; once the instance is
+    later than that, no number at all ("about 0.0 s" while it still loaded was seen for 11 s)."""
+    async def scenario():
+        from tests.controller.fake_cluster import FakeCluster
+        from tests.controller.test_controller import RAY_NODE
+
+        cluster = FakeCluster((RAY_NODE,), auto_ready=False)
+        async with Harness(tmp_path, cluster=cluster) as h:
+            await h.controller.deploy(spec("acme/m1", h.source("m1")))
+            h.cluster.stores[NODE].hold("acme--m1", "ssd")
+            h.controller.notify_demand("acme/m1", 1)
+            await h.tick()
+            [instance] = h.controller.status()["instances"]
+            read_s = instance["estimate_s"]
+            assert read_s == pytest.approx(SSD_S)
+            overhead_s = h.config.slot_sharing.eviction.start_overhead_s  # no start measured yet
+            outlook = h.controller.notify_demand("acme/m1", 1)
+            assert outlook.status == "loading" and outlook.estimate_s == pytest.approx(read_s + overhead_s)
+            h.clock.advance(0.25)
+            assert h.controller.notify_demand("acme/m1", 1).estimate_s == pytest.approx(read_s + overhead_s - 0.25)
+            h.clock.advance(read_s + overhead_s)  # later than estimated
+            late = h.controller.notify_demand("acme/m1", 1)
+            assert late.status == "loading" and late.estimate_s is None
+            assert late.reason.endswith("taking longer than estimated")
+            assert late.progress_line() == "waiting for an instance to load"
+            [worker] = h.cluster.live_workers()
+            worker.finish_loading()
+            await eventually(lambda: h.controller.notify_demand("acme/m1", 1).status == "ready", "ready")
+
+    asyncio.run(scenario())
