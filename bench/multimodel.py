@@ -39,6 +39,11 @@ bad as a request that waited that long -- so a policy cannot improve its P99 by 
 ``ttft_p99_censored`` says when a P99 rests on such a stand-in (a lower bound: a peer's censored P99
 makes Thaw's ratio to it an upper bound, and caps what the ratio can show at Thaw's P99 / deadline).
 
+How right Thaw's wait estimates are (#37): the first ``: waiting ..., about N s`` comment a
+waiting stream receives is compared with what was actually left until its first token;
+``wait_estimates`` gives the ratio estimate / actual at P10, median and P90, and the absolute
+error |ratio - 1| at the median and P90 (target: within 30% at the median).
+
 Once a second a sampler reads which slots hold a ready instance (Thaw: the controller's
 ``status()``; Serve: the replicas in state RUNNING); a slot whose model has no request in flight at
 the client counts as idle for that second (``idle_slot_s``). Cold starts by tier come from the
@@ -66,6 +71,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -176,24 +182,33 @@ class Outcome:
     ttft_s: float | None  # None: no output arrived
     end_s: float
     failure: str | None  # None: it succeeded
+    estimate: tuple[float, float] | None = None  # the first "about N s" it was told: (when, N), seconds from its send
 
 
-async def stream_request(session: Any, url: str, body: dict[str, Any], first_token_deadline_s: float
-                         ) -> tuple[float | None, str | None]:
-    """POSTs one streaming request and reads it to its end; returns (TTFT or None, failure or None)."""
+Sent = tuple[float | None, str | None, tuple[float, float] | None]  # TTFT, failure, first wait estimate
+_ABOUT = re.compile(rb"about ([0-9.]+) s")
+
+
+async def stream_request(session: Any, url: str, body: dict[str, Any], first_token_deadline_s: float) -> Sent:
+    """POSTs one streaming request and reads it to its end; returns (TTFT or None, failure or None,
+    the first wait estimate a ``: waiting ..., about N s`` comment gave, as (seconds after sending, N))."""
     import aiohttp
 
     loop = asyncio.get_running_loop()
     start = loop.time()
     ttft_s, finish_reason, done, phase = None, None, False, "first-token"
+    estimate: tuple[float, float] | None = None
     try:
         async with asyncio.timeout_at(start + first_token_deadline_s) as deadline:
             async with session.post(url, json=body) as response:
                 if response.status != 200:
-                    return None, f"http-{response.status}"
+                    return None, f"http-{response.status}", estimate
                 async for raw in response.content:
                     line = raw.strip()
                     if not line.startswith(b"data:"):
+                        about = _ABOUT.search(line) if estimate is None and line.startswith(b":") else None
+                        if about is not None:  # what the platform says the wait will be
+                            estimate = (loop.time() - start, float(about.group(1)))
                         continue  # blank separators and ": ..." comments (progress while waiting)
                     data = line[5:].strip()
                     if data == b"[DONE]":
@@ -203,7 +218,7 @@ async def stream_request(session: Any, url: str, body: dict[str, Any], first_tok
                     if "error" in event:
                         error = event["error"]
                         code = (error.get("code") or error.get("type")) if isinstance(error, dict) else None
-                        return ttft_s, f"error-event:{code or 'unknown'}"
+                        return ttft_s, f"error-event:{code or 'unknown'}", estimate
                     choices = event.get("choices") or []
                     if ttft_s is None and ("token" in event or choices):
                         ttft_s = loop.time() - start
@@ -212,19 +227,19 @@ async def stream_request(session: Any, url: str, body: dict[str, Any], first_tok
                     for choice in choices:
                         finish_reason = choice.get("finish_reason") or finish_reason
     except TimeoutError:
-        return ttft_s, f"client-timeout-{phase}"
+        return ttft_s, f"client-timeout-{phase}", estimate
     except aiohttp.ClientError as exc:
-        return ttft_s, f"connection-error:{type(exc).__name__}"
+        return ttft_s, f"connection-error:{type(exc).__name__}", estimate
     if not done:
-        return ttft_s, "stream-cut"
+        return ttft_s, "stream-cut", estimate
     if ttft_s is None:
-        return None, "no-output"
+        return None, "no-output", estimate
     if finish_reason is not None and finish_reason not in ("length", "stop"):
-        return ttft_s, f"finish-{finish_reason}"
-    return ttft_s, None
+        return ttft_s, f"finish-{finish_reason}", estimate
+    return ttft_s, None, estimate
 
 
-async def replay(trace: list[TraceRequest], send: Callable[[TraceRequest], Awaitable[tuple[float | None, str | None]]],
+async def replay(trace: list[TraceRequest], send: Callable[[TraceRequest], Awaitable[Sent]],
                  ready_models: Callable[[], Awaitable[list[int]]]) -> tuple[list[Outcome], float, float]:
     """Sends every request at its arrival time (open loop) and samples the slots once a second
     until the last answer; returns (outcomes, idle slot-seconds, seconds from start to last answer)."""
@@ -238,10 +253,11 @@ async def replay(trace: list[TraceRequest], send: Callable[[TraceRequest], Await
         sent_s = loop.time() - start
         in_flight[request.model_index] += 1
         try:
-            ttft_s, failure = await send(request)
+            ttft_s, failure, estimate = await send(request)
         finally:
             in_flight[request.model_index] -= 1
-        outcome = Outcome(request.model_index, request.arrival_s, sent_s, ttft_s, loop.time() - start, failure)
+        outcome = Outcome(request.model_index, request.arrival_s, sent_s, ttft_s, loop.time() - start, failure,
+                          estimate)
         finished.append(outcome)
         return outcome
 
@@ -335,11 +351,11 @@ class ThawSide:
     async def ready_models(self) -> list[int]:
         return self._take(await self.controller.status.remote())
 
-    def send(self, session: Any) -> Callable[[TraceRequest], Awaitable[tuple[float | None, str | None]]]:
+    def send(self, session: Any) -> Callable[[TraceRequest], Awaitable[Sent]]:
         url = f"{self.config.url}/v1/completions"
         deadline_s = self.mode.effective_first_token_deadline_s
 
-        def one(request: TraceRequest) -> Awaitable[tuple[float | None, str | None]]:
+        def one(request: TraceRequest) -> Awaitable[Sent]:
             body = {"model": self.models[request.model_index].model_id, "prompt": list(request.prompt_token_ids),
                     "max_tokens": request.max_tokens, "temperature": 0.0, "stream": True, "ignore_eos": True}
             return stream_request(session, url, body, deadline_s)
@@ -422,10 +438,10 @@ class ServeSide:
                 ready += [model.index] * app.deployments[model.name].replica_states.get("RUNNING", 0)
         return ready
 
-    def send(self, session: Any) -> Callable[[TraceRequest], Awaitable[tuple[float | None, str | None]]]:
+    def send(self, session: Any) -> Callable[[TraceRequest], Awaitable[Sent]]:
         deadline_s = self.mode.effective_first_token_deadline_s
 
-        def one(request: TraceRequest) -> Awaitable[tuple[float | None, str | None]]:
+        def one(request: TraceRequest) -> Awaitable[Sent]:
             url = f"http://127.0.0.1:{self.port}/{self.models[request.model_index].name}"
             return stream_request(session, url, {"prompt": list(request.prompt_token_ids),
                                                  "max_tokens": request.max_tokens}, deadline_s)
@@ -499,10 +515,24 @@ def run_policy(policy: str, mode: BenchMode, models: list[BenchModel], trace: li
             "ttft_p50_s": round(censored_percentile(ttfts, 50)[0], 4), "ttft_p99_s": round(p99_s, 4),
             "ttft_p99_censored": p99_censored, "ttft_max_s": round(max(t for t, _ in ttfts), 4), **extra,
             "idle_slot_s": round(idle_slot_s, 2), "duration_s": round(duration_s, 2),
-            "max_send_lag_s": round(max(o.sent_s - o.arrival_s for o in outcomes), 3)}
+            "max_send_lag_s": round(max(o.sent_s - o.arrival_s for o in outcomes), 3),
+            "wait_estimates": wait_estimate_errors(outcomes)}
     log(f"{policy}: {line['num_failed']} failed, TTFT p50 {line['ttft_p50_s']} s p99 {line['ttft_p99_s']} s, "
         f"cold starts {line['cold_starts_by_tier']}, idle slot-s {line['idle_slot_s']}")
     return line
+
+
+def wait_estimate_errors(outcomes: list[Outcome]) -> dict[str, Any]:
+    """How right the first wait estimate each waiting request was told was: estimate / actual,
+    the actual being what was left until its first token when it was told (requests that got one)."""
+    ratios = sorted(est / (o.ttft_s - seen_s) for o in outcomes if o.estimate is not None and o.ttft_s is not None
+                    for seen_s, est in [o.estimate] if o.ttft_s - seen_s > 0.05)
+    if not ratios:
+        return {"num": 0}
+    errors = sorted(abs(r - 1.0) for r in ratios)
+    return {"num": len(ratios), "ratio_p10": round(percentile(ratios, 10), 3),
+            "ratio_median": round(percentile(ratios, 50), 3), "ratio_p90": round(percentile(ratios, 90), 3),
+            "abs_error_median": round(percentile(errors, 50), 3), "abs_error_p90": round(percentile(errors, 90), 3)}
 
 
 def run(mode: BenchMode, seed: int, policies: list[str], work_dir: Path) -> list[dict[str, Any]]:

@@ -13,7 +13,9 @@ The build is cached in the checkout (``kernels/.build/``, ignored by git), not i
 ``~/.cache/torch_extensions``: two checkouts sharing that directory rebuild it for each other in
 turn, and a process killed during such a rebuild (a chaos test's SIGKILL) leaves PyTorch's build
 lock behind, on which every later load waits for ever. Where the checkout is not writable the
-user-wide directory is used. If the build is impossible (no compiler), `try_build_cpu_extension`
+user-wide directory is used. A current build is imported directly, without PyTorch's build lock
+(which `load` takes even when there is nothing to build), and a lock older than any build could
+take is removed before a build. If the build is impossible (no compiler), `try_build_cpu_extension`
 says why and every caller uses its PyTorch path: slower, same results.
 
 ``-ffp-contract=off``: the fused element-wise ops promise PyTorch's rounding, and a multiply-add
@@ -33,19 +35,82 @@ SOURCES = tuple(Path(__file__).with_name(name) for name in (
     "cpu_prefill_attention.cpp", "cpu_prefill_attention_f32.cpp"))
 
 
+MODULE_NAME = "thaw_cpu_kernels"
+STALE_LOCK_S = 600.0  # a build takes ~1 min; a lock this old was left by a process that died
+
+
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-ffp-contract=off")
+LDFLAGS = ("-fopenmp",)
+
+
 @functools.cache  # one build check per process: the compiled module is immutable
 def build_cpu_extension(verbose: bool = False):
-    """Compiles (or loads the cached build of) the C++ CPU kernels; raises on failure."""
+    """Loads the cached build of the C++ CPU kernels, or compiles it first; raises on failure."""
     from torch.utils.cpp_extension import load
 
-    return load(
-        name="thaw_cpu_kernels",
+    directory = _build_directory()
+    if directory is not None:
+        built = _load_if_current(Path(directory))
+        if built is not None:
+            return built
+        _drop_stale_lock(Path(directory))
+    module = load(
+        name=MODULE_NAME,
         sources=[str(source) for source in SOURCES],
-        extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"],
-        extra_ldflags=["-fopenmp"],
-        build_directory=_build_directory(),
+        extra_cflags=list(CFLAGS),
+        extra_ldflags=list(LDFLAGS),
+        build_directory=directory,
         verbose=verbose,
     )
+    if directory is not None:  # what this build was made from, for `_load_if_current`
+        (Path(directory) / f"{MODULE_NAME}.stamp").write_text(_inputs_key(), encoding="utf-8")
+    return module
+
+
+def _inputs_key() -> str:
+    """What a build is made from: the sources, the headers they include, the flags."""
+    import hashlib
+
+    digest = hashlib.sha256(repr((CFLAGS, LDFLAGS, torch.__version__)).encode())
+    for path in (*SOURCES, *sorted(Path(__file__).parent.glob("*.h"))):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _load_if_current(directory: Path):
+    """The built module when it was made from today's sources and flags (its stamp says so),
+    imported directly; None when it must be (re)built. PyTorch's `load` takes its build lock even
+    to find that nothing needs building, so a process killed in that second (an out-of-memory kill
+    while a worker starts) left the lock and every later worker waited on it for ever; a current
+    build is now loaded without the lock."""
+    import importlib.util
+
+    library = directory / f"{MODULE_NAME}.so"
+    try:
+        current = (directory / f"{MODULE_NAME}.stamp").read_text(encoding="utf-8") == _inputs_key()
+    except OSError:  # built before stamps, or not built yet: load() checks (and stamps it)
+        return None
+    if not current or not library.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, library)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _drop_stale_lock(directory: Path) -> None:
+    """Removes a build lock older than `STALE_LOCK_S`: its builder died (no build takes that long),
+    and PyTorch would wait on it for ever."""
+    import time
+
+    lock = directory / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            lock.unlink()
+    except OSError:  # no lock, or another process removed it first
+        pass
 
 
 def _build_directory() -> str | None:

@@ -144,6 +144,11 @@ def test_multimodel_benchmark_quick():
     for key, peer in (("keepalive_wait", "thaw-keepalive-wait"), ("rayserve", "rayserve")):
         assert thaw[f"p99_ratio_to_{key}"] == pytest.approx(thaw["ttft_p99_s"] / lines[peer]["ttft_p99_s"], rel=0.01)
     assert isinstance(thaw["targets_met"], bool)
+    estimates = thaw["wait_estimates"]  # what waiting streams were told, against what came
+    assert estimates["num"] >= 0 and lines["rayserve"]["wait_estimates"] == {"num": 0}  # Serve tells nothing
+    if estimates["num"]:
+        assert 0 <= estimates["ratio_p10"] <= estimates["ratio_median"] <= estimates["ratio_p90"]
+        assert 0 <= estimates["abs_error_median"] <= estimates["abs_error_p90"]
 
 
 def test_engine_gpu_benchmark_quick():
