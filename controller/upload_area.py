@@ -33,10 +33,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import xxhash
-
 from controller.controller_errors import InvalidUploadError, UnknownUploadError, UploadOffsetError
 from loader import make_private_dirs, open_private, write_private
+from storage import file_xxh3_64
 
 __all__ = ["MAX_PIECE_BYTES", "UPLOAD_EXPIRY_S", "UPLOAD_SOURCE_PREFIX", "UploadArea", "upload_id_of",
            "validate_upload_path"]
@@ -46,7 +45,6 @@ UPLOAD_EXPIRY_S = 24 * 3600.0
 MAX_PIECE_BYTES = 64 << 20  # the most one `write` takes (the gateway sends ~4 MiB pieces)
 _SEALED_FILE = ".sealed.json"  # hidden: an uploaded path never starts with '.'
 _MAX_PATH_CHARS = 1024
-_HASH_BLOCK_BYTES = 8 << 20
 
 
 def validate_upload_path(path: object) -> str:
@@ -66,14 +64,6 @@ def upload_id_of(source: str) -> str | None:
     if not source.startswith(UPLOAD_SOURCE_PREFIX):
         return None
     return source[len(UPLOAD_SOURCE_PREFIX):]
-
-
-def _xxh3_64(path: Path) -> str:
-    digest = xxhash.xxh3_64()
-    with open(path, "rb") as f:
-        while block := f.read(_HASH_BLOCK_BYTES):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class UploadArea:
@@ -159,7 +149,7 @@ class UploadArea:
                 if have[path] != entry["size"]:
                     raise InvalidUploadError("files", f"{path!r} has {have[path]} bytes uploaded, the list says "
                                                       f"{entry['size']}: resume it from byte {have[path]}")
-                digest = _xxh3_64(directory / path)
+                digest = file_xxh3_64(directory / path)
                 if digest != entry["xxh3_64"]:
                     raise InvalidUploadError("files", f"{path!r} arrived with xxh3_64 {digest}, the list says "
                                                       f"{entry['xxh3_64']}: upload it again")

@@ -23,7 +23,7 @@ from storage.local_repository import LocalModelRepository
 from storage.model_name import InvalidModelNameError, validate_model_name
 from storage.model_repository import (FetchResult, FetchVerificationError, ModelExistsError, ModelNotFoundError,
                                       ModelRepository, ObjectNotFoundError, PushConflictError, PushProgress,
-                                      RepositoryError, UploadThrottle)
+                                      RepositoryError, UploadThrottle, file_xxh3_64)
 from storage.repository_config import RepositoryConfig, open_repository
 from storage.repository_manifest import ManifestError, ManifestFile, ModelManifest
 from storage.s3_repository import S3ModelRepository
@@ -67,6 +67,7 @@ __all__ = [
     "PushConflictError",
     "PushProgress",
     "UploadThrottle",
+    "file_xxh3_64",
     "RepositoryConfig",
     "RepositoryError",
     "S3ModelRepository",
