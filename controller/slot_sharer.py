@@ -270,6 +270,7 @@ class SlotSharer:
             task = asyncio.get_running_loop().create_task(work)
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+        self._keep_in_dram(victim)  # a preempted model comes back as an evicted one does
         self._hold(model.model_id, "preemption", victim, num_slots, load_s[victim.node_id], now)
         self._counts["preemptions_migrated" if choice.action == "migrate" else "preemptions_suspended"] += 1
         self._record({"kind": "preemption", "action": choice.action, "model_id": model.model_id,

@@ -319,25 +319,33 @@ def test_a_lost_node_s_requests_resume_on_the_other_node(setup):
     d = setup.cluster.track_node("d", temp_dir, 2)
     wait_until(lambda: any(n["node_id"] == d.logical_id and n["store_connected"]
                            for n in setup.platform.status()["nodes"]), "node d adopted by the platform", DEADLINE_S)
-    killed_at: list[float] = []
-
-    def kill() -> None:
-        setup.cluster.kill_raylet("c")
-        killed_at.append(time.monotonic())
-
-    def busy_on_c() -> bool:
-        return any(i["instance_id"] == on_c["instance_id"] and i["num_ongoing_requests"] > 0
-                   for i in setup.instances(model))
-
-    streams_during(setup, model, PROMPTS, kill, busy_on_c)
 
     def noticed() -> bool:
         status = setup.platform.status()
         return c.logical_id not in {n["node_id"] for n in status["nodes"]} and \
             on_c["instance_id"] not in {i["instance_id"] for i in status["instances"]}
 
-    wait_until(noticed, "the controller to drop node c and its instance", NODE_DEATH_BOUND_S)
-    noticed_after_s = time.monotonic() - killed_at[0]
+    # The notice is watched from the kill on, beside the streams: the streams resume on node d and
+    # run to their end first, which on a loaded machine takes longer than the bound itself.
+    watcher = concurrent.futures.ThreadPoolExecutor(1)
+    watched: list[concurrent.futures.Future] = []
+
+    def kill() -> None:
+        setup.cluster.kill_raylet("c")
+        killed_at = time.monotonic()
+        watched.append(watcher.submit(
+            lambda: (wait_until(noticed, "the controller to drop node c and its instance", NODE_DEATH_BOUND_S * 3),
+                     time.monotonic() - killed_at)[1]))
+
+    def busy_on_c() -> bool:
+        return any(i["instance_id"] == on_c["instance_id"] and i["num_ongoing_requests"] > 0
+                   for i in setup.instances(model))
+
+    try:
+        streams_during(setup, model, PROMPTS, kill, busy_on_c)
+        noticed_after_s = watched[0].result()
+    finally:
+        watcher.shutdown(wait=False)
     print(f"\n[multinode] node c lost: the controller dropped it and its instance {noticed_after_s:.1f} s after the kill")
     assert noticed_after_s <= NODE_DEATH_BOUND_S
     assert [text for text, _ in map(lambda p: stream(setup, model, p), PROMPTS[:2])] == \

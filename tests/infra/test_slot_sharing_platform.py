@@ -141,11 +141,15 @@ def test_four_models_take_turns_on_one_slot_and_every_request_succeeds(platform)
         assert finish == "length" and tokens == want[name], name
     status = ray.get(controller.status.remote(), timeout=30)
     decisions = status["recent_decisions"]
-    evictions = [d for d in decisions if d["kind"] == "eviction"]
-    # every turn after the first took the slot from the idle model before it, at once
-    assert [(d["model_id"], d["victim_model_id"]) for d in evictions] == [
+    taken = [d for d in decisions if d["kind"] in ("eviction", "preemption")]
+    # every turn after the first took the slot from the model before it: at once, an eviction of
+    # its idle instance; or, where that instance's last load report still counted the request that
+    # had just ended (a loaded machine reports late), a preemption once the waiter's bound passed
+    assert [(d["model_id"], d["victim_model_id"]) for d in taken] == [
         (f"acme/{new}", f"acme/{old}") for old, new in zip(sequence, sequence[1:])]
-    assert status["slot_sharing"]["counts"]["evictions"] == len(sequence) - 1
+    counts = status["slot_sharing"]["counts"]
+    assert counts["evictions"] + counts["preemptions_suspended"] + counts["preemptions_migrated"] == len(sequence) - 1
+    assert counts["evictions"] >= 1
     # each cold start came from the best tier there was: the repository the first time (no node had
     # a copy), the DRAM copy its eviction left behind the second time
     placements = [(d["model_id"], d["tier"]) for d in decisions if d["kind"] == "placement" and d["instance_id"]]
