@@ -121,7 +121,7 @@ class AccessGate:
                 return
             await self.app({**scope, PRINCIPAL_SCOPE_KEY: Principal(tenant=None, is_admin=True)}, receive, send)
             return
-        path = _route_path(scope)
+        path = route_path(scope)
         if path in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
@@ -156,7 +156,7 @@ class AccessGate:
         await error.to_response()(scope, receive, send)
 
 
-def _route_path(scope: Scope) -> str:
+def route_path(scope: Scope) -> str:
     """The path the app routes on (Starlette's rule: the path less the mount's root_path)."""
     path: str = scope["path"]
     root_path: str = scope.get("root_path", "")

@@ -45,6 +45,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from controller import parse_model_id
 from infra.gateway_access import AccessGate, principal_of
+from infra.gateway_admission import Admission
 from infra.gateway_auth import GatewayAuth, Principal
 from infra.gateway_backend import GatewayBackend, ModelCard
 from infra.gateway_body_limit import DEFAULT_BODY_TIMEOUT_S, BodyLimit
@@ -84,6 +85,8 @@ def build_gateway_app(
     chat_default_max_tokens: int | None = None,
     clock: Callable[[], float] = time.monotonic,
     title: str = "Thaw gateway",
+    max_ongoing_requests: int | None = None,
+    retry_after_s: float = 1.0,
 ) -> FastAPI:
     """The OpenAI-compatible app over `backend`.
 
@@ -95,6 +98,8 @@ def build_gateway_app(
         name it (None: any port on a loopback name).
     chat_default_max_tokens: a chat's limit when it gives none; None means up to the model's context.
     clock: monotonic seconds, for latency metrics.
+    max_ongoing_requests: the requests it serves at once; past them a request gets 503 in
+        OpenAI's shape with Retry-After `retry_after_s` (`infra.gateway_admission`; None: no bound).
     """
     metrics = metrics if metrics is not None else GatewayMetrics()
     if chat_default_max_tokens is not None and (not isinstance(chat_default_max_tokens, int)
@@ -115,6 +120,9 @@ def build_gateway_app(
     # Added last, so outermost: the key (or the Host) is checked before the body is read.
     app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s)
     app.add_middleware(AccessGate, auth=auth, http_port=http_port, on_refused=observe_error)
+    if max_ongoing_requests is not None:  # outermost: a full replica refuses before any other work
+        app.add_middleware(Admission, max_ongoing_requests=max_ongoing_requests, retry_after_s=retry_after_s,
+                           on_refused=observe_error)
 
     async def principal(request: Request,
                         _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Principal:

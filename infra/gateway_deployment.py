@@ -12,10 +12,12 @@ locks do not pickle.
 A replica takes no CPU (``num_cpus=0``): on a CPU-only node the CPUs are the model instances'
 worker slots, and the gateway only relays tokens. Serve's default ``max_ongoing_requests``
 (5 per replica) would queue streams in the proxy; the gateway has its own per-model queue with
-a bound and a deadline, so the replica's limit is set high instead. Past it, requests wait in
-each proxy's queue, which is bounded too (``max_queued_requests``; Serve's default is no
-bound): beyond it the proxy answers 503 with ``Retry-After`` at once, rather than piling up
-connections the gateway will never get to. Requests that hold a slot without making progress
+a bound and a deadline, so the replica's limit is set high instead, and the replica enforces
+it itself: past it a request gets 503 in OpenAI's shape with ``Retry-After``
+(`infra.gateway_admission`; Serve is given some headroom above it, since Serve's own refusal is
+plain text). Past Serve's limit, requests wait in each proxy's queue, which is bounded too
+(``max_queued_requests``; Serve's default is no bound): beyond it the proxy answers 503 with
+``Retry-After`` at once, rather than piling up connections the gateway will never get to. Requests that hold a slot without making progress
 are cut short by the app itself: a body not complete within ``body_timeout_s`` gets 408, and
 an anonymous request is refused before its body is read.
 """
@@ -32,6 +34,7 @@ from typing import Any
 from ray import serve
 from ray.serve.config import BackpressureConfig
 
+from infra.gateway_admission import serve_max_ongoing_requests
 from infra.gateway_body_limit import DEFAULT_BODY_TIMEOUT_S
 from infra.metrics_token import MetricsToken
 from infra.ray_backend_config import RayBackendConfig
@@ -47,10 +50,12 @@ class GatewayDeploymentConfig:
         state_store: where API keys are verified and tenants kept (the platform's store).
         auth: False is ``--no-auth``: no keys, every caller is admin.
         num_replicas: gateway replicas; each keeps its own routing-table cache and queue.
-        max_ongoing_requests: requests one replica takes at once (streams included).
-        max_queued_requests: requests each Serve proxy holds waiting for a replica slot; beyond
-            it the proxy answers 503 with Retry-After `retry_after_s` at once.
-        retry_after_s: the Retry-After of that 503.
+        max_ongoing_requests: requests one replica serves at once (streams included; health and
+            admin routes not counted); past them it answers 503 in OpenAI's shape.
+        max_queued_requests: requests each Serve proxy holds waiting for a replica slot (past
+            Serve's limit, `serve_max_ongoing_requests`); beyond it the proxy answers 503 with
+            Retry-After `retry_after_s` at once.
+        retry_after_s: the Retry-After of both 503s.
         body_timeout_s: a request body not complete this long after the request arrived gets 408.
         http_port: the port clients reach the gateway on; with auth off, a request's ``Host``
             must name a loopback address at this port (None: any port).
@@ -170,7 +175,8 @@ class GatewayReplica:
         else:
             auth = GatewayAuth.no_auth()
         app = build_gateway_app(self._backend, auth, self._metrics, body_timeout_s=config.body_timeout_s,
-                                http_port=config.http_port)
+                                http_port=config.http_port, max_ongoing_requests=config.max_ongoing_requests,
+                                retry_after_s=config.retry_after_s)
         app.include_router(build_admin_router(self._controller, self._store, auth))
         return app
 
@@ -185,7 +191,8 @@ def gateway_deployment(config: GatewayDeploymentConfig) -> serve.Deployment:
     """The gateway's Serve deployment with `config`'s limits (not yet bound to it)."""
     return serve.deployment(
         GatewayReplica, name="gateway", num_replicas=config.num_replicas,
-        max_ongoing_requests=config.max_ongoing_requests, max_queued_requests=config.max_queued_requests,
+        max_ongoing_requests=serve_max_ongoing_requests(config.max_ongoing_requests),
+        max_queued_requests=config.max_queued_requests,
         backpressure_config=BackpressureConfig(status_code=503, retry_after_s=config.retry_after_s),
         ray_actor_options={"num_cpus": 0, **({"resources": dict(config.replica_resources)}
                                              if config.replica_resources else {})},

@@ -16,11 +16,11 @@ CONFIG = GatewayDeploymentConfig(namespace="thaw", controller_name="thaw-control
 
 def test_the_deployment_bounds_ongoing_and_queued_requests_and_answers_503_beyond():
     deployment = gateway_deployment(CONFIG)
-    assert (deployment.max_ongoing_requests, deployment.max_queued_requests) == (4096, 1024)
+    assert (deployment.max_ongoing_requests, deployment.max_queued_requests) == (4096 + 512, 1024)
     assert (deployment.backpressure_config.status_code, deployment.backpressure_config.retry_after_s) == (503, 1.0)
     tuned = gateway_deployment(dataclasses.replace(CONFIG, max_ongoing_requests=8, max_queued_requests=2,
                                                    retry_after_s=3.0))
-    assert (tuned.max_ongoing_requests, tuned.max_queued_requests) == (8, 2)
+    assert (tuned.max_ongoing_requests, tuned.max_queued_requests) == (8 + 64, 2)  # headroom over the app's bound
     assert tuned.backpressure_config.retry_after_s == 3.0
 
 
