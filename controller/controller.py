@@ -138,7 +138,7 @@ class Controller:
                                        stop_instances=self._stop_deleted, usage_meter=self._usage_meter,
                                        record=self._record, wall_clock=wall_clock, wake=self._wake.set,
                                        engine_config=lambda spec: engine_config_for(spec, config),
-                                       uploads=self._uploads)
+                                       uploads=self._uploads, downloads=config.state_dir / "downloads")
         self._deploys = DeployJobs(wall_clock=wall_clock, clock=clock)
         self._closed = False
 

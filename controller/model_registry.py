@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import shutil
+import tempfile
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,13 +31,14 @@ from controller.controller_errors import (DeployConflictError, InvalidSpecError,
                                          UnknownModelError, UnknownTenantError)
 from controller.controller_status import event_to_dict
 from controller.model_source import PublishedModel, publish_source, repository_name, repository_name_for
-from controller.model_spec import ModelSpec, SpecError, parse_model_id, validate_name
+from controller.model_spec import S3_SOURCE_PREFIX, ModelSpec, SpecError, parse_model_id, validate_name
 from controller.model_state import ModelState
 from controller.state_store import StateStore
 from controller.tenant_quota import TenantQuota
 from controller.upload_area import UploadArea, upload_id_of
 from controller.usage_meter import UsageMeter
-from storage import ModelRepository, PushConflictError, PushProgress
+from loader import make_private_dirs
+from storage import ModelRepository, PushConflictError, PushProgress, S3Source, S3SourceError, source_client
 from wire import DeployStage
 
 logger = logging.getLogger(__name__)
@@ -74,7 +77,7 @@ class ModelRegistry:
                  stop_instances: Callable[[str], list[asyncio.Task]], usage_meter: Callable[[], UsageMeter],
                  record: Callable[[dict[str, Any]], None], wall_clock: Callable[[], float],
                  wake: Callable[[], None], engine_config: Callable[[ModelSpec], Any] | None = None,
-                 uploads: UploadArea | None = None) -> None:
+                 uploads: UploadArea | None = None, downloads: Path | None = None) -> None:
         self._store = store
         self._repository = repository
         self._models = models
@@ -87,6 +90,7 @@ class ModelRegistry:
         self._wake = wake
         self._engine_config = engine_config  # a spec's worker.EngineConfig, to check its context fits
         self._uploads = uploads  # where upload:<id> sources are (None: this registry takes none)
+        self._downloads = downloads  # where s3:// sources outside the repository are copied (None: refused)
         self._quotas: dict[str, TenantQuota] = {}  # tenants with a limit; the store's copy
         self._publishing: dict[str, str] = {}  # model id -> repository name, of deploys/updates in flight
 
@@ -100,6 +104,8 @@ class ModelRegistry:
                 desired.get(spec.model_id, spec.autoscaling.min_instances), usage=self._usage_meter(),
                 deployed_s=deployed.get(spec.model_id))
         self._quotas = self._store.list_tenant_quotas()
+        if self._downloads is not None:  # copies a killed controller's deploys left: no deploy outlives it
+            shutil.rmtree(self._downloads, ignore_errors=True)
 
     # --- models ------------------------------------------------------------------------------
 
@@ -221,15 +227,46 @@ class ModelRegistry:
                                                f"{users[0]!r} already uses; choose another name")
         upload_id = upload_id_of(spec.source)
         readable = spec if upload_id is None else dataclasses.replace(spec, source=str(self._upload_dir(upload_id)))
+        download = None
+        if spec.source.startswith(S3_SOURCE_PREFIX) and name == repository_name(spec.model_id):
+            download = await self._download(spec, progress)  # a bucket outside the repository
+            readable = dataclasses.replace(spec, source=str(download))
         try:
             engine_config = self._engine_config(spec) if self._engine_config is not None else None
             published = await asyncio.to_thread(publish_source, readable, self._repository, engine_config, progress)
         except PushConflictError:
             raise DeployConflictError(spec.model_id, f"repository model {name!r} was pushed or deleted by someone "
                                                      f"else while this call was pushing it; try again") from None
+        finally:
+            if download is not None:  # the repository holds the model now (or the deploy failed)
+                await asyncio.to_thread(shutil.rmtree, download, True)
         if published.replaced:
             await self._invalidate_copies(published.repository_name)
         return published
+
+    async def _download(self, spec: ModelSpec, progress: PushProgress | None) -> Path:
+        """An ``s3://`` source outside the repository copied into a fresh private directory under
+        the downloads dir (`storage.S3Source`; stage DOWNLOADING), which the caller deletes."""
+        if self._downloads is None:
+            raise InvalidSpecError("source", f"{spec.source!r} is not in the platform repository "
+                                             f"{self._repository.uri} and this controller reads no other bucket")
+
+        def run() -> Path:
+            make_private_dirs(self._downloads)
+            target = Path(tempfile.mkdtemp(prefix="deploy-", dir=self._downloads))
+            try:
+                source = S3Source(spec.source, source_client(self._repository))
+                source.download(target, None if progress is None else
+                                lambda done, total: progress(DeployStage.DOWNLOADING, done, total))
+            except S3SourceError as exc:
+                shutil.rmtree(target, ignore_errors=True)
+                raise InvalidSpecError("source", str(exc)) from None
+            except BaseException:
+                shutil.rmtree(target, ignore_errors=True)
+                raise
+            return target
+
+        return await asyncio.to_thread(run)
 
     async def delete(self, model_id: str) -> None:
         """Remove a model and stop its instances (open requests are aborted). Its repository copy

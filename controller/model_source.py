@@ -9,7 +9,9 @@ deploy turns the spec's ``source`` into such a name:
   mix);
 - a location inside the repository itself (``<repository uri>/<model>``, e.g. pushed earlier
   with ``thaw models push``) is used as it is, under that name;
-- any other ``s3://`` location is refused: copying between buckets is not the controller's job;
+- any other ``s3://`` location is copied to the controller's machine first (by the registry,
+  `storage.S3Source`: stage DOWNLOADING) and then pushed as a local directory is, so the
+  repository holds it and node stores fill from there alone;
 - a local directory that names files outside itself (a symlink, a safetensors index entry such
   as ``../other``) is refused before anything is read (`loader.model_dir_files`): a deploy never
   pulls in someone else's weights;
@@ -194,9 +196,8 @@ def publish_source(spec: ModelSpec, repository: ModelRepository, engine_config: 
         tool_call_format = resolve_tool_call_format(spec, lambda path: repository.read_small_file(inside, path))
         return PublishedModel(inside, manifest.total_bytes, pushed=False, tool_call_format=tool_call_format)
     if "://" in spec.source:
-        raise InvalidSpecError("source", f"{spec.source!r} is not in the platform repository {repository.uri}: "
-                                         f"push it there (thaw models push) and deploy <repository>/<model>, "
-                                         f"or deploy from a local directory")
+        raise InvalidSpecError("source", f"{spec.source!r} is not in the platform repository {repository.uri}; "
+                                         f"it is read through the registry's download (ModelRegistry._download)")
     src = Path(spec.source)
     if not src.is_dir():
         raise InvalidSpecError("source", f"{spec.source!r} is not a directory on the controller's machine")

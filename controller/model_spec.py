@@ -115,6 +115,9 @@ def _float(field_path: str, value: object, *, minimum: float, exclusive: bool = 
     return float(value)
 
 
+S3_SOURCE_PREFIX = "s3://"  # a source in a bucket (the repository's, or another read for the deploy)
+
+
 def _check_source(value: object) -> str:
     """A checkpoint location: an absolute local path, ``s3://bucket[/prefix]``, or ``upload:<id>``
     (a directory uploaded through the admin API, `controller.upload_area`)."""

@@ -27,6 +27,7 @@ from storage.model_repository import (FetchResult, FetchVerificationError, Model
 from storage.repository_config import RepositoryConfig, open_repository
 from storage.repository_manifest import ManifestError, ManifestFile, ModelManifest
 from storage.s3_repository import S3ModelRepository
+from storage.s3_source import S3Source, S3SourceError, source_client
 from storage.store_config import NodeStoreConfig
 from storage.store_report import BandwidthReport, NodeStoreReport, TierEntryReport, TierReport
 from storage.tier_ledger import TierFullError
@@ -71,10 +72,13 @@ __all__ = [
     "RepositoryConfig",
     "RepositoryError",
     "S3ModelRepository",
+    "S3Source",
+    "S3SourceError",
     "TierEntryReport",
     "TierFullError",
     "TierReport",
     "open_repository",
+    "source_client",
     "start_node_store",
     "stop_node_store",
     "validate_model_name",

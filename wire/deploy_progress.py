@@ -36,6 +36,7 @@ class DeployStage(str, enum.Enum):
     """What a running deploy does now, in order (a stage may be skipped: a thaw checkpoint is not
     converted, unchanged content is not uploaded)."""
 
+    DOWNLOADING = "downloading"  # an s3:// source outside the repository, copied to the controller
     CHECKING = "checking"  # reading the source: config, files, is it already in the repository
     CONVERTING = "converting"  # Hugging Face safetensors -> the thaw format
     UPLOADING = "uploading"  # into the repository (checksummed)

@@ -17,7 +17,9 @@ import pytest
 from controller import (DeployConflictError, InvalidSpecError, ModelAlreadyDeployedError, UnknownModelError,
                         open_state_store)
 from storage import LocalModelRepository
-from tests.controller.test_controller import MODEL_BYTES, NODE, SERVABLE_CONFIG, Harness, eventually, spec
+from tests.controller.test_controller import (MODEL_BYTES, NODE, SERVABLE_CONFIG, Harness, eventually, spec,
+                                              write_source)
+from tests.storage.conftest import s3_bucket, s3_client, s3_endpoint  # noqa: F401 - fixtures
 
 
 def test_deploy_validates_pushes_once_and_persists(tmp_path):
@@ -228,5 +230,34 @@ def test_deploy_refuses_a_source_naming_files_outside_itself(tmp_path, how):
             assert "copy the real files into the directory" in refused.value.reason or how == "index"
             assert h.controller.list_models() == []
             assert not (tmp_path / "repo").exists()  # nothing was pushed
+
+    asyncio.run(scenario())
+
+
+def test_a_source_in_another_bucket_is_copied_pushed_and_the_copy_deleted(tmp_path, monkeypatch, s3_client,  # noqa: F811
+                                                                          s3_bucket, s3_endpoint):  # noqa: F811
+    """An s3:// source outside the repository (the repository here is local) is read with the
+    controller's own S3 settings, pushed like a local dir, and leaves nothing in the downloads dir."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    source = write_source(tmp_path, "m1", seed=3)
+    for path in source.iterdir():
+        s3_client.put_object(Bucket=s3_bucket, Key=f"published/m1/{path.name}", Body=path.read_bytes())
+
+    async def scenario():
+        async with Harness(tmp_path) as h:
+            downloads = h.config.state_dir / "downloads"
+            first = h.controller.start_deploy(spec("acme/m1", f"s3://{s3_bucket}/published/m1"))
+            done = await h.controller.wait_deploy(first.deploy_id, 60)
+            assert (done.state.value, done.error) == ("succeeded", None)
+            repository = LocalModelRepository(tmp_path / "repo")
+            assert repository.describe("acme--m1").source_files[0].path == "model.safetensors"
+            assert [(m["tenant"], m["name"]) for m in h.controller.list_models()] == [("acme", "m1")]
+            assert list(downloads.iterdir()) == []  # the copy is gone once the repository holds it
+
+            missing = h.controller.start_deploy(spec("acme/m2", f"s3://{s3_bucket}/published/m2"))
+            failed = await h.controller.wait_deploy(missing.deploy_id, 60)
+            assert (failed.state.value, failed.error_field, failed.error_kind) == ("failed", "source", "invalid")
+            assert "holds no files" in failed.error and list(downloads.iterdir()) == []
+            assert [(m["tenant"], m["name"]) for m in h.controller.list_models()] == [("acme", "m1")]  # nothing half-deployed
 
     asyncio.run(scenario())
