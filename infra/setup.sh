@@ -48,10 +48,11 @@ extras=""
 echo "[setup] installing thaw$extras (editable)"
 pip_install -e ".$extras"
 if "$venv/bin/python" -c "import torch; raise SystemExit(torch.cuda.is_available())"; then  # exits 0 without CUDA
-    echo "[setup] building the CPU attention kernel (once, ~40 s; cached)"
+    echo "[setup] building the CPU kernels for this CPU's instruction set (once, ~60 s; cached)"
     "$venv/bin/python" -c "
 from kernels import prepare_cpu_kernels
+from kernels.cpu_isa import best_isa
 why = prepare_cpu_kernels()
-print('[setup] CPU attention kernel ready' if why is None else f'[setup] warning: CPU attention kernel unavailable ({why}); the engine will use the slower PyTorch reference')"
+print(f'[setup] CPU kernels ready ({best_isa().name})' if why is None else f'[setup] warning: CPU kernels unavailable ({why}); the engine will use the slower PyTorch paths')"
 fi
 "$venv/bin/python" -c "import torch; print('[setup] ok: torch', torch.__version__, 'cuda' if torch.cuda.is_available() else 'cpu')"

@@ -363,11 +363,12 @@ def test_each_image_installs_its_torch_then_the_whole_project(dockerfile, pyproj
         assert "-e" not in runs[project_run], f"{stage}: an editable install would need the sources at run time"
 
 
-def test_only_the_cpu_image_builds_the_cpu_kernels(dockerfile):
+def test_only_the_cpu_image_builds_the_cpu_kernels_for_every_level_by_default(dockerfile):
     _, stages, _ = dockerfile
-    builds = {stage: any(keyword == "RUN" and "prepare_cpu_kernels()" in rest for keyword, rest in instructions)
+    builds = {stage: any(keyword == "RUN" and "python -m kernels --all" in rest for keyword, rest in instructions)
               for stage, instructions in stages.items()}
     assert builds == {"base": False, "cpu": True, "cuda": False}
+    assert stage_values(stages["cpu"], "ARG")["PREBUILD_CPU_KERNELS"] == "all"  # an image for any x86-64
 
 
 # ---- the Kubernetes manifests ---------------------------------------------------------------------
