@@ -122,7 +122,10 @@ class Engine:
             pool = reserved.weights if reserved is not None and on_cpu else None
             model, self._load_report = load_model(self.model_dir, self.model_config, self.device, pool)
             if why_not_prepack is None:
-                self._load_report += f"; {model.prepack_for_cpu()} linear layers pre-packed for oneDNN"
+                # The model's weights are views of the buffer the load made for it alone: each
+                # plain weight packed without a plain copy is released as soon as it is packed.
+                self._load_report += (f"; {model.prepack_for_cpu(release_plain=True)} linear layers "
+                                      f"pre-packed for oneDNN")
             self._load_s: float | None = time.perf_counter() - start
         else:
             with torch.device("meta"):

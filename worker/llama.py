@@ -27,6 +27,7 @@ from torch import nn
 from kernels import AttentionBackend, AttentionMetadata
 from kernels.cpu_fused_ops import fused_add_rms_norm, fused_rms_norm, fused_silu_and_mul
 from kernels.cpu_linear import PrepackedLinear, prepack_linear_layers
+from loader.page_release import release_pages
 from worker.model_config import ModelConfig
 from worker.moe import SparseMoeBlock
 from worker.rotary_embedding import (
@@ -213,23 +214,39 @@ class LlamaForCausalLM(nn.Module):
             return F.linear(hidden, self.embed_tokens.weight)
         return self.lm_head(hidden)
 
-    def prepack_for_cpu(self) -> int:
+    def prepack_for_cpu(self, release_plain: bool = False) -> int:
         """Swaps every linear layer (and the head, tied or not) for a `PrepackedLinear`; returns
-        how many."""
-        return sum(self.prepack_layer_for_cpu(layer) for layer in range(-1, len(self.layers) + 1))
+        how many. `release_plain`: see `prepack_layer_for_cpu`."""
+        return sum(self.prepack_layer_for_cpu(layer, release_plain) for layer in range(-1, len(self.layers) + 1))
 
-    def prepack_layer_for_cpu(self, layer: int) -> int:
+    def prepack_layer_for_cpu(self, layer: int, release_plain: bool = False) -> int:
         """`prepack_for_cpu` for one layer (its weights must be resident): the linears of decoder
         layer k (not a sparse layer's router and experts: see `moe.py`), the head for layer N,
         nothing for the embedding; returns how many. A tied head
         gets its own packed copy (so the embedding, layer -1, must be resident too): the embedding
-        lookup needs the plain matrix, the head GEMM the blocked one."""
+        lookup needs the plain matrix, the head GEMM the blocked one.
+
+        `release_plain`: each plain weight that no module reads any more (packed without a plain
+        copy, and not the tied embedding) has its pages returned to the OS at once
+        (`loader.release_pages`), so a model loaded as views of one checkpoint buffer is held
+        once, not twice. Only for weights nothing else holds (the engine's own load)."""
         if layer == -1:
             return 0
         if layer < len(self.layers):
-            return prepack_linear_layers(self.layers[layer])
+            block = self.layers[layer]
+            plain = {name: m.weight for name, m in block.named_modules() if isinstance(m, nn.Linear)}
+            replaced = prepack_linear_layers(block)
+            if release_plain:
+                for name, weight in plain.items():
+                    packed = block.get_submodule(name)
+                    if isinstance(packed, PrepackedLinear) and packed.plain_weight is None:
+                        release_pages(weight)
+            return replaced
         if isinstance(self.lm_head, PrepackedLinear):
             return 0
-        head_weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        tied = self.lm_head is None
+        head_weight = self.embed_tokens.weight if tied else self.lm_head.weight
         self.lm_head = PrepackedLinear(head_weight)
+        if release_plain and not tied and self.lm_head.plain_weight is None:
+            release_pages(head_weight)
         return 1
