@@ -74,7 +74,7 @@ def write_checkpoint(out: Path, shape: dict[str, int]) -> int:
                                           num_key_value_heads=2, intermediate_size=128, seed=1), overwrite=True)
     (out / "model.safetensors").unlink()
     config = json.loads((out / "config.json").read_text())
-    config.update(shape, torch_dtype="bfloat16", max_position_embeddings=2048, tie_word_embeddings=False,
+    config.update(shape, dtype="bfloat16", torch_dtype="bfloat16", max_position_embeddings=2048, tie_word_embeddings=False,
                   head_dim=shape["hidden_size"] // shape["num_attention_heads"])
     (out / "config.json").write_text(json.dumps(config, indent=2))
     h, kv = shape["hidden_size"], shape["num_key_value_heads"] * shape["hidden_size"] // shape["num_attention_heads"]

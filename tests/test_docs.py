@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.doc_commands import doc_commands
+
 ROOT = Path(__file__).resolve().parent.parent
 MKDOCS = str(Path(sys.executable).parent / "mkdocs")
 
@@ -37,28 +39,6 @@ def test_every_page_the_readme_links_to_exists():
     assert missing == []
 
 
-def _doc_commands() -> list[tuple[str, list[str]]]:
-    """Every ``thaw`` command in the README's and the docs' bash blocks, as argv (its page with
-    it): continuation lines joined, comments dropped, ``a && b`` and ``a / b`` split; a
-    synopsis's ``[...]`` groups kept, with ``[a | b]`` and ``x|y`` taken as their first and
-    ``...`` dropped."""
-    import shlex
-
-    commands = []
-    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        for block in re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S):
-            for line in block.replace("\\\n", " ").splitlines():
-                line = re.sub(r"\s#\s.*$", "", line)
-                line = re.sub(r"\[([^\]|]*?)\s\|\s[^\]]*\]", r"[\1]", line)  # [a | b]: a
-                for part in re.split(r"\s&&\s|\s/\s", line):
-                    words = shlex.split(part.replace("[", " ").replace("]", " "))
-                    if not words or words[0] not in ("thaw", ".venv/bin/thaw"):
-                        continue
-                    argv = [w.split("|")[0] for w in words[1:] if w != "..."]
-                    commands.append((f"{page.relative_to(ROOT)}: {part.strip()}", argv))
-    return commands
-
-
 def test_every_thaw_command_in_the_docs_is_one_the_cli_takes():
     """Each command shown parses with today's CLI: a renamed flag or command fails here. (What
     they do is tested where it is built; the README's quick start runs as written end to end.)"""
@@ -67,7 +47,7 @@ def test_every_thaw_command_in_the_docs_is_one_the_cli_takes():
 
     from infra.cli import build_parser
 
-    commands = _doc_commands()
+    commands = [(c.where, c.argv) for c in doc_commands()]
     assert len(commands) >= 25  # the pages' commands were found, not an empty list
     refused = []
     for where, argv in commands:

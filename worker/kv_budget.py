@@ -37,8 +37,12 @@ def _size(num_bytes: int) -> str:
 
 
 def max_model_len_problem(model: ModelConfig, engine: EngineConfig, max_model_len: int | None) -> str | None:
-    """Why `max_model_len` (None: the model's own limit) cannot fit this pool, with what to change;
-    None when it fits."""
+    """Why `max_model_len` (None: the model's own limit) cannot be served -- longer than the
+    model's context, or more than this pool holds --, with what to change; None when it fits."""
+    if max_model_len is not None and max_model_len > model.max_position_embeddings:
+        # The engine refuses it at load (`Engine`): a deploy must not succeed and then fail every start.
+        return (f"max_model_len {max_model_len} exceeds the model's context (max_position_embeddings "
+                f"{model.max_position_embeddings}): set it to at most {model.max_position_embeddings}, or leave it out")
     wanted = max_model_len or model.max_position_embeddings
     tokens = kv_pool_tokens(model, engine)
     if wanted <= tokens:

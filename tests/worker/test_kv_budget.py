@@ -26,3 +26,11 @@ def test_a_context_the_pool_cannot_hold_is_explained_with_the_numbers():
     assert max_model_len_problem(LLAMA3_8B, EngineConfig(), 5000).startswith("max_model_len 5000 needs 626.0 MiB")  # 313 whole blocks
     assert max_model_len_problem(LLAMA3_8B, EngineConfig(), 4096) is None
     assert max_model_len_problem(LLAMA3_8B, EngineConfig(kv_cache_bytes=16 << 30), None) is None
+
+
+def test_a_context_longer_than_the_model_s_is_refused_whatever_the_pool():
+    """The engine refuses it at load, so a deploy must say so instead of succeeding first."""
+    problem = max_model_len_problem(LLAMA3_8B, EngineConfig(kv_cache_bytes=64 << 30), 200_000)
+    assert problem == ("max_model_len 200000 exceeds the model's context (max_position_embeddings 131072): set it "
+                       "to at most 131072, or leave it out")
+    assert max_model_len_problem(LLAMA3_8B, EngineConfig(kv_cache_bytes=64 << 30), 131072) is None
