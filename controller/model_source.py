@@ -196,8 +196,8 @@ def publish_source(spec: ModelSpec, repository: ModelRepository, engine_config: 
         tool_call_format = resolve_tool_call_format(spec, lambda path: repository.read_small_file(inside, path))
         return PublishedModel(inside, manifest.total_bytes, pushed=False, tool_call_format=tool_call_format)
     if "://" in spec.source:
-        raise InvalidSpecError("source", f"{spec.source!r} is not in the platform repository {repository.uri}; "
-                                         f"it is read through the registry's download (ModelRegistry._download)")
+        raise InvalidSpecError("source", f"{spec.source!r} is not in the platform repository {repository.uri}, "
+                                         f"and this call reads no other bucket")
     src = Path(spec.source)
     if not src.is_dir():
         raise InvalidSpecError("source", f"{spec.source!r} is not a directory on the controller's machine")

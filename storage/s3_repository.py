@@ -54,6 +54,16 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
     return bucket, prefix
 
 
+def make_s3_client(endpoint_url: str | None = None, region: str | None = None,
+                   max_concurrency: int = DEFAULT_MAX_CONCURRENCY):
+    """A boto3 S3 client (credentials from boto3's usual chain) for up to `max_concurrency`
+    transfers at once: one client shared by all threads (boto3 clients are thread-safe, sessions
+    are not), its connection pool covering every range in flight, retries in standard mode."""
+    config = botocore.config.Config(max_pool_connections=max(10, 2 * max_concurrency),
+                                    retries={"max_attempts": 5, "mode": "standard"})
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+
+
 class S3ModelRepository(ModelRepository):
     """`ModelRepository` over ``s3://bucket/prefix``. `client` may be given (tests hook its events)."""
 
@@ -62,14 +72,7 @@ class S3ModelRepository(ModelRepository):
                  upload_bytes_per_s: float | None = None, client=None):
         super().__init__(part_bytes=part_bytes, max_concurrency=max_concurrency, upload_bytes_per_s=upload_bytes_per_s)
         self.bucket, self.prefix = parse_s3_uri(uri)
-        if client is None:
-            # One client shared by all threads (boto3 clients are thread-safe, sessions are not);
-            # its connection pool must cover every range in flight.
-            config = botocore.config.Config(max_pool_connections=max(10, 2 * max_concurrency),
-                                            retries={"max_attempts": 5, "mode": "standard"})
-            client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, region_name=region,
-                                                     config=config)
-        self.client = client
+        self.client = client if client is not None else make_s3_client(endpoint_url, region, max_concurrency)
         self._transfer = TransferConfig(multipart_threshold=max(part_bytes, _MIN_MULTIPART_BYTES),
                                         multipart_chunksize=max(part_bytes, _MIN_MULTIPART_BYTES),
                                         max_concurrency=max_concurrency)

@@ -26,14 +26,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import boto3
-import botocore.config
 import botocore.exceptions
 from boto3.s3.transfer import TransferConfig
 
-from storage.s3_repository import parse_s3_uri
+from storage.s3_repository import S3ModelRepository, make_s3_client, parse_s3_uri
 
-__all__ = ["MAX_FILES", "S3Source", "S3SourceError", "SourceFile", "default_s3_client", "source_client"]
+__all__ = ["MAX_FILES", "S3Source", "S3SourceError", "SourceFile", "source_client"]
 
 MAX_FILES = 10_000
 _PART_BYTES = 16 << 20
@@ -53,18 +51,12 @@ class SourceFile:
     size: int
 
 
-def default_s3_client(endpoint_url: str | None = None, region: str | None = None):
-    """A boto3 S3 client from the usual chain (environment, profile), retrying like the repository's."""
-    config = botocore.config.Config(max_pool_connections=2 * _MAX_CONCURRENCY,
-                                    retries={"max_attempts": 5, "mode": "standard"})
-    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
-
-
 def source_client(repository):
-    """The client to read a source with: the repository's own when it is in S3, else `default_s3_client`."""
-    from storage.s3_repository import S3ModelRepository
-
-    return repository.client if isinstance(repository, S3ModelRepository) else default_s3_client()
+    """The client to read a source with: the repository's own when it is in S3, else one from
+    boto3's usual chain (``AWS_ENDPOINT_URL``, credentials, profile) sized like the download."""
+    if isinstance(repository, S3ModelRepository):
+        return repository.client
+    return make_s3_client(max_concurrency=_MAX_CONCURRENCY)
 
 
 class S3Source:
