@@ -266,3 +266,13 @@ def test_deploy_benchmark_quick():
     assert figures["total_s"] == pytest.approx(figures["send_s"] + figures["deploy_s"], abs=0.02)
     assert figures["ratio_to_floor"] == pytest.approx(figures["total_s"] / figures["floor_s"], rel=0.05)
     assert "checking" in figures["stages_s"]
+
+
+def test_engine_memory_benchmark_quick():
+    figures = run_quick("engine_memory.py")
+    assert figures["bench"] == "engine_memory" and figures["mode"] == "quick"
+    assert figures["floor_bytes"] == figures["checkpoint_bytes"] + figures["kv_bytes"] > 0
+    for key in ("added_bytes", "peak_added_bytes", "kept_plain_added_bytes", "build_s"):
+        assert figures[key] > 0, key
+    assert figures["peak_added_bytes"] >= figures["added_bytes"]
+    assert figures["ratio_to_floor"] == pytest.approx(figures["added_bytes"] / figures["floor_bytes"], abs=0.001)
