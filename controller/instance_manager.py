@@ -282,6 +282,7 @@ class InstanceManager:
         instance.phase = InstancePhase.READY
         instance.ready_s = self._clock()
         instance.load_s = load.load_s
+        instance.pack_s = load.weights_pack_s
         self._store.put_worker(self._worker_record(instance))
         model = self._models.get(instance.model_id)
         if model is not None:

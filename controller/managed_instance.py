@@ -40,7 +40,8 @@ class ManagedInstance:
         started_s / ready_s: on the controller's clock; ready_s None until ready.
         num_ongoing_requests / num_generated_tokens / num_requests_started: from the last stats
             report (the last a running total of the requests it was given).
-        load_s: the worker's own load time once ready.
+        load_s: the worker's own load time once ready; pack_s the part of it spent pre-packing
+            linear weights for oneDNN (0 when deferred past the start, or none were).
         from_spare: the worker is a spare that was assigned this model (no process start).
         load_path: how it gets its weights (a peer's stream or its node's tier) and why; None if
             adopted.
@@ -66,6 +67,7 @@ class ManagedInstance:
     started_s: float = 0.0
     ready_s: float | None = None
     load_s: float | None = None
+    pack_s: float | None = None
     num_ongoing_requests: int = 0
     num_generated_tokens: int = 0
     num_requests_started: int = 0
@@ -104,7 +106,7 @@ class ManagedInstance:
         return {
             "instance_id": self.instance_id, "model_id": self.model_id, "node_id": self.node_id,
             "ray_node_id": self.ray_node_id, "actor_name": self.actor_name, "state": self.phase.value,
-            "tier": self.tier, "estimate_s": self.estimate_s, "load_s": self.load_s,
+            "tier": self.tier, "estimate_s": self.estimate_s, "load_s": self.load_s, "pack_s": self.pack_s,
             "num_ongoing_requests": self.num_ongoing_requests, "num_generated_tokens": self.num_generated_tokens,
             "last_error": self.last_error, "from_spare": self.from_spare,
             "load_path": self.load_path.to_dict() if self.load_path is not None else None,

@@ -38,7 +38,9 @@ class InstanceLoad(WireRecord):
 
     ``load_s`` is the whole time from the start of loading to ready (config, tokenizer, weights,
     KV pool); ``weights_load_s`` the part spent reading weights, which ``weights_read`` describes
-    (format, bytes, bandwidth) in one line. An instance fed by a peer's stream is ready before its
+    (format, bytes, bandwidth) in one line; ``weights_pack_s`` the part spent pre-packing linear
+    weights for oneDNN on CPU (0 when none were, or when packing was deferred past the start:
+    `worker.weight_packing`). An instance fed by a peer's stream is ready before its
     weights are all in: ``weights_load_s`` is then None (``InstanceStats`` tells when they are).
     """
 
@@ -53,6 +55,7 @@ class InstanceLoad(WireRecord):
     num_kv_blocks: int
     block_size: int
     max_model_len: int
+    weights_pack_s: float = 0.0
 
     def __post_init__(self) -> None:
         name = self.record_name()
@@ -60,6 +63,7 @@ class InstanceLoad(WireRecord):
         check_name(name, "model_id", self.model_id)
         check_name(name, "model_dir", self.model_dir)
         object.__setattr__(self, "load_s", check_seconds(name, "load_s", self.load_s))
+        object.__setattr__(self, "weights_pack_s", check_seconds(name, "weights_pack_s", self.weights_pack_s))
         object.__setattr__(self, "weights_load_s", check_optional_seconds(name, "weights_load_s", self.weights_load_s))
         _check_text(name, "weights_read", self.weights_read)
         for field in ("num_kv_blocks", "block_size", "max_model_len"):  # an engine has at least one of each

@@ -169,11 +169,16 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             while not self._stopped.is_set():
-                # Block for work when idle; otherwise just drain what arrived during the step.
-                block = not self.engine.has_unfinished_requests()
+                # Block for work when idle with nothing left to pack; otherwise just drain what
+                # arrived during the step (or the layer's packing).
+                packing = self.engine.packing
+                block = not self.engine.has_unfinished_requests() and (packing is None or packing.done)
                 self._drain_inbox(block)
                 if self.engine.has_unfinished_requests():
                     self._deliver(self.engine.step())
+                # Deferred weight packing (`worker.weight_packing`): a layer at a time, after the
+                # step's tokens went out, never while a request waits for its first token.
+                self.engine.pack_weights_when_free()
         except BaseException as exc:  # noqa: BLE001 - every open stream must hear about it
             suspects = set(self.engine.request_ids_in_step)
             logger.exception("engine thread died (requests in the failing step: %s)", sorted(suspects) or "none")

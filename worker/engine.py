@@ -75,6 +75,7 @@ from worker.sequence import FinishReason, Sequence
 from worker.structured_output_manager import MaskJob, StructuredOutputManager
 from worker.token_counts import TokenCounts
 from worker.tokenizer import Tokenizer
+from worker.weight_packing import WeightPacking
 from worker.zigzag_prefill import ZigzagPrefill
 from wire import Prompt  # noqa: F401 - re-exported: the engine's prompt is the wire's
 from wire import InvalidRequestError  # defined in wire: the gateway catches it without importing the engine
@@ -117,15 +118,14 @@ class Engine:
         if why_not_prepack is not None and config.cpu_weight_prepack and on_cpu:
             logger.info("linear weights not pre-packed: %s", why_not_prepack)
         self._gate: LayerGate | None = None
+        self.packing: WeightPacking | None = None  # None: not packed, or packed as layers land (the gate)
         self._weights_source = ""
         if weights is None:
             pool = reserved.weights if reserved is not None and on_cpu else None
             model, self._load_report = load_model(self.model_dir, self.model_config, self.device, pool)
-            if why_not_prepack is None:
-                # The model's weights are views of the buffer the load made for it alone: each
-                # plain weight packed without a plain copy is released as soon as it is packed.
-                self._load_report += (f"; {model.prepack_for_cpu(release_plain=True)} linear layers "
-                                      f"pre-packed for oneDNN")
+            if why_not_prepack is None:  # now, or layer by layer once serving (`worker.weight_packing`)
+                self.packing = WeightPacking(model, config.cpu_prepack_defer_bytes)
+                self._load_report += f"; {self.packing.report}"
             self._load_s: float | None = time.perf_counter() - start
         else:
             with torch.device("meta"):
@@ -347,6 +347,15 @@ class Engine:
     def num_unfinished_requests(self) -> int:
         return len(self.requests)
 
+    def pack_weights_when_free(self) -> int:
+        """Packs the next layer of deferred packing (`worker.weight_packing`) unless a request waits
+        for its first token; returns how many linear modules it packed. The engine's thread calls
+        it between steps and while idle."""
+        packing = self.packing
+        if packing is None or packing.done or self.scheduler.awaits_first_token():
+            return 0
+        return packing.pack_next()
+
     def step(self) -> list[RequestOutput]:
         """Schedules, runs one forward pass, samples; returns news for requests that got a token.
         While weights are arriving, a step may instead advance prefills through the layers that are
@@ -563,6 +572,7 @@ class Engine:
             for out in self.step():
                 if out.request_id in texts:
                     texts[out.request_id].append(out.new_text)
+            self.pack_weights_when_free()
         return [
             Completion(
                 request_id=seq.request_id,

@@ -35,6 +35,10 @@ class EngineConfig:
     # 1.2-2.3x faster GEMMs at decode batch sizes; the plain copy stays for 1-2-row steps, so
     # linear weights take twice the host memory. False: plain weights only.
     cpu_weight_prepack: bool = True
+    # Packing costs ~0.6 s per GB of linear weights on a 2-core VM: a model whose linear weights are
+    # larger than this starts serving on the plain weights and is packed a layer at a time while
+    # nothing waits for it (`worker.weight_packing`), so no cold start pays for it. None: always at load.
+    cpu_prepack_defer_bytes: int | None = 64 * MiB
     # Weights that arrive while the engine runs (`Engine(..., weights=source)`): how long one layer
     # may take to arrive before the engine gives up on its source and fails the requests waiting.
     layer_timeout_s: float = 600.0
@@ -58,6 +62,9 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        defer = self.cpu_prepack_defer_bytes
+        if defer is not None and (not isinstance(defer, int) or isinstance(defer, bool) or defer < 0):
+            raise ValueError(f"cpu_prepack_defer_bytes must be a number of bytes >= 0 or None, got {defer!r}")
         if isinstance(self.layer_timeout_s, bool) or not isinstance(self.layer_timeout_s, (int, float)) \
                 or not self.layer_timeout_s > 0:
             raise ValueError(f"layer_timeout_s must be a positive number of seconds, got {self.layer_timeout_s!r}")

@@ -205,6 +205,7 @@ class InstanceWorker:
             num_kv_blocks=engine.block_manager.num_blocks,
             block_size=engine.block_manager.block_size,
             max_model_len=engine.max_model_len,
+            weights_pack_s=engine.packing.load_s if engine.packing is not None else 0.0,
         )
         logger.info("instance %s: %s ready in %.2f s", self.instance_id, self.model_id, self._load.load_s)
         self._loaded.set_result(async_engine)

@@ -86,6 +86,11 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def awaits_first_token(self) -> bool:
+        """Whether some unfinished request has produced no token yet (background work that would
+        delay a first token waits for this to clear)."""
+        return any(seq.num_output_tokens == 0 for queue in (self.waiting, self.running) for seq in queue)
+
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)

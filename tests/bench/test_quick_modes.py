@@ -75,6 +75,11 @@ def test_coldstart_benchmark_quick():
     assert sorted(lines) == sorted(["thaw-repository", "thaw-ssd", "thaw-dram", "thaw-warm", "serve-default",
                                     "serve-tuned", "serve-warm"])
     tuned_s = lines["serve-tuned"]["ttft_s"]
+    import torch
+
+    from kernels.cpu_linear import cpu_prepack_unavailable_reason
+
+    bf16_packs = cpu_prepack_unavailable_reason(torch.bfloat16, torch.device("cpu")) is None
     for case, line in lines.items():
         assert line["bench"] == "coldstart" and line["mode"] == "quick" and line["ttft_s"] > 0, case
         assert line["baseline_ttft_s"] == tuned_s
@@ -83,7 +88,14 @@ def test_coldstart_benchmark_quick():
         # Every cold start was served by a warm spare worker, from the tier the store put it in.
         assert lines[case]["from_spare"] == [True] and lines[case]["loaded_from"][0] in ("dram", "ssd"), case
         assert lines[case]["load_s"][0] > 0
+        # The start's packing is reported (the quick model is small: packed at load, inside load_s,
+        # where this CPU packs bf16 at all).
+        assert 0 <= lines[case]["pack_s"][0] <= lines[case]["load_s"][0], case
+        assert (lines[case]["pack_s"][0] > 0) == bf16_packs, case
     assert lines["thaw-dram"]["target_ratio"] == 15.0 and lines["thaw-ssd"]["target_ratio"] == 5.0
+    ssd = lines["thaw-ssd"]  # the SSD floor: the disk's read of the checkpoint, measured in the run, + a warm token
+    assert ssd["disk_gb_per_s"] > 0 and ssd["floor_s"] > lines["thaw-warm"]["ttft_s"]
+    assert ssd["ratio_to_floor"] == pytest.approx(ssd["ttft_s"] / ssd["floor_s"], rel=0.02)
 
 
 def test_migration_benchmark_quick():

@@ -47,6 +47,7 @@ class FakeTicket:
 @dataclass
 class FakeLoad:
     load_s: float
+    weights_pack_s: float = 0.0
 
 
 @dataclass

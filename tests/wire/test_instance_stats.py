@@ -40,7 +40,7 @@ def test_each_report_has_an_exact_tagged_dict_form_with_the_state_as_its_value()
     assert LOAD.to_dict() == {"schema": "instance_ready/1", "instance_id": "i1", "model_id": "acme/m1",
                               "model_dir": "/nodes/n0/dram/m1", "load_s": 1.25, "weights_load_s": 0.75,
                               "weights_read": "safetensors: 1 file(s), 2.0 MB", "num_kv_blocks": 64,
-                              "block_size": 16, "max_model_len": 2048}
+                              "block_size": 16, "max_model_len": 2048, "weights_pack_s": 0.0}
     data = STATS.to_dict()
     assert data == {"schema": "instance_stats/1", "instance_id": "i1", "model_id": "acme/m1", "state": "ready",
                     "num_ongoing_requests": 3, "num_waiting_requests": 1, "num_running_requests": 2,
@@ -114,6 +114,8 @@ def test_a_replaced_report_is_checked_again_as_migration_does_with_its_count():
     (InstanceLoad, {**LOAD.to_dict(), "block_size": 0}, "instance_ready.block_size must be an integer >= 1, got 0"),
     (InstanceLoad, {**LOAD.to_dict(), "max_model_len": -4},
      "instance_ready.max_model_len must be an integer >= 1, got -4"),
+    (InstanceLoad, {**LOAD.to_dict(), "weights_pack_s": -1.0},
+     "instance_ready.weights_pack_s must be a finite number >= 0, got -1.0"),
     (InstanceLoad, {**LOAD.to_dict(), "schema": "instance_load/1"},
      "instance_ready.schema is 'instance_load/1', but this process reads 'instance_ready/1'"),
 ])

@@ -85,6 +85,10 @@ ENGINE_CONFIGS = {
     # The plain F.linear path (what non-float32 and non-oneDNN builds use).
     "unpacked-linear": EngineConfig(block_size=4, max_num_batched_tokens=16, num_kv_blocks=256,
                                     cpu_weight_prepack=False),
+    # Packing deferred past the start (`worker.weight_packing`): the prefills run on plain weights,
+    # then a layer is packed after each decode-only step, so generations cross the switch mid-way.
+    "deferred-packing": EngineConfig(block_size=4, max_num_batched_tokens=16, num_kv_blocks=256,
+                                     cpu_prepack_defer_bytes=0),
 }
 
 
@@ -118,6 +122,8 @@ def test_greedy_matches_transformers(reference, engine_config):
         assert completion.finish_reason == ("stop" if len(want) < MAX_TOKENS else "length")
     if engine_config == "preempting":
         assert engine.scheduler.num_preemptions > 0, "the small KV pool was meant to force preemption"
+    if engine_config == "deferred-packing" and engine.packing is not None:  # None: no oneDNN for float32 here
+        assert engine.packing.deferred and engine.packing.later_s > 0 and engine.packing.load_s == 0
     bm = engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks, "KV blocks leaked"
     assert not engine.has_unfinished_requests()
