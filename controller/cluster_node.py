@@ -30,10 +30,23 @@ NODE_ID_PREFIX_CHARS = 16  # of the Ray node id (56 hex digits); 64 bits keeps t
 
 @dataclass(frozen=True)
 class RayNodeInfo:
-    """A live Ray node: its id and its GPU count (0 on a CPU-only node)."""
+    """A live Ray node: its id, its GPU count (0 on a CPU-only node) and their kind as Ray names it
+    (its ``accelerator_type:<kind>`` resource, e.g. "H200"; None when Ray names none)."""
 
     ray_node_id: str
     num_gpus: int = 0
+    accelerator: str | None = None
+
+
+@dataclass(frozen=True)
+class PlannedNode:
+    """A logical node `plan_nodes` derives from a live Ray node."""
+
+    node_id: str
+    ray_node_id: str
+    num_slots: int
+    num_gpus: int = 0
+    accelerator: str | None = None
 
 
 @dataclass
@@ -46,6 +59,8 @@ class ClusterNode:
     node_id: str
     ray_node_id: str
     num_slots: int
+    num_gpus: int = 0  # its Ray node's GPUs (0: a CPU node, whose slots are configured)
+    accelerator: str | None = None
     store: Any = None
     report: NodeStoreReport | None = None
     report_error: str | None = None
@@ -53,8 +68,9 @@ class ClusterNode:
 
 
 def plan_nodes(ray_nodes: Iterable[RayNodeInfo], nodes_per_ray_node: int, cpu_worker_slots_per_node: int,
-               excluded_ray_node_ids: Iterable[str] = ()) -> list[tuple[str, str, int]]:
-    """(logical node id, Ray node id, worker slots) for every live Ray node not excluded, sorted.
+               excluded_ray_node_ids: Iterable[str] = ()) -> list[PlannedNode]:
+    """The logical nodes of every live Ray node not excluded, sorted by id: a slot per GPU on a
+    GPU node, `cpu_worker_slots_per_node` on a CPU node.
 
     Logical ids are a prefix of the Ray id (node-store ids must be short: they name
     shared-memory directories), suffixed ``-0``, ``-1``... when a Ray node is split."""
@@ -65,11 +81,38 @@ def plan_nodes(ray_nodes: Iterable[RayNodeInfo], nodes_per_ray_node: int, cpu_wo
             continue
         slots = node.num_gpus if node.num_gpus > 0 else cpu_worker_slots_per_node
         prefix = node.ray_node_id[:NODE_ID_PREFIX_CHARS]
-        if nodes_per_ray_node == 1:
-            planned.append((prefix, node.ray_node_id, slots))
-        else:
-            planned += [(f"{prefix[:12]}-{i}", node.ray_node_id, slots) for i in range(nodes_per_ray_node)]
-    return sorted(planned)
+        ids = [prefix] if nodes_per_ray_node == 1 else [f"{prefix[:12]}-{i}" for i in range(nodes_per_ray_node)]
+        planned += [PlannedNode(node_id, node.ray_node_id, slots, node.num_gpus, node.accelerator) for node_id in ids]
+    return sorted(planned, key=lambda planned_node: planned_node.node_id)
+
+
+def kind_refusal(num_gpus: float, node: ClusterNode) -> str | None:
+    """Why an instance asking for `num_gpus` GPUs (a spec's ``resources.num_gpus``) can never run
+    on `node`, or None when it can. A GPU model needs a node with at least that many GPUs; a CPU
+    model (0) a CPU node, since a GPU node's slots are its GPUs (a CPU instance there would hold a
+    GPU it never uses)."""
+    if num_gpus > 0 and node.num_gpus == 0:
+        return "a CPU node"
+    if num_gpus > node.num_gpus:
+        return f"{node.num_gpus} GPU{'s' * (node.num_gpus != 1)}"
+    if num_gpus == 0 and node.num_gpus > 0:
+        return "a GPU node"
+    return None
+
+
+def nodes_of_kind(num_gpus: float, nodes: Iterable[ClusterNode]) -> tuple[list[ClusterNode], str | None]:
+    """The nodes an instance asking for `num_gpus` GPUs can run on (`kind_refusal`), and when
+    there are nodes but none of them fits, why (a placement refusal in the user's terms)."""
+    nodes = list(nodes)
+    fitting = [node for node in nodes if kind_refusal(num_gpus, node) is None]
+    if fitting or not nodes:
+        return fitting, None
+    kinds = sorted({kind_refusal(num_gpus, node) or "" for node in nodes})
+    if num_gpus > 0:
+        return [], (f"no node with {num_gpus:g} GPU{'s' * (num_gpus != 1)}: the model asks for {num_gpus:g} per "
+                    f"instance (resources.num_gpus) and the {len(nodes)} connected node(s) are {', '.join(kinds)}")
+    return [], (f"no CPU node: the model runs on CPU (resources.num_gpus 0) and each of the {len(nodes)} connected "
+                f"node(s) is a GPU node, whose slots are its GPUs; deploy it with num_gpus > 0 or add a CPU node")
 
 
 def effective_bandwidth(report: NodeStoreReport | None, config: ControllerConfig) -> BandwidthReport:

@@ -62,7 +62,7 @@ from typing import Any
 from controller.autoscale_policy import AutoscaleState, LoadSnapshot, decide
 from controller.cluster_client import ClusterClient
 from controller.checkpoint_copies import CheckpointCopies
-from controller.cluster_node import ClusterNode, node_view, num_used_slots
+from controller.cluster_node import ClusterNode, node_view, nodes_of_kind, num_used_slots
 from controller.controller_config import ControllerConfig
 from controller.deploy_jobs import DeployJob, DeployJobs
 from controller.upload_area import UploadArea
@@ -495,13 +495,14 @@ class Controller:
         if refusal is not None:  # before any eviction or reclaim: a tenant at its quota does not grow
             self._record_unplaced(model, PlacementDecision(None, None, None, (), refusal))
             return False
-        nodes = sorted((n for n in self._nodes.values() if n.store is not None), key=lambda n: n.node_id)
+        connected = sorted((n for n in self._nodes.values() if n.store is not None), key=lambda n: n.node_id)
+        nodes, wrong_kind = nodes_of_kind(spec.resources.num_gpus, connected)  # GPU models on GPU nodes only
         num_slots = spec.resources.num_worker_slots
         views = self._sharer.hold_reserved(self._reclaimer.hold_reserved(
             [node_view(node, model.repository_name, instances, self.config, now) for node in nodes], model.model_id),
             model.model_id)
         decision = (place(model.num_bytes, views, num_slots) if views else
-                    PlacementDecision(None, None, None, (), "no node with a connected store yet"))
+                    PlacementDecision(None, None, None, (), wrong_kind or "no node with a connected store yet"))
         # Free slot, else an idle instance evicted, else requests migrated off (a reclaim), else
         # past the model's bounded wait a busy instance preempted; None: a slot is being freed.
         decision = self._sharer.steer(model, decision, views, num_slots, now)
@@ -514,7 +515,7 @@ class Controller:
         if not decision.placed:
             self._record_unplaced(model, decision)
             return False
-        draining = {n.node_id for n in nodes if n.draining}
+        draining = {n.node_id for n in connected if n.draining}
         chosen = next((v for v in views if v.node_id == decision.node_id), None)
         if chosen is not None and model.num_bytes is not None:
             model.restart_s = chosen.bandwidths.restart_s(model.num_bytes)

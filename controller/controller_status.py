@@ -56,6 +56,7 @@ def node_to_dict(node: ClusterNode, num_used_slots: int, config: ControllerConfi
     used = dataclasses.asdict(tier_bandwidths(report, config))
     return {
         "node_id": node.node_id, "ray_node_id": node.ray_node_id, "num_slots": node.num_slots,
+        "num_gpus": node.num_gpus, "accelerator": node.accelerator,
         "num_free_slots": max(0, node.num_slots - num_used_slots), "draining": node.draining,
         "store_connected": node.store is not None, "report_error": node.report_error,
         "reported_at": report.reported_at if report is not None else None,

@@ -46,14 +46,18 @@ class NodeRoster:
         every node without one; returns the errors, one line each."""
         planned = plan_nodes(await self._cluster.list_nodes(), self.config.nodes_per_ray_node,
                              self.config.cpu_worker_slots_per_node, self.config.excluded_ray_node_ids)
-        for node_id, ray_node_id, num_slots in planned:
-            node = self._nodes.get(node_id)
+        for plan in planned:
+            node = self._nodes.get(plan.node_id)
             if node is None:
-                self._nodes[node_id] = ClusterNode(node_id, ray_node_id, num_slots)
-                logger.info("node %s (Ray node %s, %d worker slots) joined", node_id, ray_node_id, num_slots)
+                self._nodes[plan.node_id] = ClusterNode(plan.node_id, plan.ray_node_id, plan.num_slots, plan.num_gpus,
+                                                        plan.accelerator)
+                kind = (f"{plan.num_gpus} GPU{'s' * (plan.num_gpus != 1)}"
+                        f"{f' ({plan.accelerator})' if plan.accelerator else ''}" if plan.num_gpus else "CPU")
+                logger.info("node %s (Ray node %s, %s, %d worker slots) joined", plan.node_id, plan.ray_node_id,
+                            kind, plan.num_slots)
             else:
-                node.num_slots = num_slots
-        for node_id in set(self._nodes) - {planned_id for planned_id, _, _ in planned}:
+                node.num_slots, node.num_gpus, node.accelerator = plan.num_slots, plan.num_gpus, plan.accelerator
+        for node_id in set(self._nodes) - {plan.node_id for plan in planned}:
             logger.warning("node %s left the cluster", node_id)
             del self._nodes[node_id]
         unconnected = [node for node in self._nodes.values() if node.store is None]

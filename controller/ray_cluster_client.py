@@ -35,6 +35,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+ACCELERATOR_RESOURCE_PREFIX = "accelerator_type:"  # Ray's resource naming a node's GPUs, e.g. accelerator_type:H200
+
+
+def accelerator_kind(resources: dict[str, float]) -> str | None:
+    """The kind of a Ray node's accelerators from its resources, None when Ray names none."""
+    kinds = sorted(name.removeprefix(ACCELERATOR_RESOURCE_PREFIX) for name in resources
+                   if name.startswith(ACCELERATOR_RESOURCE_PREFIX))
+    return kinds[0] if kinds else None
+
+
 class RayClusterClient(ClusterClient):
     """The cluster through Ray; every actor it names lives in `namespace`."""
 
@@ -46,7 +56,8 @@ class RayClusterClient(ClusterClient):
         import ray
 
         nodes = await asyncio.to_thread(ray.nodes)
-        return [RayNodeInfo(ray_node_id=node["NodeID"], num_gpus=int(node.get("Resources", {}).get("GPU", 0)))
+        return [RayNodeInfo(ray_node_id=node["NodeID"], num_gpus=int(node.get("Resources", {}).get("GPU", 0)),
+                            accelerator=accelerator_kind(node.get("Resources", {})))
                 for node in nodes if node.get("Alive")]
 
     async def _find(self, name: str) -> ActorHandle | None:

@@ -290,9 +290,10 @@ def print_status(status: dict[str, Any]) -> None:
                 "  no instances (every model is scaled to zero)")
     nodes = status.get("nodes", [])
     print("\nNODES")
-    print_table(("NODE", "FREE/SLOTS", "DRAINING", "DRAM", "SSD", "RATES dram/ssd/repository"),
-                [(n["node_id"], f"{n['num_free_slots']}/{n['num_slots']}", "yes" if n.get("draining") else "no",
-                  _tier_usage(n, "dram"), _tier_usage(n, "ssd"), _rates(n)) for n in nodes], "  no nodes")
+    print_table(("NODE", "KIND", "FREE/SLOTS", "DRAINING", "DRAM", "SSD", "RATES dram/ssd/repository"),
+                [(n["node_id"], _node_kind(n), f"{n['num_free_slots']}/{n['num_slots']}",
+                  "yes" if n.get("draining") else "no", _tier_usage(n, "dram"), _tier_usage(n, "ssd"), _rates(n))
+                 for n in nodes], "  no nodes")
     rows = [(entry["model"], n["node_id"], tier["tier"], _size(entry.get("num_bytes")),
              "yes" if entry.get("pinned") else "no", "filling" if entry.get("filling") else "ready")
             for n in nodes for tier in n.get("tiers", []) for entry in tier.get("entries", [])]
@@ -348,6 +349,14 @@ def _weights_from(instance: dict[str, Any]) -> str | None:
         return instance.get("tier")
     arriving = "" if instance.get("weights_resident", True) else ", arriving"
     return f"stream from {path.get('source_instance_id')}{arriving}"
+
+
+def _node_kind(node: dict) -> str:
+    """"cpu", or the node's GPUs: "1x H200", "8 GPUs" where Ray names no kind."""
+    num_gpus = node.get("num_gpus") or 0
+    if not num_gpus:
+        return "cpu"
+    return f"{num_gpus}x {node['accelerator']}" if node.get("accelerator") else f"{num_gpus} GPU{'s' * (num_gpus != 1)}"
 
 
 def _tier_usage(node: dict[str, Any], name: str) -> str:

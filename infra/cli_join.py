@@ -4,7 +4,10 @@ A platform's nodes are its Ray cluster's nodes: the controller adopts every live
 lists (a node store, its SSD and DRAM tiers, worker slots) within a reconcile tick, and drops
 one that leaves. So joining is ``ray start --address HEAD --block`` with this machine's
 resources, and that is what this runs, in the foreground, with the cluster's token auth as Ray
-reads it from the environment (``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN``). What it adds is the way out:
+reads it from the environment (``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN``). ``--ssd-dir``,
+``--ssd-capacity-gb`` and ``--dram-capacity-gb`` give this node its own store settings instead of
+the platform's (`storage.node_settings`: carried to the node's store in its Ray processes'
+environment). What it adds is the way out:
 on Ctrl-C or SIGTERM it first drains the node through the platform's admin API (``thaw drain``:
 nothing new is placed there, its instances' requests are live-migrated to instances elsewhere),
 waits until no instance is left on it (at most ``--drain-timeout-s``), and only then stops the
@@ -98,17 +101,33 @@ def _drain(url: str, key: str, node_id: str, timeout_s: float) -> str:
         return f"not drained: {exc}"
 
 
+def node_environment(args: argparse.Namespace) -> dict[str, str]:
+    """The environment entries carrying this node's own store settings (`storage.NodeSettings`)
+    to every Ray process it starts; raises `UsageError` for a bad flag."""
+    from infra.cli import UsageError
+    from storage.node_settings import NodeSettings
+
+    try:
+        settings = NodeSettings.from_gb(args.ssd_dir, args.ssd_capacity_gb, args.dram_capacity_gb)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return settings.to_env()
+
+
 def cmd_join(args: argparse.Namespace) -> int:
+    import os
+
     from controller import NODE_ID_PREFIX_CHARS
     from infra.admin_client import resolve_endpoint
 
     argv = _ray_start_argv(args)
+    env = {**os.environ, **node_environment(args)}
     url, key = resolve_endpoint(args.url, args.admin_key, Path(args.state).expanduser())
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     # Its own process group: a Ctrl-C in the terminal reaches this command, which drains first,
     # rather than Ray's processes, which would leave at once.
-    process = subprocess.Popen(argv, start_new_session=True)
+    process = subprocess.Popen(argv, start_new_session=True, env=env)
     try:
         node_id = _node_id(process, args.start_timeout_s)
         if node_id is None:
@@ -154,6 +173,11 @@ def add_join_command(sub: argparse._SubParsersAction) -> None:
                       help="a custom Ray resource this node offers (repeatable), e.g. the platform's "
                            "--services-resource name to host the controller and gateway replicas")
     join.add_argument("--temp-dir", default=None, help="Ray's temp dir for this node (default: Ray's)")
+    join.add_argument("--ssd-dir", default=None, help="where this node's SSD cache lives (default: the platform's)")
+    join.add_argument("--ssd-capacity-gb", type=float, default=None,
+                      help="this node's SSD cache size (default: the platform's --ssd-capacity-gb)")
+    join.add_argument("--dram-capacity-gb", type=float, default=None,
+                      help="this node's DRAM cache size, 0 for none (default: the platform's --dram-capacity-gb)")
     join.add_argument("--url", default=None, help="the platform's gateway, for the drain on leaving "
                                                   "(default: $THAW_URL, or --state's)")
     join.add_argument("--admin-key", default=None, help="the admin key, for the drain on leaving (default: "

@@ -51,6 +51,7 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
             gateway_body_timeout_s=args.body_timeout_s,
             cpu_worker_slots_per_node=args.worker_slots, ssd_capacity_bytes=int(args.ssd_capacity_gb * GIB),
             dram_capacity_bytes=int(args.dram_capacity_gb * GIB), calibrate=not args.no_calibrate,
+            ssd_dir=Path(args.ssd_dir).expanduser().absolute() if args.ssd_dir is not None else None,
             num_gateway_replicas=args.gateway_replicas, spare_workers_per_node=args.spare_workers,
             spare_weight_bytes=int(args.spare_memory_gb * GIB), peer_link_bytes_per_s=args.peer_link_gbps * 1e9,
             slot_sharing=not args.no_slot_sharing, state_dir_shared=args.state_shared,
@@ -155,7 +156,10 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
                             "made an admin key if it is not one, copied to the state directory, never printed")
     serve.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     serve.add_argument("--worker-slots", type=int, default=1, help="model instances per CPU-only node")
-    serve.add_argument("--ssd-capacity-gb", type=float, default=64.0, help="SSD cache per node")
+    serve.add_argument("--ssd-capacity-gb", type=float, default=64.0,
+                       help="SSD cache per node (a node that joins may give its own: thaw join --ssd-capacity-gb)")
+    serve.add_argument("--ssd-dir", default=None, help="where the nodes' SSD caches live (default: STATE/ssd-cache; "
+                                                       "a node that joins may give its own: thaw join --ssd-dir)")
     serve.add_argument("--dram-capacity-gb", type=float, default=8.0, help="DRAM cache per node (0: none)")
     serve.add_argument("--no-calibrate", action="store_true", help="skip the node stores' bandwidth probes")
     serve.add_argument("--gateway-replicas", type=int, default=1)

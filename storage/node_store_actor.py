@@ -29,6 +29,9 @@ the memory.
 
 from __future__ import annotations
 
+import os
+
+from storage.node_settings import NodeSettings
 from storage.node_store import NodeStore
 from storage.repository_config import RepositoryConfig, open_repository
 from storage.store_config import NodeStoreConfig
@@ -41,7 +44,8 @@ class NodeStoreActor:
     """Ray actor body over `NodeStore` (see the module docstring)."""
 
     def __init__(self, config: NodeStoreConfig, repository_config: RepositoryConfig):
-        self._store = NodeStore(config, open_repository(repository_config))
+        # The node's own settings (`thaw join --ssd-dir ...`) come with its Ray processes' environment.
+        self._store = NodeStore(NodeSettings.from_env(os.environ).apply(config), open_repository(repository_config))
 
     def ensure(self, model: str, tier: str = "ssd") -> str:
         return str(self._store.ensure(model, tier))

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from controller import Controller, ControllerConfig, InvalidSpecError, RoutingTable, UnknownModelError, open_state_store
-from controller.cluster_node import RayNodeInfo, plan_nodes
+from controller.cluster_node import PlannedNode, RayNodeInfo, plan_nodes
 from controller.engine_settings import engine_config_for
 from controller.model_spec import ModelSpec
 from controller.routing_table import Route
@@ -142,10 +142,11 @@ def test_routing_table_version_moves_only_on_change():
 
 
 def test_plan_nodes_gives_slots_per_gpu_or_per_config():
-    nodes = [RayNodeInfo("b" * 56, num_gpus=4), RayNodeInfo("a" * 56)]
-    assert plan_nodes(nodes, 1, 2) == [("a" * 16, "a" * 56, 2), ("b" * 16, "b" * 56, 4)]
-    assert plan_nodes(nodes[1:], 3, 1) == [(SPLIT[0], "a" * 56, 1), (SPLIT[1], "a" * 56, 1), (SPLIT[2], "a" * 56, 1)]
-    assert plan_nodes(nodes, 1, 2, excluded_ray_node_ids=["a" * 56]) == [("b" * 16, "b" * 56, 4)]  # --head-only
+    nodes = [RayNodeInfo("b" * 56, num_gpus=4, accelerator="H200"), RayNodeInfo("a" * 56)]
+    gpu_node = PlannedNode("b" * 16, "b" * 56, 4, num_gpus=4, accelerator="H200")
+    assert plan_nodes(nodes, 1, 2) == [PlannedNode("a" * 16, "a" * 56, 2), gpu_node]
+    assert plan_nodes(nodes[1:], 3, 1) == [PlannedNode(SPLIT[i], "a" * 56, 1) for i in range(3)]
+    assert plan_nodes(nodes, 1, 2, excluded_ray_node_ids=["a" * 56]) == [gpu_node]  # --head-only
 
 
 def test_config_validation_names_the_field(tmp_path):

@@ -310,15 +310,21 @@ def test_a_lost_node_s_requests_resume_on_the_other_node(setup):
     c = setup.cluster.nodes["c"]
     on_c = wait_until(lambda: next((i for i in setup.instances(model) if i["node_id"] == c.logical_id), None),
                       "an instance on node c", DEADLINE_S)
-    # A new machine joins the running platform: `thaw join` (ray start --block, with the cluster's token).
+    # A new machine joins the running platform: `thaw join` (ray start --block, with the cluster's token),
+    # with a disk and memory of its own (not the platform's 1 GB SSD and 0.25 GB DRAM caches).
     temp_dir = setup.cluster.head.temp_dir.parent / "d"
+    ssd_dir = setup.cluster.head.temp_dir.parent / "d-nvme"
     setup.joined = subprocess.Popen(
         [THAW, "join", "--address", setup.cluster.address, "--num-cpus", "2", "--temp-dir", str(temp_dir),
-         "--url", setup.platform.url, "--admin-key", setup.platform.admin_key, "--drain-timeout-s", "120"],
+         "--url", setup.platform.url, "--admin-key", setup.platform.admin_key, "--drain-timeout-s", "120",
+         "--ssd-dir", str(ssd_dir), "--ssd-capacity-gb", "2", "--dram-capacity-gb", "0.5"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=setup.platform.env)
     d = setup.cluster.track_node("d", temp_dir, 2)
-    wait_until(lambda: any(n["node_id"] == d.logical_id and n["store_connected"]
-                           for n in setup.platform.status()["nodes"]), "node d adopted by the platform", DEADLINE_S)
+    node_d = wait_until(lambda: next((n for n in setup.platform.status()["nodes"] if n["node_id"] == d.logical_id
+                                      and n["store_connected"] and n["tiers"]), None),
+                        "node d adopted by the platform", DEADLINE_S)
+    assert {t["tier"]: t["capacity_bytes"] for t in node_d["tiers"]} == {"ssd": 2 << 30, "dram": 1 << 29}
+    assert (ssd_dir / d.logical_id).is_dir() and (node_d["num_gpus"], node_d["accelerator"]) == (0, None)
 
     def noticed() -> bool:
         status = setup.platform.status()

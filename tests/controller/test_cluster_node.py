@@ -1,0 +1,66 @@
+"""Which nodes a model's instances may run on by kind (`kind_refusal`, `nodes_of_kind`), as exact
+decisions, and the controller acting on them: a GPU model never lands on a CPU node, a CPU model
+never on a GPU node, and a model with no node of its kind is refused in words a user can act on."""
+
+from __future__ import annotations
+
+import asyncio
+
+from controller.cluster_node import ClusterNode, RayNodeInfo, kind_refusal, nodes_of_kind
+from controller.ray_cluster_client import accelerator_kind
+from tests.controller.fake_cluster import FakeCluster
+from tests.controller.test_controller import Harness, spec
+
+CPU = ClusterNode("cpu0", "r-cpu", num_slots=2)
+ONE_GPU = ClusterNode("gpu1", "r-gpu1", num_slots=1, num_gpus=1, accelerator="H200")
+EIGHT_GPUS = ClusterNode("gpu8", "r-gpu8", num_slots=8, num_gpus=8, accelerator="H100")
+
+
+def test_each_kind_of_model_fits_only_its_kind_of_node():
+    assert [kind_refusal(0, n) for n in (CPU, ONE_GPU, EIGHT_GPUS)] == [None, "a GPU node", "a GPU node"]
+    assert [kind_refusal(1, n) for n in (CPU, ONE_GPU, EIGHT_GPUS)] == ["a CPU node", None, None]
+    assert [kind_refusal(0.5, n) for n in (CPU, ONE_GPU, EIGHT_GPUS)] == ["a CPU node", None, None]  # a share of one
+    assert [kind_refusal(2, n) for n in (CPU, ONE_GPU, EIGHT_GPUS)] == ["a CPU node", "1 GPU", None]
+
+
+def test_nodes_of_kind_keeps_the_fitting_nodes_or_says_why_none():
+    assert nodes_of_kind(0, [CPU, ONE_GPU, EIGHT_GPUS]) == ([CPU], None)
+    assert nodes_of_kind(2, [CPU, ONE_GPU, EIGHT_GPUS]) == ([EIGHT_GPUS], None)
+    assert nodes_of_kind(1, []) == ([], None)  # no node yet: placement says that itself
+    fitting, why = nodes_of_kind(1, [CPU])
+    assert fitting == [] and why == ("no node with 1 GPU: the model asks for 1 per instance (resources.num_gpus) "
+                                     "and the 1 connected node(s) are a CPU node")
+    fitting, why = nodes_of_kind(4, [CPU, ONE_GPU])
+    assert fitting == [] and "asks for 4 per instance" in why and "1 GPU, a CPU node" in why
+    fitting, why = nodes_of_kind(0, [ONE_GPU, EIGHT_GPUS])
+    assert fitting == [] and why.startswith("no CPU node: the model runs on CPU") and "num_gpus > 0" in why
+
+
+def test_a_ray_node_s_accelerator_kind_is_read_from_its_resources():
+    assert accelerator_kind({"CPU": 16.0, "GPU": 1.0, "accelerator_type:H200": 1.0, "memory": 1e11}) == "H200"
+    assert accelerator_kind({"CPU": 2.0, "memory": 1e10}) is None
+
+
+def test_the_controller_places_each_model_on_its_kind_and_refuses_a_model_without_one(tmp_path):
+    async def scenario():
+        cluster = FakeCluster(("a" * 56, "b" * 56))
+        cluster.ray_nodes = [RayNodeInfo("a" * 56), RayNodeInfo("b" * 56, num_gpus=1, accelerator="H200")]
+        async with Harness(tmp_path, cluster=cluster, spare_workers_per_node=0) as h:
+            cpu_model, gpu_model, big_model = spec("acme/cpu", h.source("cpu")), spec("acme/gpu", h.source("gpu")), \
+                spec("acme/big", h.source("big"))
+            gpu_model["resources"] = {"num_gpus": 1}
+            big_model["resources"] = {"num_gpus": 2, "num_worker_slots": 2}
+            for data in (cpu_model, gpu_model, big_model):
+                await h.controller.deploy(data)
+            await h.tick()
+            for model_id in ("acme/cpu", "acme/gpu", "acme/big"):
+                h.controller.notify_demand(model_id, 1)
+            await h.tick()
+            placed = {i["model_id"]: i["node_id"] for i in h.controller.status()["instances"]}
+            assert placed == {"acme/cpu": "a" * 16, "acme/gpu": "b" * 16}
+            refusal = h.controller.get_model("acme/big")["last_placement"]
+            assert refusal["node_id"] is None and refusal["reason"].startswith(
+                "no node with 2 GPUs: the model asks for 2 per instance (resources.num_gpus) and the 2 connected "
+                "node(s) are 1 GPU, a CPU node")
+
+    asyncio.run(scenario())
