@@ -9,7 +9,7 @@ alternates between on and off bursts of exponential length, and requests arrive 
 process within its on bursts. Every request is a short prompt of random token ids with a small
 ``max_tokens``, decoded greedily to the end (``ignore_eos``), so the CPU goes to cold starts and
 contention rather than to decoding. The same trace is replayed open loop (asyncio + aiohttp, every
-request sent at its arrival time whatever the others do; 300 s of trace, 40 s with ``--quick``)
+request sent at its arrival time whatever the others do; 300 s of trace, 20 s with ``--quick``)
 against, one after the other:
 
 * ``thaw``: the platform `thaw serve` starts (`infra.Platform`, in this process, no auth, a local
@@ -135,8 +135,8 @@ FULL = BenchMode("full", {"tiny": (512, 4, 8, 2, 1376), "small": (768, 6, 12, 4,
                                    mean_off_s=30.0, min_prompt_tokens=16, max_prompt_tokens=64, max_tokens=32),
                  keep_alive_s=30.0, queue_timeout_s=60.0)
 QUICK = BenchMode("quick", {"tiny": (64, 2, 4, 2, 128), "small": (128, 2, 4, 2, 352), "medium": (256, 4, 8, 2, 688)},
-                  BurstyTraceConfig(num_models=8, duration_s=40.0, mean_rate_per_s=1.5, mean_on_s=6.0,
-                                    mean_off_s=12.0, min_prompt_tokens=8, max_prompt_tokens=32, max_tokens=16),
+                  BurstyTraceConfig(num_models=8, duration_s=20.0, mean_rate_per_s=2.0, mean_on_s=4.0,
+                                    mean_off_s=8.0, min_prompt_tokens=8, max_prompt_tokens=32, max_tokens=16),
                   keep_alive_s=10.0, queue_timeout_s=30.0)
 
 
@@ -597,9 +597,9 @@ def stdout_to_stderr() -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny models, a 40 s trace (CI smoke run)")
+    parser.add_argument("--quick", action="store_true", help="tiny models, a 20 s trace (CI smoke run)")
     parser.add_argument("--seed", type=int, default=0, help="the trace's seed (default 0)")
-    parser.add_argument("--duration-s", type=float, default=None, help="trace length (default: 300, quick: 40)")
+    parser.add_argument("--duration-s", type=float, default=None, help="trace length (default: 300, quick: 20)")
     parser.add_argument("--policies", default=",".join(POLICIES),
                         help=f"comma-separated subset of {','.join(POLICIES)} (default: all)")
     parser.add_argument("--first-token-deadline-s", type=float, default=None,

@@ -126,7 +126,8 @@ def fill_ms(engine: Engine, outputs: list[list[int]]) -> float:
 
 def measure(name: str, model_dir: Path, num_params: int, num_steps: int, rounds: int) -> dict:
     config = EngineConfig(block_size=16, num_kv_blocks=NUM_ROWS * (-(-(num_steps + 40) // 16)) + 16,
-                          max_num_seqs=NUM_ROWS, dtype="float32", device="cpu")
+                          max_num_seqs=NUM_ROWS, dtype="float32", device="cpu",
+                          cpu_prepack_defer_bytes=None)  # packed at load: the steady state
     engines = {"overlap": Engine(model_dir, config),
                "inline": Engine(model_dir, replace(config, overlap_structured_output=False))}
     start = time.perf_counter()

@@ -193,7 +193,11 @@ class Platform:
         model_dir = self.config.demo_model_dir
         if not (model_dir / "config.json").is_file():
             write_demo_model(model_dir, overwrite=True)
-        spec = demo_spec(model_dir)
+        # A GPU node's slots are its GPUs and a CPU model never lands there: on a cluster of GPU
+        # nodes only (a GPU machine on its own), the demo asks for one.
+        alive = [node for node in ray.nodes() if node.get("Alive")]
+        on_gpu = bool(alive) and all(node.get("Resources", {}).get("GPU", 0) > 0 for node in alive)
+        spec = demo_spec(model_dir, num_gpus=1 if on_gpu else 0)
         ray.get(self._controller.deploy.remote(spec))
         return DEMO_MODEL_ID
 
@@ -239,11 +243,15 @@ def _check_port_free(host: str, port: int) -> None:
                                 "(another `thaw serve`?)") from None
 
 
-def demo_spec(model_dir: Path) -> dict[str, Any]:
+def demo_spec(model_dir: Path, num_gpus: int = 0) -> dict[str, Any]:
     """The demo model's spec: scale to zero (its first request is a cold start from the node's
     tiers, well under a second for this model), kept warm 5 minutes after use, and its slot given
     to another model with waiting requests meanwhile. `min_instances: 1` would pin the only slot
-    of a default 2-core node, and a second deployed model could never run beside it."""
+    of a default 2-core node, and a second deployed model could never run beside it. `num_gpus`:
+    1 where every node is a GPU node (a CPU model is placed on CPU nodes only)."""
     tenant, name = DEMO_MODEL_ID.split("/")
-    return {"tenant": tenant, "name": name, "source": str(model_dir),
+    spec = {"tenant": tenant, "name": name, "source": str(model_dir),
             "autoscaling": {"min_instances": 0, "max_instances": 1, "keep_alive_s": 300.0}}
+    if num_gpus:
+        spec["resources"] = {"num_gpus": num_gpus}
+    return spec
