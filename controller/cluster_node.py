@@ -86,6 +86,18 @@ def plan_nodes(ray_nodes: Iterable[RayNodeInfo], nodes_per_ray_node: int, cpu_wo
     return sorted(planned, key=lambda planned_node: planned_node.node_id)
 
 
+def gpus_text(num_gpus: float) -> str:
+    """``"1 GPU"``, ``"8 GPUs"``, ``"0.5 GPUs"``: a GPU count in a message."""
+    return f"{num_gpus:g} GPU{'s' * (num_gpus != 1)}"
+
+
+def node_kind_text(num_gpus: int, accelerator: str | None) -> str:
+    """A node's kind in a log line: ``"CPU"``, ``"1 GPU (H200)"``."""
+    if not num_gpus:
+        return "CPU"
+    return f"{gpus_text(num_gpus)} ({accelerator})" if accelerator else gpus_text(num_gpus)
+
+
 def kind_refusal(num_gpus: float, node: ClusterNode) -> str | None:
     """Why an instance asking for `num_gpus` GPUs (a spec's ``resources.num_gpus``) can never run
     on `node`, or None when it can. A GPU model needs a node with at least that many GPUs; a CPU
@@ -94,7 +106,7 @@ def kind_refusal(num_gpus: float, node: ClusterNode) -> str | None:
     if num_gpus > 0 and node.num_gpus == 0:
         return "a CPU node"
     if num_gpus > node.num_gpus:
-        return f"{node.num_gpus} GPU{'s' * (node.num_gpus != 1)}"
+        return gpus_text(node.num_gpus)
     if num_gpus == 0 and node.num_gpus > 0:
         return "a GPU node"
     return None
@@ -109,7 +121,7 @@ def nodes_of_kind(num_gpus: float, nodes: Iterable[ClusterNode]) -> tuple[list[C
         return fitting, None
     kinds = sorted({kind_refusal(num_gpus, node) or "" for node in nodes})
     if num_gpus > 0:
-        return [], (f"no node with {num_gpus:g} GPU{'s' * (num_gpus != 1)}: the model asks for {num_gpus:g} per "
+        return [], (f"no node with {gpus_text(num_gpus)}: the model asks for {num_gpus:g} per "
                     f"instance (resources.num_gpus) and the {len(nodes)} connected node(s) are {', '.join(kinds)}")
     return [], (f"no CPU node: the model runs on CPU (resources.num_gpus 0) and each of the {len(nodes)} connected "
                 f"node(s) is a GPU node, whose slots are its GPUs; deploy it with num_gpus > 0 or add a CPU node")

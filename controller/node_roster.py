@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 
 from controller.cluster_client import ActorGoneError, ClusterClient
-from controller.cluster_node import ClusterNode, plan_nodes
+from controller.cluster_node import ClusterNode, node_kind_text, plan_nodes
 from controller.controller_config import ControllerConfig
 from controller.instance_manager import InstanceManager
 from controller.managed_instance import InstancePhase
@@ -51,10 +51,8 @@ class NodeRoster:
             if node is None:
                 self._nodes[plan.node_id] = ClusterNode(plan.node_id, plan.ray_node_id, plan.num_slots, plan.num_gpus,
                                                         plan.accelerator)
-                kind = (f"{plan.num_gpus} GPU{'s' * (plan.num_gpus != 1)}"
-                        f"{f' ({plan.accelerator})' if plan.accelerator else ''}" if plan.num_gpus else "CPU")
                 logger.info("node %s (Ray node %s, %s, %d worker slots) joined", plan.node_id, plan.ray_node_id,
-                            kind, plan.num_slots)
+                            node_kind_text(plan.num_gpus, plan.accelerator), plan.num_slots)
             else:
                 node.num_slots, node.num_gpus, node.accelerator = plan.num_slots, plan.num_gpus, plan.accelerator
         for node_id in set(self._nodes) - {plan.node_id for plan in planned}:

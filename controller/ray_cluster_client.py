@@ -45,6 +45,14 @@ def accelerator_kind(resources: dict[str, float]) -> str | None:
     return kinds[0] if kinds else None
 
 
+def live_ray_nodes(nodes: list[dict]) -> list[RayNodeInfo]:
+    """The live nodes of ``ray.nodes()``'s answer as typed records: the one reading of Ray's node
+    dicts, for the controller and for the platform's own start."""
+    return [RayNodeInfo(ray_node_id=node["NodeID"], num_gpus=int(node.get("Resources", {}).get("GPU", 0)),
+                        accelerator=accelerator_kind(node.get("Resources", {})))
+            for node in nodes if node.get("Alive")]
+
+
 class RayClusterClient(ClusterClient):
     """The cluster through Ray; every actor it names lives in `namespace`."""
 
@@ -55,10 +63,7 @@ class RayClusterClient(ClusterClient):
     async def list_nodes(self) -> list[RayNodeInfo]:
         import ray
 
-        nodes = await asyncio.to_thread(ray.nodes)
-        return [RayNodeInfo(ray_node_id=node["NodeID"], num_gpus=int(node.get("Resources", {}).get("GPU", 0)),
-                            accelerator=accelerator_kind(node.get("Resources", {})))
-                for node in nodes if node.get("Alive")]
+        return live_ray_nodes(await asyncio.to_thread(ray.nodes))
 
     async def _find(self, name: str) -> ActorHandle | None:
         import ray

@@ -195,8 +195,10 @@ class Platform:
             write_demo_model(model_dir, overwrite=True)
         # A GPU node's slots are its GPUs and a CPU model never lands there: on a cluster of GPU
         # nodes only (a GPU machine on its own), the demo asks for one.
-        alive = [node for node in ray.nodes() if node.get("Alive")]
-        on_gpu = bool(alive) and all(node.get("Resources", {}).get("GPU", 0) > 0 for node in alive)
+        from controller.ray_cluster_client import live_ray_nodes
+
+        alive = live_ray_nodes(ray.nodes())
+        on_gpu = bool(alive) and all(node.num_gpus > 0 for node in alive)
         spec = demo_spec(model_dir, num_gpus=1 if on_gpu else 0)
         ray.get(self._controller.deploy.remote(spec))
         return DEMO_MODEL_ID

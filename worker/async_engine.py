@@ -171,8 +171,7 @@ class AsyncEngine:
             while not self._stopped.is_set():
                 # Block for work when idle with nothing left to pack; otherwise just drain what
                 # arrived during the step (or the layer's packing).
-                packing = self.engine.packing
-                block = not self.engine.has_unfinished_requests() and (packing is None or packing.done)
+                block = not self.engine.has_unfinished_requests() and not self.engine.weights_to_pack
                 self._drain_inbox(block)
                 if self.engine.has_unfinished_requests():
                     self._deliver(self.engine.step())

@@ -44,7 +44,6 @@ fp32 CPU weights are pre-packed for oneDNN layer by layer as they land, off the 
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import time
 from pathlib import Path
@@ -58,7 +57,7 @@ from worker.block_manager import BlockManager
 from worker.checkpoint import load_model
 from worker.checkpoint_identity import checkpoint_identity
 from worker.engine_config import EngineConfig
-from worker.generation_defaults import read_generation_defaults
+from worker.generation_defaults import read_eos_ids, read_generation_defaults
 from worker.layer_gate import LayerGate, LayerLoadError
 from worker.model_config import ModelConfig
 from worker.model_family import build_model
@@ -107,7 +106,7 @@ class Engine:
                 f"max_model_len {config.max_model_len} exceeds the model's max_position_embeddings {max_positions}"
             )
         self.max_model_len = config.max_model_len or max_positions
-        self.eos_token_ids = frozenset(_read_eos_ids(self.model_dir, self.model_config, self.tokenizer))
+        self.eos_token_ids = frozenset(read_eos_ids(self.model_dir, self.model_config, self.tokenizer))
         # Sampling defaults for the fields a request leaves out (see `worker.generation_defaults`).
         self.generation_defaults = read_generation_defaults(self.model_dir)
 
@@ -347,14 +346,17 @@ class Engine:
     def num_unfinished_requests(self) -> int:
         return len(self.requests)
 
+    @property
+    def weights_to_pack(self) -> bool:
+        """Whether layers of deferred packing (`worker.weight_packing`) are still plain."""
+        return self.packing is not None and not self.packing.done
+
     def pack_weights_when_free(self) -> int:
-        """Packs the next layer of deferred packing (`worker.weight_packing`) unless a request waits
-        for its first token; returns how many linear modules it packed. The engine's thread calls
-        it between steps and while idle."""
-        packing = self.packing
-        if packing is None or packing.done or self.scheduler.awaits_first_token():
+        """Packs the next plain layer (`weights_to_pack`) unless a request waits for its first
+        token; returns how many linear modules it packed. Called between steps and while idle."""
+        if not self.weights_to_pack or self.scheduler.awaits_first_token():
             return 0
-        return packing.pack_next()
+        return self.packing.pack_next()
 
     def step(self) -> list[RequestOutput]:
         """Schedules, runs one forward pass, samples; returns news for requests that got a token.
@@ -593,18 +595,3 @@ def _prefix_hasher(model_dir: Path, config: ModelConfig, block_size: int) -> Pre
                         long_prompt_tokens=scaling.original_max_position_embeddings
                         if needs_rope_lengths(scaling) else None)
 
-
-def _read_eos_ids(model_dir: Path, config: ModelConfig, tokenizer: Tokenizer) -> tuple[int, ...]:
-    """End-of-sequence ids the way `transformers.generate` picks them: generation_config.json
-    first, then config.json, then the tokenizer's."""
-    path = model_dir / "generation_config.json"
-    if path.is_file():
-        try:
-            eos = json.loads(path.read_text()).get("eos_token_id")
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
-        if eos is not None:
-            return tuple(eos) if isinstance(eos, list) else (eos,)
-    if config.eos_token_ids:
-        return config.eos_token_ids
-    return tuple(tokenizer.eos_token_ids)

@@ -31,9 +31,9 @@ class EngineConfig:
     device: str = "cpu"
     # Force an attention backend by name ("reference"); None picks by device.
     attention_backend: str | None = None
-    # float32 on CPU: also hold linear weights pre-packed for oneDNN (kernels/cpu_linear.py),
-    # 1.2-2.3x faster GEMMs at decode batch sizes; the plain copy stays for 1-2-row steps, so
-    # linear weights take twice the host memory. False: plain weights only.
+    # float32 and bfloat16 on CPU: hold linear weights pre-packed for oneDNN (kernels/cpu_linear.py),
+    # 1.2-2.3x faster GEMMs at decode batch sizes; float32 also keeps the plain copy for 1-2-row
+    # steps (twice the host memory), bfloat16 releases it. False: plain weights only.
     cpu_weight_prepack: bool = True
     # Packing costs ~0.6 s per GB of linear weights on a 2-core VM: a model whose linear weights are
     # larger than this starts serving on the plain weights and is packed a layer at a time while

@@ -6,6 +6,8 @@ fields a request leaves out, so users moving from vLLM get the same outputs; so 
 gateway marks the left-out fields (`wire.SamplingParams.model_defaults`) and the engine fills them
 from here. Only the fields in `wire.MODEL_DEFAULT_FIELDS` are read; a value the sampler would
 refuse is skipped with a warning rather than failing every request of the model.
+
+The same file names the model's end-of-sequence ids, read by `read_eos_ids` as transformers does.
 """
 
 from __future__ import annotations
@@ -13,8 +15,13 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from wire import MODEL_DEFAULT_FIELDS, SamplingParams
+
+if TYPE_CHECKING:
+    from worker.model_config import ModelConfig
+    from worker.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -44,3 +51,19 @@ def read_generation_defaults(model_dir: str | Path) -> dict[str, float | int]:
             continue
         defaults[name] = raw[name]
     return defaults
+
+
+def read_eos_ids(model_dir: Path, config: ModelConfig, tokenizer: Tokenizer) -> tuple[int, ...]:
+    """End-of-sequence ids the way `transformers.generate` picks them: generation_config.json
+    first, then config.json, then the tokenizer's."""
+    path = model_dir / "generation_config.json"
+    if path.is_file():
+        try:
+            eos = json.loads(path.read_text()).get("eos_token_id")
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+        if eos is not None:
+            return tuple(eos) if isinstance(eos, list) else (eos,)
+    if config.eos_token_ids:
+        return config.eos_token_ids
+    return tuple(tokenizer.eos_token_ids)

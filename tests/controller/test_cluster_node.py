@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
-from controller.cluster_node import ClusterNode, RayNodeInfo, kind_refusal, nodes_of_kind
-from controller.ray_cluster_client import accelerator_kind
+from controller.cluster_node import ClusterNode, PlannedNode, RayNodeInfo, kind_refusal, nodes_of_kind, plan_nodes
+from controller.ray_cluster_client import accelerator_kind, live_ray_nodes
 from tests.controller.fake_cluster import FakeCluster
-from tests.controller.test_controller import Harness, spec
+from tests.controller.test_controller import SPLIT, Harness, spec
 
 CPU = ClusterNode("cpu0", "r-cpu", num_slots=2)
 ONE_GPU = ClusterNode("gpu1", "r-gpu1", num_slots=1, num_gpus=1, accelerator="H200")
@@ -39,6 +39,19 @@ def test_nodes_of_kind_keeps_the_fitting_nodes_or_says_why_none():
 def test_a_ray_node_s_accelerator_kind_is_read_from_its_resources():
     assert accelerator_kind({"CPU": 16.0, "GPU": 1.0, "accelerator_type:H200": 1.0, "memory": 1e11}) == "H200"
     assert accelerator_kind({"CPU": 2.0, "memory": 1e10}) is None
+    assert live_ray_nodes([  # ray.nodes()'s answer: dead nodes are left out
+        {"NodeID": "g" * 56, "Alive": True, "Resources": {"CPU": 16.0, "GPU": 1.0, "accelerator_type:H200": 1.0}},
+        {"NodeID": "c" * 56, "Alive": True, "Resources": {"CPU": 2.0}},
+        {"NodeID": "d" * 56, "Alive": False, "Resources": {"CPU": 2.0}},
+    ]) == [RayNodeInfo("g" * 56, num_gpus=1, accelerator="H200"), RayNodeInfo("c" * 56)]
+
+
+def test_plan_nodes_gives_slots_per_gpu_or_per_config():
+    nodes = [RayNodeInfo("b" * 56, num_gpus=4, accelerator="H200"), RayNodeInfo("a" * 56)]
+    gpu_node = PlannedNode("b" * 16, "b" * 56, 4, num_gpus=4, accelerator="H200")
+    assert plan_nodes(nodes, 1, 2) == [PlannedNode("a" * 16, "a" * 56, 2), gpu_node]
+    assert plan_nodes(nodes[1:], 3, 1) == [PlannedNode(SPLIT[i], "a" * 56, 1) for i in range(3)]
+    assert plan_nodes(nodes, 1, 2, excluded_ray_node_ids=["a" * 56]) == [gpu_node]  # --head-only
 
 
 def test_the_controller_places_each_model_on_its_kind_and_refuses_a_model_without_one(tmp_path):

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from controller import Controller, ControllerConfig, InvalidSpecError, RoutingTable, UnknownModelError, open_state_store
-from controller.cluster_node import PlannedNode, RayNodeInfo, plan_nodes
 from controller.engine_settings import engine_config_for
 from controller.model_spec import ModelSpec
 from controller.routing_table import Route
@@ -139,14 +138,6 @@ def test_routing_table_version_moves_only_on_change():
                                                   "num_ongoing_requests": 3}]})
     assert table.remove_model("acme/m1") is True and table.snapshot() == (3, {})
     assert table.remove_model("acme/m1") is False and table.version == 3
-
-
-def test_plan_nodes_gives_slots_per_gpu_or_per_config():
-    nodes = [RayNodeInfo("b" * 56, num_gpus=4, accelerator="H200"), RayNodeInfo("a" * 56)]
-    gpu_node = PlannedNode("b" * 16, "b" * 56, 4, num_gpus=4, accelerator="H200")
-    assert plan_nodes(nodes, 1, 2) == [PlannedNode("a" * 16, "a" * 56, 2), gpu_node]
-    assert plan_nodes(nodes[1:], 3, 1) == [PlannedNode(SPLIT[i], "a" * 56, 1) for i in range(3)]
-    assert plan_nodes(nodes, 1, 2, excluded_ray_node_ids=["a" * 56]) == [gpu_node]  # --head-only
 
 
 def test_config_validation_names_the_field(tmp_path):
