@@ -9,7 +9,8 @@ the controller's view of a node is tested with plain values:
 
 - `plan_nodes`: which logical nodes the live Ray nodes give, with their slot counts;
 - `node_view`: the placement input for one model on one node -- tiers holding it, calibrated
-  rates (the config's fallbacks where the store has not measured), free slots, loader wait;
+  rates (the config's fallbacks where the store has not measured), free slots and worker
+  memory, loader wait;
 - `store_tier`: which tier the node store should bring the model into before a worker reads it.
 """
 
@@ -170,6 +171,21 @@ def num_used_slots(node_id: str, instances: Iterable[ManagedInstance]) -> int:
     return sum(instance.num_worker_slots for instance in instances if instance.node_id == node_id)
 
 
+def used_memory_bytes(node_id: str, instances: Iterable[ManagedInstance]) -> int:
+    """What the node's instances take of its worker memory budget; a stopping one holds its share
+    until it is gone, as it does its slot."""
+    return sum(instance.memory_bytes for instance in instances if instance.node_id == node_id)
+
+
+def free_memory_bytes(node: ClusterNode, instances: Iterable[ManagedInstance], config: ControllerConfig) -> int | None:
+    """What the node's worker memory budget has left (None: no budget; 0 on a draining node)."""
+    if config.worker_memory_bytes is None:
+        return None
+    if node.draining:
+        return 0
+    return max(0, config.worker_memory_bytes - used_memory_bytes(node.node_id, instances))
+
+
 def loader_wait_s(node_id: str, instances: Iterable[ManagedInstance], now: float) -> float:
     """What the node's loads in progress have left by their estimates: a new load shares the
     node's bandwidth with them, so it is ready that much later."""
@@ -187,6 +203,7 @@ def node_view(node: ClusterNode, repository_name: str, instances: list[ManagedIn
         bandwidths=tier_bandwidths(node.report, config),
         model_tiers=model_tiers(node.report, repository_name),
         loader_wait_s=loader_wait_s(node.node_id, instances, now),
+        free_memory_bytes=free_memory_bytes(node, instances, config),
     )
 
 

@@ -62,14 +62,14 @@ from typing import Any
 from controller.autoscale_policy import AutoscaleState, LoadSnapshot, decide
 from controller.cluster_client import ClusterClient
 from controller.checkpoint_copies import CheckpointCopies
-from controller.cluster_node import ClusterNode, node_view, nodes_of_kind, num_used_slots
+from controller.cluster_node import ClusterNode, node_view, nodes_of_kind
 from controller.controller_config import ControllerConfig
 from controller.deploy_jobs import DeployJob, DeployJobs
 from controller.upload_area import UploadArea
 from controller.controller_status import node_to_dict, placement_to_dict, scale_to_dict
 from controller.instance_manager import InstanceManager, stop_order
 from controller.managed_instance import InstancePhase, ManagedInstance
-from controller.engine_settings import engine_config_for
+from controller.engine_settings import engine_config_for, instance_memory_bytes
 from controller.model_registry import ModelRegistry
 from controller.model_spec import ModelSpec
 from controller.model_state import ModelState
@@ -498,18 +498,24 @@ class Controller:
         connected = sorted((n for n in self._nodes.values() if n.store is not None), key=lambda n: n.node_id)
         nodes, wrong_kind = nodes_of_kind(spec.resources.num_gpus, connected)  # GPU models on GPU nodes only
         num_slots = spec.resources.num_worker_slots
+        memory = 0
+        if self.config.worker_memory_bytes is not None:
+            memory = instance_memory_bytes(spec, model.num_bytes, self.config)
+            self._instances.price_adopted(lambda m: m.num_bytes and instance_memory_bytes(m.spec, m.num_bytes,
+                                                                                           self.config))
         views = self._sharer.hold_reserved(self._reclaimer.hold_reserved(
             [node_view(node, model.repository_name, instances, self.config, now) for node in nodes], model.model_id),
             model.model_id)
-        decision = (place(model.num_bytes, views, num_slots) if views else
+        decision = (place(model.num_bytes, views, num_slots, memory) if views else
                     PlacementDecision(None, None, None, (), wrong_kind or "no node with a connected store yet"))
-        # Free slot, else an idle instance evicted, else requests migrated off (a reclaim), else
-        # past the model's bounded wait a busy instance preempted; None: a slot is being freed.
-        decision = self._sharer.steer(model, decision, views, num_slots, now)
+        # Free slot (and memory), else idle instances evicted until it fits, else requests migrated
+        # off (a reclaim), else past the model's bounded wait a busy instance preempted; None: a
+        # slot is being freed.
+        decision = self._sharer.steer(model, decision, views, num_slots, now, memory)
         if decision is not None:
-            decision = self._reclaimer.steer(model, decision, views, num_slots, now)
+            decision = self._reclaimer.steer(model, decision, views, num_slots, now, memory)
         if decision is not None:
-            decision = self._sharer.preempt(model, decision, num_slots, now)
+            decision = self._sharer.preempt(model, decision, num_slots, now, memory)
         if decision is None:
             return False
         if not decision.placed:
@@ -520,7 +526,7 @@ class Controller:
         if chosen is not None and model.num_bytes is not None:
             model.restart_s = chosen.bandwidths.restart_s(model.num_bytes)
         instance = self._instances.start(model, self._nodes[decision.node_id], decision.estimate_s, now,
-                                         tier=decision.tier, draining_node_ids=draining)
+                                         tier=decision.tier, draining_node_ids=draining, memory_bytes=memory)
         model.last_placement = placement_to_dict(model.model_id, decision, self._wall_clock(), instance.instance_id)
         self._record(model.last_placement)
         logger.info("%s: starting %s: %s", model.model_id, instance.instance_id, decision.reason)
@@ -612,7 +618,7 @@ class Controller:
             "num_ticks": self._num_ticks, "last_tick_errors": list(self._last_tick_errors),
             "routing_version": self._routing.version, "models": models,
             "instances": [i.to_dict() for i in instances],
-            "nodes": [node_to_dict(node, num_used_slots(node.node_id, instances), self.config)
+            "nodes": [node_to_dict(node, instances, self.config)
                       for _, node in sorted(self._nodes.items())],
             "spare_workers": self._spares.counts(),
             "slot_reclaims": self._reclaimer.pending(),

@@ -70,6 +70,11 @@ class ControllerConfig:
             bandwidth probes (see `storage.NodeStoreConfig`).
         cpu_worker_slots_per_node: worker slots of a logical node without GPUs; a GPU node
             has one slot per GPU.
+        worker_memory_bytes: each logical node's worker memory budget, shared by the instances it
+            holds (each takes its weights plus its KV pool: `engine_settings.instance_memory_bytes`);
+            placement packs instances by it and eviction frees it until a newcomer fits
+            (ARCHITECTURE.md, "Slot hosts": memory is the slot). Slots still bound the number of
+            instances; None: no budget, slots alone.
         nodes_per_ray_node: logical nodes per Ray node (see the module docstring).
         excluded_ray_node_ids: Ray nodes that get no node store and no model instance (the head
             of a cluster whose platform was started with ``thaw serve --head-only``: it runs the
@@ -122,6 +127,7 @@ class ControllerConfig:
     calibration_bytes: int = 64 * MIB
     repository_calibration_bytes: int = 8 * MIB
     cpu_worker_slots_per_node: int = 1
+    worker_memory_bytes: int | None = None
     nodes_per_ray_node: int = 1
     excluded_ray_node_ids: tuple[str, ...] = ()
     spare_workers_per_node: int = 1
@@ -166,6 +172,8 @@ class ControllerConfig:
         _count("ssd_capacity_bytes", self.ssd_capacity_bytes, 1)
         _count("dram_capacity_bytes", self.dram_capacity_bytes, 0)
         _count("cpu_worker_slots_per_node", self.cpu_worker_slots_per_node, 1)
+        if self.worker_memory_bytes is not None:
+            _count("worker_memory_bytes", self.worker_memory_bytes, 1)
         _count("nodes_per_ray_node", self.nodes_per_ray_node, 1)
         excluded = self.excluded_ray_node_ids
         if isinstance(excluded, str) or not isinstance(excluded, (tuple, list)) \

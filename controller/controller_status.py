@@ -7,11 +7,13 @@ they pickle across Ray, print as JSON, and are tested without a cluster.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from controller.autoscale_policy import ScaleDecision
-from controller.cluster_node import ClusterNode, effective_bandwidth, tier_bandwidths
+from controller.cluster_node import ClusterNode, effective_bandwidth, num_used_slots, tier_bandwidths
 from controller.controller_config import ControllerConfig
+from controller.managed_instance import ManagedInstance
 from controller.placement_policy import PlacementDecision
 
 
@@ -28,7 +30,7 @@ def placement_to_dict(model_id: str, decision: PlacementDecision, at_s: float,
         "tier": decision.tier, "estimate_s": decision.estimate_s, "reason": decision.reason, "at_s": at_s,
         "estimates": [
             {"node_id": e.node_id, "tier": e.tier, "load_s": e.load_s, "wait_s": e.wait_s, "ready_s": e.ready_s,
-             "num_free_slots": e.num_free_slots, "has_room": e.has_room}
+             "num_free_slots": e.num_free_slots, "free_memory_bytes": e.free_memory_bytes, "has_room": e.has_room}
             for e in decision.estimates
         ],
     }
@@ -40,9 +42,23 @@ def event_to_dict(kind: str, model_id: str, reason: str, at_s: float, instance_i
     return {"kind": kind, "model_id": model_id, "instance_id": instance_id, "reason": reason, "at_s": at_s}
 
 
-def node_to_dict(node: ClusterNode, num_used_slots: int, config: ControllerConfig) -> dict[str, Any]:
-    """A node with its slots, its tiers' entries (least recently used first) and its rates:
-    measured by its store, and the ones placement uses (fallbacks filled in)."""
+def worker_memory_to_dict(node: ClusterNode, instances: Sequence[ManagedInstance], config: ControllerConfig
+                          ) -> dict[str, Any] | None:
+    """The node's worker memory budget (None without one): used, free, and by whom."""
+    if config.worker_memory_bytes is None:
+        return None
+    mine = [i for i in instances if i.node_id == node.node_id]
+    used = sum(i.memory_bytes for i in mine)
+    return {"budget_bytes": config.worker_memory_bytes, "used_bytes": used,
+            "free_bytes": max(0, config.worker_memory_bytes - used),
+            "instances": [{"instance_id": i.instance_id, "model_id": i.model_id, "state": i.phase.value,
+                           "memory_bytes": i.memory_bytes} for i in mine]}
+
+
+def node_to_dict(node: ClusterNode, instances: Sequence[ManagedInstance], config: ControllerConfig) -> dict[str, Any]:
+    """A node with its slots and worker memory, its tiers' entries (least recently used first) and
+    its rates: measured by its store, and the ones placement uses (fallbacks filled in).
+    `instances`: every instance the controller runs (the node's are picked out)."""
     report = node.report
     tiers = []
     measured = None
@@ -57,7 +73,8 @@ def node_to_dict(node: ClusterNode, num_used_slots: int, config: ControllerConfi
     return {
         "node_id": node.node_id, "ray_node_id": node.ray_node_id, "num_slots": node.num_slots,
         "num_gpus": node.num_gpus, "accelerator": node.accelerator,
-        "num_free_slots": max(0, node.num_slots - num_used_slots), "draining": node.draining,
+        "num_free_slots": max(0, node.num_slots - num_used_slots(node.node_id, instances)),
+        "worker_memory": worker_memory_to_dict(node, instances, config), "draining": node.draining,
         "store_connected": node.store is not None, "report_error": node.report_error,
         "reported_at": report.reported_at if report is not None else None,
         "num_fetches": report.num_fetches if report is not None else 0,

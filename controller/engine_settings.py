@@ -3,7 +3,9 @@
 An instance's `worker.EngineConfig` is the platform's defaults (`ControllerConfig.engine_defaults`)
 with the spec's own choices on top: dtype, ``max_model_len``, the KV pool's size and the batch
 limit, and the device (CUDA where the spec asks for GPUs). The instance manager starts workers
-with it and a deploy checks the model's context against the same pool, so the two cannot drift.
+with it and a deploy checks the model's context against the same pool, so the two cannot drift;
+`instance_memory_bytes` prices an instance against a node's worker memory budget from the same
+settings.
 """
 
 from __future__ import annotations
@@ -29,3 +31,13 @@ def engine_config_for(spec: ModelSpec, config: ControllerConfig) -> Any:
     if spec.resources.num_gpus > 0 and "device" not in config.engine_defaults:
         overrides["device"] = "cuda"  # Ray makes the instance's GPU the visible one
     return config.engine_config(overrides)
+
+
+def instance_memory_bytes(spec: ModelSpec, weight_bytes: int, config: ControllerConfig) -> int:
+    """What one instance of `spec` takes of its node's worker memory budget: its checkpoint's
+    bytes (the weights as they load; a ``dtype`` wider than the checkpoint's is not priced) plus
+    its KV pool (the spec's ``kv_cache_bytes``, else the platform's; a pool fixed as a block count
+    depends on the model's shape and is priced at the platform's byte size)."""
+    if spec.kv_cache_bytes is not None:
+        return weight_bytes + spec.kv_cache_bytes
+    return weight_bytes + config.engine_config().kv_cache_bytes

@@ -22,6 +22,12 @@ well):
   look free to reload and be evicted again and again.
 - num_worker_slots: the slots the eviction frees (GDSF's size).
 
+Where memory is the slot (a node with a worker memory budget, ARCHITECTURE.md "Slot hosts"), one
+victim may not free enough of it: victims are then taken in their rank order below, each node
+collecting its own, until the first node whose collected victims (with what is free there
+already) make room for the newcomer; those are evicted together. One victim that makes room on
+its own is therefore chosen exactly as without a budget.
+
 The lowest score goes first: cheap, rarely used, longest idle (decay makes idleness lower the
 score). GDSF ages entries with an inflation clock instead; the decay does the same job from one
 number per model, which a restarted controller rebuilds within a few minutes of traffic rather
@@ -107,6 +113,7 @@ class EvictionCandidate:
     Fields:
         instance_id / model_id / node_id: which instance, of which model, where.
         num_worker_slots: the slots it occupies.
+        memory_bytes: what it takes of its node's worker memory budget (weights plus KV pool).
         ready: READY (not loading or stopping).
         num_ongoing_requests: its requests at the last report.
         num_queued_requests: requests waiting for its model at the gateways.
@@ -124,6 +131,7 @@ class EvictionCandidate:
     model_id: str
     node_id: str
     num_worker_slots: int = 1
+    memory_bytes: int = 0
     ready: bool = True
     num_ongoing_requests: int = 0
     num_queued_requests: int = 0
@@ -141,6 +149,8 @@ class EvictionCandidate:
         if not isinstance(self.num_worker_slots, int) or isinstance(self.num_worker_slots, bool) \
                 or self.num_worker_slots < 1:
             raise ValueError(f"{where}: num_worker_slots must be an integer >= 1, got {self.num_worker_slots!r}")
+        if not isinstance(self.memory_bytes, int) or isinstance(self.memory_bytes, bool) or self.memory_bytes < 0:
+            raise ValueError(f"{where}: memory_bytes must be an integer >= 0, got {self.memory_bytes!r}")
         for name in ("idle_s", "frequency", "reload_s"):
             object.__setattr__(self, name, _number(where, name, getattr(self, name)))
 
@@ -148,12 +158,15 @@ class EvictionCandidate:
 @dataclass(frozen=True)
 class EvictionDecision:
     """The instance to stop (None: keep them all), with the reason and every eligible candidate's
-    `(instance_id, score, total cost)`, best victim first, for ``thaw status`` and the log."""
+    `(instance_id, score, total cost)`, best victim first, for ``thaw status`` and the log.
+    `victims`: every instance to stop, `victim` first (more than one only where one instance frees
+    too little of a node's memory budget); `score` is theirs summed."""
 
     victim: EvictionCandidate | None
     score: float | None
     reason: str
     ranked: tuple[tuple[str, float, float], ...] = ()
+    victims: tuple[EvictionCandidate, ...] = ()
 
 
 def eviction_score(candidate: EvictionCandidate, settings: EvictionSettings) -> float:
@@ -178,15 +191,24 @@ def _why_kept(candidate: EvictionCandidate, settings: EvictionSettings, num_slot
     return None
 
 
+def _gib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**30:.3g} GiB"
+
+
 def choose_eviction(waiting_model_id: str, candidates: Sequence[EvictionCandidate], *,
                     load_s_by_node: dict[str, float], settings: EvictionSettings, num_slots: int = 1,
-                    free_slots_by_node: dict[str, int] | None = None) -> EvictionDecision:
-    """The idle instance to stop so that `waiting_model_id` gets a slot, or None with the reason.
+                    free_slots_by_node: dict[str, int] | None = None, memory_bytes: int = 0,
+                    free_memory_by_node: dict[str, int] | None = None) -> EvictionDecision:
+    """The idle instance(s) to stop so that `waiting_model_id` gets a slot, or None with the reason.
 
     `load_s_by_node` is the waiting model's estimated time to ready on each node (placement's
     estimates; a node missing from it is not one the model can go to); `free_slots_by_node` the
-    slots already free there (a model needing two slots may use one free slot plus a victim's)."""
+    slots already free there (a model needing two slots may use one free slot plus a victim's).
+    `free_memory_by_node`: what each node's worker memory budget has free (a node missing from it
+    has no budget); the newcomer takes `memory_bytes` of it, and victims are collected until it
+    fits (see the module docstring)."""
     free = dict(free_slots_by_node or {})
+    free_memory = dict(free_memory_by_node or {})
     eligible: list[tuple[tuple[int, float, float, str], EvictionCandidate, float, float]] = []
     kept: list[str] = []
     for candidate in candidates:
@@ -211,14 +233,35 @@ def choose_eviction(waiting_model_id: str, candidates: Sequence[EvictionCandidat
         return EvictionDecision(None, None, f"no idle instance to evict: {held}")
     eligible.sort(key=lambda e: e[0])
     ranked = tuple((c.instance_id, score, total) for _, c, score, total in eligible)
-    _, victim, score, total = eligible[0]
+    collected: dict[str, list[tuple[EvictionCandidate, float]]] = {}
+    chosen: list[tuple[EvictionCandidate, float]] | None = None
+    for _, candidate, score, _ in eligible:  # rank order; each node collects its own until one fits
+        on_node = collected.setdefault(candidate.node_id, [])
+        on_node.append((candidate, score))
+        budget = free_memory.get(candidate.node_id)
+        if budget is None or budget + sum(c.memory_bytes for c, _ in on_node) >= memory_bytes:
+            chosen = on_node
+            break
+    if chosen is None:
+        node_id, most = max(collected.items(), key=lambda item: (sum(c.memory_bytes for c, _ in item[1]), item[0]))
+        return EvictionDecision(None, None, (
+            f"no idle instances to evict make room: {waiting_model_id} needs {_gib(memory_bytes)} of worker memory "
+            f"and evicting every idle instance on {node_id} ({len(most)}) would leave "
+            f"{_gib(free_memory[node_id] + sum(c.memory_bytes for c, _ in most))} free"), ranked)
+    victim, score = chosen[0]
     runner_up = ""
-    if len(eligible) > 1:
+    if len(eligible) > 1 and len(chosen) == 1:
         _, other, other_score, _ = eligible[1]
         runner_up = f"; next {other.instance_id} ({other.model_id}) score {other_score:.3g}"
+    more = ""
+    if len(chosen) > 1:
+        freed = sum(c.memory_bytes for c, _ in chosen)
+        more = (f"; with {', '.join(f'{c.instance_id} ({c.model_id}, score {s:.3g})' for c, s in chosen[1:])} "
+                f"until it fits: {_gib(freed)} freed + {_gib(free_memory[victim.node_id])} free >= "
+                f"{_gib(memory_bytes)} needed")
     reason = (f"evict idle {victim.instance_id} ({victim.model_id}, priority {victim.priority}, idle "
               f"{victim.idle_s:.1f}s) on {victim.node_id} for {waiting_model_id}: score {score:.3g} = frequency "
               f"{max(victim.frequency, settings.min_frequency):.3g} x reload {victim.reload_s:.3g}s from "
               f"{victim.reload_tier} / {victim.num_worker_slots} slot(s), + {load_s_by_node[victim.node_id]:.3g}s "
-              f"to load {waiting_model_id} there{runner_up}")
-    return EvictionDecision(victim, score, reason, ranked)
+              f"to load {waiting_model_id} there{more}{runner_up}")
+    return EvictionDecision(victim, sum(s for _, s in chosen), reason, ranked, tuple(c for c, _ in chosen))

@@ -138,12 +138,14 @@ class InstanceManager:
     # --- starting ----------------------------------------------------------------------------
 
     def start(self, model: ModelState, node: ClusterNode, estimate_s: float | None, now: float, *,
-              tier: str | None = None, draining_node_ids: Collection[str] = ()) -> ManagedInstance:
+              tier: str | None = None, draining_node_ids: Collection[str] = (), memory_bytes: int = 0
+              ) -> ManagedInstance:
         """Take a slot on `node` for a new instance of `model` and start it in the background.
         `tier`: where placement estimated it loads from in `estimate_s` -- the checkpoint is pinned
         in the node-store tier that implies (`pin_tier`; without one, the DRAM copy if the node's
         last report has it, else SSD); with `config.peer_stream`, a running instance's stream is
-        taken instead when it is estimated faster (`choose_load_path`), and that pin is its fallback."""
+        taken instead when it is estimated faster (`choose_load_path`), and that pin is its fallback.
+        `memory_bytes`: what it takes of the node's worker memory budget until it is gone."""
         instance_id = f"{model.repository_name}-{uuid.uuid4().hex[:8]}"
         spare = None
         if self._spares is not None and model.spec.resources.num_gpus == 0:
@@ -153,7 +155,7 @@ class InstanceManager:
             actor_name=spare.actor_name if spare is not None else worker_actor_name(instance_id),
             num_worker_slots=model.spec.resources.num_worker_slots, repository_name=model.repository_name,
             estimate_s=estimate_s, started_s=now, handle=spare.handle if spare is not None else None,
-            from_spare=spare is not None)
+            from_spare=spare is not None, memory_bytes=memory_bytes)
         settings = self.config.peer_stream
         if settings is not None and tier is not None and estimate_s is not None:
             instance.load_path = choose_load_path(
@@ -460,6 +462,14 @@ class InstanceManager:
             return None, None
         except TimeoutError:
             return handle, None
+
+    def price_adopted(self, price: Callable[[ModelState], int | None]) -> None:
+        """Gives every instance still without a worker memory share (adopted after a restart, before
+        its model's size was known) the one `price` names for its model (None: not known yet)."""
+        for instance in self._instances.values():
+            model = self._models.get(instance.model_id)
+            if instance.memory_bytes == 0 and model is not None:
+                instance.memory_bytes = price(model) or 0
 
     def _adopt_one(self, record: WorkerRecord, handle: Any, stats: Any, node: ClusterNode | None,
                    now: float) -> None:

@@ -33,6 +33,8 @@ class ManagedInstance:
         instance_id / model_id / node_id / actor_name: as in the worker record; `node_id` is
             the logical node (the node store's id), `ray_node_id` the Ray node it runs on.
         num_worker_slots: slots it occupies on its node.
+        memory_bytes: what it takes of its node's worker memory budget (weights plus KV pool;
+            `engine_settings.instance_memory_bytes`), held until it is gone.
         repository_name: the model's name in the repository and the node stores.
         tier: the node-store tier its checkpoint was read from ("dram", "ssd"), None if unknown
             (adopted after a restart).
@@ -60,6 +62,7 @@ class ManagedInstance:
     actor_name: str
     num_worker_slots: int
     repository_name: str
+    memory_bytes: int = 0
     phase: InstancePhase = InstancePhase.LOADING
     handle: Any = None
     tier: str | None = None
@@ -106,6 +109,7 @@ class ManagedInstance:
         return {
             "instance_id": self.instance_id, "model_id": self.model_id, "node_id": self.node_id,
             "ray_node_id": self.ray_node_id, "actor_name": self.actor_name, "state": self.phase.value,
+            "memory_bytes": self.memory_bytes,
             "tier": self.tier, "estimate_s": self.estimate_s, "load_s": self.load_s, "pack_s": self.pack_s,
             "num_ongoing_requests": self.num_ongoing_requests, "num_generated_tokens": self.num_generated_tokens,
             "last_error": self.last_error, "from_spare": self.from_spare,

@@ -6,9 +6,13 @@ For every node, the estimated time until the model is ready there is
 
 where the tiers are a peer's GPU memory on the node, the node's DRAM cache, its SSD cache, and
 the model repository (always available, at the node's measured download rate). Among the
-nodes with enough free worker slots the minimum wins; ties go to the node with more free
-slots (keeps room for the next model), then to the smaller node id, so the result never
-depends on the order of the input.
+nodes with room the minimum wins: locality first. Room is enough free worker slots and, where
+the node has a worker memory budget (``NodeView.free_memory_bytes``: memory is the slot; see
+ARCHITECTURE.md, "Slot hosts"), enough of it free for the instance's weights and KV pool. Ties go
+to the best fit (the node the instance leaves the least memory free on, so a large free block
+stays whole for a large model; a node without a budget counts as the worst fit), then to the
+node with more free slots (keeps room for the next model), then to the smaller node id, so the
+result never depends on the order of the input.
 
 This is ServerlessLLM's scheduler estimate, extended with the repository and peer-GPU tiers
 (ServerlessLLM skips nodes without the model on disk) and a loader wait that applies to every
@@ -92,6 +96,8 @@ class NodeView:
     Fields:
         node_id: the Ray node id (or any stable name).
         num_free_slots: worker slots not taken by an instance.
+        free_memory_bytes: what the node's worker memory budget has left for instances (their
+            weights plus KV pools); None: the node has no budget, slots alone bound it.
         model_tiers: tiers on this node that hold the model being placed, from "gpu" (a
             running peer instance), "dram" and "ssd"; empty means repository only.
         bandwidths: the node's calibrated rates.
@@ -104,6 +110,7 @@ class NodeView:
     bandwidths: TierBandwidths
     model_tiers: frozenset[str] = frozenset()
     loader_wait_s: float = 0.0
+    free_memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not self.node_id:
@@ -112,6 +119,9 @@ class NodeView:
         free = self.num_free_slots
         if not isinstance(free, int) or isinstance(free, bool) or free < 0:
             raise ValueError(f"{where}: num_free_slots must be an integer >= 0, got {free!r}")
+        memory = self.free_memory_bytes
+        if memory is not None and (not isinstance(memory, int) or isinstance(memory, bool) or memory < 0):
+            raise ValueError(f"{where}: free_memory_bytes must be an integer >= 0 or None, got {memory!r}")
         if not isinstance(self.bandwidths, TierBandwidths):
             raise ValueError(f"{where}: bandwidths must be TierBandwidths, got {type(self.bandwidths).__name__}")
         tiers = frozenset(self.model_tiers) if isinstance(self.model_tiers, Iterable) else None
@@ -136,16 +146,29 @@ class NodeEstimate:
     load_s: float
     wait_s: float
     num_free_slots: int
-    has_room: bool  # enough free slots for one instance
+    has_room: bool  # enough free slots (and memory, where the node has a budget) for one instance
+    free_memory_bytes: int | None = None  # the node's budget left before this instance; None: no budget
+    memory_bytes: int = 0  # what the instance takes of it
 
     @property
     def ready_s(self) -> float:
         return self.wait_s + self.load_s
 
+    @property
+    def memory_left_bytes(self) -> float:
+        """The budget this instance would leave free (best fit: least); infinite without a budget."""
+        return math.inf if self.free_memory_bytes is None else self.free_memory_bytes - self.memory_bytes
+
     def describe(self) -> str:
         wait = f" + wait {self.wait_s:.3g}s" if self.wait_s else ""
         room = "" if self.has_room else " (full)"
-        return f"{self.node_id}: {self.tier} {self.load_s:.3g}s{wait} = {self.ready_s:.3g}s{room}"
+        fit = "" if self.free_memory_bytes is None else f", {gib_text(self.free_memory_bytes)} free"
+        return f"{self.node_id}: {self.tier} {self.load_s:.3g}s{wait} = {self.ready_s:.3g}s{fit}{room}"
+
+
+def gib_text(num_bytes: float) -> str:
+    """``"1.5 GiB"``: a memory amount in a reason."""
+    return f"{num_bytes / 2**30:.3g} GiB"
 
 
 @dataclass(frozen=True)
@@ -167,8 +190,9 @@ class PlacementDecision:
         return self.node_id is not None
 
 
-def estimate_node(model_bytes: int, node: NodeView, num_slots: int = 1) -> NodeEstimate:
-    """The node's time-to-ready for a model of `model_bytes`, from its fastest tier holding it."""
+def estimate_node(model_bytes: int, node: NodeView, num_slots: int = 1, memory_bytes: int = 0) -> NodeEstimate:
+    """The node's time-to-ready for a model of `model_bytes`, from its fastest tier holding it, and
+    whether an instance taking `num_slots` slots and `memory_bytes` of a budget fits there."""
     best_tier, best_load_s = REPOSITORY, model_bytes / node.bandwidths.repository_bytes_per_s
     for tier in MODEL_TIERS:  # fastest tier by nature first, so equal times keep it
         if tier in node.model_tiers:
@@ -181,22 +205,39 @@ def estimate_node(model_bytes: int, node: NodeView, num_slots: int = 1) -> NodeE
         load_s=best_load_s,
         wait_s=node.loader_wait_s,
         num_free_slots=node.num_free_slots,
-        has_room=node.num_free_slots >= num_slots,
+        has_room=node.num_free_slots >= num_slots and (
+            node.free_memory_bytes is None or node.free_memory_bytes >= memory_bytes),
+        free_memory_bytes=node.free_memory_bytes,
+        memory_bytes=memory_bytes,
     )
 
 
-def _check_inputs(model_bytes: int, nodes: Sequence[NodeView], num_slots: int) -> None:
+def _check_inputs(model_bytes: int, nodes: Sequence[NodeView], num_slots: int, memory_bytes: int = 0) -> None:
     if not isinstance(model_bytes, int) or isinstance(model_bytes, bool) or model_bytes < 1:
         raise ValueError(f"model_bytes must be an integer >= 1, got {model_bytes!r}")
     if not isinstance(num_slots, int) or isinstance(num_slots, bool) or num_slots < 1:
         raise ValueError(f"num_slots must be an integer >= 1, got {num_slots!r}")
+    if not isinstance(memory_bytes, int) or isinstance(memory_bytes, bool) or memory_bytes < 0:
+        raise ValueError(f"memory_bytes must be an integer >= 0, got {memory_bytes!r}")
     node_ids = [node.node_id for node in nodes]
     if len(set(node_ids)) != len(node_ids):
         raise ValueError(f"node ids must be unique, got {sorted(node_ids)}")
 
 
-def _by_ready(estimate: NodeEstimate) -> tuple[float, int, str]:
-    return (estimate.ready_s, -estimate.num_free_slots, estimate.node_id)
+def _by_ready(estimate: NodeEstimate) -> tuple[float, float, int, str]:
+    return (estimate.ready_s, estimate.memory_left_bytes, -estimate.num_free_slots, estimate.node_id)
+
+
+def _no_room(estimates: list[NodeEstimate], num_slots: int) -> str:
+    """Why no node has room: slots, or (where slots are free) the memory budget."""
+    slots = f"{num_slots} free worker slot{'s' * (num_slots > 1)}"
+    short = [e for e in estimates if e.num_free_slots >= num_slots]  # slots free, memory short
+    if not short:
+        return f"no free slot: none of {len(estimates)} nodes has {slots}"
+    most = max(short, key=lambda e: (e.free_memory_bytes or 0, e.node_id))
+    return (f"no room: none of {len(estimates)} nodes has {slots} and {gib_text(most.memory_bytes)} of worker "
+            f"memory free for the instance's weights and KV pool (most free: {most.node_id}, "
+            f"{gib_text(most.free_memory_bytes or 0)})")
 
 
 def _decide(
@@ -206,10 +247,7 @@ def _decide(
     full = sorted((e for e in estimates if not e.has_room), key=_by_ready)
     ranked = tuple(with_room + full)
     if not with_room:
-        return PlacementDecision(
-            None, None, None, ranked,
-            f"no free slot: none of {len(estimates)} nodes has {num_slots} free worker slot{'s' * (num_slots > 1)}",
-        )
+        return PlacementDecision(None, None, None, ranked, _no_room(estimates, num_slots))
     best = with_room[0]
     runner_up = f"; next {with_room[1].describe()}" if len(with_room) > 1 else ""
     return PlacementDecision(
@@ -218,16 +256,19 @@ def _decide(
     )
 
 
-def place(model_bytes: int, nodes: Sequence[NodeView], num_slots: int = 1) -> PlacementDecision:
-    """Locality-aware placement: the node with room where the model is ready soonest."""
-    _check_inputs(model_bytes, nodes, num_slots)
-    estimates = [estimate_node(model_bytes, node, num_slots) for node in nodes]
+def place(model_bytes: int, nodes: Sequence[NodeView], num_slots: int = 1, memory_bytes: int = 0
+          ) -> PlacementDecision:
+    """Locality-aware placement: the node with room where the model is ready soonest, then the
+    best fit for an instance taking `memory_bytes` of a node's worker memory budget."""
+    _check_inputs(model_bytes, nodes, num_slots, memory_bytes)
+    estimates = [estimate_node(model_bytes, node, num_slots, memory_bytes) for node in nodes]
     return _decide(estimates, _by_ready, "soonest ready", num_slots)
 
 
-def place_locality_blind(model_bytes: int, nodes: Sequence[NodeView], num_slots: int = 1) -> PlacementDecision:
+def place_locality_blind(model_bytes: int, nodes: Sequence[NodeView], num_slots: int = 1, memory_bytes: int = 0
+                         ) -> PlacementDecision:
     """Baseline: the node with the most free slots (ties: smaller node id), ignoring where the
     model is. Its estimate is still reported, so the cost of ignoring locality shows."""
-    _check_inputs(model_bytes, nodes, num_slots)
-    estimates = [estimate_node(model_bytes, node, num_slots) for node in nodes]
+    _check_inputs(model_bytes, nodes, num_slots, memory_bytes)
+    estimates = [estimate_node(model_bytes, node, num_slots, memory_bytes) for node in nodes]
     return _decide(estimates, lambda e: (-e.num_free_slots, e.node_id), "most free slots", num_slots)

@@ -113,8 +113,10 @@ def _victims(node: NodeEstimate, model_id: str, num_slots: int, instances: Seque
     pairs = []
     for victim in instances:
         if (victim.node_id != node.node_id or victim.model_id == model_id or victim.phase is not InstancePhase.READY
-                or node.num_free_slots + victim.num_worker_slots < num_slots):
-            continue
+                or node.num_free_slots + victim.num_worker_slots < num_slots
+                or (node.free_memory_bytes is not None
+                    and node.free_memory_bytes + victim.memory_bytes < node.memory_bytes)):
+            continue  # stopping it would not make room (slots, or the node's worker memory budget)
         destination, _ = choose_destination(victim, instances, draining)
         if destination is not None:
             pairs.append((victim, destination))

@@ -45,6 +45,7 @@ class _Pending:
     num_slots: int
     started_s: float  # controller clock
     deadline_s: float
+    memory_bytes: int = 0  # of the node's worker memory budget, held for the model
 
 
 class SlotReclaimer:
@@ -71,8 +72,15 @@ class SlotReclaimer:
         """`views` as `model_id`'s placement must see them: slots held for other models taken out."""
         if not self._pending:  # the common case: nothing held, nothing to rebuild
             return list(views)
-        return [dataclasses.replace(v, num_free_slots=max(0, v.num_free_slots - self.reserved_slots(v.node_id, model_id)))
-                for v in views]
+        return [dataclasses.replace(
+            v, num_free_slots=max(0, v.num_free_slots - self.reserved_slots(v.node_id, model_id)),
+            free_memory_bytes=None if v.free_memory_bytes is None else
+            max(0, v.free_memory_bytes - self.reserved_memory_bytes(v.node_id, model_id))) for v in views]
+
+    def reserved_memory_bytes(self, node_id: str, for_model: str) -> int:
+        """Worker memory on `node_id` held for other models' pending reclaims."""
+        return sum(p.memory_bytes for model_id, p in self._pending.items()
+                   if p.plan.node_id == node_id and model_id != for_model)
 
     def pending(self) -> list[dict[str, Any]]:
         """The reclaims under way, for ``thaw status``."""
@@ -90,16 +98,18 @@ class SlotReclaimer:
         logger.warning("%s: giving up the slot reclaim on %s: %s", model_id, pending.plan.node_id, why)
 
     def steer(self, model: ModelState, decision: PlacementDecision, views: Sequence[NodeView], num_slots: int,
-              now: float) -> PlacementDecision | None:
+              now: float, memory_bytes: int = 0) -> PlacementDecision | None:
         """The decision to act on for one more instance of `model` (placement's, or one restricted
-        to the node a reclaim freed), or None: wait, a slot is being freed for it."""
+        to the node a reclaim freed), or None: wait, a slot is being freed for it. `memory_bytes`:
+        what the instance takes of a node's worker memory budget."""
         model_id = model.model_id
         pending = self._pending.get(model_id)
         if pending is not None:
             view = next((v for v in views if v.node_id == pending.plan.node_id), None)
-            if view is not None and view.num_free_slots >= num_slots:
+            freed = None if view is None else place(model.num_bytes, [view], num_slots, memory_bytes)
+            if freed is not None and freed.placed:
                 del self._pending[model_id]
-                return place(model.num_bytes, [view], num_slots)
+                return freed
             if now < pending.deadline_s and view is not None:
                 return None
             del self._pending[model_id]
@@ -123,7 +133,8 @@ class SlotReclaimer:
             task = asyncio.get_running_loop().create_task(self._mover.move_off(victim))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
-        self._pending[model_id] = _Pending(plan, num_slots, now, now + self.config.drain_timeout_s + plan.cost_s)
+        self._pending[model_id] = _Pending(plan, num_slots, now, now + self.config.drain_timeout_s + plan.cost_s,
+                                           memory_bytes)
         self._record({"kind": "slot_reclaim", **plan.to_dict(), "at_s": self._wall_clock()})
         logger.info("%s: %s", model_id, plan.describe())
         return None

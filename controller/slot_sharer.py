@@ -74,6 +74,8 @@ class _Hold:
     started_s: float
     deadline_s: float
     load_s: float  # the waiting model's estimated load there, once the slot is free
+    memory_bytes: int = 0  # of the node's worker memory budget, held for the waiting model
+    more_victim_ids: tuple[str, ...] = ()  # further instances stopped with the victim until it fit
 
 
 class SlotSharer:
@@ -137,17 +139,23 @@ class SlotSharer:
         if not self._holds:
             return list(views)
         held: dict[str, int] = {}
+        held_memory: dict[str, int] = {}
         for other, hold in self._holds.items():
             if other != model_id:
                 held[hold.node_id] = held.get(hold.node_id, 0) + hold.num_slots
-        return [dataclasses.replace(v, num_free_slots=max(0, v.num_free_slots - held.get(v.node_id, 0))) for v in views]
+                held_memory[hold.node_id] = held_memory.get(hold.node_id, 0) + hold.memory_bytes
+        return [dataclasses.replace(
+            v, num_free_slots=max(0, v.num_free_slots - held.get(v.node_id, 0)),
+            free_memory_bytes=None if v.free_memory_bytes is None else
+            max(0, v.free_memory_bytes - held_memory.get(v.node_id, 0))) for v in views]
 
     def status(self, now: float) -> dict[str, Any]:
         """For ``thaw status``: held slots, suspended requests, counters, and every slot's holder."""
         wall = self._wall_clock()
         return {
             "holds": [{"model_id": model_id, "node_id": h.node_id, "kind": h.kind, "victim_instance_id":
-                       h.victim_instance_id, "victim_model_id": h.victim_model_id, "held_s": now - h.started_s}
+                       h.victim_instance_id, "victim_model_id": h.victim_model_id, "held_s": now - h.started_s,
+                       "more_victim_instance_ids": list(h.more_victim_ids), "memory_bytes": h.memory_bytes}
                       for model_id, h in sorted(self._holds.items())],
             "suspended": [{"model_id": model_id, "request_id": rid, "suspended_s": wall - at, "kept": how}
                           for model_id, rids in sorted(self._suspended.items())
@@ -207,16 +215,18 @@ class SlotSharer:
                     instance.instance_id, f"; {len(lost)} left to their tokens" if lost else "")
 
     def steer(self, model: ModelState, decision: PlacementDecision, views: Sequence[NodeView], num_slots: int,
-              now: float) -> PlacementDecision | None:
+              now: float, memory_bytes: int = 0) -> PlacementDecision | None:
         """Placement's decision for one more instance of `model`, or one restricted to the node a
-        slot is held on for it, or None: wait, a slot is being freed (an idle instance evicted)."""
+        slot is held on for it, or None: wait, a slot is being freed (idle instances evicted until
+        the instance's `memory_bytes` fit the node's worker memory budget, where it has one)."""
         model_id = model.model_id
         hold = self._holds.get(model_id)
         if hold is not None:
             view = next((v for v in views if v.node_id == hold.node_id), None)
-            if view is not None and view.num_free_slots >= num_slots:
+            freed = None if view is None else place(model.num_bytes, [view], num_slots, memory_bytes)
+            if freed is not None and freed.placed:
                 del self._holds[model_id]
-                return place(model.num_bytes, [view], num_slots)
+                return freed
             if view is not None and now < hold.deadline_s:
                 return None
             del self._holds[model_id]
@@ -226,35 +236,42 @@ class SlotSharer:
             return decision
         if decision.placed or self.config.slot_sharing is None or not self._queued(model, now):
             return decision
-        load_s, free = self._targets(decision)
+        load_s, free, free_memory = self._targets(decision)
         eviction = choose_eviction(model_id, self._eviction_candidates(now), load_s_by_node=load_s,
                                    settings=self.config.slot_sharing.eviction, num_slots=num_slots,
-                                   free_slots_by_node=free)
-        victim = eviction.victim and self._instances.get(eviction.victim.instance_id)
-        if victim is None or victim.phase is not InstancePhase.READY:
+                                   free_slots_by_node=free, memory_bytes=memory_bytes,
+                                   free_memory_by_node=free_memory)
+        victims = [self._instances.get(c.instance_id) for c in eviction.victims]
+        if not victims or any(v is None or v.phase is not InstancePhase.READY for v in victims):
             return dataclasses.replace(decision, reason=f"{decision.reason}; {eviction.reason}")
-        self._instances.begin_stop(victim, f"evicted for {model_id} (idle)", self.config.drain_timeout_s,
-                                   recycle=True)
-        self._shrink(victim.model_id, f"its idle instance {victim.instance_id} gave its slot to {model_id}")
-        self._keep_in_dram(victim)
-        self._hold(model_id, "eviction", victim, num_slots, load_s[victim.node_id], now)
-        self._counts["evictions"] += 1
+        for victim in victims:
+            self._instances.begin_stop(victim, f"evicted for {model_id} (idle)", self.config.drain_timeout_s,
+                                       recycle=True)
+            self._shrink(victim.model_id, f"its idle instance {victim.instance_id} gave its slot to {model_id}")
+            self._keep_in_dram(victim)
+        victim = victims[0]
+        self._hold(model_id, "eviction", victim, num_slots, load_s[victim.node_id], now, memory_bytes,
+                   tuple(v.instance_id for v in victims[1:]))
+        self._counts["evictions"] += len(victims)
         self._record({"kind": "eviction", "model_id": model_id, "instance_id": victim.instance_id,
                       "victim_model_id": victim.model_id, "node_id": victim.node_id, "score": eviction.score,
+                      "more_victims": [[v.instance_id, v.model_id] for v in victims[1:]],
                       "ranked": [list(r) for r in eviction.ranked], "reason": eviction.reason,
                       "at_s": self._wall_clock()})
         logger.info("%s: %s", model_id, eviction.reason)
         return None
 
     def preempt(self, model: ModelState, decision: PlacementDecision, num_slots: int,
-                now: float) -> PlacementDecision | None:
+                now: float, memory_bytes: int = 0) -> PlacementDecision | None:
         """Asked when nothing else gave `model` a slot: preempt a busy instance for it once its
-        oldest request waited its bound (None: wait, the slot is being freed), else `decision`."""
+        oldest request waited its bound (None: wait, the slot is being freed), else `decision`.
+        One victim per tick: where it frees too little of a worker memory budget, the hold is given
+        up at its deadline and the next tick preempts again."""
         settings = self.config.slot_sharing
         if decision.placed or settings is None or not settings.preempt or not self._queued(model, now):
             return decision
         policy = model.spec.autoscaling
-        load_s, free = self._targets(decision)
+        load_s, free, _ = self._targets(decision)
         choice = choose_preemption(
             model.model_id, priority=policy.priority,
             oldest_wait_s=model.oldest_wait_s(now, self.config.queue_report_ttl_s),
@@ -271,7 +288,7 @@ class SlotSharer:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
         self._keep_in_dram(victim)  # a preempted model comes back as an evicted one does
-        self._hold(model.model_id, "preemption", victim, num_slots, load_s[victim.node_id], now)
+        self._hold(model.model_id, "preemption", victim, num_slots, load_s[victim.node_id], now, memory_bytes)
         self._counts["preemptions_migrated" if choice.action == "migrate" else "preemptions_suspended"] += 1
         self._record({"kind": "preemption", "action": choice.action, "model_id": model.model_id,
                       "instance_id": victim.instance_id, "victim_model_id": victim.model_id,
@@ -338,11 +355,11 @@ class SlotSharer:
     # --- internals ---------------------------------------------------------------------------
 
     def _hold(self, model_id: str, kind: str, victim: ManagedInstance, num_slots: int, load_s: float,
-              now: float) -> None:
+              now: float, memory_bytes: int = 0, more_victim_ids: tuple[str, ...] = ()) -> None:
         deadline = now + self.config.drain_timeout_s + (self.config.slot_sharing.suspend_timeout_s
                                                         if self.config.slot_sharing else 0.0)
         self._holds[model_id] = _Hold(victim.node_id, num_slots, kind, victim.instance_id, victim.model_id, now,
-                                      deadline, load_s)
+                                      deadline, load_s, memory_bytes, more_victim_ids)
 
     def _give_up(self, model_id: str, hold: _Hold, why: str) -> None:
         self._counts["holds_abandoned"] += 1
@@ -350,12 +367,14 @@ class SlotSharer:
                       "reason": why, "at_s": self._wall_clock()})
         logger.warning("%s: giving up the slot held on %s: %s", model_id, hold.node_id, why)
 
-    def _targets(self, decision: PlacementDecision) -> tuple[dict[str, float], dict[str, int]]:
-        """The waiting model's time to ready on each node it may go to, and the free slots there."""
+    def _targets(self, decision: PlacementDecision) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
+        """The waiting model's time to ready on each node it may go to, the free slots there, and
+        the free worker memory of those with a budget."""
         draining = self._draining_nodes()
         load_s = {e.node_id: e.ready_s for e in decision.estimates if e.node_id not in draining}
         free = {e.node_id: e.num_free_slots for e in decision.estimates}
-        return load_s, free
+        free_memory = {e.node_id: e.free_memory_bytes for e in decision.estimates if e.free_memory_bytes is not None}
+        return load_s, free, free_memory
 
     def _parked_bytes(self) -> int:
         return sum(p.num_bytes for parked in self._parked.values() for p in parked.values())
@@ -440,7 +459,8 @@ class SlotSharer:
             tier, reload_s = self._reload(instance, model, overhead_s)
             candidates.append(EvictionCandidate(
                 instance_id=instance.instance_id, model_id=instance.model_id, node_id=instance.node_id,
-                num_worker_slots=instance.num_worker_slots, ready=instance.phase is InstancePhase.READY,
+                num_worker_slots=instance.num_worker_slots, memory_bytes=instance.memory_bytes,
+                ready=instance.phase is InstancePhase.READY,
                 num_ongoing_requests=instance.num_ongoing_requests, num_queued_requests=self._queued(model, now),
                 idle_s=self._idle_s(instance, model, now),
                 num_model_instances=len(self._instances.live(instance.model_id)),

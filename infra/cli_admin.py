@@ -290,8 +290,8 @@ def print_status(status: dict[str, Any]) -> None:
                 "  no instances (every model is scaled to zero)")
     nodes = status.get("nodes", [])
     print("\nNODES")
-    print_table(("NODE", "KIND", "FREE/SLOTS", "DRAINING", "DRAM", "SSD", "RATES dram/ssd/repository"),
-                [(n["node_id"], _node_kind(n), f"{n['num_free_slots']}/{n['num_slots']}",
+    print_table(("NODE", "KIND", "FREE/SLOTS", "WORKER MEMORY", "DRAINING", "DRAM", "SSD", "RATES dram/ssd/repository"),
+                [(n["node_id"], _node_kind(n), f"{n['num_free_slots']}/{n['num_slots']}", _worker_memory(n),
                   "yes" if n.get("draining") else "no", _tier_usage(n, "dram"), _tier_usage(n, "ssd"), _rates(n))
                  for n in nodes], "  no nodes")
     rows = [(entry["model"], n["node_id"], tier["tier"], _size(entry.get("num_bytes")),
@@ -364,6 +364,14 @@ def _tier_usage(node: dict[str, Any], name: str) -> str:
         if tier["tier"] == name:
             return f"{_size(tier['used_bytes'])} / {_size(tier['capacity_bytes'])}"
     return "-"
+
+
+def _worker_memory(node: dict[str, Any]) -> str:
+    """Used / budget of the node's worker memory, and how many instances share it ("-": no budget)."""
+    memory = node.get("worker_memory")
+    if not memory:
+        return "-"
+    return f"{_size(memory['used_bytes'])} / {_size(memory['budget_bytes'])} ({len(memory['instances'])} inst.)"
 
 
 def _rates(node: dict[str, Any]) -> str:

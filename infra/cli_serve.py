@@ -30,6 +30,11 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
     if not args.spare_memory_gb >= 0:  # also refuses nan
         raise UsageError(f"--spare-memory-gb must be 0 or more (GB each spare faults ahead for a model's weights), "
                          f"got {args.spare_memory_gb:g}")
+    worker_memory_gb = args.worker_memory_gb
+    if worker_memory_gb is not None and not 0 < worker_memory_gb < float("inf"):
+        raise UsageError(f"--worker-memory-gb must be more than 0 (GB of memory each node's model instances share: "
+                         f"weights plus KV pools; leave it out to bound instances by --worker-slots alone), "
+                         f"got {worker_memory_gb:g}")
     if not 0 < args.body_timeout_s < float("inf"):
         raise UsageError(f"--body-timeout-s must be more than 0 (seconds a request body may take to arrive), "
                          f"got {args.body_timeout_s:g}")
@@ -50,6 +55,7 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
                                 if args.metrics_token_file is not None else None),
             gateway_body_timeout_s=args.body_timeout_s,
             cpu_worker_slots_per_node=args.worker_slots, ssd_capacity_bytes=int(args.ssd_capacity_gb * GIB),
+            worker_memory_bytes=None if worker_memory_gb is None else max(1, int(worker_memory_gb * GIB)),
             dram_capacity_bytes=int(args.dram_capacity_gb * GIB), calibrate=not args.no_calibrate,
             ssd_dir=Path(args.ssd_dir).expanduser().absolute() if args.ssd_dir is not None else None,
             num_gateway_replicas=args.gateway_replicas, spare_workers_per_node=args.spare_workers,
@@ -156,6 +162,10 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
                             "made an admin key if it is not one, copied to the state directory, never printed")
     serve.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     serve.add_argument("--worker-slots", type=int, default=1, help="model instances per CPU-only node")
+    serve.add_argument("--worker-memory-gb", type=float, default=None,
+                       help="memory each node's model instances share (weights plus KV pools): instances are packed "
+                            "by it and idle ones evicted until a newcomer fits; raise --worker-slots with it so "
+                            "memory, not slots, is what runs out (default: slots alone)")
     serve.add_argument("--ssd-capacity-gb", type=float, default=64.0,
                        help="SSD cache per node (a node that joins may give its own: thaw join --ssd-capacity-gb)")
     serve.add_argument("--ssd-dir", default=None, help="where the nodes' SSD caches live (default: STATE/ssd-cache; "

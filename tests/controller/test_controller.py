@@ -147,6 +147,8 @@ def test_config_validation_names_the_field(tmp_path):
         make_config(tmp_path, excluded_ray_node_ids="abc")
     with pytest.raises(ValueError, match="cpu_worker_slots_per_node must be an integer >= 1"):
         make_config(tmp_path, cpu_worker_slots_per_node=0)
+    with pytest.raises(ValueError, match="worker_memory_bytes must be an integer >= 1"):
+        make_config(tmp_path, worker_memory_bytes=0)
     with pytest.raises(ValueError, match="engine_defaults: .*kv_cache_bits"):
         make_config(tmp_path, engine_defaults={"kv_cache_bits": 1})
     with pytest.raises(ValueError, match="namespace 'a b' must be"):

@@ -245,3 +245,49 @@ def test_an_instance_whose_requests_would_arrive_during_the_load_is_kept():
     # A rarely used model on the same node goes instead.
     assert evict([popular, idle("rare", "acme/rare", frequency=0.5)]).victim.instance_id == "rare"
     assert EvictionSettings().request_rate(433.0) == pytest.approx(1.0, rel=1e-3)
+
+
+GIB = 2**30
+
+
+def test_where_one_instance_frees_too_little_memory_victims_are_collected_until_the_newcomer_fits():
+    """Memory is the slot: n0 has 1 GiB of its budget free and the newcomer needs 4 GiB. In rank
+    order (totals: a 2.4, b 2.6, c 2.8, d 3.0) a frees 1 GiB on n0, b 2 GiB on n1, c 2 GiB on n0:
+    n0 now has 1 + 1 + 2 = 4 GiB, so a and c go together (n1 would still need d as well)."""
+    candidates = [idle("a", "acme/a", "n0", reload_s=4.0, memory_bytes=1 * GIB),
+                  idle("b", "acme/b", "n1", reload_s=6.0, memory_bytes=2 * GIB),
+                  idle("c", "acme/c", "n0", reload_s=8.0, memory_bytes=2 * GIB),
+                  idle("d", "acme/d", "n1", reload_s=10.0, memory_bytes=3 * GIB)]
+    decision = evict(candidates, memory_bytes=4 * GIB, free_memory_by_node={"n0": 1 * GIB, "n1": 0})
+    assert [v.instance_id for v in decision.victims] == ["a", "c"]
+    assert decision.victim.instance_id == "a"
+    assert decision.score == pytest.approx(0.4 + 0.8)
+    assert decision.reason == (
+        "evict idle a (acme/a, priority 0, idle 60.0s) on n0 for acme/cold: score 0.4 = frequency 0.1 x reload "
+        "4s from ssd / 1 slot(s), + 2s to load acme/cold there; with c (acme/c, score 0.8) until it fits: "
+        "3 GiB freed + 1 GiB free >= 4 GiB needed")
+
+
+def test_one_victim_that_makes_room_alone_is_chosen_as_without_a_budget():
+    candidates = [idle("a", "acme/a", "n0", reload_s=4.0, memory_bytes=3 * GIB),
+                  idle("b", "acme/b", "n0", reload_s=6.0, memory_bytes=3 * GIB)]
+    with_budget = evict(candidates, memory_bytes=4 * GIB, free_memory_by_node={"n0": 1 * GIB})
+    without = evict(candidates)
+    assert [v.instance_id for v in with_budget.victims] == [v.instance_id for v in without.victims] == ["a"]
+    assert with_budget.reason == without.reason
+
+
+def test_a_node_whose_idle_instances_cannot_make_room_evicts_nothing_and_says_how_short_it_is():
+    candidates = [idle("a", "acme/a", "n0", memory_bytes=1 * GIB),
+                  idle("b", "acme/b", "n0", memory_bytes=1 * GIB),
+                  idle("busy", "acme/busy", "n0", memory_bytes=8 * GIB, num_ongoing_requests=1)]
+    decision = evict(candidates, load={"n0": 2.0}, memory_bytes=4 * GIB, free_memory_by_node={"n0": 1 * GIB})
+    assert decision.victim is None and decision.victims == ()
+    assert decision.reason == ("no idle instances to evict make room: acme/cold needs 4 GiB of worker memory and "
+                               "evicting every idle instance on n0 (2) would leave 3 GiB free")
+    assert [r[0] for r in decision.ranked] == ["a", "b"]
+
+
+def test_a_candidates_memory_must_be_a_whole_number_of_bytes():
+    with pytest.raises(ValueError, match="memory_bytes must be an integer >= 0"):
+        idle("a", memory_bytes=-1)

@@ -148,3 +148,53 @@ def test_pin_tier_reads_the_dram_copy_only_when_placement_chose_dram():
     assert [pin_tier(tier) for tier in ("dram", "ssd", "repository", "gpu")] == ["dram", "ssd", "ssd", "ssd"]
     with pytest.raises(ValueError, match="tier must be one of"):
         pin_tier("nvme")
+
+
+GIB = 2**30
+
+
+def _budget(node_id: str, free_gib: float, tiers: tuple[str, ...] = (), free: int = 4) -> NodeView:
+    return NodeView(node_id=node_id, num_free_slots=free, bandwidths=RATES, model_tiers=frozenset(tiers),
+                    free_memory_bytes=int(free_gib * GIB))
+
+
+def test_memory_is_the_slot_locality_first_then_best_fit():
+    """Three nodes with free slots; the instance takes 3 GiB of a worker memory budget. 'small'
+    (2 GiB free) has no room; of the two where it fits from the repository, the best fit ('snug',
+    leaving 1 GiB) beats the roomier one; a node holding the model in DRAM beats both (locality first)."""
+    nodes = [_budget("roomy", 10), _budget("snug", 4), _budget("small", 2)]
+    decision = place(MODEL_BYTES, nodes, memory_bytes=3 * GIB)
+    assert (decision.node_id, decision.tier) == ("snug", "repository")
+    assert [(e.node_id, e.has_room) for e in decision.estimates] == [("snug", True), ("roomy", True),
+                                                                     ("small", False)]
+    assert decision.reason == ("soonest ready: snug: repository 8s = 8s, 4 GiB free (of 2 nodes with room; "
+                               "next roomy: repository 8s = 8s, 10 GiB free)")
+    with_locality = place(MODEL_BYTES, [*nodes, _budget("warm", 10, ("dram",))], memory_bytes=3 * GIB)
+    assert (with_locality.node_id, with_locality.tier) == ("warm", "dram")
+
+
+def test_a_node_without_a_budget_is_the_worst_fit_and_memory_does_not_change_slot_placement():
+    assert place(MODEL_BYTES, [_node("unbounded", free=4), _budget("bounded", 5)], memory_bytes=GIB).node_id == \
+        "bounded"
+    nodes = [_node("a", free=2), _node("b", free=3)]
+    with_memory, without = place(MODEL_BYTES, nodes, memory_bytes=GIB), place(MODEL_BYTES, nodes)
+    assert (with_memory.node_id, with_memory.reason) == (without.node_id, without.reason) == (
+        "b", without.reason)
+
+
+def test_no_room_for_memory_says_which_node_came_closest():
+    decision = place(MODEL_BYTES, [_budget("a", 2), _budget("b", 2.5), _budget("full", 9, free=0)],
+                     memory_bytes=3 * GIB)
+    assert not decision.placed
+    assert decision.reason == ("no room: none of 3 nodes has 1 free worker slot and 3 GiB of worker memory free "
+                               "for the instance's weights and KV pool (most free: b, 2.5 GiB)")
+    slots_only = place(MODEL_BYTES, [_budget("full", 9, free=0)], memory_bytes=3 * GIB)
+    assert slots_only.reason == "no free slot: none of 1 nodes has 1 free worker slot"
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True])
+def test_free_memory_and_the_instances_share_are_checked(bad):
+    with pytest.raises(ValueError, match="free_memory_bytes must be an integer >= 0 or None"):
+        NodeView(node_id="n", num_free_slots=1, bandwidths=RATES, free_memory_bytes=bad)
+    with pytest.raises(ValueError, match="memory_bytes must be an integer >= 0"):
+        place(MODEL_BYTES, [_node("n")], memory_bytes=bad)

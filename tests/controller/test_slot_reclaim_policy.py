@@ -113,3 +113,17 @@ def test_a_victim_too_small_for_the_slots_needed_is_skipped():
 def test_costs_validate(field, value):
     with pytest.raises(ValueError, match=f"SlotReclaimCosts.{field} must be a finite number >= 0"):
         SlotReclaimCosts(**{field: value})
+
+
+def test_where_memory_is_the_slot_only_a_victim_that_frees_enough_of_it_is_emptied():
+    """n0 has free slots but 1 GiB of its worker memory budget, the cold model needs 3 GiB: b
+    (the fewest requests) frees 1 GiB, too little; a frees 4 GiB and is the one emptied."""
+    gib = 2**30
+    instances = [instance("a", "n0", load=2), instance("b", "n0"), instance("c", "n2")]
+    instances[0].memory_bytes, instances[1].memory_bytes = 4 * gib, 1 * gib
+    views = [NodeView(node_id="n0", num_free_slots=2, bandwidths=RATES, model_tiers=frozenset({"dram"}),
+                      free_memory_bytes=gib), NodeView(node_id="n1", num_free_slots=1, bandwidths=RATES)]
+    placed = place(2 * GB, views, memory_bytes=3 * gib)
+    assert placed.node_id == "n1"  # n0 would be soonest, but the instance does not fit there
+    chosen, why = plan_slot_reclaim(COLD, placed, instances, set(), COSTS)
+    assert why == "" and (chosen.node_id, chosen.victim_instance_id) == ("n0", "a")

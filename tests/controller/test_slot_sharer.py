@@ -379,3 +379,50 @@ def test_a_loading_instances_outlook_adds_the_start_cost_and_never_says_zero_whe
             await eventually(lambda: h.controller.notify_demand("acme/m1", 1).status == "ready", "ready")
 
     asyncio.run(scenario())
+
+
+MIB = 2**20
+
+
+def test_memory_is_the_slot_models_share_a_node_until_its_budget_and_evictions_free_it_until_a_newcomer_fits(
+        tmp_path):
+    """A node with 4 slots and a 1,100 MiB worker memory budget; an instance takes its 1 MB
+    checkpoint plus its KV pool (512 MiB by default). a and b fit side by side; c asks for a 1,000
+    MiB pool, so one eviction would leave it short (74 + 513 MiB): both idle instances go, in one
+    decision, and c starts once they are gone."""
+    async def scenario():
+        async with Harness(tmp_path, cpu_worker_slots_per_node=4, worker_memory_bytes=1100 * MIB) as h:
+            a = await deploy(h, "a", 1, keep_alive_s=60.0)
+            b = await deploy(h, "b", 2, keep_alive_s=60.0)
+            c = "acme/c"
+            h.cluster.model_bytes["acme--c"] = MODEL_BYTES
+            await h.controller.deploy({**spec(c, h.source("c", 3), keep_alive_s=60.0), "kv_cache_bytes": 1000 * MIB})
+            h.controller.notify_demand(a, 1)
+            h.controller.notify_demand(b, 1)
+            await h.tick()
+            workers = {w.instance_id for w in h.cluster.live_workers()}
+            assert len(workers) == 2 and h.routes(a) and h.routes(b)
+            [node] = h.controller.status()["nodes"]
+            share = MODEL_BYTES + 512 * MIB
+            assert node["worker_memory"]["used_bytes"] == 2 * share
+            assert node["worker_memory"]["free_bytes"] == 1100 * MIB - 2 * share
+            assert sorted(i["model_id"] for i in node["worker_memory"]["instances"]) == [a, b]
+            assert node["num_free_slots"] == 2  # slots are free: memory is what is short
+
+            h.controller.notify_demand(a, 0)
+            h.controller.notify_demand(b, 0)
+            h.controller.notify_demand(c, 1, "gw", 0.0)
+            await h.tick(1.0)
+            [eviction] = kinds(h, "eviction")
+            assert {eviction["instance_id"], *(v[0] for v in eviction["more_victims"])} == workers
+            assert "until it fits" in eviction["reason"]
+            assert h.routes(a) == [] and h.routes(b) == []
+            [hold] = h.controller.status()["slot_sharing"]["holds"]
+            assert (hold["model_id"], hold["memory_bytes"]) == (c, MODEL_BYTES + 1000 * MIB)
+            await eventually(lambda: sorted(h.cluster.stopped_workers) == sorted(workers), "both evicted workers stopped")
+            h.controller.notify_demand(c, 1, "gw", 1.0)
+            await h.tick()
+            assert len(h.routes(c)) == 1
+            assert h.controller.status()["slot_sharing"]["counts"]["evictions"] == 2
+
+    asyncio.run(scenario())

@@ -176,6 +176,32 @@ def test_serve_flags_keep_their_defaults_and_reach_the_controller_config(tmp_pat
         2, 2 * GIB, GIB // 2, False, 0, GIB)
     assert (controller.peer_stream, controller.slot_sharing, controller.namespace) == (None, None, "p2")
     assert (config.port, config.num_gateway_replicas) == (9001, 2)
+    assert controller.worker_memory_bytes is None
+    config = _config_from_args(build_parser().parse_args(["serve", "--state", str(state), "--worker-memory-gb", "3"]))
+    assert config.controller.worker_memory_bytes == 3 * GIB
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_serve_refuses_a_worker_memory_budget_that_is_not_a_positive_size(tmp_path, value):
+    from infra.cli import UsageError, build_parser
+    from infra.cli_serve import _config_from_args
+
+    with pytest.raises(UsageError, match=f"--worker-memory-gb must be more than 0 .*got {value}"):
+        _config_from_args(build_parser().parse_args(["serve", "--state", str(tmp_path), "--worker-memory-gb", value]))
+
+
+def test_status_shows_each_nodes_worker_memory(capsys):
+    from infra.cli_admin import print_status
+
+    node = {"node_id": "n1", "num_gpus": 0, "num_free_slots": 2, "num_slots": 4, "draining": False, "tiers": [],
+            "worker_memory": {"budget_bytes": 4 * 2**30, "used_bytes": 3 * 2**30, "free_bytes": 2**30,
+                              "instances": [{"instance_id": "x"}, {"instance_id": "y"}]}}
+    print_status({"platform_id": "p", "namespace": "n", "models": [], "instances": [], "nodes": [node]})
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("NODE "))
+    row = lines[lines.index(header) + 1]
+    assert "WORKER MEMORY" in header
+    assert row[header.index("WORKER MEMORY"):].startswith("3.2 GB / 4.3 GB (2 inst.)")  # decimal units, as DRAM and SSD
 
 
 def test_serve_head_only_without_a_cluster_is_refused_before_starting_anything(tmp_path):
