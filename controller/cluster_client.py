@@ -95,11 +95,12 @@ class ClusterClient(ABC):
     @abstractmethod
     def start_worker(self, *, instance_id: str, model_id: str, model_dir: str | None, engine_config: EngineConfig,
                      actor_name: str, ray_node_id: str, num_cpus: float, num_gpus: float,
-                     peer: PeerWeights | None = None) -> ActorHandle:
+                     peer: PeerWeights | None = None, num_threads: int | None = None) -> ActorHandle:
         """Start a model-instance actor on that Ray node and return its handle at once (the
         model loads in the actor; `worker_ready` waits for it). It outlives the controller.
         `peer`: a `worker.PeerWeights` ticket: the weights come from that stream, and `model_dir`
-        (None until `supply_fallback`) is only the stream's fallback."""
+        (None until `supply_fallback`) is only the stream's fallback. `num_threads`: the engine's
+        threads where `num_cpus` (Ray's reservation) does not set them (0 reserved)."""
 
     @abstractmethod
     def start_spare_worker(self, *, actor_name: str, ray_node_id: str) -> ActorHandle:

@@ -177,9 +177,16 @@ def used_memory_bytes(node_id: str, instances: Iterable[ManagedInstance]) -> int
     return sum(instance.memory_bytes for instance in instances if instance.node_id == node_id)
 
 
+def has_worker_memory_budget(node: ClusterNode, config: ControllerConfig) -> bool:
+    """Whether the node's instances share `ControllerConfig.worker_memory_bytes`: a CPU node's do;
+    a GPU node's live in device memory, which that host-RAM budget does not describe (its slots
+    are its GPUs until nodes report their device memory)."""
+    return config.worker_memory_bytes is not None and node.num_gpus == 0
+
+
 def free_memory_bytes(node: ClusterNode, instances: Iterable[ManagedInstance], config: ControllerConfig) -> int | None:
     """What the node's worker memory budget has left (None: no budget; 0 on a draining node)."""
-    if config.worker_memory_bytes is None:
+    if not has_worker_memory_budget(node, config):
         return None
     if node.draining:
         return 0

@@ -74,7 +74,7 @@ class ControllerConfig:
             holds (each takes its weights plus its KV pool: `engine_settings.instance_memory_bytes`);
             placement packs instances by it and eviction frees it until a newcomer fits
             (ARCHITECTURE.md, "Slot hosts": memory is the slot). Slots still bound the number of
-            instances; None: no budget, slots alone.
+            instances; None: no budget, slots alone. CPU nodes only: a GPU node's slots are its GPUs.
         nodes_per_ray_node: logical nodes per Ray node (see the module docstring).
         excluded_ray_node_ids: Ray nodes that get no node store and no model instance (the head
             of a cluster whose platform was started with ``thaw serve --head-only``: it runs the

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from controller.autoscale_policy import ScaleDecision
-from controller.cluster_node import ClusterNode, effective_bandwidth, num_used_slots, tier_bandwidths
+from controller.cluster_node import (ClusterNode, effective_bandwidth, has_worker_memory_budget, num_used_slots,
+                                    tier_bandwidths)
 from controller.controller_config import ControllerConfig
 from controller.managed_instance import ManagedInstance
 from controller.placement_policy import PlacementDecision
@@ -45,7 +46,7 @@ def event_to_dict(kind: str, model_id: str, reason: str, at_s: float, instance_i
 def worker_memory_to_dict(node: ClusterNode, instances: Sequence[ManagedInstance], config: ControllerConfig
                           ) -> dict[str, Any] | None:
     """The node's worker memory budget (None without one): used, free, and by whom."""
-    if config.worker_memory_bytes is None:
+    if not has_worker_memory_budget(node, config):
         return None
     mine = [i for i in instances if i.node_id == node.node_id]
     used = sum(i.memory_bytes for i in mine)

@@ -189,11 +189,16 @@ class InstanceManager:
                     engine_config=self._engine_config(spec), num_threads=max(1, int(spec.resources.num_cpus)),
                     timeout_s=self.config.report_timeout_s, peer=peer)
             else:
+                # Sharing a CPU node by memory, an instance reserves no Ray CPU (as a spare does):
+                # slots and the memory budget bound the node, idle instances cost no CPU, and a
+                # CPU reservation would keep a node's co-resident models to its core count.
+                shares = self.config.worker_memory_bytes is not None and spec.resources.num_gpus == 0
                 instance.handle = self._cluster.start_worker(
                     instance_id=instance.instance_id, model_id=instance.model_id, model_dir=path,
                     engine_config=self._engine_config(spec), actor_name=instance.actor_name,
-                    ray_node_id=instance.ray_node_id, num_cpus=spec.resources.num_cpus,
-                    num_gpus=spec.resources.num_gpus, peer=peer)
+                    ray_node_id=instance.ray_node_id, num_cpus=0 if shares else spec.resources.num_cpus,
+                    num_gpus=spec.resources.num_gpus, peer=peer,
+                    num_threads=max(1, int(spec.resources.num_cpus)) if shares else None)
         except Exception as exc:  # noqa: BLE001 - whatever failed, the instance is discarded and retried
             if instance.phase is InstancePhase.LOADING:
                 await self._start_failed(instance, exc)

@@ -125,12 +125,12 @@ class RayClusterClient(ClusterClient):
 
     def start_worker(self, *, instance_id: str, model_id: str, model_dir: str | None, engine_config: EngineConfig,
                      actor_name: str, ray_node_id: str, num_cpus: float, num_gpus: float,
-                     peer: PeerWeights | None = None) -> ActorHandle:
+                     peer: PeerWeights | None = None, num_threads: int | None = None) -> ActorHandle:
         from migration import start_migratable_instance
 
         return start_migratable_instance(instance_id, model_id, model_dir, engine_config, name=actor_name,
                                          namespace=self.namespace, node_id=ray_node_id, num_cpus=num_cpus,
-                                         num_gpus=num_gpus, detached=True, peer=peer)
+                                         num_gpus=num_gpus, detached=True, peer=peer, num_threads=num_threads)
 
     def start_spare_worker(self, *, actor_name: str, ray_node_id: str) -> ActorHandle:
         from migration import start_migratable_spare

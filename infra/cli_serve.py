@@ -21,6 +21,33 @@ from infra.platform_config import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_PORT, GIB, HT
                                    PlatformConfig, default_state_dir)
 
 
+# The embedded default: models share a CPU node by memory (ARCHITECTURE.md, "Slot hosts"), so a
+# few small models deployed beside the demo stay resident side by side and alternating between
+# them loads nothing. Idle instances cost memory, not CPU; busy ones share the cores.
+DEFAULT_SHARED_SLOTS = 4
+DEFAULT_WORKER_MEMORY_SHARE = 0.25  # of this machine's RAM
+
+
+def machine_memory_bytes() -> int | None:
+    """This machine's physical memory (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def shared_slot_defaults(worker_slots: int | None, worker_memory_gb: float | None) -> tuple[int, float | None]:
+    """(worker slots per CPU node, worker memory budget in GB or None) from the flags given.
+
+    Neither flag: `DEFAULT_SHARED_SLOTS` slots sharing `DEFAULT_WORKER_MEMORY_SHARE` of the RAM.
+    Only ``--worker-slots``: slots alone bound a node, as before budgets existed. Only
+    ``--worker-memory-gb``: that budget over the default slots."""
+    if worker_memory_gb is None and worker_slots is None:
+        ram = machine_memory_bytes()
+        worker_memory_gb = ram * DEFAULT_WORKER_MEMORY_SHARE / GIB if ram else None
+    return (DEFAULT_SHARED_SLOTS if worker_slots is None else worker_slots), worker_memory_gb
+
+
 def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
     from infra.cli import UsageError
 
@@ -30,7 +57,7 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
     if not args.spare_memory_gb >= 0:  # also refuses nan
         raise UsageError(f"--spare-memory-gb must be 0 or more (GB each spare faults ahead for a model's weights), "
                          f"got {args.spare_memory_gb:g}")
-    worker_memory_gb = args.worker_memory_gb
+    worker_slots, worker_memory_gb = shared_slot_defaults(args.worker_slots, args.worker_memory_gb)
     if worker_memory_gb is not None and not 0 < worker_memory_gb < float("inf"):
         raise UsageError(f"--worker-memory-gb must be more than 0 (GB of memory each node's model instances share: "
                          f"weights plus KV pools; leave it out to bound instances by --worker-slots alone), "
@@ -54,7 +81,7 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
             metrics_token_file=(Path(args.metrics_token_file).expanduser().absolute()
                                 if args.metrics_token_file is not None else None),
             gateway_body_timeout_s=args.body_timeout_s,
-            cpu_worker_slots_per_node=args.worker_slots, ssd_capacity_bytes=int(args.ssd_capacity_gb * GIB),
+            cpu_worker_slots_per_node=worker_slots, ssd_capacity_bytes=int(args.ssd_capacity_gb * GIB),
             worker_memory_bytes=None if worker_memory_gb is None else max(1, int(worker_memory_gb * GIB)),
             dram_capacity_bytes=int(args.dram_capacity_gb * GIB), calibrate=not args.no_calibrate,
             ssd_dir=Path(args.ssd_dir).expanduser().absolute() if args.ssd_dir is not None else None,
@@ -161,11 +188,13 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
                        help="use the admin key in this file (e.g. a mounted secret; `thaw keygen` makes one): it is "
                             "made an admin key if it is not one, copied to the state directory, never printed")
     serve.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
-    serve.add_argument("--worker-slots", type=int, default=1, help="model instances per CPU-only node")
+    serve.add_argument("--worker-slots", type=int, default=None,
+                       help=f"model instances per CPU-only node (default {DEFAULT_SHARED_SLOTS}, sharing "
+                            f"--worker-memory-gb; given alone, slots alone bound a node)")
     serve.add_argument("--worker-memory-gb", type=float, default=None,
-                       help="memory each node's model instances share (weights plus KV pools): instances are packed "
-                            "by it and idle ones evicted until a newcomer fits; raise --worker-slots with it so "
-                            "memory, not slots, is what runs out (default: slots alone)")
+                       help=f"memory each node's model instances share (weights plus KV pools): instances are packed "
+                            f"by it and idle ones evicted until a newcomer fits (default: "
+                            f"{DEFAULT_WORKER_MEMORY_SHARE:.0%} of this machine's RAM unless --worker-slots is given)")
     serve.add_argument("--ssd-capacity-gb", type=float, default=64.0,
                        help="SSD cache per node (a node that joins may give its own: thaw join --ssd-capacity-gb)")
     serve.add_argument("--ssd-dir", default=None, help="where the nodes' SSD caches live (default: STATE/ssd-cache; "

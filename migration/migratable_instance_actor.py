@@ -64,8 +64,8 @@ class MigratableInstanceActor(InstanceWorkerActor):
 
     def __init__(self, instance_id: str | None = None, model_id: str | None = None, model_dir: str | None = None,
                  engine_config: EngineConfig | None = None, transport: KVTransport | None = None, *,
-                 peer: PeerWeights | None = None) -> None:
-        super().__init__(instance_id, model_id, model_dir, engine_config, peer=peer)
+                 peer: PeerWeights | None = None, num_threads: int | None = None) -> None:
+        super().__init__(instance_id, model_id, model_dir, engine_config, peer=peer, num_threads=num_threads)
         self._transport = transport if transport is not None else RayObjectKVTransport()
         self._endpoint: EngineEndpoint | None = None
         self._resumed: set[str] = set()  # imported requests whose client is attached
@@ -278,7 +278,7 @@ def start_migratable_instance(instance_id: str, model_id: str, model_dir: str | 
                               transport: KVTransport | None = None, name: str | None = None,
                               namespace: str | None = None, node_id: str | None = None, num_cpus: float = 1.0,
                               num_gpus: float = 0.0, detached: bool = False, peer: PeerWeights | None = None,
-                              **options):
+                              num_threads: int | None = None, **options):
     """Starts a `MigratableInstanceActor` and returns its handle at once; the arguments and their
     meaning are `start_instance_worker`'s (``transport`` picks how its KV blocks travel)."""
     import ray
@@ -287,7 +287,8 @@ def start_migratable_instance(instance_id: str, model_id: str, model_dir: str | 
     config = engine_config if isinstance(engine_config, EngineConfig) else EngineConfig(**dict(engine_config or {}))
     actor_options = worker_actor_options(name, namespace, node_id, num_cpus, num_gpus, detached, options)
     return ray.remote(MigratableInstanceActor).options(**actor_options).remote(
-        instance_id, model_id, None if model_dir is None else str(model_dir), config, transport, peer=peer)
+        instance_id, model_id, None if model_dir is None else str(model_dir), config, transport, peer=peer,
+        num_threads=num_threads)
 
 
 def start_migratable_spare(*, transport: KVTransport | None = None, name: str | None = None,

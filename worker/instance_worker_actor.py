@@ -64,8 +64,13 @@ class InstanceWorkerActor:
     """
 
     def __init__(self, instance_id: str | None = None, model_id: str | None = None, model_dir: str | None = None,
-                 engine_config: EngineConfig | None = None, *, peer: PeerWeights | None = None) -> None:
+                 engine_config: EngineConfig | None = None, *, peer: PeerWeights | None = None,
+                 num_threads: int | None = None) -> None:
         tune_host_allocator()  # this process exists for one engine (see host_allocator.py)
+        if num_threads is not None:  # an actor reserving no Ray CPU (see `start_instance_worker`)
+            import torch
+
+            torch.set_num_threads(max(1, int(num_threads)))
         self._worker: InstanceWorker | None = None
         self._reserved: ReservedMemory | None = None
         self._warm_lock = asyncio.Lock()
@@ -195,7 +200,7 @@ def start_instance_worker(instance_id: str, model_id: str, model_dir: str | None
                           engine_config: EngineConfig | Mapping[str, Any] | None = None, *,
                           name: str | None = None, namespace: str | None = None, node_id: str | None = None,
                           num_cpus: float = 1.0, num_gpus: float = 0.0, detached: bool = False,
-                          peer: PeerWeights | None = None, **options):
+                          peer: PeerWeights | None = None, num_threads: int | None = None, **options):
     """Starts an `InstanceWorkerActor` and returns its handle at once (the model loads in the actor;
     await ``handle.ready.remote()``).
 
@@ -203,14 +208,17 @@ def start_instance_worker(instance_id: str, model_id: str, model_dir: str | None
     node for its checkpoint's locality, so running anywhere else would defeat it). ``detached``
     lets the actor outlive its creator, so a restarted controller can adopt it by ``name`` and
     ``namespace``. The engine config is validated here, so a bad one fails in the caller rather
-    than in a dead actor. Other ``options`` go to ``.options()`` (e.g. ``resources``).
+    than in a dead actor. ``num_threads`` sets the engine's torch threads where Ray's ``num_cpus``
+    does not (an instance sharing its node's cores by memory reserves none; see
+    `ControllerConfig.worker_memory_bytes`). Other ``options`` go to ``.options()`` (e.g. ``resources``).
     """
     import ray
 
     config = as_engine_config(engine_config)
     actor_options = worker_actor_options(name, namespace, node_id, num_cpus, num_gpus, detached, options)
     return ray.remote(InstanceWorkerActor).options(**actor_options).remote(
-        instance_id, model_id, None if model_dir is None else str(model_dir), config, peer=peer)
+        instance_id, model_id, None if model_dir is None else str(model_dir), config, peer=peer,
+        num_threads=num_threads)
 
 
 def start_spare_worker(*, name: str | None = None, namespace: str | None = None, node_id: str | None = None,

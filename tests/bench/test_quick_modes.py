@@ -139,7 +139,7 @@ def test_multimodel_benchmark_quick():
                             capture_output=True, text=True, timeout=840, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = {line["policy"]: line for line in map(json.loads, result.stdout.splitlines()) if line}
-    assert sorted(lines) == sorted(["thaw", "thaw-keepalive-wait", "rayserve"])
+    assert sorted(lines) == sorted(["thaw", "thaw-shared", "thaw-keepalive-wait", "rayserve"])
     num_requests = lines["thaw"]["num_requests"]
     assert num_requests > 0
     for policy, line in lines.items():
@@ -156,6 +156,14 @@ def test_multimodel_benchmark_quick():
     for key, peer in (("keepalive_wait", "thaw-keepalive-wait"), ("rayserve", "rayserve")):
         assert thaw[f"p99_ratio_to_{key}"] == pytest.approx(thaw["ttft_p99_s"] / lines[peer]["ttft_p99_s"], rel=0.01)
     assert isinstance(thaw["targets_met"], bool)
+    # Memory as the slot: the budget holds every model, so each loads once and nothing is evicted.
+    shared = lines["thaw-shared"]
+    assert shared["slot_sharing"]["evictions"] == 0 and shared["slot_sharing"]["preemptions_suspended"] == 0
+    assert sum(shared["cold_starts_by_tier"].values()) <= len(shared["requests_per_model"])
+    memory = shared["worker_memory"]
+    assert 0 < memory["max_used_bytes"] <= memory["budget_bytes"] and lines["thaw"]["worker_memory"]["budget_bytes"] is None
+    assert shared["p99_ratio_to_thaw"] == pytest.approx(shared["ttft_p99_s"] / thaw["ttft_p99_s"], rel=0.01)
+    assert shared["target_ttft_p99_s"] == pytest.approx(12.1 / 4) and isinstance(shared["targets_met"], bool)
     estimates = thaw["wait_estimates"]  # what waiting streams were told, against what came
     assert estimates["num"] >= 0 and lines["rayserve"]["wait_estimates"] == {"num": 0}  # Serve tells nothing
     if estimates["num"]:

@@ -206,10 +206,12 @@ class FakeCluster(ClusterClient):
     # --- workers ----------------------------------------------------------------------------
 
     def start_worker(self, *, instance_id: str, model_id: str, model_dir: str | None, engine_config: Any,
-                     actor_name: str, ray_node_id: str, num_cpus: float, num_gpus: float, peer: Any = None) -> Any:
+                     actor_name: str, ray_node_id: str, num_cpus: float, num_gpus: float, peer: Any = None,
+                     num_threads: int | None = None) -> Any:
         assert actor_name not in self.workers or not self.workers[actor_name].alive, f"duplicate actor {actor_name}"
         worker = FakeWorker(instance_id, model_id, model_dir, actor_name, ray_node_id, num_cpus, engine_config,
                             peer=peer, weights_resident=peer is None)
+        worker.num_threads = num_threads
         self.workers[actor_name] = worker
         self.num_started_workers += 1
         if self.auto_ready:

@@ -77,3 +77,21 @@ def test_the_controller_places_each_model_on_its_kind_and_refuses_a_model_withou
                 "node(s) are 1 GPU, a CPU node")
 
     asyncio.run(scenario())
+
+
+def test_the_worker_memory_budget_is_a_cpu_nodes_and_counts_every_instance_until_it_is_gone(tmp_path):
+    from controller.cluster_node import free_memory_bytes
+    from controller.managed_instance import InstancePhase, ManagedInstance
+    from tests.controller.test_controller import make_config
+
+    config = make_config(tmp_path, worker_memory_bytes=10_000)
+
+    def held(instance_id: str, node_id: str, memory: int, phase=InstancePhase.READY) -> ManagedInstance:
+        return ManagedInstance(instance_id, "acme/m", node_id, "r", f"w-{instance_id}", 1, "acme--m",
+                               phase=phase, memory_bytes=memory)
+
+    instances = [held("a", "cpu0", 3_000), held("b", "cpu0", 2_000, InstancePhase.STOPPING), held("c", "x", 9_000)]
+    assert free_memory_bytes(CPU, instances, config) == 5_000  # a stopping instance holds its share
+    assert free_memory_bytes(ONE_GPU, instances, config) is None  # device memory: not this budget
+    assert free_memory_bytes(ClusterNode("cpu0", "r", 2, draining=True), instances, config) == 0
+    assert free_memory_bytes(CPU, instances, make_config(tmp_path)) is None  # no budget configured

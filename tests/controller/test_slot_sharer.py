@@ -408,6 +408,8 @@ def test_memory_is_the_slot_models_share_a_node_until_its_budget_and_evictions_f
             assert node["worker_memory"]["free_bytes"] == 1100 * MIB - 2 * share
             assert sorted(i["model_id"] for i in node["worker_memory"]["instances"]) == [a, b]
             assert node["num_free_slots"] == 2  # slots are free: memory is what is short
+            # Sharing the node by memory, they reserve no Ray CPU (their threads are set instead).
+            assert [(w.num_cpus, w.num_threads) for w in h.cluster.live_workers()] == [(0, 1), (0, 1)]
 
             h.controller.notify_demand(a, 0)
             h.controller.notify_demand(b, 0)

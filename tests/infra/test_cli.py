@@ -163,9 +163,15 @@ def test_serve_flags_keep_their_defaults_and_reach_the_controller_config(tmp_pat
     from storage import RepositoryConfig
 
     state = tmp_path / "state"
+    from infra.cli_serve import DEFAULT_SHARED_SLOTS, DEFAULT_WORKER_MEMORY_SHARE, machine_memory_bytes
+
     config = _config_from_args(build_parser().parse_args(["serve", "--state", str(state)]))
-    assert config == PlatformConfig(controller=ControllerConfig(state_dir=state,
-                                                                repository=RepositoryConfig(f"{state}/repository")))
+    # The embedded default: a few slots sharing a quarter of the machine's RAM.
+    budget = int(machine_memory_bytes() * DEFAULT_WORKER_MEMORY_SHARE / GIB * GIB)
+    assert config == PlatformConfig(controller=ControllerConfig(
+        state_dir=state, repository=RepositoryConfig(f"{state}/repository"),
+        cpu_worker_slots_per_node=DEFAULT_SHARED_SLOTS, worker_memory_bytes=budget))
+    assert DEFAULT_SHARED_SLOTS == 4 and abs(budget - machine_memory_bytes() / 4) < 2
     flags = ["serve", "--state", str(state), "--worker-slots", "2", "--ssd-capacity-gb", "2", "--dram-capacity-gb",
              "0.5", "--no-calibrate", "--spare-workers", "0", "--spare-memory-gb", "1", "--peer-link-gbps", "0",
              "--no-slot-sharing", "--namespace", "p2", "--port", "9001", "--gateway-replicas", "2"]
@@ -176,9 +182,9 @@ def test_serve_flags_keep_their_defaults_and_reach_the_controller_config(tmp_pat
         2, 2 * GIB, GIB // 2, False, 0, GIB)
     assert (controller.peer_stream, controller.slot_sharing, controller.namespace) == (None, None, "p2")
     assert (config.port, config.num_gateway_replicas) == (9001, 2)
-    assert controller.worker_memory_bytes is None
+    assert controller.worker_memory_bytes is None  # --worker-slots alone: slots alone bound a node
     config = _config_from_args(build_parser().parse_args(["serve", "--state", str(state), "--worker-memory-gb", "3"]))
-    assert config.controller.worker_memory_bytes == 3 * GIB
+    assert (config.controller.worker_memory_bytes, config.controller.cpu_worker_slots_per_node) == (3 * GIB, 4)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
