@@ -110,7 +110,8 @@ class Controller:
         self._tick_lock = asyncio.Lock()
         self._recent: deque[dict[str, Any]] = deque(maxlen=config.max_recent_decisions)
         self._spares = SparePool(cluster, config.spare_workers_per_node, config.load_timeout_s,
-                                 weight_bytes=config.spare_weight_bytes, kv_bytes=config.spare_kv_bytes)
+                                 weight_bytes=config.spare_weight_bytes, kv_bytes=config.spare_kv_bytes,
+                                 adopt_per_node=config.cpu_worker_slots_per_node if config.worker_memory_bytes else None)
         self._instances = InstanceManager(config, cluster, self._store, self._models,
                                           on_routes_changed=self._publish_routes, on_slot_freed=self._wake.set,
                                           record=self._recent.append, clock=clock, wall_clock=wall_clock,
@@ -474,7 +475,7 @@ class Controller:
         if missing < 0:
             for instance in sorted(live, key=stop_order)[:-missing]:
                 self._instances.begin_stop(instance, f"scaling down to {model.num_desired_instances}",
-                                           self.config.drain_timeout_s)
+                                           self.config.drain_timeout_s, recycle=True)
             return
         if missing == 0 or now < model.next_start_s:
             return

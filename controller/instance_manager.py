@@ -155,7 +155,7 @@ class InstanceManager:
             actor_name=spare.actor_name if spare is not None else worker_actor_name(instance_id),
             num_worker_slots=model.spec.resources.num_worker_slots, repository_name=model.repository_name,
             estimate_s=estimate_s, started_s=now, handle=spare.handle if spare is not None else None,
-            from_spare=spare is not None, memory_bytes=memory_bytes)
+            from_spare=spare is not None, reserves_cpus=spare is None, memory_bytes=memory_bytes)
         settings = self.config.peer_stream
         if settings is not None and tier is not None and estimate_s is not None:
             instance.load_path = choose_load_path(
@@ -193,6 +193,7 @@ class InstanceManager:
                 # slots and the memory budget bound the node, idle instances cost no CPU, and a
                 # CPU reservation would keep a node's co-resident models to its core count.
                 shares = self.config.worker_memory_bytes is not None and spec.resources.num_gpus == 0
+                instance.reserves_cpus = not shares
                 instance.handle = self._cluster.start_worker(
                     instance_id=instance.instance_id, model_id=instance.model_id, model_dir=path,
                     engine_config=self._engine_config(spec), actor_name=instance.actor_name,
@@ -351,8 +352,9 @@ class InstanceManager:
     def begin_stop(self, instance: ManagedInstance, reason: str, drain_timeout_s: float, *,
                    recycle: bool = False) -> asyncio.Task:
         """Take the instance out of routing now; drain and stop it in the background. With
-        `recycle` (its slot goes to another model), a worker that came from the spare pool goes
-        back to it, model let go, when the node's pool has room: the next start skips a process."""
+        `recycle` (its slot goes to another model, or the model scaled down), a worker whose process
+        reserves no Ray CPU (`ManagedInstance.reusable_process`) goes back to the spare pool, model
+        let go, when the node's pool has room: the next start skips a process."""
         running = self._stop_tasks.get(instance.instance_id)
         if running is not None:
             return running
@@ -387,8 +389,8 @@ class InstanceManager:
 
     async def _recycle(self, instance: ManagedInstance) -> bool:
         """The worker back into the spare pool, its model let go; False: it is to be stopped
-        (not a spare's process -- it holds Ray CPUs a spare does not --, no room, or it failed)."""
-        if self._spares is None or not instance.from_spare or not self._spares.has_room(instance.ray_node_id):
+        (its process holds Ray CPUs a spare does not, no room, or it failed)."""
+        if self._spares is None or not instance.reusable_process or not self._spares.has_room(instance.ray_node_id):
             return False
         try:
             await self._cluster.release_worker(instance.handle, WORKER_SHUTDOWN_TIMEOUT_S)

@@ -45,6 +45,8 @@ class ManagedInstance:
         load_s: the worker's own load time once ready; pack_s the part of it spent pre-packing
             linear weights for oneDNN (0 when deferred past the start, or none were).
         from_spare: the worker is a spare that was assigned this model (no process start).
+        reserves_cpus: its process may hold Ray CPUs for the model (a spare's, or one sharing its
+            node by memory, holds none; an adopted one is assumed to).
         load_path: how it gets its weights (a peer's stream or its node's tier) and why; None if
             adopted.
         weights_resident: every layer is in (False while a peer's stream still delivers them:
@@ -76,6 +78,7 @@ class ManagedInstance:
     num_requests_started: int = 0
     last_error: str | None = None
     from_spare: bool = False
+    reserves_cpus: bool = True
     load_path: Any = None  # a controller.stream_source_policy.LoadPath
     weights_resident: bool = True
     prefills_at_frontier: tuple[str, ...] = ()
@@ -83,6 +86,12 @@ class ManagedInstance:
     num_running_requests: int = 0
     num_waiting_requests: int = 0
     kv_cache_usage: float = 0.0
+
+    @property
+    def reusable_process(self) -> bool:
+        """Its worker process may serve another model once this one is let go: it reserves no Ray
+        CPU, so nothing about it was sized for this model."""
+        return not self.reserves_cpus
 
     @property
     def serving(self) -> bool:

@@ -54,9 +54,13 @@ class SparePool:
     """The spares of every Ray node (see the module docstring). Runs on the controller's loop."""
 
     def __init__(self, cluster: ClusterClient, per_node: int, warm_timeout_s: float, *, weight_bytes: int = 0,
-                 kv_bytes: int = 0) -> None:
+                 kv_bytes: int = 0, adopt_per_node: int | None = None) -> None:
         self._cluster = cluster
         self.per_node = per_node
+        # How many spares a node may hold counting workers taken back (`adopt`); the pool only ever
+        # starts `per_node`. More where memory is the slot: a stopped model's process is kept
+        # warm for the next model rather than ended and, later, paid for again.
+        self.adopt_per_node = max(per_node, adopt_per_node or 0)
         self._warm_timeout_s = warm_timeout_s
         self._weight_bytes = weight_bytes  # what each spare faults ahead for its model's weights
         self._kv_bytes = kv_bytes  # ... and for its KV pool
@@ -71,18 +75,18 @@ class SparePool:
         return None
 
     def adopt(self, actor_name: str, ray_node_id: str, handle: Any) -> bool:
-        """Takes a worker whose model was let go (``release_model``: an evicted instance) back as a
-        warm spare, if its node has room in the pool; False: the caller stops it."""
-        have = sum(1 for spare in self._spares.values() if spare.ray_node_id == ray_node_id)
-        if have >= self.per_node or actor_name in self._spares:
+        """Takes a worker whose model was let go (``release_model``: an evicted instance, or one
+        scaled down whose process reserves no Ray CPU) back as a warm spare, if its node has room
+        in the pool (`adopt_per_node`); False: the caller stops it."""
+        if not self.has_room(ray_node_id) or actor_name in self._spares:
             return False
         self._spares[actor_name] = Spare(actor_name, ray_node_id, handle, warm=True)
-        logger.info("worker %s is a spare again on Ray node %s (its model was evicted)", actor_name, ray_node_id[:12])
+        logger.info("worker %s is a spare again on Ray node %s (its model was let go)", actor_name, ray_node_id[:12])
         return True
 
     def has_room(self, ray_node_id: str) -> bool:
-        """Whether the node's pool is short of a spare (warm or starting)."""
-        return sum(1 for spare in self._spares.values() if spare.ray_node_id == ray_node_id) < self.per_node
+        """Whether the node's pool may take a worker back (`adopt_per_node`, warm or starting)."""
+        return sum(1 for spare in self._spares.values() if spare.ray_node_id == ray_node_id) < self.adopt_per_node
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Ray node id -> {"warm": n, "starting": n}, for ``thaw status``."""

@@ -421,10 +421,43 @@ def test_memory_is_the_slot_models_share_a_node_until_its_budget_and_evictions_f
             assert h.routes(a) == [] and h.routes(b) == []
             [hold] = h.controller.status()["slot_sharing"]["holds"]
             assert (hold["model_id"], hold["memory_bytes"]) == (c, MODEL_BYTES + 1000 * MIB)
-            await eventually(lambda: sorted(h.cluster.stopped_workers) == sorted(workers), "both evicted workers stopped")
+            # Their processes reserve no Ray CPU, so they go back to the spare pool for the next model.
+            await eventually(lambda: sorted(d["instance_id"] for d in kinds(h, "recycled")) == sorted(workers),
+                             "both evicted workers recycled")
+            assert h.cluster.stopped_workers == []
             h.controller.notify_demand(c, 1, "gw", 1.0)
             await h.tick()
             assert len(h.routes(c)) == 1
             assert h.controller.status()["slot_sharing"]["counts"]["evictions"] == 2
 
     asyncio.run(scenario())
+
+
+def test_where_memory_is_the_slot_a_model_scaled_to_zero_leaves_its_process_to_the_next_model(tmp_path):
+    """Sharing a node by memory, a worker reserves no Ray CPU, so even one started fresh (no spare
+    warm) is kept when its model scales to zero, and the next model's start takes it; without a
+    budget, a fresh worker holds its model's Ray CPUs and is stopped."""
+    async def scenario(budget):
+        async with Harness(tmp_path / str(budget), cpu_worker_slots_per_node=4, worker_memory_bytes=budget,
+                           spare_workers_per_node=1, spare_refill_delay_s=100.0) as h:
+            a = await deploy(h, "a", 1, keep_alive_s=5.0)
+            b = await deploy(h, "b", 2)
+            h.controller.notify_demand(a, 1)
+            await h.tick()  # no spare is warm yet: a fresh worker
+            [a_instance] = h.controller.get_model(a)["instances"]
+            assert not a_instance["from_spare"]
+            h.controller.notify_demand(a, 0)
+            await h.tick(1.0)
+            await h.tick(6.0)  # past its keep-alive: scaled to zero
+            assert [d["reason"] for d in kinds(h, "stop")] == ["scaling down to 0"]
+            await eventually(lambda: h.controller.get_model(a)["instances"] == [], "a's instance gone")
+            h.controller.notify_demand(b, 1)
+            await h.tick()
+            [b_instance] = h.controller.get_model(b)["instances"]
+            return a_instance, b_instance, h.cluster.stopped_workers, kinds(h, "recycled")
+
+    a, b, stopped, recycled = asyncio.run(scenario(4 << 30))
+    assert [d["instance_id"] for d in recycled] == [a["instance_id"]] and stopped == []
+    assert b["from_spare"] and b["actor_name"] == a["actor_name"]  # the same process
+    a, b, stopped, recycled = asyncio.run(scenario(None))
+    assert recycled == [] and stopped == [a["instance_id"]] and b["actor_name"] != a["actor_name"]
