@@ -20,8 +20,10 @@ against, one after the other:
 * ``thaw-keepalive-wait``: the same with ``slot_sharing=False``: keep-alive is a hard lease and a
   waiting model gets a slot only once an idle instance's keep-alive has expired (ServerlessLLM);
 * ``thaw-shared``: memory is the slot (#38): the same Ray CPUs, but a slot per model and a worker
-  memory budget that holds every model's weights plus KV pool, so after each model's first
-  request nothing is evicted or loaded again (``evictions`` and ``instance_starts`` say so). The
+  memory budget that holds every model's weights plus KV pool (and one more instance's), so
+  nothing is evicted (``slot_sharing.evictions``; ``worker_memory`` has the budget and the most of
+  it seen in use), a model loads again only after its keep-alive, and a stopped model's worker
+  process stays warm for the next start (``cold_starts_from_spare``). The
   line carries its P99 over ``thaw``'s from the same run and the issue's target: at most a
   quarter of the 12.1 s last recorded for ``thaw`` (``TARGET_SHARED_P99_S``);
 * ``rayserve``: what a user builds instead: one Ray Serve application per model, each one
@@ -314,7 +316,10 @@ class ThawSide:
         self.port = free_port()
         largest = max(m.num_bytes for m in models)
         shared = policy == "thaw-shared"  # a slot per model; the budget holds them all
-        budget = sum(m.num_bytes for m in models) + len(models) * EngineConfig().kv_cache_bytes
+        # Every model's weights and KV pool, plus one more of the largest: a model that comes back
+        # while its last instance still drains holds two for a moment.
+        kv_bytes = EngineConfig().kv_cache_bytes
+        budget = sum(m.num_bytes for m in models) + (len(models) + 1) * kv_bytes + largest
         self.config = PlatformConfig.create(
             state_dir=work_dir / policy / "state", port=self.port, namespace=f"multimodel{uuid.uuid4().hex[:8]}",
             auth=False, num_cpus=NUM_SLOTS, cpu_worker_slots_per_node=len(models) if shared else NUM_SLOTS,

@@ -156,10 +156,9 @@ def test_multimodel_benchmark_quick():
     for key, peer in (("keepalive_wait", "thaw-keepalive-wait"), ("rayserve", "rayserve")):
         assert thaw[f"p99_ratio_to_{key}"] == pytest.approx(thaw["ttft_p99_s"] / lines[peer]["ttft_p99_s"], rel=0.01)
     assert isinstance(thaw["targets_met"], bool)
-    # Memory as the slot: the budget holds every model, so each loads once and nothing is evicted.
+    # Memory as the slot: the budget holds every model, so nothing is evicted or preempted.
     shared = lines["thaw-shared"]
     assert shared["slot_sharing"]["evictions"] == 0 and shared["slot_sharing"]["preemptions_suspended"] == 0
-    assert sum(shared["cold_starts_by_tier"].values()) <= len(shared["requests_per_model"])
     memory = shared["worker_memory"]
     assert 0 < memory["max_used_bytes"] <= memory["budget_bytes"] and lines["thaw"]["worker_memory"]["budget_bytes"] is None
     assert shared["p99_ratio_to_thaw"] == pytest.approx(shared["ttft_p99_s"] / thaw["ttft_p99_s"], rel=0.01)
