@@ -194,8 +194,17 @@ class GenerationResponse(Response):
 
             async def watch_disconnect() -> None:
                 nonlocal left
-                while (await receive())["type"] != "http.disconnect":
-                    pass
+                try:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                except Exception as exc:  # noqa: BLE001 - see below
+                    # The server's receive channel failed (Ray Serve's replica raises its call to
+                    # the proxy's error here): that says nothing about the client, whose stream
+                    # goes on. A client that did leave is still noticed: a write fails (OSError)
+                    # or the server cancels the request.
+                    logger.warning("the receive channel of %s failed (%s: %s); the response goes on without "
+                                   "watching for a disconnect", self._stream.request_id, type(exc).__name__, exc)
+                    return
                 # Servers also report a disconnect once the response is complete: that is no early exit.
                 if not self._complete:
                     left = True

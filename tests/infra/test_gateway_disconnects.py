@@ -179,3 +179,33 @@ def test_a_cancelled_request_task_still_aborts_even_if_cancelled_again(metrics):
 
     asyncio.run(main())
     assert backend.aborts == [("acme/m", backend.calls[0][1])] and backend.closed == [backend.calls[0][1]]
+
+
+def test_a_failing_receive_channel_is_not_a_disconnect_and_the_stream_completes(app, backend):
+    """Ray Serve's replica-side ``receive`` raises when its call to the proxy fails (under load, or
+    as the cluster loses a process); that says nothing about the client. Seen in the chaos test as
+    a stream cut mid-body (no final chunk): the stream must go on to its end instead."""
+    async def main():
+        raw = json.dumps({"model": "acme/m", "prompt": "queued", "stream": True}).encode()
+        delivered = False
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            raise RuntimeError("the proxy's receive_asgi_messages call failed")
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        await asyncio.wait_for(app(request_scope("/v1/completions", raw), receive, send), DEADLINE_S)
+        return sent
+
+    sent = asyncio.run(main())
+    assert sent[0]["status"] == 200
+    assert sent[-1]["more_body"] is False and sent[-1]["body"] == b"data: [DONE]\n\n"
+    texts = [json.loads(m["body"].removeprefix(b"data: "))["choices"][0]["text"] for m in sent[1:-1]
+             if m["body"].startswith(b"data: {")]
+    assert "".join(texts) == "Hello!" and backend.aborts == []
