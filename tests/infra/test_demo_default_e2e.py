@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.infra.running_platform import DEADLINE_S, start_platform
+from tests.infra.running_platform import DEADLINE_S, start_platform, wait_for
 from tests.infra.test_platform_e2e import CHAT
 from worker import DemoModelConfig, write_demo_model
 
@@ -47,10 +47,12 @@ def test_the_demo_and_three_deployed_models_stay_resident_side_by_side(platform)
     client = platform.client(timeout_s=DEADLINE_S)
     for model in models:  # each model's first request starts its instance
         ask(client, model)
-    status = platform.status()
+    # An instance's pid arrives with its worker's first stats report, a tick after it is ready.
+    status = wait_for(lambda: (lambda s: s if all(i["pid"] for i in s["instances"]) else None)(platform.status()),
+                      "every instance's worker pid reported")
     before = {i["instance_id"]: i["pid"] for i in status["instances"]}
-    assert len(before) == 4 and all(before.values()), "\n".join(f"{d['kind']} {d.get('model_id')} {d.get('reason')}"
-                                                                 for d in status["recent_decisions"])
+    assert len(before) == 4, "\n".join(f"{d['kind']} {d.get('model_id')} {d.get('reason')}"
+                                        for d in status["recent_decisions"])
 
     for _ in range(2):  # interleaved rounds: nothing loads
         for model in models:
