@@ -215,6 +215,13 @@ class GenerationResponse(Response):
                 await self._respond(send)
             except OSError:  # ASGI 2.4 servers raise on writes to a closed connection
                 left = True
+            except BaseException as exc:
+                # Issue 44: something ends a resumed stream before its last chunk with nothing
+                # logged (a cancellation, not an error: errors are reported in-band). Say so.
+                if not left and not self._complete:
+                    logger.warning("response of %s ended before its last chunk (status %s): %s", self._stream.request_id,
+                                   self._status or "not sent", type(exc).__name__)
+                raise
             finally:
                 await self._stream.close()
                 task_group.cancel_scope.cancel()
