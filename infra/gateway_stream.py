@@ -207,13 +207,16 @@ class GenerationResponse(Response):
                     return
                 # Servers also report a disconnect once the response is complete: that is no early exit.
                 if not self._complete:
+                    logger.info("client of %s disconnected (status %s)", self._stream.request_id,
+                                self._status or "not sent")
                     left = True
                     task_group.cancel_scope.cancel()
 
             task_group.start_soon(watch_disconnect)
             try:
                 await self._respond(send)
-            except OSError:  # ASGI 2.4 servers raise on writes to a closed connection
+            except OSError as exc:  # ASGI 2.4 servers raise on writes to a closed connection
+                logger.info("client of %s gone: a write failed: %s", self._stream.request_id, exc)
                 left = True
             except BaseException as exc:
                 # Issue 44: something ends a resumed stream before its last chunk with nothing
