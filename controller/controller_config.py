@@ -18,6 +18,7 @@ real cluster leaves it at 1.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import re
@@ -222,14 +223,19 @@ class ControllerConfig:
         """Where the state store is: the configured URL/path, or the state directory (SQLite)."""
         return self.state_store if self.state_store is not None else str(self.state_dir) + "/"
 
+    @functools.cached_property
+    def default_kv_cache_bytes(self) -> int:
+        """The KV pool size of the engine defaults, built once (placement prices every start with
+        it, and building an `EngineConfig` validates every field)."""
+        return self.engine_config().kv_cache_bytes
+
     @property
     def spare_kv_bytes(self) -> int:
         """Memory each spare faults ahead for its KV pool: the workers' KV cache size (0 when the
         engine defaults fix a block count instead, whose size depends on the model)."""
         if self.spare_workers_per_node == 0:
             return 0
-        config = self.engine_config()
-        return 0 if config.num_kv_blocks is not None else config.kv_cache_bytes
+        return 0 if self.engine_config().num_kv_blocks is not None else self.default_kv_cache_bytes
 
     def engine_config(self, overrides: Mapping[str, Any] | None = None):
         """The `worker.EngineConfig` of a worker: the defaults with `overrides` on top.

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from controller.autoscale_policy import ScaleDecision
-from controller.cluster_node import (ClusterNode, effective_bandwidth, has_worker_memory_budget, num_used_slots,
-                                    tier_bandwidths)
+from controller.cluster_node import (ClusterNode, effective_bandwidth, free_memory_bytes, has_worker_memory_budget,
+                                    num_used_slots, tier_bandwidths, used_memory_bytes)
 from controller.controller_config import ControllerConfig
 from controller.managed_instance import ManagedInstance
 from controller.placement_policy import PlacementDecision
@@ -49,9 +49,9 @@ def worker_memory_to_dict(node: ClusterNode, instances: Sequence[ManagedInstance
     if not has_worker_memory_budget(node, config):
         return None
     mine = [i for i in instances if i.node_id == node.node_id]
-    used = sum(i.memory_bytes for i in mine)
+    used = used_memory_bytes(node.node_id, mine)
     return {"budget_bytes": config.worker_memory_bytes, "used_bytes": used,
-            "free_bytes": max(0, config.worker_memory_bytes - used),
+            "free_bytes": free_memory_bytes(node, mine, config),
             "instances": [{"instance_id": i.instance_id, "model_id": i.model_id, "state": i.phase.value,
                            "memory_bytes": i.memory_bytes} for i in mine]}
 

@@ -40,4 +40,4 @@ def instance_memory_bytes(spec: ModelSpec, weight_bytes: int, config: Controller
     depends on the model's shape and is priced at the platform's byte size)."""
     if spec.kv_cache_bytes is not None:
         return weight_bytes + spec.kv_cache_bytes
-    return weight_bytes + config.engine_config().kv_cache_bytes
+    return weight_bytes + config.default_kv_cache_bytes

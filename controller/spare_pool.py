@@ -8,6 +8,8 @@ takes a warm spare on its node when there is one and assigns the model to it; th
 replacement once that instance has been ready for `ControllerConfig.spare_refill_delay_s`, off
 the request's path (see `SparePool.replenish`). A worker that was itself a spare and whose model
 is evicted for another comes back to the pool (`adopt`): slots changing hands reuse processes.
+Where memory is the slot, so does any worker reserving no Ray CPU whose model scales down, and a
+node may keep up to `adopt_per_node` such warm processes (the pool itself starts `per_node`).
 
 ``warm()`` makes a spare pay the rest of a first load's one-time costs (the engine's lazy imports,
 the attention kernel, oneDNN's first primitives) and fault the memory its model will be loaded

@@ -157,7 +157,8 @@ class InstanceWorkerActor:
         process is a spare again, torch imported and its first-load costs paid, ready for
         ``assign``. So a slot given to another model (an eviction) can reuse the process instead
         of paying a new one's start (~2-3 s); its freed memory stays in this process's heap for
-        the next model. Only a process started as a spare (no Ray CPU reserved) should be reused."""
+        the next model. Only a process that reserves no Ray CPU (a spare, or an instance sharing its node
+        by memory) should be reused."""
         worker, self._worker = self._worker, None
         if worker is not None:
             await worker.shutdown(timeout_s)
