@@ -152,6 +152,15 @@ class ClusterClient(ABC):
         """Shut the worker's model down and keep its process as a spare (``release_model``)."""
 
     @abstractmethod
+    async def sleep_worker(self, handle: ActorHandle, timeout_s: float) -> int:
+        """Put an idle worker's model to sleep (``sleep``: its KV pool freed, its weights kept);
+        returns the bytes freed. Raises when it cannot (a request open, not ready)."""
+
+    @abstractmethod
+    async def wake_worker(self, handle: ActorHandle, timeout_s: float) -> None:
+        """Wake a sleeping worker's model (``wake``): it serves again."""
+
+    @abstractmethod
     async def worker_request_ids(self, handle: ActorHandle, timeout_s: float) -> list[str]:
         """Ids of the requests open on the worker (started there or migrated in)."""
 

@@ -167,14 +167,16 @@ def model_tiers(report: NodeStoreReport | None, repository_name: str) -> frozens
 
 
 def num_used_slots(node_id: str, instances: Iterable[ManagedInstance]) -> int:
-    """Slots taken on the node; a stopping instance holds its slot until it is gone."""
-    return sum(instance.num_worker_slots for instance in instances if instance.node_id == node_id)
+    """Slots taken on the node; a stopping instance holds its slot until it is gone, an asleep one
+    holds none (`ManagedInstance.holds_slot`)."""
+    return sum(instance.num_worker_slots for instance in instances
+               if instance.node_id == node_id and instance.holds_slot)
 
 
 def used_memory_bytes(node_id: str, instances: Iterable[ManagedInstance]) -> int:
     """What the node's instances take of its worker memory budget; a stopping one holds its share
-    until it is gone, as it does its slot."""
-    return sum(instance.memory_bytes for instance in instances if instance.node_id == node_id)
+    until it is gone, as it does its slot; an asleep one its weights (`held_memory_bytes`)."""
+    return sum(instance.held_memory_bytes for instance in instances if instance.node_id == node_id)
 
 
 def has_worker_memory_budget(node: ClusterNode, config: ControllerConfig) -> bool:

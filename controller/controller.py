@@ -62,14 +62,14 @@ from typing import Any
 from controller.autoscale_policy import AutoscaleState, LoadSnapshot, decide
 from controller.cluster_client import ClusterClient
 from controller.checkpoint_copies import CheckpointCopies
-from controller.cluster_node import ClusterNode, node_view, nodes_of_kind
+from controller.cluster_node import ClusterNode, has_worker_memory_budget, node_view, nodes_of_kind
 from controller.controller_config import ControllerConfig
 from controller.deploy_jobs import DeployJob, DeployJobs
 from controller.upload_area import UploadArea
 from controller.controller_status import node_to_dict, placement_to_dict, scale_to_dict
 from controller.instance_manager import InstanceManager, stop_order
 from controller.managed_instance import InstancePhase, ManagedInstance
-from controller.engine_settings import engine_config_for, instance_memory_bytes
+from controller.engine_settings import engine_config_for, instance_kv_bytes, instance_memory_bytes
 from controller.model_registry import ModelRegistry
 from controller.model_spec import ModelSpec
 from controller.model_state import ModelState
@@ -332,8 +332,10 @@ class Controller:
 
     def slot_sharing_counts(self) -> dict[str, int]:
         """How often slots changed hands since this controller started (evictions, preemptions,
-        suspended and resumed requests...): what the gateways export on ``/metrics``."""
-        return self._sharer.counts()
+        suspended and resumed requests, instances put to sleep and woken...): what the gateways
+        export on ``/metrics``."""
+        return {**self._sharer.counts(), "sleeps": self._instances.counts["sleeps"],
+                "wakes": self._instances.counts["wakes"]}
 
     # --- the gateway's side ------------------------------------------------------------------
 
@@ -474,9 +476,14 @@ class Controller:
             self._sharer.forget(model.model_id, "no longer needed: the model has its instances")
         if missing < 0:
             for instance in sorted(live, key=stop_order)[:-missing]:
-                self._instances.begin_stop(instance, f"scaling down to {model.num_desired_instances}",
-                                           self.config.drain_timeout_s, recycle=True)
+                reason = f"scaling down to {model.num_desired_instances}"
+                if self._may_sleep(instance):
+                    self._instances.begin_sleep(instance, f"{reason}; asleep rather than stopped, its weights kept")
+                else:
+                    self._instances.begin_stop(instance, reason, self.config.drain_timeout_s, recycle=True)
             return
+        if missing > 0:
+            missing -= self._wake_sleepers(model, missing)
         if missing == 0 or now < model.next_start_s:
             return
         if model.num_bytes is None:
@@ -485,6 +492,39 @@ class Controller:
         for _ in range(missing):
             if self._models.get(model.model_id) is not model or not self._place_and_start(model, now):
                 break
+
+    def _may_sleep(self, instance: ManagedInstance) -> bool:
+        """An instance scaling down sleeps instead of stopping where its node shares a worker memory
+        budget (`ControllerConfig.sleep_idle_instances`), it is ready and idle, and its node is not draining."""
+        node = self._nodes.get(instance.node_id)
+        return (self.config.sleep_idle_instances and node is not None and not node.draining
+                and has_worker_memory_budget(node, self.config) and instance.phase is InstancePhase.READY
+                and instance.num_ongoing_requests == 0 and instance.handle is not None)
+
+    def _wake_sleepers(self, model: ModelState, wanted: int) -> int:
+        """Wakes up to `wanted` of the model's sleeping instances whose node has the memory for
+        their KV pools again; a sleeper whose node has not is stopped (its weights' memory freed,
+        its process kept warm) so that placement may put the model anywhere. Returns how many woke."""
+        sleepers = self._instances.asleep(model.model_id)
+        if not sleepers:
+            return 0
+        woken, now, instances = 0, self._clock(), self._instances.all()
+        nodes = [self._nodes[n] for n in sorted({i.node_id for i in sleepers}) if n in self._nodes]
+        views = {v.node_id: v for v in self._sharer.hold_reserved(self._reclaimer.hold_reserved(
+            [node_view(node, model.repository_name, instances, self.config, now) for node in nodes], model.model_id),
+            model.model_id)}  # what other models' held slots leave
+        for instance in sleepers:
+            if woken == wanted:
+                break
+            view = views.get(instance.node_id)
+            if view is None or view.free_memory_bytes is None or view.free_memory_bytes < instance.kv_memory_bytes \
+                    or view.num_free_slots < instance.num_worker_slots:
+                self._instances.begin_stop(instance, "wanted again, but its node has no slot or no memory for its "
+                                           "KV pool now", 0.0, recycle=True)
+                continue
+            self._instances.begin_wake(instance, f"{model.model_id} has demand again")
+            woken += 1
+        return woken
 
     def _place_and_start(self, model: ModelState, now: float) -> bool:
         """Choose a node and start one instance there; False if no node has room, or the model's
@@ -527,7 +567,8 @@ class Controller:
         if chosen is not None and model.num_bytes is not None:
             model.restart_s = chosen.bandwidths.restart_s(model.num_bytes)
         instance = self._instances.start(model, self._nodes[decision.node_id], decision.estimate_s, now,
-                                         tier=decision.tier, draining_node_ids=draining, memory_bytes=memory)
+                                         tier=decision.tier, draining_node_ids=draining, memory_bytes=memory,
+                                         kv_memory_bytes=instance_kv_bytes(spec, self.config) if memory else 0)
         model.last_placement = placement_to_dict(model.model_id, decision, self._wall_clock(), instance.instance_id)
         self._record(model.last_placement)
         logger.info("%s: starting %s: %s", model.model_id, instance.instance_id, decision.reason)
@@ -574,7 +615,7 @@ class Controller:
         if node is None:
             raise LookupError(f"no node {node_id!r}; nodes: {sorted(self._nodes)}")
         node.draining = True
-        stopping = [i for i in self._instances.all() if i.node_id == node_id and i.serving]
+        stopping = [i for i in self._instances.all() if i.node_id == node_id and i.phase is not InstancePhase.STOPPING]
         for instance in stopping:
             had_requests = instance.phase is InstancePhase.READY
             self._instances.begin_stop(instance, f"node {node_id} draining", self.config.drain_timeout_s)
@@ -614,6 +655,8 @@ class Controller:
                 "scale_reason": state.last_scale["reason"] if state.last_scale else None,
                 "placement_reason": state.last_placement["reason"] if state.last_placement else None,
             })
+        sharing = self._sharer.status(now)
+        sharing["counts"] = self.slot_sharing_counts()  # the sharer's, with sleeps and wakes
         return {
             "namespace": self._cluster.namespace, "platform_id": self.config.effective_platform_id,
             "num_ticks": self._num_ticks, "last_tick_errors": list(self._last_tick_errors),
@@ -623,7 +666,7 @@ class Controller:
                       for _, node in sorted(self._nodes.items())],
             "spare_workers": self._spares.counts(),
             "slot_reclaims": self._reclaimer.pending(),
-            "slot_sharing": self._sharer.status(now),
+            "slot_sharing": sharing,
             "recent_decisions": list(self._recent),
             "deploys": [record.to_dict() for record in self._deploys.recent()],
         }

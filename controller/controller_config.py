@@ -76,6 +76,10 @@ class ControllerConfig:
             placement packs instances by it and eviction frees it until a newcomer fits
             (ARCHITECTURE.md, "Slot hosts": memory is the slot). Slots still bound the number of
             instances; None: no budget, slots alone. CPU nodes only: a GPU node's slots are its GPUs.
+        sleep_idle_instances: where a node has a worker memory budget, a model scaling down (its
+            keep-alive over) puts an idle instance to sleep rather than stopping it: its KV pool
+            is freed, its weights stay in its process holding their share of the budget, and the
+            model's next request wakes it without a load. Eviction takes sleepers first.
         nodes_per_ray_node: logical nodes per Ray node (see the module docstring).
         excluded_ray_node_ids: Ray nodes that get no node store and no model instance (the head
             of a cluster whose platform was started with ``thaw serve --head-only``: it runs the
@@ -129,6 +133,7 @@ class ControllerConfig:
     repository_calibration_bytes: int = 8 * MIB
     cpu_worker_slots_per_node: int = 1
     worker_memory_bytes: int | None = None
+    sleep_idle_instances: bool = True
     nodes_per_ray_node: int = 1
     excluded_ray_node_ids: tuple[str, ...] = ()
     spare_workers_per_node: int = 1
@@ -186,6 +191,8 @@ class ControllerConfig:
         _count("max_recent_decisions", self.max_recent_decisions, 1)
         if not isinstance(self.calibrate, bool):
             raise ValueError("ControllerConfig.calibrate must be True or False")
+        if not isinstance(self.sleep_idle_instances, bool):
+            raise ValueError("ControllerConfig.sleep_idle_instances must be True or False")
         for name in ("reconcile_interval_s", "report_timeout_s", "load_timeout_s", "queue_report_ttl_s",
                      "migration_timeout_s",
                      "fallback_dram_bytes_per_s", "fallback_ssd_bytes_per_s", "fallback_repository_bytes_per_s"):

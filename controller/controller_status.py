@@ -53,7 +53,7 @@ def worker_memory_to_dict(node: ClusterNode, instances: Sequence[ManagedInstance
     return {"budget_bytes": config.worker_memory_bytes, "used_bytes": used,
             "free_bytes": free_memory_bytes(node, mine, config),
             "instances": [{"instance_id": i.instance_id, "model_id": i.model_id, "state": i.phase.value,
-                           "memory_bytes": i.memory_bytes} for i in mine]}
+                           "memory_bytes": i.held_memory_bytes} for i in mine]}
 
 
 def node_to_dict(node: ClusterNode, instances: Sequence[ManagedInstance], config: ControllerConfig) -> dict[str, Any]:

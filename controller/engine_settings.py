@@ -38,6 +38,9 @@ def instance_memory_bytes(spec: ModelSpec, weight_bytes: int, config: Controller
     bytes (the weights as they load; a ``dtype`` wider than the checkpoint's is not priced) plus
     its KV pool (the spec's ``kv_cache_bytes``, else the platform's; a pool fixed as a block count
     depends on the model's shape and is priced at the platform's byte size)."""
-    if spec.kv_cache_bytes is not None:
-        return weight_bytes + spec.kv_cache_bytes
-    return weight_bytes + config.default_kv_cache_bytes
+    return weight_bytes + instance_kv_bytes(spec, config)
+
+
+def instance_kv_bytes(spec: ModelSpec, config: ControllerConfig) -> int:
+    """The KV pool's part of `instance_memory_bytes`: what an instance frees when it sleeps."""
+    return spec.kv_cache_bytes if spec.kv_cache_bytes is not None else config.default_kv_cache_bytes

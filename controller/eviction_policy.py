@@ -28,6 +28,11 @@ collecting its own, until the first node whose collected victims (with what is f
 already) make room for the newcomer; those are evicted together. One victim that makes room on
 its own is therefore chosen exactly as without a budget.
 
+An asleep instance (its model scaled down; ARCHITECTURE.md "Slot hosts": it holds its weights'
+memory and no slot) is idle by definition and wanted by nobody now: among equal priorities every
+sleeper goes before any awake instance, and the `min_instances` floor does not keep it (it is
+not one of its model's instances). It frees memory, never a slot.
+
 The lowest score goes first: cheap, rarely used, longest idle (decay makes idleness lower the
 score). GDSF ages entries with an inflation clock instead; the decay does the same job from one
 number per model, which a restarted controller rebuilds within a few minutes of traffic rather
@@ -114,7 +119,8 @@ class EvictionCandidate:
         instance_id / model_id / node_id: which instance, of which model, where.
         num_worker_slots: the slots it occupies.
         memory_bytes: what it takes of its node's worker memory budget (weights plus KV pool).
-        ready: READY (not loading or stopping).
+        ready: READY (not loading, asleep or stopping).
+        asleep: ASLEEP: `memory_bytes` is then what it holds asleep (its weights), and it frees no slot.
         num_ongoing_requests: its requests at the last report.
         num_queued_requests: requests waiting for its model at the gateways.
         idle_s: seconds since its model last had a request (or since it became ready, if later).
@@ -133,6 +139,7 @@ class EvictionCandidate:
     num_worker_slots: int = 1
     memory_bytes: int = 0
     ready: bool = True
+    asleep: bool = False
     num_ongoing_requests: int = 0
     num_queued_requests: int = 0
     idle_s: float
@@ -178,6 +185,10 @@ def _why_kept(candidate: EvictionCandidate, settings: EvictionSettings, num_slot
               free_slots_by_node: dict[str, int]) -> str | None:
     if candidate.draining:
         return "its node drains"
+    if candidate.asleep:
+        if free_slots_by_node.get(candidate.node_id, 0) < num_slots:
+            return f"asleep, it holds no slot and the node has fewer than the {num_slots} slots needed free"
+        return None
     if not candidate.ready:
         return "not ready"
     if candidate.num_ongoing_requests or candidate.num_queued_requests:
@@ -217,7 +228,7 @@ def choose_eviction(waiting_model_id: str, candidates: Sequence[EvictionCandidat
         why = _why_kept(candidate, settings, num_slots, free)
         if why is None and candidate.node_id not in load_s_by_node:
             why = "the waiting model cannot be placed on its node"
-        if why is None:
+        if why is None and not candidate.asleep:
             displaced = settings.request_rate(candidate.frequency) * load_s_by_node[candidate.node_id]
             if displaced >= settings.max_displaced_requests:
                 why = (f"~{displaced:.3g} of its requests would arrive during the {load_s_by_node[candidate.node_id]:.3g}s "
@@ -227,7 +238,8 @@ def choose_eviction(waiting_model_id: str, candidates: Sequence[EvictionCandidat
             continue
         score = eviction_score(candidate, settings)
         total = score + load_s_by_node[candidate.node_id]
-        eligible.append(((candidate.priority, total, -candidate.idle_s, candidate.instance_id), candidate, score, total))
+        eligible.append(((candidate.priority, not candidate.asleep, total, -candidate.idle_s, candidate.instance_id),
+                         candidate, score, total))
     if not eligible:
         held = "; ".join(kept) if kept else "no other model holds a slot"
         return EvictionDecision(None, None, f"no idle instance to evict: {held}")
@@ -259,7 +271,7 @@ def choose_eviction(waiting_model_id: str, candidates: Sequence[EvictionCandidat
         more = (f"; with {', '.join(f'{c.instance_id} ({c.model_id}, score {s:.3g})' for c, s in chosen[1:])} "
                 f"until it fits: {_gib(freed)} freed + {_gib(free_memory[victim.node_id])} free >= "
                 f"{_gib(memory_bytes)} needed")
-    reason = (f"evict idle {victim.instance_id} ({victim.model_id}, priority {victim.priority}, idle "
+    reason = (f"evict {'asleep' if victim.asleep else 'idle'} {victim.instance_id} ({victim.model_id}, priority {victim.priority}, idle "
               f"{victim.idle_s:.1f}s) on {victim.node_id} for {waiting_model_id}: score {score:.3g} = frequency "
               f"{max(victim.frequency, settings.min_frequency):.3g} x reload {victim.reload_s:.3g}s from "
               f"{victim.reload_tier} / {victim.num_worker_slots} slot(s), + {load_s_by_node[victim.node_id]:.3g}s "

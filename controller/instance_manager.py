@@ -24,6 +24,12 @@ makes it so, one instance at a time, without ever blocking a reconcile tick:
   to a drain timeout), then shuts down, and its record goes. A request still open at the
   shutdown (past the timeout, or routed there as the stop began) ends "suspended", and the
   gateway continues it on the model's next instance.
+- `begin_sleep` / `begin_wake`: where memory is the slot, a model scaling down puts an idle
+  instance to sleep instead of stopping it (out of routing at once, its worker's KV pool freed,
+  its weights kept: ASLEEP, holding its weights' memory and no slot), and its next demand wakes
+  it (LOADING until the pool is rebuilt, then READY) in a fraction of a load. A worker that
+  cannot sleep (a request raced the decision) is stopped as it was before sleep existed (its
+  requests drained first); one that cannot wake is stopped like a failed start. Sleepers are what eviction takes first (`eviction_policy`).
 - `adopt`: after a restart, the records whose actors are alive become instances again (READY
   or still LOADING), the others are forgotten, and a worker actor of the namespace that no
   record accounts for is ended -- so nothing is ever started twice.
@@ -39,6 +45,7 @@ lifecycle event goes to `record` (the controller's recent decisions) and the log
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import uuid
@@ -97,6 +104,8 @@ class InstanceManager:
         self._instances: dict[str, ManagedInstance] = {}
         self._tasks: set[asyncio.Task] = set()
         self._stop_tasks: dict[str, asyncio.Task] = {}
+        self._sleep_tasks: dict[str, asyncio.Task] = {}
+        self.counts: collections.Counter[str] = collections.Counter()  # "sleeps", "wakes" so far
         self._chains = StreamChains(self._stream_from)
 
     # --- queries -----------------------------------------------------------------------------
@@ -138,14 +147,15 @@ class InstanceManager:
     # --- starting ----------------------------------------------------------------------------
 
     def start(self, model: ModelState, node: ClusterNode, estimate_s: float | None, now: float, *,
-              tier: str | None = None, draining_node_ids: Collection[str] = (), memory_bytes: int = 0
-              ) -> ManagedInstance:
+              tier: str | None = None, draining_node_ids: Collection[str] = (), memory_bytes: int = 0,
+              kv_memory_bytes: int = 0) -> ManagedInstance:
         """Take a slot on `node` for a new instance of `model` and start it in the background.
         `tier`: where placement estimated it loads from in `estimate_s` -- the checkpoint is pinned
         in the node-store tier that implies (`pin_tier`; without one, the DRAM copy if the node's
         last report has it, else SSD); with `config.peer_stream`, a running instance's stream is
         taken instead when it is estimated faster (`choose_load_path`), and that pin is its fallback.
-        `memory_bytes`: what it takes of the node's worker memory budget until it is gone."""
+        `memory_bytes`: what it takes of the node's worker memory budget until it is gone
+        (`kv_memory_bytes` of it its KV pool's, which sleeping frees)."""
         instance_id = f"{model.repository_name}-{uuid.uuid4().hex[:8]}"
         spare = None
         if self._spares is not None and model.spec.resources.num_gpus == 0:
@@ -155,7 +165,8 @@ class InstanceManager:
             actor_name=spare.actor_name if spare is not None else worker_actor_name(instance_id),
             num_worker_slots=model.spec.resources.num_worker_slots, repository_name=model.repository_name,
             estimate_s=estimate_s, started_s=now, handle=spare.handle if spare is not None else None,
-            from_spare=spare is not None, reserves_cpus=spare is None, memory_bytes=memory_bytes)
+            from_spare=spare is not None, reserves_cpus=spare is None, memory_bytes=memory_bytes,
+            kv_memory_bytes=kv_memory_bytes)
         settings = self.config.peer_stream
         if settings is not None and tier is not None and estimate_s is not None:
             instance.load_path = choose_load_path(
@@ -280,6 +291,17 @@ class InstanceManager:
             return
         if instance.phase is not InstancePhase.LOADING:
             return  # stopped while it loaded
+        instance.load_s = load.load_s
+        instance.pack_s = load.weights_pack_s
+        estimate = f"{instance.estimate_s:.3g}s" if instance.estimate_s is not None else "unknown"
+        path = instance.load_path
+        source = (f"a stream from {path.source_instance_id}, layers still arriving" if path is not None
+                  and path.kind == "stream" else instance.tier or "an unknown tier")
+        await self._enter_ready(instance, "ready",
+                                f"ready on {instance.node_id} from {source} in {load.load_s:.3g}s (estimated {estimate})")
+
+    async def _enter_ready(self, instance: ManagedInstance, kind: str, reason: str) -> None:
+        """A loaded (or woken) instance: prepared by `before_ready`, then READY, recorded, routed."""
         if self._before_ready is not None:
             try:
                 await self._before_ready(instance)  # e.g. the model's parked requests replayed into it
@@ -289,20 +311,13 @@ class InstanceManager:
                 return
         instance.phase = InstancePhase.READY
         instance.ready_s = self._clock()
-        instance.load_s = load.load_s
-        instance.pack_s = load.weights_pack_s
         self._store.put_worker(self._worker_record(instance))
         model = self._models.get(instance.model_id)
         if model is not None:
             model.start_succeeded()
         self._on_routes_changed(instance.model_id)
-        estimate = f"{instance.estimate_s:.3g}s" if instance.estimate_s is not None else "unknown"
-        path = instance.load_path
-        source = (f"a stream from {path.source_instance_id}, layers still arriving" if path is not None
-                  and path.kind == "stream" else instance.tier or "an unknown tier")
-        reason = f"ready on {instance.node_id} from {source} in {load.load_s:.3g}s (estimated {estimate})"
         logger.info("%s: instance %s %s", instance.model_id, instance.instance_id, reason)
-        self._event("ready", instance, reason)
+        self._event(kind, instance, reason)
 
     async def _start_failed(self, instance: ManagedInstance, exc: BaseException) -> None:
         instance.last_error = f"{type(exc).__name__}: {exc}"
@@ -346,6 +361,78 @@ class InstanceManager:
         logger.warning("%s: instance %s died: %s", instance.model_id, instance.instance_id, why)
         self._event("died", instance, why)
         self._forget(instance)
+
+    # --- sleep and wake ----------------------------------------------------------------------
+
+    def asleep(self, model_id: str) -> list[ManagedInstance]:
+        """The model's sleeping instances, the one asleep the shortest first."""
+        return sorted((i for i in self.of_model(model_id) if i.phase is InstancePhase.ASLEEP),
+                      key=lambda i: (-(i.asleep_s or 0.0), i.instance_id))
+
+    def _put_record(self, instance: ManagedInstance) -> None:
+        try:
+            self._store.put_worker(self._worker_record(instance))
+        except Exception:  # noqa: BLE001 - the record is advisory (see adopt); the change matters more
+            logger.exception("recording %s as %s failed", instance.instance_id, instance.phase.value)
+
+    def begin_sleep(self, instance: ManagedInstance, reason: str) -> None:
+        """Out of routing now (ASLEEP: its slot and KV share free for placement); its worker frees
+        its KV pool once its open requests are done, in the background."""
+        instance.phase, instance.asleep_s = InstancePhase.ASLEEP, self._clock()
+        self._put_record(instance)
+        self._on_routes_changed(instance.model_id)
+        self.counts["sleeps"] += 1
+        logger.info("%s: %s goes to sleep: %s", instance.model_id, instance.instance_id, reason)
+        self._event("sleep", instance, reason)
+        task = self._spawn(self._sleep(instance))
+        self._sleep_tasks[instance.instance_id] = task
+        task.add_done_callback(lambda _: self._sleep_tasks.pop(instance.instance_id, None))
+
+    async def _sleep(self, instance: ManagedInstance) -> None:
+        try:
+            await self._drain(instance, self.config.drain_timeout_s)
+            freed = await self._cluster.sleep_worker(instance.handle, WORKER_SHUTDOWN_TIMEOUT_S)
+        except ActorGoneError as exc:
+            if instance.phase is InstancePhase.ASLEEP:
+                self.died(instance, str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - it did not sleep: it is stopped as before sleep existed
+            if instance.phase is InstancePhase.ASLEEP:
+                why = f"could not sleep ({type(exc).__name__}: {exc}); stopping it instead"
+                logger.warning("%s: %s %s", instance.model_id, instance.instance_id, why)
+                self._event("sleep_failed", instance, why)
+                instance.phase, instance.asleep_s = InstancePhase.READY, None  # so its requests drain first
+                self.begin_stop(instance, why, self.config.drain_timeout_s, recycle=True)
+            return
+        logger.info("%s: %s asleep (%.3g MB of KV pool freed)", instance.model_id, instance.instance_id, freed / 1e6)
+        self._on_slot_freed()
+
+    def begin_wake(self, instance: ManagedInstance, reason: str) -> None:
+        """LOADING again now (it counts as its model's instance); its worker rebuilds the KV pool
+        (after the sleep, if that is still under way), then it is READY and routed."""
+        now = self._clock()
+        instance.phase, instance.asleep_s = InstancePhase.LOADING, None
+        instance.started_s, instance.ready_s, instance.estimate_s = now, None, 0.0
+        self._put_record(instance)
+        self.counts["wakes"] += 1
+        logger.info("%s: waking %s: %s", instance.model_id, instance.instance_id, reason)
+        self._event("wake", instance, reason)
+        self._spawn(self._wake(instance))
+
+    async def _wake(self, instance: ManagedInstance) -> None:
+        pending = self._sleep_tasks.get(instance.instance_id)
+        if pending is not None:
+            await asyncio.wait([pending])
+        started = self._clock()
+        try:
+            await self._cluster.wake_worker(instance.handle, WORKER_SHUTDOWN_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - a worker that cannot wake is replaced like a failed start
+            if instance.phase is InstancePhase.LOADING:
+                await self._start_failed(instance, exc)
+            return
+        if instance.phase is InstancePhase.LOADING:
+            await self._enter_ready(instance, "woke",
+                                    f"awake on {instance.node_id} in {self._clock() - started:.3g}s (no load)")
 
     # --- stopping ----------------------------------------------------------------------------
 
@@ -493,7 +580,11 @@ class InstanceManager:
             why = "its model was deleted" if model is None else f"it was {state or record.state}"
             self.begin_stop(instance, f"adopted, but {why}", 0.0)
             return
-        if state == "ready" or (state is None and record.state == "ready"):
+        if state == "asleep" or (state is None and record.state == "asleep"):
+            instance.phase, instance.asleep_s = InstancePhase.ASLEEP, now
+            if record.state != "asleep":
+                self._store.put_worker(self._worker_record(instance))
+        elif state == "ready" or (state is None and record.state == "ready"):
             instance.phase, instance.ready_s = InstancePhase.READY, now
             if stats is not None:
                 instance.num_ongoing_requests = stats.num_ongoing_requests

@@ -6,8 +6,11 @@ was read from, the placement estimate, and the last load report. Mutable on purp
 controller updates it as reports arrive, always on its one event loop.
 
 Phases: LOADING from the moment a slot is taken (the checkpoint is being made local, the actor
-started, the model read) until ``ready()`` answers; READY while it serves (the only phase the
-routing table lists); STOPPING while it finishes its open requests and shuts down.
+started, the model read) until ``ready()`` answers, or while a sleeping instance wakes; READY
+while it serves (the only phase the routing table lists); ASLEEP once its model scaled down on a
+node where memory is the slot and it was put to sleep instead of stopped (its KV pool freed, its
+weights kept: it holds only `ManagedInstance.held_memory_bytes` and no slot, and waking it is
+fast); STOPPING while it finishes its open requests and shuts down.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ from typing import Any
 class InstancePhase(str, enum.Enum):
     LOADING = "loading"
     READY = "ready"
+    ASLEEP = "asleep"
     STOPPING = "stopping"
 
 
 # The state store's names for the phases (WorkerRecord.state).
-RECORD_STATES = {InstancePhase.LOADING: "starting", InstancePhase.READY: "ready", InstancePhase.STOPPING: "stopping"}
+RECORD_STATES = {InstancePhase.LOADING: "starting", InstancePhase.READY: "ready", InstancePhase.ASLEEP: "asleep",
+                 InstancePhase.STOPPING: "stopping"}
 
 
 @dataclass
@@ -35,6 +40,8 @@ class ManagedInstance:
         num_worker_slots: slots it occupies on its node.
         memory_bytes: what it takes of its node's worker memory budget (weights plus KV pool;
             `engine_settings.instance_memory_bytes`), held until it is gone.
+        kv_memory_bytes: the KV pool's part of `memory_bytes`, which sleeping frees.
+        asleep_s: when it went to sleep (controller clock), None while awake.
         repository_name: the model's name in the repository and the node stores.
         tier: the node-store tier its checkpoint was read from ("dram", "ssd"), None if unknown
             (adopted after a restart).
@@ -65,6 +72,8 @@ class ManagedInstance:
     num_worker_slots: int
     repository_name: str
     memory_bytes: int = 0
+    kv_memory_bytes: int = 0
+    asleep_s: float | None = None
     phase: InstancePhase = InstancePhase.LOADING
     handle: Any = None
     tier: str | None = None
@@ -95,8 +104,21 @@ class ManagedInstance:
 
     @property
     def serving(self) -> bool:
-        """Counts toward the model's instances (the autoscaler's current count)."""
-        return self.phase is not InstancePhase.STOPPING
+        """Counts toward the model's instances (the autoscaler's current count): loading or ready."""
+        return self.phase in (InstancePhase.LOADING, InstancePhase.READY)
+
+    @property
+    def held_memory_bytes(self) -> int:
+        """What it holds of its node's worker memory budget now: its weights alone while asleep."""
+        if self.phase is InstancePhase.ASLEEP:
+            return max(0, self.memory_bytes - self.kv_memory_bytes)
+        return self.memory_bytes
+
+    @property
+    def holds_slot(self) -> bool:
+        """Whether it takes its worker slots: every phase but asleep (a sleeper serves nobody; its
+        node's memory budget bounds how many sleep there)."""
+        return self.phase is not InstancePhase.ASLEEP
 
     def expected_remaining_s(self, now: float, start_overhead_s: float) -> float | None:
         """How long a client should expect to wait for this loading instance: placement's read
@@ -118,7 +140,7 @@ class ManagedInstance:
         return {
             "instance_id": self.instance_id, "model_id": self.model_id, "node_id": self.node_id,
             "ray_node_id": self.ray_node_id, "actor_name": self.actor_name, "state": self.phase.value,
-            "memory_bytes": self.memory_bytes,
+            "memory_bytes": self.memory_bytes, "held_memory_bytes": self.held_memory_bytes,
             "tier": self.tier, "estimate_s": self.estimate_s, "load_s": self.load_s, "pack_s": self.pack_s,
             "num_ongoing_requests": self.num_ongoing_requests, "num_generated_tokens": self.num_generated_tokens,
             "last_error": self.last_error, "from_spare": self.from_spare,

@@ -78,7 +78,8 @@ class NodeRoster:
         is gone is `InstanceManager.died`. Returns the errors, one line each."""
         timeout_s = self.config.report_timeout_s
         nodes = [node for node in self._nodes.values() if node.store is not None]
-        ready = [i for i in self._instances.all() if i.phase is InstancePhase.READY and i.handle is not None]
+        reporting = (InstancePhase.READY, InstancePhase.ASLEEP)  # a sleeper's death frees its memory
+        ready = [i for i in self._instances.all() if i.phase in reporting and i.handle is not None]
         results = await asyncio.gather(
             *(self._cluster.node_store_report(node.store, timeout_s) for node in nodes),
             *(self._cluster.worker_stats(instance.handle, timeout_s) for instance in ready),
@@ -95,7 +96,7 @@ class NodeRoster:
                 errors.append(f"node {node.node_id}: {node.report_error}")
         now = self._clock()
         for instance, result in zip(ready, results[len(nodes):]):
-            if instance.phase is not InstancePhase.READY or self._instances.get(instance.instance_id) is not instance:
+            if instance.phase not in reporting or self._instances.get(instance.instance_id) is not instance:
                 continue  # stopped while we waited
             if isinstance(result, ActorGoneError):
                 self._instances.died(instance, str(result))

@@ -175,6 +175,12 @@ class RayClusterClient(ClusterClient):
     async def release_worker(self, handle: ActorHandle, timeout_s: float) -> None:
         await call(handle.release_model.remote(timeout_s), timeout_s + 5.0)
 
+    async def sleep_worker(self, handle: ActorHandle, timeout_s: float) -> int:
+        return await call(handle.sleep.remote(), timeout_s)
+
+    async def wake_worker(self, handle: ActorHandle, timeout_s: float) -> None:
+        await call(handle.wake.remote(), timeout_s)
+
     async def worker_request_ids(self, handle: ActorHandle, timeout_s: float) -> list[str]:
         return await call(handle.request_ids.remote(), timeout_s)
 

@@ -242,12 +242,15 @@ class SlotSharer:
                                    free_slots_by_node=free, memory_bytes=memory_bytes,
                                    free_memory_by_node=free_memory)
         victims = [self._instances.get(c.instance_id) for c in eviction.victims]
-        if not victims or any(v is None or v.phase is not InstancePhase.READY for v in victims):
+        if not victims or any(v is None or v.phase not in (InstancePhase.READY, InstancePhase.ASLEEP)
+                              for v in victims):
             return dataclasses.replace(decision, reason=f"{decision.reason}; {eviction.reason}")
         for victim in victims:
-            self._instances.begin_stop(victim, f"evicted for {model_id} (idle)", self.config.drain_timeout_s,
-                                       recycle=True)
-            self._shrink(victim.model_id, f"its idle instance {victim.instance_id} gave its slot to {model_id}")
+            asleep = victim.phase is InstancePhase.ASLEEP
+            self._instances.begin_stop(victim, f"evicted for {model_id} ({'asleep' if asleep else 'idle'})",
+                                       self.config.drain_timeout_s, recycle=True)
+            if not asleep:  # a sleeper is no longer one of its model's instances: nothing to shrink
+                self._shrink(victim.model_id, f"its idle instance {victim.instance_id} gave its slot to {model_id}")
             self._keep_in_dram(victim)
         victim = victims[0]
         self._hold(model_id, "eviction", victim, num_slots, load_s[victim.node_id], now, memory_bytes,
@@ -459,8 +462,8 @@ class SlotSharer:
             tier, reload_s = self._reload(instance, model, overhead_s)
             candidates.append(EvictionCandidate(
                 instance_id=instance.instance_id, model_id=instance.model_id, node_id=instance.node_id,
-                num_worker_slots=instance.num_worker_slots, memory_bytes=instance.memory_bytes,
-                ready=instance.phase is InstancePhase.READY,
+                num_worker_slots=instance.num_worker_slots, memory_bytes=instance.held_memory_bytes,
+                ready=instance.phase is InstancePhase.READY, asleep=instance.phase is InstancePhase.ASLEEP,
                 num_ongoing_requests=instance.num_ongoing_requests, num_queued_requests=self._queued(model, now),
                 idle_s=self._idle_s(instance, model, now),
                 num_model_instances=len(self._instances.live(instance.model_id)),

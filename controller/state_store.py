@@ -37,7 +37,7 @@ from controller.tenant_quota import TenantQuota
 
 SCHEMA_VERSION = 1
 DEFAULT_SQLITE_FILE = "state.sqlite3"
-WORKER_STATES = ("starting", "ready", "draining", "stopping")
+WORKER_STATES = ("starting", "ready", "asleep", "draining", "stopping")
 _API_KEY_RE = re.compile(r"thaw_([0-9a-f]{16})_([A-Za-z0-9_-]{43})")
 
 

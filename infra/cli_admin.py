@@ -367,11 +367,14 @@ def _tier_usage(node: dict[str, Any], name: str) -> str:
 
 
 def _worker_memory(node: dict[str, Any]) -> str:
-    """Used / budget of the node's worker memory, and how many instances share it ("-": no budget)."""
+    """Used / budget of the node's worker memory, and how many instances share it, how many of them
+    asleep ("-": no budget)."""
     memory = node.get("worker_memory")
     if not memory:
         return "-"
-    return f"{_size(memory['used_bytes'])} / {_size(memory['budget_bytes'])} ({len(memory['instances'])} inst.)"
+    asleep = sum(1 for i in memory["instances"] if i.get("state") == "asleep")
+    return (f"{_size(memory['used_bytes'])} / {_size(memory['budget_bytes'])} ({len(memory['instances'])} inst."
+            f"{f', {asleep} asleep' if asleep else ''})")
 
 
 def _rates(node: dict[str, Any]) -> str:

@@ -163,7 +163,8 @@ class GatewayMetrics:
         # when the controller restarts (Prometheus' rate() over it still reads as a counter's).
         self.slot_decisions = Gauge(
             "slot_decisions", "Slot-sharing decisions since the controller started, by kind: evictions, "
-            "preemptions (migrated or suspended), requests suspended, parked with their KV, resumed with it.",
+            "preemptions (migrated or suspended), requests suspended, parked with their KV, resumed with it, "
+            "instances put to sleep and woken.",
             ["kind"], namespace=ns, registry=r)
 
     # ---- per request (the app) -----------------------------------------------------------

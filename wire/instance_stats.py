@@ -28,6 +28,7 @@ class InstanceState(str, enum.Enum):
     SPARE = "spare"  # a pre-started worker process with no model yet (see worker.InstanceWorkerActor)
     LOADING = "loading"  # the actor exists, the model is still being read
     READY = "ready"  # serving
+    ASLEEP = "asleep"  # loaded, its KV pool released: takes no request until woken (see worker.InstanceWorker.sleep)
     FAILED = "failed"  # the load failed or the engine thread died; the actor should be replaced
     STOPPED = "stopped"  # shut down on purpose; takes no new requests
 

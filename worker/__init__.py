@@ -43,8 +43,8 @@ from worker.demo_model import DemoModelConfig, write_demo_model
 from worker.engine import Engine
 from worker.engine_config import EngineConfig
 from worker.engine_migration import MigrationRefusedError, UnknownRequestError
-from worker.instance_worker import (SUSPENDED, GenerationChunk, InstanceLoadError, InstanceWorker,
-                                    InvalidFieldError, SourceUnavailableError)
+from worker.instance_worker import (SUSPENDED, GenerationChunk, InstanceBusyError, InstanceLoadError,
+                                    InstanceWorker, InvalidFieldError, SourceUnavailableError)
 from worker.instance_worker_actor import (
     InstanceWorkerActor, SpareWorkerError, start_instance_worker, start_spare_worker, stop_instance_worker,
     stream_generation, worker_actor_options,
@@ -66,7 +66,7 @@ __all__ = [
     "SUSPENDED",
     "AsyncEngine", "CheckpointError", "Completion", "DemoModelConfig", "Engine", "EngineConfig",
     "EngineDeadError", "GenerationChunk", "GrammarSpec", "InstanceLoad", "InstanceLoadError", "InstanceState",
-    "InstanceStats",
+    "InstanceBusyError", "InstanceStats",
     "InstanceWorker", "InstanceWorkerActor", "InvalidFieldError", "InvalidRequestError", "LayerLoadError",
     "MigrationRefusedError", "ModelConfig", "PeerWeights", "RequestFailedError", "RequestLifecycle", "RequestOutput",
     "RequestSnapshot",

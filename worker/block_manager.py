@@ -114,6 +114,14 @@ class BlockManager:
     def capacity_tokens(self) -> int:
         return self.num_blocks * self.block_size
 
+    def forget_cached(self) -> int:
+        """Forgets the cached KV of every block (see `BlockPool.forget_cached`): the KV pool is
+        about to be freed. Only with no sequence holding blocks. Returns the blocks forgotten."""
+        if self._block_tables or self._claims:
+            raise RuntimeError(f"{len(self._block_tables)} sequence(s) still hold KV blocks")
+        self._computing.clear()
+        return self._pool.forget_cached()
+
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

@@ -132,3 +132,17 @@ class BlockPool:
         self._block_by_hash[block_hash] = block_id
         self._hash_by_block[block_id] = block_hash
         return True
+
+    def forget_cached(self) -> int:
+        """Forgets every cached block's KV (the pool that held it is being freed: an engine going
+        to sleep); they join the free queue. Only when no sequence holds a block. Returns how many
+        were forgotten."""
+        held = sum(1 for count in self._ref_counts if count)
+        if held:
+            raise RuntimeError(f"{held} block(s) are held by sequences; their KV cannot be forgotten")
+        forgotten = list(self._evictable)
+        self._free_block_ids.extend(forgotten)
+        self._evictable.clear()
+        self._block_by_hash.clear()
+        self._hash_by_block.clear()
+        return len(forgotten)

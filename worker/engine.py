@@ -167,6 +167,7 @@ class Engine:
         self.structured_output = StructuredOutputManager(self.tokenizer, self.model_config.vocab_size,
                                                          overlap=config.overlap_structured_output)
         self._in_step: tuple[str, ...] = ()  # requests of the forward pass under way (see request_ids_in_step)
+        self._asleep = False  # the KV pool released (`sleep`)
         self._next_id = itertools.count()
         self._zigzag: ZigzagPrefill | None = None
         if self._gate is not None:
@@ -312,6 +313,8 @@ class Engine:
         """Admits a prepared request to the scheduler's queue."""
         if seq.request_id in self.requests:
             raise InvalidRequestError(f"request id {seq.request_id!r} is already in use")
+        if self._asleep:  # its instance refuses requests first; this is the backstop
+            raise RuntimeError("the engine is asleep (its KV pool is released); wake it first")
         self.requests.admit(seq)
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
@@ -357,6 +360,28 @@ class Engine:
         if not self.weights_to_pack or self.scheduler.awaits_first_token():
             return 0
         return self.packing.pack_next()
+
+    @property
+    def asleep(self) -> bool:
+        """Its KV pool is released (`sleep`): it takes no request until `wake`."""
+        return self._asleep
+
+    def sleep(self) -> int:
+        """Frees the KV pool of an idle engine, keeping the weights as they are (packed on CPU), so
+        waking costs a zeroed pool, not a load (issue 38's sleep). Refused while any request is
+        held or weights are still arriving. Returns the bytes freed."""
+        if self._asleep:
+            return 0
+        if len(self.requests) or self.has_unfinished_requests() or not self.weights_resident:
+            raise RuntimeError("the engine has requests in flight or weights still arriving; it cannot sleep")
+        self.block_manager.forget_cached()
+        self._asleep = True
+        return self.runner.release_kv_pool()
+
+    def wake(self) -> None:
+        """Builds the KV pool again; the engine takes requests."""
+        self.runner.restore_kv_pool()
+        self._asleep = False
 
     def step(self) -> list[RequestOutput]:
         """Schedules, runs one forward pass, samples; returns news for requests that got a token.

@@ -82,6 +82,10 @@ class SourceUnavailableError(RuntimeError):
     """This instance cannot stream its weights to another now (loading, failed, or no local copy)."""
 
 
+class InstanceBusyError(RuntimeError):
+    """The instance cannot sleep now: a request is open, or it is not ready."""
+
+
 def as_engine_config(value: EngineConfig | Mapping[str, Any] | None) -> EngineConfig:
     """An `EngineConfig` from itself, a mapping of its fields (e.g. a model spec's), or None
     (defaults). Raises `ValueError` naming an unknown or invalid field."""
@@ -174,6 +178,7 @@ class InstanceWorker:
         self._suspended: set[str] = set()
         self._engine_error: EngineDeadError | None = None
         self._stopped = False
+        self._asleep = False  # `sleep`: the engine's KV pool released; requests are refused until `wake`
         threading.Thread(target=self._load_engine, name=f"thaw-load-{instance_id}", daemon=True).start()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -226,7 +231,7 @@ class InstanceWorker:
             return InstanceState.FAILED
         if self._loaded.result().engine.weights_error is not None:
             return InstanceState.FAILED  # its weights can never arrive: replace it
-        return InstanceState.READY
+        return InstanceState.ASLEEP if self._asleep else InstanceState.READY
 
     @property
     def weights_resident(self) -> bool:
@@ -310,6 +315,34 @@ class InstanceWorker:
         if self._peer is not None:
             await asyncio.to_thread(self._peer.close)
 
+    # ---- sleep -----------------------------------------------------------------------------
+
+    async def sleep(self) -> int:
+        """Puts an idle instance to sleep: its engine frees the KV pool and keeps its weights (on
+        CPU, packed: waking skips the load and the packing a restart pays). From now on a request
+        is refused with `EngineDeadError` before any token, which the gateway retries on another
+        instance or queues for the controller to wake this one. Refused (`InstanceBusyError`)
+        while a request is open or the instance is not ready. Returns the bytes freed."""
+        if self._asleep:
+            return 0
+        state = self.state
+        if state is not InstanceState.READY or self._open_streams:
+            raise InstanceBusyError(f"instance {self.instance_id} is {state.value} with "
+                                    f"{len(self._open_streams)} open request(s); it cannot sleep")
+        self._asleep = True  # before the engine call: a request arriving meanwhile is refused here
+        try:
+            return await self._loaded.result().call(lambda engine: engine.sleep())
+        except BaseException:
+            self._asleep = False
+            raise
+
+    async def wake(self) -> None:
+        """Rebuilds the KV pool of a sleeping instance; it serves again. At once if awake."""
+        if not self._asleep:
+            return
+        await self._loaded.result().call(lambda engine: engine.wake())
+        self._asleep = False
+
     # ---- requests --------------------------------------------------------------------------
 
     async def generate(self, request_id: str, prompt: Prompt,
@@ -334,6 +367,8 @@ class InstanceWorker:
         seq = await asyncio.to_thread(_validated_request, async_engine.engine, request_id, prompt, params)
         if request_id in self._open_streams:  # taken while it was tokenized
             raise InvalidFieldError(f"request id {request_id!r} is already in use", field="request_id")
+        if self._asleep:  # routed here just before it slept: the gateway goes elsewhere (or waits)
+            raise EngineDeadError(f"instance {self.instance_id} is asleep")
         if self._suspending:  # routed here just before the suspension: it waits for the next slot too
             yield GenerationChunk(request_id=request_id, text="", token_ids=(), finish_reason=SUSPENDED,
                                   num_prompt_tokens=seq.num_prompt_tokens, num_completion_tokens=0)

@@ -142,6 +142,14 @@ class InstanceWorkerActor:
     def supply_fallback(self, checkpoint_dir: str) -> None:
         self._model_worker().supply_fallback(checkpoint_dir)
 
+    async def sleep(self) -> int:
+        """Frees the idle model's KV pool, keeping its weights (`InstanceWorker.sleep`); returns
+        the bytes freed."""
+        return await self._model_worker().sleep()
+
+    async def wake(self) -> None:
+        await self._model_worker().wake()
+
     def stats(self) -> InstanceStats:
         return self._model_worker().stats()
 

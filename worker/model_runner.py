@@ -46,6 +46,7 @@ class ModelRunner:
         dtype = config.torch_dtype
         # [L, 2, num_blocks, block_size, Hkv, D]: one allocation, per-layer views.
         shape = (config.num_hidden_layers, 2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        self._pool_shape = shape
         if kv_buffer is not None:
             if kv_buffer.dtype != torch.uint8 or kv_buffer.device != device or \
                     kv_buffer.numel() != num_blocks * kv_bytes_per_block(config, block_size, dtype):
@@ -56,14 +57,41 @@ class ModelRunner:
             self.kv_pool = torch.zeros(shape, dtype=dtype, device=device)
         self.kv_caches = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(config.num_hidden_layers)]
         self.decode_graphs: DecodeGraphs | None = None
+        self._graph_limits: tuple[int, int] | None = None  # (max_batch, max_model_len) once enabled
         # longrope picks a token's frequencies by its sequence's length (see `rotary_embedding.py`).
         self._pass_rope_lengths = needs_rope_lengths(config.rope_scaling)
 
     def enable_decode_graphs(self, max_batch: int, max_model_len: int) -> None:
         """Runs later decode-only steps of up to `max_batch` sequences through CUDA graphs
         (`worker.decode_graphs`); the weights must all be resident by then."""
+        self._graph_limits = (max_batch, max_model_len)
         self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, self.backend, max_batch=max_batch,
                                           max_model_len=max_model_len, block_size=self.block_size, device=self.device)
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        """Bytes the KV pool holds now (0 while released)."""
+        return self.kv_pool.numel() * self.kv_pool.element_size()
+
+    def release_kv_pool(self) -> int:
+        """Frees the KV pool (an engine going to sleep; every block must be free and forgotten by
+        the block manager first). Captured decode graphs read the pool's addresses, so they go
+        too. Returns the bytes freed. `restore_kv_pool` builds it again."""
+        freed = self.kv_pool_bytes
+        self.decode_graphs = None
+        self.kv_caches = []
+        self.kv_pool = torch.empty(0, dtype=self.config.torch_dtype, device=self.device)
+        return freed
+
+    def restore_kv_pool(self) -> None:
+        """A zeroed KV pool of the released one's shape (and the decode graphs, if they were on)."""
+        if self.kv_pool.numel():
+            return
+        shape = self._pool_shape  # [L, 2, num_blocks, block_size, Hkv, D]
+        self.kv_pool = torch.zeros(shape, dtype=self.config.torch_dtype, device=self.device)
+        self.kv_caches = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(self.config.num_hidden_layers)]
+        if self._graph_limits is not None:
+            self.enable_decode_graphs(*self._graph_limits)
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch, block_tables: list[list[int]]) -> tuple[torch.Tensor, list[int]]:

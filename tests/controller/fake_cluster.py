@@ -138,6 +138,9 @@ class FakeCluster(ClusterClient):
         self.num_started_workers = 0
         self.stopped_workers: list[str] = []
         self.released_workers: list[str] = []  # instances whose worker let its model go (back to the spare pool)
+        self.slept_workers: list[str] = []  # instances put to sleep, in order
+        self.woken_workers: list[str] = []  # instances woken, in order
+        self.refuse_sleep: set[str] = set()  # instance ids whose sleep fails (a request raced it)
         self.killed_workers: list[str] = []
         self.migrations: list[tuple[str, str, list[str], str]] = []  # (source, destination, request ids, method)
         self.suspensions: list[tuple[str, list[str]]] = []  # (instance, request ids suspended)
@@ -295,6 +298,23 @@ class FakeCluster(ClusterClient):
             self.stopped_workers.append(handle.instance_id)
         handle.alive, handle.state = False, "stopped"
         handle.loaded.set()
+
+    async def sleep_worker(self, handle: FakeWorker, timeout_s: float) -> int:
+        """The worker frees its KV pool and keeps its weights (the real one: `InstanceWorker.sleep`)."""
+        if not handle.alive:
+            raise ActorGoneError(f"{handle.actor_name} is dead")
+        if handle.instance_id in self.refuse_sleep or handle.num_ongoing_requests or handle.state != "ready":
+            raise RuntimeError(f"instance {handle.instance_id} is {handle.state} with "
+                               f"{handle.num_ongoing_requests} open request(s); it cannot sleep")
+        self.slept_workers.append(handle.instance_id)
+        handle.state = "asleep"
+        return 1000
+
+    async def wake_worker(self, handle: FakeWorker, timeout_s: float) -> None:
+        if not handle.alive:
+            raise ActorGoneError(f"{handle.actor_name} is dead")
+        self.woken_workers.append(handle.instance_id)
+        handle.state = "ready"
 
     async def release_worker(self, handle: FakeWorker, timeout_s: float) -> None:
         """The worker lets its model go and is a spare again (the real one shuts its engine down)."""

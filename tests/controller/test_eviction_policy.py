@@ -291,3 +291,29 @@ def test_a_node_whose_idle_instances_cannot_make_room_evicts_nothing_and_says_ho
 def test_a_candidates_memory_must_be_a_whole_number_of_bytes():
     with pytest.raises(ValueError, match="memory_bytes must be an integer >= 0"):
         idle("a", memory_bytes=-1)
+
+
+def test_a_sleeper_goes_before_any_awake_idle_instance_of_its_priority_and_frees_memory_not_slots():
+    # "sleeper" costs more to drop (score 10 x 4 = 40) than "cheap" (0.4), yet goes first: it is
+    # asleep, wanted by nobody now. Below its model's min_instances it is still eligible (it is
+    # not one of its instances), and a higher priority still keeps it behind lower ones.
+    sleeper = idle("sleeper", "acme/s", asleep=True, frequency=10.0, min_instances=1, num_model_instances=0,
+                   memory_bytes=100)
+    cheap = idle("cheap", "acme/c", memory_bytes=600)
+    decision = evict([cheap, sleeper], free_slots_by_node={"n0": 1}, memory_bytes=150,
+                     free_memory_by_node={"n0": 100})
+    assert decision.victim is sleeper and decision.victims == (sleeper,)
+    assert decision.reason.startswith("evict asleep sleeper (acme/s, priority 0, idle 60.0s) on n0 for acme/cold")
+    assert [r[0] for r in decision.ranked] == ["sleeper", "cheap"]
+    # Not enough memory from the sleeper alone: the awake one goes with it, in that order.
+    decision = evict([cheap, sleeper], free_slots_by_node={"n0": 1}, memory_bytes=700,
+                     free_memory_by_node={"n0": 100})
+    assert decision.victims == (sleeper, cheap)
+    # A sleeper holds no slot: with none free, dropping it makes no room, and it is kept.
+    decision = evict([sleeper], free_slots_by_node={"n0": 0}, memory_bytes=50, free_memory_by_node={"n0": 0})
+    assert decision.victim is None
+    assert "sleeper (acme/s): asleep, it holds no slot and the node has fewer than the 1 slots needed free" \
+        in decision.reason
+    # Priority first: a sleeper of a higher-priority model goes after an awake lower one.
+    high = idle("high", "acme/h", asleep=True, priority=5, memory_bytes=100)
+    assert evict([high, cheap], free_slots_by_node={"n0": 1}).victim is cheap

@@ -435,11 +435,11 @@ def test_memory_is_the_slot_models_share_a_node_until_its_budget_and_evictions_f
 
 def test_where_memory_is_the_slot_a_model_scaled_to_zero_leaves_its_process_to_the_next_model(tmp_path):
     """Sharing a node by memory, a worker reserves no Ray CPU, so even one started fresh (no spare
-    warm) is kept when its model scales to zero, and the next model's start takes it; without a
-    budget, a fresh worker holds its model's Ray CPUs and is stopped."""
+    warm) is kept when its model scales to zero (sleeping turned off), and the next model's start
+    takes it; without a budget, a fresh worker holds its model's Ray CPUs and is stopped."""
     async def scenario(budget):
         async with Harness(tmp_path / str(budget), cpu_worker_slots_per_node=4, worker_memory_bytes=budget,
-                           spare_workers_per_node=1, spare_refill_delay_s=100.0) as h:
+                           spare_workers_per_node=1, spare_refill_delay_s=100.0, sleep_idle_instances=False) as h:
             a = await deploy(h, "a", 1, keep_alive_s=5.0)
             b = await deploy(h, "b", 2)
             h.controller.notify_demand(a, 1)

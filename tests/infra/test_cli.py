@@ -201,13 +201,19 @@ def test_status_shows_each_nodes_worker_memory(capsys):
 
     node = {"node_id": "n1", "num_gpus": 0, "num_free_slots": 2, "num_slots": 4, "draining": False, "tiers": [],
             "worker_memory": {"budget_bytes": 4 * 2**30, "used_bytes": 3 * 2**30, "free_bytes": 2**30,
-                              "instances": [{"instance_id": "x"}, {"instance_id": "y"}]}}
+                              "instances": [{"instance_id": "x", "state": "ready"},
+                                            {"instance_id": "y", "state": "ready"}]}}
     print_status({"platform_id": "p", "namespace": "n", "models": [], "instances": [], "nodes": [node]})
     lines = capsys.readouterr().out.splitlines()
     header = next(line for line in lines if line.startswith("NODE "))
     row = lines[lines.index(header) + 1]
     assert "WORKER MEMORY" in header
     assert row[header.index("WORKER MEMORY"):].startswith("3.2 GB / 4.3 GB (2 inst.)")  # decimal units, as DRAM and SSD
+    node["worker_memory"]["instances"][1]["state"] = "asleep"
+    print_status({"platform_id": "p", "namespace": "n", "models": [], "instances": [], "nodes": [node]})
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("NODE "))
+    assert lines[lines.index(header) + 1][header.index("WORKER MEMORY"):].startswith("3.2 GB / 4.3 GB (2 inst., 1 asleep)")
 
 
 def test_serve_head_only_without_a_cluster_is_refused_before_starting_anything(tmp_path):

@@ -235,3 +235,17 @@ def test_cache_full_blocks_names_only_blocks_whose_tokens_are_known():
     tokens = list(range(3 * BLOCK - 1))  # 2 full blocks and one short of a third
     manager.allocate("s", 3 * BLOCK)
     assert manager.cache_full_blocks("s", tokens, num_prompt_tokens=len(tokens), num_computed_tokens=3 * BLOCK) == 2
+
+
+def test_forget_cached_frees_every_cached_block_only_when_none_is_held():
+    from worker.block_pool import BlockPool
+
+    pool = BlockPool(4)
+    [a, b] = pool.take(2)
+    pool.register(a, b"h-a")
+    with pytest.raises(RuntimeError, match="2 block"):
+        pool.forget_cached()
+    pool.release([a, b])
+    assert pool.num_cached == 1 and pool.evictable_block_ids() == [a]
+    assert pool.forget_cached() == 1
+    assert (pool.num_cached, pool.evictable_block_ids(), pool.cached_block(b"h-a"), pool.num_free) == (0, [], None, 4)

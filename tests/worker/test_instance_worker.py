@@ -298,3 +298,41 @@ def test_chunks_carry_the_prompt_tokens_served_from_the_prefix_cache_and_stats_c
     assert (after.num_prefix_cache_queried_tokens - before.num_prefix_cache_queried_tokens,
             after.num_prefix_cache_hit_tokens - before.num_prefix_cache_hit_tokens) == (26, 12)
     assert all_blocks_free(worker)
+
+
+def test_sleep_frees_the_kv_pool_refuses_requests_and_wake_serves_the_same_tokens(model_dir, reference):
+    """An idle instance sleeps: its KV pool (and prefix cache) freed, its weights kept; a request
+    routed to it meanwhile is refused before any token (`EngineDeadError`: the gateway goes
+    elsewhere); waking rebuilds the pool, and greedy output is what it was."""
+    from worker import InstanceBusyError
+
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23]
+
+    async def main():
+        worker = InstanceWorker("inst-sleep", "acme/demo", model_dir, ENGINE_CONFIG)
+        await worker.ready()
+        before = await collect(worker, "before", prompt)
+        stream = worker.generate("open", "a request in flight", LONG)
+        await anext(stream)
+        with pytest.raises(InstanceBusyError, match="1 open request"):
+            await worker.sleep()
+        await stream.aclose()
+        assert await wait_until(lambda: all_blocks_free(worker))
+        engine = (await worker.serving_engine()).engine
+        pool_bytes = engine.runner.kv_pool_bytes
+        freed = await worker.sleep()
+        asleep = (worker.health(), engine.runner.kv_pool_bytes, engine.block_manager.num_cached_blocks)
+        with pytest.raises(EngineDeadError, match="asleep"):
+            await collect(worker, "refused", prompt)
+        await worker.wake()
+        after = await collect(worker, "after", prompt)
+        state = worker.health()
+        await worker.shutdown()
+        return before, after, pool_bytes, freed, asleep, state
+
+    before, after, pool_bytes, freed, asleep, state = asyncio.run(main())
+    assert freed == pool_bytes > 0
+    assert asleep == (InstanceState.ASLEEP, 0, 0)  # pool and the prefix cache naming its blocks gone
+    assert [t for c in after for t in c.token_ids] == [t for c in before for t in c.token_ids]
+    assert after[-1].num_cached_tokens == 0  # nothing cached survived the sleep
+    assert state is InstanceState.READY
