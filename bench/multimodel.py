@@ -22,8 +22,11 @@ against, one after the other:
 * ``thaw-shared``: memory is the slot (#38): the same Ray CPUs, but a slot per model and a worker
   memory budget that holds every model's weights plus KV pool (and one more instance's), so
   nothing is evicted (``slot_sharing.evictions``; ``worker_memory`` has the budget and the most of
-  it seen in use), a model loads again only after its keep-alive, and a stopped model's worker
-  process stays warm for the next start (``cold_starts_from_spare``). The
+  it seen in use). Its node keeps a warm worker process per slot (8), all up before the trace
+  starts (``processes_started_in_trace`` counts any started after), so a model's first start
+  loads into a warm process (``cold_starts_from_spare``), and a model whose keep-alive ran out
+  sleeps (its KV pool freed, its weights kept) and wakes without a load when asked again
+  (``slot_sharing.sleeps`` / ``wakes``). The
   line carries its P99 over ``thaw``'s from the same run and the issue's target: at most a
   quarter of the 12.1 s last recorded for ``thaw`` (``TARGET_SHARED_P99_S``);
 * ``rayserve``: what a user builds instead: one Ray Serve application per model, each one
@@ -315,7 +318,7 @@ class ThawSide:
         self.index_of = {m.model_id: m.index for m in models}
         self.port = free_port()
         largest = max(m.num_bytes for m in models)
-        shared = policy == "thaw-shared"  # a slot per model; the budget holds them all
+        self.shared = shared = policy == "thaw-shared"  # a slot per model; the budget holds them all
         # Every model's weights and KV pool, plus one more of the largest: a model that comes back
         # while its last instance still drains holds two for a moment.
         kv_bytes = EngineConfig().kv_cache_bytes
@@ -346,8 +349,17 @@ class ThawSide:
             }), timeout=START_TIMEOUT_S)
         wait_for(lambda: any(n["store_connected"] for n in self._status()["nodes"]), "the node store",
                  START_TIMEOUT_S, 0.2)
-        wait_for(lambda: any(c.get("warm", 0) >= 1 for c in self._status()["spare_workers"].values()),
-                 "a warm spare worker", START_TIMEOUT_S, 0.2)
+        # Where memory is the slot the node keeps a warm process per slot: the trace starts once all
+        # are up, so every worker process it uses was started before it (`processes_started_in_trace`).
+        warm = self.config.controller.cpu_worker_slots_per_node if self.shared else 1
+        wait_for(lambda: any(c.get("warm", 0) >= warm for c in self._status()["spare_workers"].values()),
+                 f"{warm} warm spare worker(s)", START_TIMEOUT_S, 0.2)
+        self.processes_at_start = self._processes_started(self._status())
+
+    @staticmethod
+    def _processes_started(status: dict[str, Any]) -> int:
+        started = status.get("worker_processes_started", {})
+        return started.get("spares", 0) + started.get("instances", 0)
 
     def _status(self) -> dict[str, Any]:
         import ray
@@ -405,6 +417,7 @@ class ThawSide:
                 "cold_start_load_s_median": round(percentile(load_s, 50), 3) if load_s else None,
                 "slot_sharing": status.get("slot_sharing", {}).get("counts", {}),
                 "num_start_failures": kinds.get("start_failed", 0),
+                "processes_started_in_trace": self._processes_started(status) - self.processes_at_start,
                 "decision_kinds": dict(sorted((str(k), v) for k, v in kinds.items())),
                 "last_tick_errors": status.get("last_tick_errors", []),
                 "worker_memory": {"budget_bytes": self.config.controller.worker_memory_bytes,

@@ -179,20 +179,30 @@ def used_memory_bytes(node_id: str, instances: Iterable[ManagedInstance]) -> int
     return sum(instance.held_memory_bytes for instance in instances if instance.node_id == node_id)
 
 
+def worker_memory_budget(node: ClusterNode, config: ControllerConfig) -> int | None:
+    """The memory the node's instances share: its own budget (``thaw join --worker-memory-gb``, which
+    its store reports), else the platform's (`ControllerConfig.worker_memory_bytes`); None: slots
+    alone bound it. CPU nodes only: a GPU node's instances live in device memory, which a host-RAM
+    budget does not describe (its slots are its GPUs until nodes report their device memory)."""
+    if node.num_gpus:
+        return None
+    own = node.report.worker_memory_bytes if node.report is not None else None
+    return own if own is not None else config.worker_memory_bytes
+
+
 def has_worker_memory_budget(node: ClusterNode, config: ControllerConfig) -> bool:
-    """Whether the node's instances share `ControllerConfig.worker_memory_bytes`: a CPU node's do;
-    a GPU node's live in device memory, which that host-RAM budget does not describe (its slots
-    are its GPUs until nodes report their device memory)."""
-    return config.worker_memory_bytes is not None and node.num_gpus == 0
+    """Whether the node's instances share a worker memory budget (`worker_memory_budget`)."""
+    return worker_memory_budget(node, config) is not None
 
 
 def free_memory_bytes(node: ClusterNode, instances: Iterable[ManagedInstance], config: ControllerConfig) -> int | None:
     """What the node's worker memory budget has left (None: no budget; 0 on a draining node)."""
-    if not has_worker_memory_budget(node, config):
+    budget = worker_memory_budget(node, config)
+    if budget is None:
         return None
     if node.draining:
         return 0
-    return max(0, config.worker_memory_bytes - used_memory_bytes(node.node_id, instances))
+    return max(0, budget - used_memory_bytes(node.node_id, instances))
 
 
 def loader_wait_s(node_id: str, instances: Iterable[ManagedInstance], now: float) -> float:

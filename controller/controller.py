@@ -111,7 +111,8 @@ class Controller:
         self._recent: deque[dict[str, Any]] = deque(maxlen=config.max_recent_decisions)
         self._spares = SparePool(cluster, config.spare_workers_per_node, config.load_timeout_s,
                                  weight_bytes=config.spare_weight_bytes, kv_bytes=config.spare_kv_bytes,
-                                 adopt_per_node=config.cpu_worker_slots_per_node if config.worker_memory_bytes else None)
+                                 adopt_per_node=(config.cpu_worker_slots_per_node * config.nodes_per_ray_node
+                                                 if config.worker_memory_bytes else None))
         self._instances = InstanceManager(config, cluster, self._store, self._models,
                                           on_routes_changed=self._publish_routes, on_slot_freed=self._wake.set,
                                           record=self._recent.append, clock=clock, wall_clock=wall_clock,
@@ -431,9 +432,20 @@ class Controller:
         return []
 
     async def _replenish_spares(self) -> list[str]:
+        """Spares refilled, off settling nodes. Where memory is the slot, a Ray node keeps a warm
+        worker process per CPU slot of its logical nodes (the slot hosts' seed): its instances'
+        poolable processes (those reserving no Ray CPU, sleepers included) count toward them."""
         busy = {i.ray_node_id for i in self._settling_instances()}
+        hosts: dict[str, int] = {}
+        for node in self._nodes.values():
+            if has_worker_memory_budget(node, self.config):
+                hosts[node.ray_node_id] = hosts.get(node.ray_node_id, 0) + node.num_slots
+        in_use: dict[str, int] = {}
+        for instance in self._instances.all():
+            if instance.reusable_process:
+                in_use[instance.ray_node_id] = in_use.get(instance.ray_node_id, 0) + 1
         return self._spares.replenish(sorted({node.ray_node_id for node in self._nodes.values()}),
-                                      busy_ray_node_ids=busy)
+                                      busy_ray_node_ids=busy, hosts=hosts, in_use=in_use)
 
     async def _autoscale(self) -> list[str]:
         errors = []
@@ -540,7 +552,7 @@ class Controller:
         nodes, wrong_kind = nodes_of_kind(spec.resources.num_gpus, connected)  # GPU models on GPU nodes only
         num_slots = spec.resources.num_worker_slots
         memory = 0
-        if self.config.worker_memory_bytes is not None:
+        if any(has_worker_memory_budget(node, self.config) for node in nodes):
             memory = instance_memory_bytes(spec, model.num_bytes, self.config)
             self._instances.price_adopted(lambda m: m.num_bytes and instance_memory_bytes(m.spec, m.num_bytes,
                                                                                            self.config))
@@ -665,6 +677,8 @@ class Controller:
             "nodes": [node_to_dict(node, instances, self.config)
                       for _, node in sorted(self._nodes.items())],
             "spare_workers": self._spares.counts(),
+            "worker_processes_started": {"spares": self._spares.num_started,
+                                         "instances": self._instances.counts["fresh_workers"]},
             "slot_reclaims": self._reclaimer.pending(),
             "slot_sharing": sharing,
             "recent_decisions": list(self._recent),

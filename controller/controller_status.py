@@ -12,7 +12,7 @@ from typing import Any
 
 from controller.autoscale_policy import ScaleDecision
 from controller.cluster_node import (ClusterNode, effective_bandwidth, free_memory_bytes, has_worker_memory_budget,
-                                    num_used_slots, tier_bandwidths, used_memory_bytes)
+                                    num_used_slots, tier_bandwidths, used_memory_bytes, worker_memory_budget)
 from controller.controller_config import ControllerConfig
 from controller.managed_instance import ManagedInstance
 from controller.placement_policy import PlacementDecision
@@ -50,7 +50,7 @@ def worker_memory_to_dict(node: ClusterNode, instances: Sequence[ManagedInstance
         return None
     mine = [i for i in instances if i.node_id == node.node_id]
     used = used_memory_bytes(node.node_id, mine)
-    return {"budget_bytes": config.worker_memory_bytes, "used_bytes": used,
+    return {"budget_bytes": worker_memory_budget(node, config), "used_bytes": used,
             "free_bytes": free_memory_bytes(node, mine, config),
             "instances": [{"instance_id": i.instance_id, "model_id": i.model_id, "state": i.phase.value,
                            "memory_bytes": i.held_memory_bytes} for i in mine]}

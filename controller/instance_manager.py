@@ -53,7 +53,7 @@ from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from typing import Any
 
 from controller.cluster_client import ActorGoneError, ClusterClient, worker_actor_name
-from controller.cluster_node import ClusterNode, store_tier
+from controller.cluster_node import ClusterNode, has_worker_memory_budget, store_tier
 from controller.controller_config import ControllerConfig
 from controller.controller_status import event_to_dict
 from controller.engine_settings import engine_config_for
@@ -105,7 +105,8 @@ class InstanceManager:
         self._tasks: set[asyncio.Task] = set()
         self._stop_tasks: dict[str, asyncio.Task] = {}
         self._sleep_tasks: dict[str, asyncio.Task] = {}
-        self.counts: collections.Counter[str] = collections.Counter()  # "sleeps", "wakes" so far
+        # "sleeps", "wakes", and "fresh_workers" (instances that started a process, no spare warm) so far
+        self.counts: collections.Counter[str] = collections.Counter()
         self._chains = StreamChains(self._stream_from)
 
     # --- queries -----------------------------------------------------------------------------
@@ -176,6 +177,7 @@ class InstanceManager:
                 self._chains.join(instance.load_path.source_instance_id, instance_id)
         self._store.put_worker(self._worker_record(instance))  # before the actor: see the module docstring
         self._instances[instance_id] = instance
+        self.counts["fresh_workers"] += int(spare is None)
         checkpoint_tier = pin_tier(tier) if tier is not None else store_tier(node.report, model.repository_name,
                                                                                self.config)
         self._spawn(self._start(instance, model, node, checkpoint_tier))
@@ -203,7 +205,7 @@ class InstanceManager:
                 # Sharing a CPU node by memory, an instance reserves no Ray CPU (as a spare does):
                 # slots and the memory budget bound the node, idle instances cost no CPU, and a
                 # CPU reservation would keep a node's co-resident models to its core count.
-                shares = self.config.worker_memory_bytes is not None and spec.resources.num_gpus == 0
+                shares = has_worker_memory_budget(node, self.config) and spec.resources.num_gpus == 0
                 instance.reserves_cpus = not shares
                 instance.handle = self._cluster.start_worker(
                     instance_id=instance.instance_id, model_id=instance.model_id, model_dir=path,

@@ -9,7 +9,10 @@ replacement once that instance has been ready for `ControllerConfig.spare_refill
 the request's path (see `SparePool.replenish`). A worker that was itself a spare and whose model
 is evicted for another comes back to the pool (`adopt`): slots changing hands reuse processes.
 Where memory is the slot, so does any worker reserving no Ray CPU whose model scales down, and a
-node may keep up to `adopt_per_node` such warm processes (the pool itself starts `per_node`).
+node may keep up to `adopt_per_node` such warm processes. And there (`replenish`'s `hosts`) a node
+keeps one warm worker process per slot: spares fill the slots its instances' processes do not
+(ARCHITECTURE.md "Slot hosts": processes started with the node and kept, models coming and going
+through them), so a model's first start skips the process start too, not only its later ones.
 
 ``warm()`` makes a spare pay the rest of a first load's one-time costs (the engine's lazy imports,
 the attention kernel, oneDNN's first primitives) and fault the memory its model will be loaded
@@ -26,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +70,8 @@ class SparePool:
         self._weight_bytes = weight_bytes  # what each spare faults ahead for its model's weights
         self._kv_bytes = kv_bytes  # ... and for its KV pool
         self._spares: dict[str, Spare] = {}  # actor name -> spare
+        self.num_started = 0  # spare processes started so far (for ``thaw status`` and benchmarks)
+        self._hosts: dict[str, int] = {}  # Ray node -> warm processes it keeps in all (`replenish`)
 
     def take(self, ray_node_id: str) -> Spare | None:
         """A warm spare on that Ray node, now the caller's (the pool forgets it); None if none."""
@@ -87,8 +92,10 @@ class SparePool:
         return True
 
     def has_room(self, ray_node_id: str) -> bool:
-        """Whether the node's pool may take a worker back (`adopt_per_node`, warm or starting)."""
-        return sum(1 for spare in self._spares.values() if spare.ray_node_id == ray_node_id) < self.adopt_per_node
+        """Whether the node's pool may take a worker back (`adopt_per_node`, or the node's slots where
+        it keeps a process per slot; warm or starting)."""
+        cap = max(self.adopt_per_node, self._hosts.get(ray_node_id, 0))
+        return sum(1 for spare in self._spares.values() if spare.ray_node_id == ray_node_id) < cap
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Ray node id -> {"warm": n, "starting": n}, for ``thaw status``."""
@@ -98,10 +105,12 @@ class SparePool:
             entry["warm" if spare.warm else "starting"] += 1
         return counts
 
-    def replenish(self, ray_node_ids: list[str], busy_ray_node_ids: Collection[str] = ()) -> list[str]:
+    def replenish(self, ray_node_ids: list[str], busy_ray_node_ids: Collection[str] = (),
+                  hosts: Mapping[str, int] | None = None, in_use: Mapping[str, int] | None = None) -> list[str]:
         """Start spares where a node has fewer than `per_node` (warm or starting), except on
-        `busy_ray_node_ids`; end those of nodes that left. Returns errors, one per failed start
-        (the next tick retries).
+        `busy_ray_node_ids`; end those of nodes that left. A node in `hosts` keeps that many warm
+        processes in all: spares fill what its instances' poolable processes (`in_use`) do not,
+        never fewer than `per_node` (and none when that is 0: spares are off). Returns errors, one per failed start (the next tick retries).
 
         A busy node is one whose newest instance is still loading or only just ready: starting a
         spare costs seconds of CPU (a process, the torch import, the warm-up, faulting its
@@ -109,19 +118,24 @@ class SparePool:
         instance's first requests (measured on 2 cores: a warm first token 2.5x slower)."""
         errors = []
         live = set(ray_node_ids)
+        self._hosts = {node: num for node, num in (hosts or {}).items() if node in live}
         for name, spare in list(self._spares.items()):
             if spare.ray_node_id not in live:
                 del self._spares[name]
                 self._end(spare)
         for ray_node_id in sorted(live - set(busy_ray_node_ids)):
             have = sum(1 for spare in self._spares.values() if spare.ray_node_id == ray_node_id)
-            for _ in range(self.per_node - have):
+            want = self.per_node
+            if want and ray_node_id in self._hosts:  # per_node 0: spares are off, slot hosts too
+                want = max(want, self._hosts[ray_node_id] - (in_use or {}).get(ray_node_id, 0))
+            for _ in range(want - have):
                 name = spare_actor_name()
                 try:
                     handle = self._cluster.start_spare_worker(actor_name=name, ray_node_id=ray_node_id)
                 except Exception as exc:  # noqa: BLE001 - no spare is a slower start, not a failure
                     errors.append(f"spare worker on Ray node {ray_node_id[:12]}: {type(exc).__name__}: {exc}")
                     break
+                self.num_started += 1
                 spare = Spare(name, ray_node_id, handle)
                 self._spares[name] = spare
                 spare.task = asyncio.get_running_loop().create_task(self._await_warm(spare))

@@ -5,9 +5,10 @@ lists (a node store, its SSD and DRAM tiers, worker slots) within a reconcile ti
 one that leaves. So joining is ``ray start --address HEAD --block`` with this machine's
 resources, and that is what this runs, in the foreground, with the cluster's token auth as Ray
 reads it from the environment (``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN``). ``--ssd-dir``,
-``--ssd-capacity-gb`` and ``--dram-capacity-gb`` give this node its own store settings instead of
-the platform's (`storage.node_settings`: carried to the node's store in its Ray processes'
-environment). What it adds is the way out:
+``--ssd-capacity-gb``, ``--dram-capacity-gb`` and ``--worker-memory-gb`` give this node its own
+store settings and worker memory budget instead of the platform's (`storage.node_settings`:
+carried to the node's store in its Ray processes' environment, and reported by it to the
+controller). What it adds is the way out:
 on Ctrl-C or SIGTERM it first drains the node through the platform's admin API (``thaw drain``:
 nothing new is placed there, its instances' requests are live-migrated to instances elsewhere),
 waits until no instance is left on it (at most ``--drain-timeout-s``), and only then stops the
@@ -108,7 +109,8 @@ def node_environment(args: argparse.Namespace) -> dict[str, str]:
     from storage.node_settings import NodeSettings
 
     try:
-        settings = NodeSettings.from_gb(args.ssd_dir, args.ssd_capacity_gb, args.dram_capacity_gb)
+        settings = NodeSettings.from_gb(args.ssd_dir, args.ssd_capacity_gb, args.dram_capacity_gb,
+                                        args.worker_memory_gb)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return settings.to_env()
@@ -178,6 +180,9 @@ def add_join_command(sub: argparse._SubParsersAction) -> None:
                       help="this node's SSD cache size (default: the platform's --ssd-capacity-gb)")
     join.add_argument("--dram-capacity-gb", type=float, default=None,
                       help="this node's DRAM cache size, 0 for none (default: the platform's --dram-capacity-gb)")
+    join.add_argument("--worker-memory-gb", type=float, default=None,
+                      help="the memory this node's model instances share, weights plus KV pools (default: the "
+                           "platform's --worker-memory-gb; a budget here makes memory the slot on this node)")
     join.add_argument("--url", default=None, help="the platform's gateway, for the drain on leaving "
                                                   "(default: $THAW_URL, or --state's)")
     join.add_argument("--admin-key", default=None, help="the admin key, for the drain on leaving (default: "

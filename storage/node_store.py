@@ -247,7 +247,7 @@ class NodeStore:
             return NodeStoreReport(platform_id=self.config.platform_id, node_id=self.config.node_id,
                                    tiers=(dram, self.ssd.report()), bandwidth=self._bandwidth,
                                    num_fetches=self._num_fetches, num_conversions=self._num_conversions,
-                                   reported_at=time.time())
+                                   reported_at=time.time(), worker_memory_bytes=self.config.worker_memory_bytes)
 
     def close(self) -> None:
         """Release the DRAM tier (its shared memory is removed); the SSD cache stays for the next start."""

@@ -45,6 +45,9 @@ class NodeStoreConfig:
     convert_chunk_bytes: int | None = None  # checksum/read chunk of converted checkpoints; None: the loader's default
     copy_threads: int = 4  # threads promoting a checkpoint from SSD to DRAM
     verify_fetches: bool = True  # check every downloaded file's xxh3_64 against the repository manifest
+    # The node's own worker memory budget (`thaw join --worker-memory-gb`), which its reports carry
+    # to the controller; the store itself holds no worker. None: the platform's budget.
+    worker_memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("ssd_dir", "shm_root"):
@@ -63,6 +66,8 @@ class NodeStoreConfig:
         self._check_int("ssd_capacity_bytes", 1)
         self._check_int("dram_capacity_bytes", 0)
         self._check_int("repository_calibration_bytes", 0)
+        if self.worker_memory_bytes is not None:
+            self._check_int("worker_memory_bytes", 1)
         self._check_int("copy_threads", 1, 256)
         self._check_int("calibration_bytes", _ALIGNMENT_BYTES)
         if self.calibration_bytes % _ALIGNMENT_BYTES:

@@ -95,6 +95,7 @@ class NodeStoreReport:
     num_fetches: int  # repository downloads since start
     num_conversions: int  # of which Hugging Face dirs converted to the thaw format
     reported_at: float
+    worker_memory_bytes: int | None = None  # the node's own worker memory budget; None: the platform's
 
     def tier(self, name: str) -> TierReport:
         for tier in self.tiers:

@@ -15,6 +15,7 @@ from typing import Any
 
 from controller import ActorGoneError, ClusterClient, RayNodeInfo
 from storage import BandwidthReport, NodeStoreConfig, NodeStoreReport, TierEntryReport, TierFullError, TierReport
+from storage.node_settings import NodeSettings
 
 
 @dataclass
@@ -122,7 +123,8 @@ class FakeStore:
             for tier, models in self.tiers.items())
         return NodeStoreReport(platform_id=self.config.platform_id, node_id=self.node_id, tiers=tiers,
                                bandwidth=BandwidthReport(None, None, None, measured_at=0.0), num_fetches=0,
-                               num_conversions=0, reported_at=time.time())
+                               num_conversions=0, reported_at=time.time(),
+                               worker_memory_bytes=self.config.worker_memory_bytes)
 
 
 class FakeCluster(ClusterClient):
@@ -156,6 +158,7 @@ class FakeCluster(ClusterClient):
         self.model_bytes: dict[str, int] = {}
         self.streams: list[tuple[str, int]] = []  # (source instance id, receivers) per stream_weights
         self.pin_gate: asyncio.Event | None = None  # set by a test: pins wait for it
+        self.node_settings: dict[str, NodeSettings] = {}  # Ray node id -> its own settings (`thaw join`)
 
     async def list_nodes(self) -> list[RayNodeInfo]:
         if self.list_nodes_failures > 0:
@@ -168,6 +171,7 @@ class FakeCluster(ClusterClient):
     async def connect_node_store(self, node_id: str, ray_node_id: str, config: NodeStoreConfig) -> Any:
         store = self.stores.get(node_id)
         if store is None or not store.alive:
+            config = self.node_settings.get(ray_node_id, NodeSettings()).apply(config)  # as the store actor does
             store = self.stores[node_id] = FakeStore(node_id, config, self.model_bytes)
         return store
 

@@ -95,3 +95,40 @@ def test_the_worker_memory_budget_is_a_cpu_nodes_and_counts_every_instance_until
     assert free_memory_bytes(ONE_GPU, instances, config) is None  # device memory: not this budget
     assert free_memory_bytes(ClusterNode("cpu0", "r", 2, draining=True), instances, config) == 0
     assert free_memory_bytes(CPU, instances, make_config(tmp_path)) is None  # no budget configured
+    # An asleep instance holds its weights alone (its KV pool's part freed) and no slot.
+    sleeper = held("d", "cpu0", 3_000, InstancePhase.ASLEEP)
+    sleeper.kv_memory_bytes = 2_500
+    assert free_memory_bytes(CPU, instances + [sleeper], config) == 4_500
+    from controller.cluster_node import num_used_slots
+    assert num_used_slots("cpu0", instances + [sleeper]) == 2
+
+
+def test_a_node_s_own_worker_memory_budget_wins_over_the_platform_s(tmp_path):
+    """``thaw join --worker-memory-gb``: the node's store reports its own budget, and the controller
+    places by it; a node without one keeps the platform's (here none: slots alone)."""
+    from controller.cluster_node import worker_memory_budget
+    from storage.node_settings import NodeSettings
+    from storage.store_config import GIB
+    from tests.controller.test_controller import make_config
+
+    config = make_config(tmp_path)
+    assert worker_memory_budget(CPU, config) is None
+    cluster = FakeCluster(("a" * 56, "b" * 56))
+    cluster.node_settings["a" * 56] = NodeSettings(worker_memory_bytes=3 * GIB)
+
+    async def scenario():
+        async with Harness(tmp_path / "h", cluster=cluster, cpu_worker_slots_per_node=2) as h:
+            await h.tick()
+            await h.tick()  # the stores' first reports
+            nodes = {n["node_id"][0]: n for n in h.controller.status()["nodes"]}
+            assert nodes["a"]["worker_memory"]["budget_bytes"] == 3 * GIB
+            assert nodes["b"]["worker_memory"] is None
+            await h.controller.deploy(spec("acme/m1", h.source("m1"), keep_alive_s=60.0))
+            h.controller.notify_demand("acme/m1", 1)
+            await h.tick()
+            [worker] = h.cluster.live_workers()
+            # Best fit under a budget ranks the budgeted node: it shares by memory, reserving no CPU.
+            return worker.ray_node_id, worker.num_cpus
+
+    ray_node_id, num_cpus = asyncio.run(scenario())
+    assert (ray_node_id, num_cpus) == ("a" * 56, 0)

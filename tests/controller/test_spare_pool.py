@@ -103,3 +103,35 @@ def test_shutdown_ends_the_spares_and_a_restart_ends_leftover_ones(tmp_path):
             assert not leftover.alive and cluster.killed_spares == ["thaw-worker-spare-leftover"]
 
     asyncio.run(scenario())
+
+
+def test_where_memory_is_the_slot_a_node_keeps_a_warm_process_per_slot_its_instances_do_not_hold(tmp_path):
+    """4 slots sharing a budget: 4 warm processes from the first tick; an instance takes one and no
+    spare replaces it (the instance's process is one of the 4), asleep it still holds it, and a
+    second model takes another warm one: no process started for either."""
+    async def scenario():
+        async with Harness(tmp_path, spare_workers_per_node=1, cpu_worker_slots_per_node=4,
+                           worker_memory_bytes=4 << 30) as h:
+            h.cluster.spares_warm.set()
+            for name in ("m1", "m2"):
+                h.cluster.model_bytes[f"acme--{name}"] = 1_000_000
+                await h.controller.deploy(spec(f"acme/{name}", h.source(name), keep_alive_s=5.0))
+            await h.tick()
+            assert len(h.cluster.live_spares()) == 4
+            await eventually(lambda: h.controller.status()["spare_workers"] == {RAY_NODE: {"warm": 4, "starting": 0}},
+                             "4 warm processes")
+            h.controller.notify_demand("acme/m1", 1)
+            await h.tick()
+            await eventually(lambda: h.routes("acme/m1") != [], "m1 routed")
+            h.controller.notify_demand("acme/m1", 0)
+            await h.tick(advance_s=6.0)  # settled, past its keep-alive: asleep, still in its process
+            await h.tick(advance_s=6.0)
+            await eventually(lambda: len(h.cluster.slept_workers) == 1, "m1 asleep")
+            assert h.controller.status()["spare_workers"] == {RAY_NODE: {"warm": 3, "starting": 0}}
+            h.controller.notify_demand("acme/m2", 1)
+            await h.tick()
+            await eventually(lambda: h.routes("acme/m2") != [], "m2 routed")
+            assert h.cluster.num_started_workers == 0 and len(h.cluster.assigned_spares) == 2
+            assert h.controller.status()["worker_processes_started"] == {"spares": 4, "instances": 0}
+
+    asyncio.run(scenario())

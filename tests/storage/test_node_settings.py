@@ -26,10 +26,13 @@ def test_settings_override_only_what_they_name():
     only_dram = NodeSettings.from_gb(dram_capacity_gb=96).apply(PLATFORM)
     assert (only_dram.ssd_dir, only_dram.ssd_capacity_bytes, only_dram.dram_capacity_bytes) == (
         PLATFORM.ssd_dir, 64 * GIB, 96 * GIB)
+    assert only_dram.worker_memory_bytes is None  # the platform's budget
+    budget = NodeSettings.from_gb(worker_memory_gb=12).apply(PLATFORM)
+    assert (budget.worker_memory_bytes, budget.ssd_capacity_bytes) == (12 * GIB, 64 * GIB)
 
 
 def test_settings_travel_in_one_environment_entry():
-    mine = NodeSettings.from_gb("/nvme/thaw", 2000, 0.5)
+    mine = NodeSettings.from_gb("/nvme/thaw", 2000, 0.5, 6)
     env = mine.to_env()
     assert list(env) == [NODE_SETTINGS_ENV] and NodeSettings.from_env(env) == mine
     assert NodeSettings.from_env({}) == NodeSettings()
@@ -42,6 +45,7 @@ def test_settings_travel_in_one_environment_entry():
     ('{"ssd_dir": "relative"}', "ssd_dir must be an absolute path"),
     ('{"ssd_capacity_bytes": 0}', "ssd_capacity_bytes must be an integer >= 1"),
     ('{"dram_capacity_bytes": -1}', "dram_capacity_bytes must be an integer >= 0"),
+    ('{"worker_memory_bytes": 0}', "worker_memory_bytes must be an integer >= 1"),
 ])
 def test_a_malformed_environment_entry_is_refused_by_name(text, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
@@ -53,6 +57,7 @@ def test_a_malformed_environment_entry_is_refused_by_name(text, message):
     ({"ssd_capacity_gb": 0}, "--ssd-capacity-gb must be a number of GB > 0, got 0"),
     ({"dram_capacity_gb": -2}, "--dram-capacity-gb must be a number of GB >= 0, got -2"),
     ({"dram_capacity_gb": float("nan")}, "--dram-capacity-gb must be a number of GB >= 0, got nan"),
+    ({"worker_memory_gb": 0}, "--worker-memory-gb must be a number of GB > 0, got 0"),
 ])
 def test_flag_values_are_checked_in_the_flags_terms(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -61,13 +66,15 @@ def test_flag_values_are_checked_in_the_flags_terms(kwargs, message):
 
 def test_the_store_actor_applies_its_node_s_settings(tmp_path, monkeypatch):
     monkeypatch.setenv(NODE_SETTINGS_ENV, NodeSettings(ssd_dir=str(tmp_path / "nvme"), ssd_capacity_bytes=3 * GIB,
-                                                       dram_capacity_bytes=0).to_env()[NODE_SETTINGS_ENV])
+                                                       dram_capacity_bytes=0, worker_memory_bytes=5 * GIB
+                                                       ).to_env()[NODE_SETTINGS_ENV])
     config = NodeStoreConfig(ssd_dir=tmp_path / "platform" / "n1", ssd_capacity_bytes=GIB, dram_capacity_bytes=GIB,
                              node_id="n1", calibrate=False)
     actor = NodeStoreActor(config, RepositoryConfig(uri=str(tmp_path / "repo")))
     try:
         report = actor.report()
         assert (report.tier("ssd").capacity_bytes, report.tier("dram").capacity_bytes) == (3 * GIB, 0)
+        assert report.worker_memory_bytes == 5 * GIB  # reported for the controller to place by
         assert (tmp_path / "nvme" / "n1").is_dir() and not (tmp_path / "platform" / "n1").exists()
     finally:
         actor.close()
