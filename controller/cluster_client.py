@@ -103,9 +103,11 @@ class ClusterClient(ABC):
         threads where `num_cpus` (Ray's reservation) does not set them (0 reserved)."""
 
     @abstractmethod
-    def start_spare_worker(self, *, actor_name: str, ray_node_id: str) -> ActorHandle:
+    def start_spare_worker(self, *, actor_name: str, ray_node_id: str, host_models: int = 1) -> ActorHandle:
         """Start a spare worker (a process with the engine imported and no model) on that Ray
-        node; returns its handle at once. It outlives the controller."""
+        node; returns its handle at once. It outlives the controller. `host_models` > 1: a slot
+        host holding up to that many instances (`worker.SlotHost`; its instances are addressed as
+        `wire.HostedInstance`s, and stopping one unloads it from the host)."""
 
     @abstractmethod
     async def spare_warm(self, handle: ActorHandle, timeout_s: float, *, weight_bytes: int = 0,
@@ -116,9 +118,10 @@ class ClusterClient(ABC):
     @abstractmethod
     async def assign_worker(self, handle: ActorHandle, *, instance_id: str, model_id: str, model_dir: str | None,
                             engine_config: EngineConfig, num_threads: int, timeout_s: float,
-                            peer: PeerWeights | None = None) -> None:
-        """Give a spare its model: it starts loading (`worker_ready` waits for it); `peer` as in
-        `start_worker`."""
+                            peer: PeerWeights | None = None, step_priority: int = 0) -> None:
+        """Give a spare its model (or a slot host one more, `handle` the hosted instance's): it
+        starts loading (`worker_ready` waits for it); `peer` as in `start_worker`;
+        `step_priority` its place in a slot host's turns at stepping (`worker.step_turns`)."""
 
     @abstractmethod
     async def stream_weights(self, handle: ActorHandle, num_receivers: int, config: StreamConfig | None,
@@ -131,8 +134,9 @@ class ClusterClient(ABC):
         """Tell a worker fed by a stream where its node's copy of the checkpoint is."""
 
     @abstractmethod
-    async def find_worker(self, actor_name: str) -> ActorHandle | None:
-        """The handle of a running worker actor by name, None if there is none."""
+    async def find_worker(self, actor_name: str, instance_id: str | None = None) -> ActorHandle | None:
+        """The handle of a running worker actor by name, None if there is none; where that actor is
+        a slot host, the handle of `instance_id` in it (`wire.HostedInstance`)."""
 
     @abstractmethod
     async def worker_ready(self, handle: ActorHandle, timeout_s: float) -> InstanceLoad:

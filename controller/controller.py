@@ -112,7 +112,8 @@ class Controller:
         self._spares = SparePool(cluster, config.spare_workers_per_node, config.load_timeout_s,
                                  weight_bytes=config.spare_weight_bytes, kv_bytes=config.spare_kv_bytes,
                                  adopt_per_node=(config.cpu_worker_slots_per_node * config.nodes_per_ray_node
-                                                 if config.worker_memory_bytes else None))
+                                                 if config.worker_memory_bytes else None),
+                                 host_models=config.models_per_process)
         self._instances = InstanceManager(config, cluster, self._store, self._models,
                                           on_routes_changed=self._publish_routes, on_slot_freed=self._wake.set,
                                           record=self._recent.append, clock=clock, wall_clock=wall_clock,
@@ -185,7 +186,8 @@ class Controller:
         await asyncio.gather(*self._background, return_exceptions=True)
         async with self._tick_lock:
             await self._instances.close(stop_workers)
-            await self._spares.close()  # spares hold nothing a successor needs
+            # Spares hold nothing a successor needs; a slot host holding instances left running does.
+            await self._spares.close(keep_hosting=not stop_workers)
             if stop_workers:
                 for node in self._nodes.values():
                     if node.store is not None:
@@ -387,8 +389,8 @@ class Controller:
         return self._routing.snapshot()
 
     def _publish_routes(self, model_id: str) -> None:
-        routes = [Route(i.instance_id, i.actor_name, self._cluster.namespace, i.node_id, i.num_ongoing_requests)
-                  for i in self._instances.ready_routes(model_id)]
+        routes = [Route(i.instance_id, i.actor_name, self._cluster.namespace, i.node_id, i.num_ongoing_requests,
+                        hosted=i.hosted) for i in self._instances.ready_routes(model_id)]
         if routes:
             self._sharer.model_ready(model_id)
         if self._routing.set_routes(model_id, routes if model_id in self._models else []):
@@ -442,7 +444,7 @@ class Controller:
                 hosts[node.ray_node_id] = hosts.get(node.ray_node_id, 0) + node.num_slots
         in_use: dict[str, int] = {}
         for instance in self._instances.all():
-            if instance.reusable_process:
+            if instance.reusable_process and not instance.hosted:  # a hosted one is in a pool process
                 in_use[instance.ray_node_id] = in_use.get(instance.ray_node_id, 0) + 1
         return self._spares.replenish(sorted({node.ray_node_id for node in self._nodes.values()}),
                                       busy_ray_node_ids=busy, hosts=hosts, in_use=in_use)

@@ -76,6 +76,11 @@ class ControllerConfig:
             placement packs instances by it and eviction frees it until a newcomer fits
             (ARCHITECTURE.md, "Slot hosts": memory is the slot). Slots still bound the number of
             instances; None: no budget, slots alone. CPU nodes only: a GPU node's slots are its GPUs.
+        models_per_process: slot hosts (issue 38): where a node has a worker memory budget and this
+            is more than 1, its warm worker processes are slot hosts (`worker.SlotHost`), each holding
+            up to this many model instances that take turns at their engine steps; a new CPU
+            instance is loaded into the node's host holding the fewest (a fresh process of its own
+            only when none is warm with room). 1: a process per instance.
         sleep_idle_instances: where a node has a worker memory budget, a model scaling down (its
             keep-alive over) puts an idle instance to sleep rather than stopping it: its KV pool
             is freed, its weights stay in its process holding their share of the budget, and the
@@ -134,6 +139,7 @@ class ControllerConfig:
     cpu_worker_slots_per_node: int = 1
     worker_memory_bytes: int | None = None
     sleep_idle_instances: bool = True
+    models_per_process: int = 1
     nodes_per_ray_node: int = 1
     excluded_ray_node_ids: tuple[str, ...] = ()
     spare_workers_per_node: int = 1
@@ -188,6 +194,7 @@ class ControllerConfig:
         object.__setattr__(self, "excluded_ray_node_ids", tuple(excluded))
         _count("spare_workers_per_node", self.spare_workers_per_node, 0)
         _count("spare_weight_bytes", self.spare_weight_bytes, 0)
+        _count("models_per_process", self.models_per_process, 1)
         _count("max_recent_decisions", self.max_recent_decisions, 1)
         if not isinstance(self.calibrate, bool):
             raise ValueError("ControllerConfig.calibrate must be True or False")

@@ -67,7 +67,7 @@ from controller.stream_chains import StreamChains
 from controller.stream_source_policy import LoadPath, choose_load_path
 from controller.state_store import StateStore, WorkerRecord
 from storage import TierFullError
-from wire import EngineGauges
+from wire import EngineGauges, HostedInstance, is_hosted
 
 logger = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.1
@@ -158,15 +158,20 @@ class InstanceManager:
         `memory_bytes`: what it takes of the node's worker memory budget until it is gone
         (`kv_memory_bytes` of it its KV pool's, which sleeping frees)."""
         instance_id = f"{model.repository_name}-{uuid.uuid4().hex[:8]}"
-        spare = None
+        spare, handle = None, None
         if self._spares is not None and model.spec.resources.num_gpus == 0:
-            spare = self._spares.take(node.ray_node_id)
+            if self._spares.hosting and has_worker_memory_budget(node, self.config):
+                spare = self._spares.host_for(node.ray_node_id, instance_id)  # one more model in a warm host
+                handle = HostedInstance(spare.handle, instance_id) if spare is not None else None
+            else:
+                spare = self._spares.take(node.ray_node_id)
+                handle = spare.handle if spare is not None else None
         instance = ManagedInstance(
             instance_id=instance_id, model_id=model.model_id, node_id=node.node_id, ray_node_id=node.ray_node_id,
             actor_name=spare.actor_name if spare is not None else worker_actor_name(instance_id),
             num_worker_slots=model.spec.resources.num_worker_slots, repository_name=model.repository_name,
-            estimate_s=estimate_s, started_s=now, handle=spare.handle if spare is not None else None,
-            from_spare=spare is not None, reserves_cpus=spare is None, memory_bytes=memory_bytes,
+            estimate_s=estimate_s, started_s=now, handle=handle, from_spare=spare is not None,
+            hosted=is_hosted(handle), reserves_cpus=spare is None, memory_bytes=memory_bytes,
             kv_memory_bytes=kv_memory_bytes)
         settings = self.config.peer_stream
         if settings is not None and tier is not None and estimate_s is not None:
@@ -200,7 +205,7 @@ class InstanceManager:
                 await self._cluster.assign_worker(
                     instance.handle, instance_id=instance.instance_id, model_id=instance.model_id, model_dir=path,
                     engine_config=self._engine_config(spec), num_threads=max(1, int(spec.resources.num_cpus)),
-                    timeout_s=self.config.report_timeout_s, peer=peer)
+                    timeout_s=self.config.report_timeout_s, peer=peer, step_priority=spec.autoscaling.priority)
             else:
                 # Sharing a CPU node by memory, an instance reserves no Ray CPU (as a spare does):
                 # slots and the memory budget bound the node, idle instances cost no CPU, and a
@@ -359,8 +364,12 @@ class InstanceManager:
         instance.prefills_at_frontier = tuple(getattr(stats, "prefills_at_frontier", ()))
 
     def died(self, instance: ManagedInstance, why: str) -> None:
-        """The worker's actor is gone: forget it (its slot is free; the autoscaler replaces it)."""
+        """The worker's actor is gone: forget it (its slot is free; the autoscaler replaces it). A
+        hosted instance's host is dropped from the pool too when its actor died (rather than the
+        host having unloaded the instance)."""
         logger.warning("%s: instance %s died: %s", instance.model_id, instance.instance_id, why)
+        if instance.hosted and self._spares is not None and "is not held by this slot host" not in why:
+            self._spares.drop_host(instance.actor_name)
         self._event("died", instance, why)
         self._forget(instance)
 
@@ -478,8 +487,10 @@ class InstanceManager:
 
     async def _recycle(self, instance: ManagedInstance) -> bool:
         """The worker back into the spare pool, its model let go; False: it is to be stopped
-        (its process holds Ray CPUs a spare does not, no room, or it failed)."""
-        if self._spares is None or not instance.reusable_process or not self._spares.has_room(instance.ray_node_id):
+        (its process holds Ray CPUs a spare does not, no room, or it failed; or it is hosted, and
+        stopping it unloads it from its host, which stays in the pool)."""
+        if self._spares is None or instance.hosted or not instance.reusable_process \
+                or not self._spares.has_room(instance.ray_node_id):
             return False
         try:
             await self._cluster.release_worker(instance.handle, WORKER_SHUTDOWN_TIMEOUT_S)
@@ -508,6 +519,8 @@ class InstanceManager:
             await asyncio.sleep(DRAIN_POLL_S)
 
     def _forget(self, instance: ManagedInstance) -> None:
+        if instance.hosted and self._spares is not None:
+            self._spares.unhost(instance.actor_name, instance.instance_id)
         if self._instances.get(instance.instance_id) is instance:
             del self._instances[instance.instance_id]
             try:
@@ -549,7 +562,7 @@ class InstanceManager:
     async def _probe(self, record: WorkerRecord) -> tuple[Any, Any]:
         """(handle, stats) of a recorded worker: (None, None) if its actor is gone, stats None
         if it is alive but did not answer in time (adopted anyway; the next tick tells)."""
-        handle = await self._cluster.find_worker(record.actor_name)
+        handle = await self._cluster.find_worker(record.actor_name, record.instance_id)
         if handle is None:
             return None, None
         try:
@@ -575,8 +588,10 @@ class InstanceManager:
             ray_node_id=node.ray_node_id if node is not None else "", actor_name=record.actor_name,
             num_worker_slots=model.spec.resources.num_worker_slots if model is not None else 1,
             repository_name=model.repository_name if model is not None else repository_name(record.model_id),
-            handle=handle, started_s=now)
+            handle=handle, started_s=now, hosted=is_hosted(handle), reserves_cpus=not is_hosted(handle))
         self._instances[instance.instance_id] = instance
+        if instance.hosted and self._spares is not None and node is not None:
+            self._spares.adopt_host(record.actor_name, node.ray_node_id, handle.host, record.instance_id)
         state = stats.state if stats is not None else None
         if model is None or record.state == "stopping" or state in ("failed", "stopped"):
             why = "its model was deleted" if model is None else f"it was {state or record.state}"

@@ -52,6 +52,8 @@ class ManagedInstance:
         load_s: the worker's own load time once ready; pack_s the part of it spent pre-packing
             linear weights for oneDNN (0 when deferred past the start, or none were).
         from_spare: the worker is a spare that was assigned this model (no process start).
+        hosted: it lives in a slot host (`actor_name` is the host's; `handle` a
+            `wire.HostedInstance`), one of the host's models.
         reserves_cpus: its process may hold Ray CPUs for the model (a spare's, or one sharing its
             node by memory, holds none; an adopted one is assumed to).
         load_path: how it gets its weights (a peer's stream or its node's tier) and why; None if
@@ -87,6 +89,7 @@ class ManagedInstance:
     num_requests_started: int = 0
     last_error: str | None = None
     from_spare: bool = False
+    hosted: bool = False
     reserves_cpus: bool = True
     load_path: Any = None  # a controller.stream_source_policy.LoadPath
     weights_resident: bool = True
@@ -143,7 +146,7 @@ class ManagedInstance:
             "memory_bytes": self.memory_bytes, "held_memory_bytes": self.held_memory_bytes,
             "tier": self.tier, "estimate_s": self.estimate_s, "load_s": self.load_s, "pack_s": self.pack_s,
             "num_ongoing_requests": self.num_ongoing_requests, "num_generated_tokens": self.num_generated_tokens,
-            "last_error": self.last_error, "from_spare": self.from_spare,
+            "last_error": self.last_error, "from_spare": self.from_spare, "hosted": self.hosted,
             "load_path": self.load_path.to_dict() if self.load_path is not None else None,
             "weights_resident": self.weights_resident, "pid": self.pid,
         }

@@ -25,7 +25,7 @@ from controller.cluster_client import (NODE_STORE_ACTOR_PREFIX, WORKER_ACTOR_PRE
                                        ClusterClient, node_store_actor_name)
 from controller.cluster_node import RayNodeInfo
 from storage import NodeStoreConfig, NodeStoreReport, RepositoryConfig
-from wire import InstanceLoad, InstanceStats, call
+from wire import HostedInstance, InstanceLoad, InstanceStats, call, is_hosted, is_slot_host
 
 if TYPE_CHECKING:
     from loader import StreamConfig
@@ -132,9 +132,12 @@ class RayClusterClient(ClusterClient):
                                          namespace=self.namespace, node_id=ray_node_id, num_cpus=num_cpus,
                                          num_gpus=num_gpus, detached=True, peer=peer, num_threads=num_threads)
 
-    def start_spare_worker(self, *, actor_name: str, ray_node_id: str) -> ActorHandle:
-        from migration import start_migratable_spare
+    def start_spare_worker(self, *, actor_name: str, ray_node_id: str, host_models: int = 1) -> ActorHandle:
+        from migration import start_migratable_spare, start_slot_host
 
+        if host_models > 1:
+            return start_slot_host(max_instances=host_models, name=actor_name, namespace=self.namespace,
+                                   node_id=ray_node_id, detached=True)
         return start_migratable_spare(name=actor_name, namespace=self.namespace, node_id=ray_node_id, detached=True)
 
     async def spare_warm(self, handle: ActorHandle, timeout_s: float, *, weight_bytes: int = 0,
@@ -143,8 +146,9 @@ class RayClusterClient(ClusterClient):
 
     async def assign_worker(self, handle: ActorHandle, *, instance_id: str, model_id: str, model_dir: str | None,
                             engine_config: EngineConfig, num_threads: int, timeout_s: float,
-                            peer: PeerWeights | None = None) -> None:
-        await call(handle.assign.remote(instance_id, model_id, model_dir, engine_config, num_threads, peer), timeout_s)
+                            peer: PeerWeights | None = None, step_priority: int = 0) -> None:
+        await call(handle.assign.remote(instance_id, model_id, model_dir, engine_config, num_threads, peer,
+                                        step_priority), timeout_s)
 
     async def stream_weights(self, handle: ActorHandle, num_receivers: int, config: StreamConfig | None,
                              timeout_s: float) -> PeerWeights:
@@ -153,8 +157,11 @@ class RayClusterClient(ClusterClient):
     async def supply_fallback(self, handle: ActorHandle, model_dir: str, timeout_s: float) -> None:
         await call(handle.supply_fallback.remote(model_dir), timeout_s)
 
-    async def find_worker(self, actor_name: str) -> ActorHandle | None:
-        return await self._find(actor_name)
+    async def find_worker(self, actor_name: str, instance_id: str | None = None) -> ActorHandle | None:
+        handle = await self._find(actor_name)
+        if handle is not None and instance_id is not None and is_slot_host(handle):
+            return HostedInstance(handle, instance_id)  # an instance in a slot host: called through it
+        return handle
 
     async def worker_ready(self, handle: ActorHandle, timeout_s: float) -> InstanceLoad:
         return await call(handle.ready.remote(), timeout_s)
@@ -165,6 +172,12 @@ class RayClusterClient(ClusterClient):
     async def stop_worker(self, handle: ActorHandle, timeout_s: float) -> None:
         import ray
 
+        if is_hosted(handle):  # unloaded from its slot host; the host stays for the next model
+            try:
+                await call(handle.host.unload.remote(handle.instance_id, timeout_s), timeout_s + 5.0)
+            except (ActorGoneError, TimeoutError):
+                pass
+            return
         try:
             await call(handle.shutdown.remote(timeout_s), timeout_s + 5.0)
         except (ActorGoneError, TimeoutError):

@@ -14,6 +14,11 @@ keeps one warm worker process per slot: spares fill the slots its instances' pro
 (ARCHITECTURE.md "Slot hosts": processes started with the node and kept, models coming and going
 through them), so a model's first start skips the process start too, not only its later ones.
 
+With `host_models` > 1 (`ControllerConfig.models_per_process`) the pool's processes are slot
+hosts (`worker.SlotHost`): a host is never taken out of the pool; `host_for` loads one more
+instance into the node's warm host holding the fewest (up to `host_models`), `unhost` lets it go,
+and the host stays warm for the next. A node then keeps enough hosts for its slots.
+
 ``warm()`` makes a spare pay the rest of a first load's one-time costs (the engine's lazy imports,
 the attention kernel, oneDNN's first primitives) and fault the memory its model will be loaded
 into: `ControllerConfig.spare_weight_bytes` for the weights, the engine's KV cache size for the
@@ -53,15 +58,17 @@ class Spare:
     handle: Any
     warm: bool = False
     task: asyncio.Task | None = field(default=None, repr=False)
+    hosted: set[str] = field(default_factory=set)  # a slot host's instances
 
 
 class SparePool:
     """The spares of every Ray node (see the module docstring). Runs on the controller's loop."""
 
     def __init__(self, cluster: ClusterClient, per_node: int, warm_timeout_s: float, *, weight_bytes: int = 0,
-                 kv_bytes: int = 0, adopt_per_node: int | None = None) -> None:
+                 kv_bytes: int = 0, adopt_per_node: int | None = None, host_models: int = 1) -> None:
         self._cluster = cluster
         self.per_node = per_node
+        self.host_models = host_models  # > 1: the pool's processes are slot hosts holding this many
         # How many spares a node may hold counting workers taken back (`adopt`); the pool only ever
         # starts `per_node`. More where memory is the slot: a stopped model's process is kept
         # warm for the next model rather than ended and, later, paid for again.
@@ -73,13 +80,56 @@ class SparePool:
         self.num_started = 0  # spare processes started so far (for ``thaw status`` and benchmarks)
         self._hosts: dict[str, int] = {}  # Ray node -> warm processes it keeps in all (`replenish`)
 
+    @property
+    def hosting(self) -> bool:
+        return self.host_models > 1
+
     def take(self, ray_node_id: str) -> Spare | None:
-        """A warm spare on that Ray node, now the caller's (the pool forgets it); None if none."""
+        """A warm spare on that Ray node, now the caller's (the pool forgets it); None if none (and
+        always where the pool's processes are slot hosts: see `host_for`)."""
+        if self.hosting:
+            return None
         for name, spare in sorted(self._spares.items()):
             if spare.ray_node_id == ray_node_id and spare.warm:
                 del self._spares[name]
                 return spare
         return None
+
+    def host_for(self, ray_node_id: str, instance_id: str) -> Spare | None:
+        """The warm slot host on that Ray node holding the fewest instances (then the smallest
+        name) that has room for one more, now holding `instance_id` too; None if none."""
+        if not self.hosting:
+            return None
+        hosts = [s for s in self._spares.values()
+                 if s.ray_node_id == ray_node_id and s.warm and len(s.hosted) < self.host_models]
+        if not hosts:
+            return None
+        host = min(hosts, key=lambda s: (len(s.hosted), s.actor_name))
+        host.hosted.add(instance_id)
+        return host
+
+    def unhost(self, actor_name: str, instance_id: str) -> None:
+        """`instance_id` is no longer in the slot host `actor_name` (unloaded, or it failed)."""
+        host = self._spares.get(actor_name)
+        if host is not None:
+            host.hosted.discard(instance_id)
+
+    def adopt_host(self, actor_name: str, ray_node_id: str, handle: Any, instance_id: str) -> None:
+        """A slot host found holding `instance_id` after a controller restart: the pool's again
+        (warm), so its room is used and it is ended with the pool, not left behind."""
+        if not self.hosting:
+            return
+        host = self._spares.get(actor_name)
+        if host is None:
+            host = self._spares[actor_name] = Spare(actor_name, ray_node_id, handle, warm=True)
+        host.hosted.add(instance_id)
+
+    def drop_host(self, actor_name: str) -> None:
+        """A slot host whose actor died: out of the pool (ended, to be sure), replaced by `replenish`."""
+        host = self._spares.pop(actor_name, None)
+        if host is not None:
+            logger.warning("slot host %s is gone (its instances with it); a new one will start", actor_name)
+            self._end(host)
 
     def adopt(self, actor_name: str, ray_node_id: str, handle: Any) -> bool:
         """Takes a worker whose model was let go (``release_model``: an evicted instance, or one
@@ -98,19 +148,24 @@ class SparePool:
         return sum(1 for spare in self._spares.values() if spare.ray_node_id == ray_node_id) < cap
 
     def counts(self) -> dict[str, dict[str, int]]:
-        """Ray node id -> {"warm": n, "starting": n}, for ``thaw status``."""
+        """Ray node id -> {"warm": n, "starting": n}, for ``thaw status`` (and "hosted": the
+        instances its slot hosts hold, where they are hosts)."""
         counts: dict[str, dict[str, int]] = {}
         for spare in self._spares.values():
-            entry = counts.setdefault(spare.ray_node_id, {"warm": 0, "starting": 0})
+            entry = counts.setdefault(spare.ray_node_id, {"warm": 0, "starting": 0}
+                                      | ({"hosted": 0} if self.hosting else {}))
             entry["warm" if spare.warm else "starting"] += 1
+            if self.hosting:
+                entry["hosted"] += len(spare.hosted)
         return counts
 
     def replenish(self, ray_node_ids: list[str], busy_ray_node_ids: Collection[str] = (),
                   hosts: Mapping[str, int] | None = None, in_use: Mapping[str, int] | None = None) -> list[str]:
         """Start spares where a node has fewer than `per_node` (warm or starting), except on
         `busy_ray_node_ids`; end those of nodes that left. A node in `hosts` keeps that many warm
-        processes in all: spares fill what its instances' poolable processes (`in_use`) do not,
-        never fewer than `per_node` (and none when that is 0: spares are off). Returns errors, one per failed start (the next tick retries).
+        processes in all (its slots, or hosts enough for them): spares fill what its instances'
+        poolable processes (`in_use`) do not, and none is started beyond that, so once warm the
+        node's processes are the ones it keeps (none either when `per_node` is 0: spares are off). Returns errors, one per failed start (the next tick retries).
 
         A busy node is one whose newest instance is still loading or only just ready: starting a
         spare costs seconds of CPU (a process, the torch import, the warm-up, faulting its
@@ -127,11 +182,13 @@ class SparePool:
             have = sum(1 for spare in self._spares.values() if spare.ray_node_id == ray_node_id)
             want = self.per_node
             if want and ray_node_id in self._hosts:  # per_node 0: spares are off, slot hosts too
-                want = max(want, self._hosts[ray_node_id] - (in_use or {}).get(ray_node_id, 0))
+                slots = max(0, self._hosts[ray_node_id] - (in_use or {}).get(ray_node_id, 0))
+                want = -(-slots // self.host_models)  # processes enough for its slots, no more
             for _ in range(want - have):
                 name = spare_actor_name()
                 try:
-                    handle = self._cluster.start_spare_worker(actor_name=name, ray_node_id=ray_node_id)
+                    handle = self._cluster.start_spare_worker(actor_name=name, ray_node_id=ray_node_id,
+                                                              host_models=self.host_models)
                 except Exception as exc:  # noqa: BLE001 - no spare is a slower start, not a failure
                     errors.append(f"spare worker on Ray node {ray_node_id[:12]}: {type(exc).__name__}: {exc}")
                     break
@@ -170,9 +227,11 @@ class SparePool:
         except Exception:  # noqa: BLE001
             logger.exception("stopping spare worker %s failed", spare.actor_name)
 
-    async def close(self) -> None:
-        """End every spare (the controller is shutting down)."""
-        spares, self._spares = list(self._spares.values()), {}
+    async def close(self, keep_hosting: bool = False) -> None:
+        """End every spare (the controller is shutting down); with `keep_hosting`, not a slot host
+        still holding instances (a successor adopts them there)."""
+        spares = [s for s in self._spares.values() if not (keep_hosting and s.hosted)]
+        self._spares = {}
         for spare in spares:
             if spare.task is not None:
                 spare.task.cancel()

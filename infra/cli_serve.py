@@ -62,6 +62,9 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
         raise UsageError(f"--worker-memory-gb must be more than 0 (GB of memory each node's model instances share: "
                          f"weights plus KV pools; leave it out to bound instances by --worker-slots alone), "
                          f"got {worker_memory_gb:g}")
+    if args.models_per_process < 1:
+        raise UsageError(f"--models-per-process must be 1 or more (models one worker process may hold), "
+                         f"got {args.models_per_process}")
     if not 0 < args.body_timeout_s < float("inf"):
         raise UsageError(f"--body-timeout-s must be more than 0 (seconds a request body may take to arrive), "
                          f"got {args.body_timeout_s:g}")
@@ -87,6 +90,7 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
             ssd_dir=Path(args.ssd_dir).expanduser().absolute() if args.ssd_dir is not None else None,
             num_gateway_replicas=args.gateway_replicas, spare_workers_per_node=args.spare_workers,
             spare_weight_bytes=int(args.spare_memory_gb * GIB), peer_link_bytes_per_s=args.peer_link_gbps * 1e9,
+            models_per_process=args.models_per_process,
             slot_sharing=not args.no_slot_sharing, state_dir_shared=args.state_shared,
             admin_key_source=(Path(args.admin_key_file).expanduser().absolute()
                               if args.admin_key_file is not None else None),
@@ -195,6 +199,10 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
                        help=f"memory each node's model instances share (weights plus KV pools): instances are packed "
                             f"by it and idle ones evicted until a newcomer fits (default: "
                             f"{DEFAULT_WORKER_MEMORY_SHARE:.0%} of this machine's RAM unless --worker-slots is given)")
+    serve.add_argument("--models-per-process", type=int, default=1,
+                       help="slot hosts: where nodes share a worker memory budget, each warm worker process holds "
+                            "up to this many models, their engine steps taking turns (default: 1, a process per "
+                            "model)")
     serve.add_argument("--ssd-capacity-gb", type=float, default=64.0,
                        help="SSD cache per node (a node that joins may give its own: thaw join --ssd-capacity-gb)")
     serve.add_argument("--ssd-dir", default=None, help="where the nodes' SSD caches live (default: STATE/ssd-cache; "

@@ -25,7 +25,7 @@ from controller import TenantQuota
 from controller import SlotOutlook
 from infra.controller_client import ControllerClient
 from wire import (ActorGoneError, ActorUnreachableError, EngineDeadError, EngineGauges, GatewayMetricsSnapshot,
-                  InstanceRoute, ModelRecord, Prompt, SamplingParams, call, ray_errors_translated)
+                  HostedInstance, InstanceRoute, ModelRecord, Prompt, SamplingParams, call, ray_errors_translated)
 
 __all__ = ["InstanceGone", "InstanceRoute", "RayServingCluster", "RoutingTableData", "ServingCluster"]
 
@@ -166,6 +166,8 @@ class RayServingCluster:
                 handle = await asyncio.to_thread(ray.get_actor, route.actor_name, namespace=route.namespace)
             except ValueError as exc:  # no actor of that name: it is gone
                 raise InstanceGone(f"instance {route.instance_id} ({route.actor_name}) is gone") from exc
+            if route.hosted:  # the actor is the slot host the instance lives in
+                handle = HostedInstance(handle, route.instance_id)
             self._handles[route.instance_id] = handle
         return handle
 

@@ -20,6 +20,7 @@ Public API:
   migration.
 - `MigrationEndpoint`: what a protocol drives; `EngineEndpoint` (an in-process `AsyncEngine`),
   `RayEndpoint` (a `MigratableInstanceActor`).
+- `start_slot_host`: a slot host (`worker.SlotHost`) whose instances are migratable.
 - `MigratableInstanceActor`, `start_migratable_instance`, `start_migratable_spare`: an instance
   actor that can migrate (with a model, or a spare assigned one later);
   `follow_generation`: the client's stream across hand-offs, with an idle timeout
@@ -38,7 +39,7 @@ from migration.lease_book import DEFAULT_LEASE_S
 from migration.kv_migration import KVMigrationConfig, migrate_by_kv
 from migration.kv_transport import InProcessKVTransport, KVPayload, KVTransport, RayObjectKVTransport
 from migration.migratable_instance_actor import (
-    MigratableInstanceActor, start_migratable_instance, start_migratable_spare,
+    MigratableInstanceActor, start_migratable_instance, start_migratable_spare, start_slot_host,
 )
 from migration.migrate import migrate_request, migrate_requests
 from migration.migration_endpoint import MigrationEndpoint
@@ -57,5 +58,5 @@ __all__ = [
     "MigratableInstanceActor", "MigrationEndpoint", "MigrationMethod", "MigrationOutcome", "MigrationRefusedError",
     "MigrationStatus", "PartialPrefillPayload", "RayEndpoint", "RayObjectKVTransport", "RequestSnapshot", "TokenMigrationConfig",
     "UnknownRequestError", "follow_generation", "hand_over_prefill", "migrate_by_kv", "migrate_by_tokens", "migrate_request",
-    "migrate_requests", "start_migratable_instance", "start_migratable_spare",
+    "migrate_requests", "start_migratable_instance", "start_migratable_spare", "start_slot_host",
 ]

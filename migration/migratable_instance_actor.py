@@ -54,7 +54,7 @@ from worker import (
 
 Prompt = str | list  # text, token ids, or chat messages: what ``generate`` takes
 
-__all__ = ["MigratableInstanceActor", "start_migratable_instance", "start_migratable_spare"]
+__all__ = ["MigratableInstanceActor", "start_migratable_instance", "start_migratable_spare", "start_slot_host"]
 
 
 class MigratableInstanceActor(InstanceWorkerActor):
@@ -64,8 +64,9 @@ class MigratableInstanceActor(InstanceWorkerActor):
 
     def __init__(self, instance_id: str | None = None, model_id: str | None = None, model_dir: str | None = None,
                  engine_config: EngineConfig | None = None, transport: KVTransport | None = None, *,
-                 peer: PeerWeights | None = None, num_threads: int | None = None) -> None:
-        super().__init__(instance_id, model_id, model_dir, engine_config, peer=peer, num_threads=num_threads)
+                 peer: PeerWeights | None = None, num_threads: int | None = None, step_turns: Any = None) -> None:
+        super().__init__(instance_id, model_id, model_dir, engine_config, peer=peer, num_threads=num_threads,
+                         step_turns=step_turns)
         self._transport = transport if transport is not None else RayObjectKVTransport()
         self._endpoint: EngineEndpoint | None = None
         self._resumed: set[str] = set()  # imported requests whose client is attached
@@ -301,3 +302,17 @@ def start_migratable_spare(*, transport: KVTransport | None = None, name: str | 
     actor_options = worker_actor_options(name, namespace, node_id, 0, 0, detached, options)
     return ray.remote(MigratableInstanceActor).options(**actor_options).remote(transport=transport)
 
+
+
+def start_slot_host(*, max_instances: int, max_concurrent_steps: int | None = None, name: str | None = None,
+                    namespace: str | None = None, node_id: str | None = None, detached: bool = False, **options):
+    """Starts a slot host (`worker.SlotHost`) whose instances are `MigratableInstanceActor`s, so
+    every request it serves can be moved; returns its handle at once. Like a spare, it reserves no
+    Ray CPU or GPU (its node's worker memory budget and slots bound what it holds)."""
+    import ray
+
+    from worker.slot_host import SlotHost
+
+    actor_options = worker_actor_options(name, namespace, node_id, 0, 0, detached, options)
+    return ray.remote(SlotHost).options(**actor_options).remote(
+        MigratableInstanceActor, max_instances=max_instances, max_concurrent_steps=max_concurrent_steps)

@@ -22,6 +22,7 @@ Public API:
 - `TOOL_CALL_FORMATS`, `detect_tool_call_format`: the text formats models write tool calls in,
   and which one a chat template teaches (controller -> gateway, in `ModelRecord`).
 - `InstanceRoute`: one ready instance in the controller's routing table (controller -> gateway).
+- `HostedInstance` (`is_hosted`, `is_slot_host`): an instance in a slot host, called like an actor.
 - `EngineGauges`: a ready instance's running/waiting requests and KV-cache use, for ``/metrics``
   (controller -> gateway).
 - `GatewayMetricsSnapshot`: one gateway replica's per-request series, relayed to its peers so any
@@ -50,6 +51,7 @@ from wire.generation_chunk import ABORTED, SUSPENDED, ChatMessage, GenerationChu
 from wire.deploy_progress import DeployProgress, DeployStage, DeployState
 from wire.engine_gauges import EngineGauges
 from wire.gateway_metrics_snapshot import GatewayMetricsSnapshot
+from wire.hosted_instance import HostedInstance, is_hosted, is_slot_host
 from wire.instance_route import InstanceRoute
 from wire.instance_stats import InstanceLoad, InstanceState, InstanceStats
 from wire.migration_outcome import MigrationMethod, MigrationOutcome, MigrationStatus
@@ -66,7 +68,7 @@ from wire.wire_record import WireRecord
 __all__ = [
     "GRAMMAR_KINDS", "GrammarSpec", "MAX_LOGPROBS", "MODEL_DEFAULT_FIELDS", "TOOL_CALL_FORMATS", "TokenLogprobs", "detect_tool_call_format",
     "ABORTED", "SUSPENDED", "ActorGoneError", "ActorUnreachableError", "ChatMessage", "ChatPrompt", "GenerationChunk", "InstanceLoadRecord",
-    "EngineGauges", "GatewayMetricsSnapshot", "InstanceRoute", "ModelRecord", "Prompt", "SamplingParams", "WireRecord", "call", "is_ours",
+    "EngineGauges", "GatewayMetricsSnapshot", "HostedInstance", "InstanceRoute", "is_hosted", "is_slot_host", "ModelRecord", "Prompt", "SamplingParams", "WireRecord", "call", "is_ours",
     "ray_errors_translated", "stream", "translated",
     "InstanceLoad", "InstanceState", "InstanceStats",
     "EngineDeadError", "InvalidRequestError", "RequestFailedError",

@@ -25,6 +25,8 @@ class InstanceRoute(WireRecord):
             namespace None means the caller's own.
         node_id: the logical node it runs on.
         num_ongoing_requests: its load as last reported to the controller (stale by design).
+        hosted: the actor is a slot host holding the instance (call it as
+            ``wire.HostedInstance(actor, instance_id)``), not the instance's own.
     """
 
     SCHEMA: ClassVar[str] = "instance_route/1"
@@ -34,6 +36,7 @@ class InstanceRoute(WireRecord):
     namespace: str | None
     node_id: str
     num_ongoing_requests: int = 0
+    hosted: bool = False
 
     def __post_init__(self) -> None:
         name = self.record_name()
@@ -44,3 +47,5 @@ class InstanceRoute(WireRecord):
             raise ValueError(f"{name}.node_id must be a string, got {self.node_id!r}")
         object.__setattr__(self, "num_ongoing_requests",
                            check_count(name, "num_ongoing_requests", self.num_ongoing_requests))
+        if not isinstance(self.hosted, bool):
+            raise ValueError(f"{name}.hosted must be true or false, got {self.hosted!r}")

@@ -35,6 +35,7 @@ from worker.engine import Engine, Prompt
 from worker.request_output import RequestOutput
 from worker.sampling_params import SamplingParams
 from worker.sequence import Sequence
+from worker.step_turns import StepTurns
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +49,12 @@ class _Stream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, step_turns: StepTurns | None = None, step_priority: int = 0) -> None:
+        """`step_turns`: the turns at stepping this engine shares with the others of its process
+        (a slot host's; `worker.step_turns`), asked for with `step_priority` before each step."""
         self.engine = engine
+        self._turns = step_turns
+        self._priority = step_priority
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()  # guards _streams between the caller loops and the engine thread
@@ -174,7 +179,12 @@ class AsyncEngine:
                 block = not self.engine.has_unfinished_requests() and not self.engine.weights_to_pack
                 self._drain_inbox(block)
                 if self.engine.has_unfinished_requests():
-                    self._deliver(self.engine.step())
+                    if self._turns is None:
+                        outputs = self.engine.step()
+                    else:
+                        with self._turns.turn(self._priority):
+                            outputs = self.engine.step()
+                    self._deliver(outputs)
                 # Deferred weight packing (`worker.weight_packing`): a layer at a time, after the
                 # step's tokens went out, never while a request waits for its first token.
                 self.engine.pack_weights_when_free()

@@ -44,3 +44,19 @@ def tune_host_allocator(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> bool:
     if not applied:
         logger.info("mallopt refused the allocator thresholds; large tensors keep mmap/munmap per allocation")
     return applied
+
+
+def release_free_memory() -> bool:
+    """Hands the heap's free pages back to the kernel (glibc's ``malloc_trim(0)``, which releases
+    free pages anywhere in the heap, not only at its top); True if it released any. For the rare
+    moment a worker frees a large pool for good (an instance going to sleep: `InstanceWorker.sleep`)
+    while the raised thresholds above would otherwise keep it for this process alone."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        malloc_trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim.argtypes = [ctypes.c_size_t]
+    return malloc_trim(0) == 1

@@ -44,10 +44,12 @@ from loader import StreamConfig
 from worker.async_engine import AsyncEngine, EngineDeadError
 from worker.engine import Engine, InvalidRequestError, Prompt
 from worker.engine_config import EngineConfig
+from worker.host_allocator import release_free_memory
 from worker.peer_weights import PeerWeights, PeerWeightsReceiver, WeightStreams
 from worker.reserved_memory import ReservedMemory
 from worker.sampling_params import SamplingParams
 from worker.sequence import Sequence
+from worker.step_turns import StepTurns
 from wire import ChatPrompt  # a chat with its tools and template arguments (wire/)
 from wire import SUSPENDED, GenerationChunk  # one chunk record for worker and gateway (wire/)
 from wire import InstanceLoad, InstanceState, InstanceStats  # its reports to the controller (wire/)
@@ -141,14 +143,18 @@ class InstanceWorker:
 
     def __init__(self, instance_id: str, model_id: str, model_dir: str | Path | None,
                  engine_config: EngineConfig | Mapping[str, Any] | None = None, *,
-                 reserved: ReservedMemory | None = None, peer: PeerWeights | None = None) -> None:
+                 reserved: ReservedMemory | None = None, peer: PeerWeights | None = None,
+                 step_turns: StepTurns | None = None, step_priority: int = 0) -> None:
         """`reserved`: memory faulted ahead of the load by a spare worker (see `worker.reserved_memory`).
         `peer`: take the weights from a running instance's stream instead of reading `model_dir`
         (`worker.peer_weights`); the instance is ready as soon as its engine exists and serves while
         the layers land. `model_dir` is then the node's copy of the checkpoint if it is already in
-        place, else None and `supply_fallback` gives it later (the stream's fallback)."""
+        place, else None and `supply_fallback` gives it later (the stream's fallback). `step_turns`
+        / `step_priority`: the engine takes turns at stepping with the other models of its slot host
+        (`worker.step_turns`)."""
         self.instance_id = instance_id
         self._reserved = reserved
+        self._step_turns, self._step_priority = step_turns, step_priority
         self.model_id = model_id
         self.engine_config = as_engine_config(engine_config)
         self._streams = WeightStreams(instance_id, model_id)
@@ -192,7 +198,7 @@ class InstanceWorker:
                 weights = self._peer.layers
             engine = Engine(self.model_dir, self.engine_config, reserved=self._reserved, weights=weights)
             self._reserved = None  # what the engine did not take goes with this reference
-            async_engine = AsyncEngine(engine)
+            async_engine = AsyncEngine(engine, step_turns=self._step_turns, step_priority=self._step_priority)
         except BaseException as exc:  # noqa: BLE001 - whatever it was, ready() must report it, not hang
             logger.exception("instance %s: loading %s failed", self.instance_id, self.model_id)
             self._loaded.set_exception(InstanceLoadError(
@@ -331,10 +337,12 @@ class InstanceWorker:
                                     f"{len(self._open_streams)} open request(s); it cannot sleep")
         self._asleep = True  # before the engine call: a request arriving meanwhile is refused here
         try:
-            return await self._loaded.result().call(lambda engine: engine.sleep())
+            freed = await self._loaded.result().call(lambda engine: engine.sleep())
         except BaseException:
             self._asleep = False
             raise
+        await asyncio.to_thread(release_free_memory)  # the pool's pages back to the kernel, not this heap's
+        return freed
 
     async def wake(self) -> None:
         """Rebuilds the KV pool of a sleeping instance; it serves again. At once if awake."""

@@ -44,6 +44,7 @@ from worker.peer_weights import PeerWeights
 from worker.process_warmup import warm_up_process
 from worker.reserved_memory import ReservedMemory
 from worker.sampling_params import SamplingParams
+from worker.step_turns import StepTurns
 
 _PROCESS_STARTED = time.time()  # when this module was imported: about when the worker process started
 
@@ -65,8 +66,11 @@ class InstanceWorkerActor:
 
     def __init__(self, instance_id: str | None = None, model_id: str | None = None, model_dir: str | None = None,
                  engine_config: EngineConfig | None = None, *, peer: PeerWeights | None = None,
-                 num_threads: int | None = None) -> None:
-        tune_host_allocator()  # this process exists for one engine (see host_allocator.py)
+                 num_threads: int | None = None, step_turns: StepTurns | None = None) -> None:
+        """`step_turns`: where this body is one of a slot host's (`worker.slot_host`), the turns at
+        stepping its engine shares with the host's other models."""
+        tune_host_allocator()  # this process exists for its engines (see host_allocator.py)
+        self._step_turns = step_turns
         if num_threads is not None:  # an actor reserving no Ray CPU (see `start_instance_worker`)
             import torch
 
@@ -92,13 +96,14 @@ class InstanceWorkerActor:
         return time.time() - _PROCESS_STARTED
 
     async def assign(self, instance_id: str, model_id: str, model_dir: str | None, engine_config: EngineConfig,
-                     num_threads: int = 1, peer: PeerWeights | None = None) -> None:
+                     num_threads: int = 1, peer: PeerWeights | None = None, step_priority: int = 0) -> None:
         """Make this spare the instance of a model: loading starts now (await ``ready()``).
 
         ``num_threads`` stands in for what Ray sets from an actor's ``num_cpus`` at start
         (``OMP_NUM_THREADS``), which a spare, started before anyone knew the model's resources,
         could not get. ``peer``: take the weights from a running instance's stream (see
-        `InstanceWorker`; ``model_dir`` may then be None until ``supply_fallback``)."""
+        `InstanceWorker`; ``model_dir`` may then be None until ``supply_fallback``).
+        ``step_priority``: the model's priority in its slot host's turns at stepping."""
         if self._worker is not None:
             raise SpareWorkerError(f"this worker already serves {self._worker.model_id!r} "
                                    f"(instance {self._worker.instance_id}); a worker takes one model")
@@ -107,7 +112,8 @@ class InstanceWorkerActor:
         torch.set_num_threads(max(1, int(num_threads)))
         reserved, self._reserved = self._reserved, None
         self._worker = InstanceWorker(instance_id, model_id, model_dir, as_engine_config(engine_config),
-                                      reserved=reserved, peer=peer)
+                                      reserved=reserved, peer=peer, step_turns=self._step_turns,
+                                      step_priority=step_priority)
 
     def _model_worker(self) -> InstanceWorker:
         if self._worker is None:

@@ -230,7 +230,7 @@ class FakeCluster(ClusterClient):
 
     # --- spare workers (never warm unless a test sets `spares_warm`) ----------------------------
 
-    def start_spare_worker(self, *, actor_name: str, ray_node_id: str) -> Any:
+    def start_spare_worker(self, *, actor_name: str, ray_node_id: str, host_models: int = 1) -> Any:
         spare = FakeWorker("", "", "", actor_name, ray_node_id, 0.0, None, state="spare")
         self.spares[actor_name] = spare
         return spare
@@ -244,7 +244,8 @@ class FakeCluster(ClusterClient):
         return 3.0
 
     async def assign_worker(self, handle: FakeWorker, *, instance_id: str, model_id: str, model_dir: str | None,
-                            engine_config: Any, num_threads: int, timeout_s: float, peer: Any = None) -> None:
+                            engine_config: Any, num_threads: int, timeout_s: float, peer: Any = None,
+                            step_priority: int = 0) -> None:
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
         assert handle.state == "spare", f"{handle.actor_name} assigned twice"
@@ -274,7 +275,7 @@ class FakeCluster(ClusterClient):
     def live_spares(self) -> list[FakeWorker]:
         return sorted((w for w in self.spares.values() if w.alive), key=lambda w: w.actor_name)
 
-    async def find_worker(self, actor_name: str) -> Any | None:
+    async def find_worker(self, actor_name: str, instance_id: str | None = None) -> Any | None:
         worker = self.workers.get(actor_name)
         return worker if worker is not None and worker.alive else None
 

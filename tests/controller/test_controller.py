@@ -135,7 +135,7 @@ def test_routing_table_version_moves_only_on_change():
     assert table.set_routes("acme/m1", [Route("i1", "thaw-worker-i1", "ns", "n0", 3)]) is True  # load moved
     assert table.snapshot() == (2, {"acme/m1": [{"schema": "instance_route/1", "instance_id": "i1",
                                                   "actor_name": "thaw-worker-i1", "namespace": "ns", "node_id": "n0",
-                                                  "num_ongoing_requests": 3}]})
+                                                  "num_ongoing_requests": 3, "hosted": False}]})
     assert table.remove_model("acme/m1") is True and table.snapshot() == (3, {})
     assert table.remove_model("acme/m1") is False and table.version == 3
 
@@ -194,7 +194,7 @@ def test_cold_start_on_demand_then_ready_enters_the_routing_table(tmp_path):
             assert new_version > version
             assert table["acme/m1"] == [{"schema": "instance_route/1", "instance_id": worker.instance_id,
                                          "actor_name": worker.actor_name, "namespace": "fake-ns", "node_id": NODE,
-                                         "num_ongoing_requests": 0}]
+                                         "num_ongoing_requests": 0, "hosted": False}]
             assert h.records() == {worker.instance_id: "ready"}
 
     asyncio.run(scenario())

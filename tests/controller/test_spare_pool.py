@@ -135,3 +135,33 @@ def test_where_memory_is_the_slot_a_node_keeps_a_warm_process_per_slot_its_insta
             assert h.controller.status()["worker_processes_started"] == {"spares": 4, "instances": 0}
 
     asyncio.run(scenario())
+
+
+def test_slot_hosts_stay_in_the_pool_and_take_models_fewest_first_up_to_their_capacity():
+    """`models_per_process` 2 on a node of 4 slots: 2 hosts; models go to the host holding the
+    fewest; full hosts take none; a host is never taken out; closing for a successor keeps a host
+    that holds instances."""
+    from controller.spare_pool import SparePool
+
+    async def scenario():
+        cluster = FakeCluster((RAY_NODE,))
+        cluster.spares_warm.set()
+        pool = SparePool(cluster, 1, 5.0, host_models=2)
+        assert pool.replenish([RAY_NODE], hosts={RAY_NODE: 4}, in_use={}) == []
+        await eventually(lambda: pool.counts() == {RAY_NODE: {"warm": 2, "starting": 0, "hosted": 0}}, "2 warm hosts")
+        assert pool.take(RAY_NODE) is None  # a host is never handed over whole
+        placed = [pool.host_for(RAY_NODE, f"i{n}") for n in range(5)]
+        names = [host.actor_name if host else None for host in placed]
+        first, second = sorted(set(filter(None, names)))
+        assert names == [first, second, first, second, None]  # fewest first, then the smaller name; full: none
+        assert pool.counts()[RAY_NODE]["hosted"] == 4
+        pool.unhost(first, "i0")
+        assert pool.host_for(RAY_NODE, "i5").actor_name == first
+        pool.replenish([RAY_NODE], hosts={RAY_NODE: 4}, in_use={})
+        assert len(cluster.live_spares()) == 2  # hosts with models are still the pool's: none started
+        pool.unhost(second, "i1")
+        pool.unhost(second, "i3")
+        await pool.close(keep_hosting=True)
+        await eventually(lambda: [s.actor_name for s in cluster.live_spares()] == [first], "the empty host ended")
+
+    asyncio.run(scenario())

@@ -85,8 +85,8 @@ def test_a_replaced_report_is_checked_again_as_migration_does_with_its_count():
 
 
 @pytest.mark.parametrize("record_type, data, message", [
-    (InstanceStats, {**STATS.to_dict(), "state": "asleep"},
-     "instance_stats.state must be one of 'spare', 'loading', 'ready', 'failed', 'stopped', got 'asleep'"),
+    (InstanceStats, {**STATS.to_dict(), "state": "dozing"},
+     "instance_stats.state must be one of 'spare', 'loading', 'ready', 'asleep', 'failed', 'stopped', got 'dozing'"),
     (InstanceStats, {**STATS.to_dict(), "num_waiting_requests": -1},
      "instance_stats.num_waiting_requests must be an integer >= 0, got -1"),
     (InstanceStats, {**STATS.to_dict(), "num_kv_blocks": 1.5}, "instance_stats.num_kv_blocks must be an integer >= 0"),

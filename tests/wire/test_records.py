@@ -40,7 +40,8 @@ def test_each_record_has_an_exact_tagged_dict_form():
                                "num_completion_tokens": 2, "queue_s": None, "logprobs": None,
                                "num_cached_tokens": 2}
     assert ROUTE.to_dict() == {"schema": "instance_route/1", "instance_id": "i1", "actor_name": "thaw-worker-i1",
-                               "namespace": "thaw", "node_id": "node0", "num_ongoing_requests": 4}
+                               "namespace": "thaw", "node_id": "node0", "num_ongoing_requests": 4,
+                               "hosted": False}
     assert MODEL.to_dict() == {
         "schema": "model_record/1", "model_id": "acme/m1", "deployed_s": 1_700_000_123.5, "max_model_len": 2048,
         "max_queued_requests": 7, "queue_timeout_s": 3.0,
