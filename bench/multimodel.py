@@ -29,6 +29,9 @@ against, one after the other:
   (``slot_sharing.sleeps`` / ``wakes``). The
   line carries its P99 over ``thaw``'s from the same run and the issue's target: at most a
   quarter of the 12.1 s last recorded for ``thaw`` (``TARGET_SHARED_P99_S``);
+* ``thaw-hosts`` (only when asked for with ``--policies``): ``thaw-shared`` with slot hosts: one
+  warm worker process holds all 8 models (``models_per_process``), their engine steps taking
+  turns two at a time (the cores);
 * ``rayserve``: what a user builds instead: one Ray Serve application per model, each one
   deployment (`bench.transformers_replica`) whose replica loads the checkpoint with
   ``transformers`` and streams greedy tokens, ``min_replicas: 0``, ``max_replicas: 1``, 1 CPU per
@@ -99,7 +102,8 @@ from bench.coldstart import free_port, machine, wait_for  # noqa: E402
 from bench.bursty_trace import BurstyTraceConfig, TraceRequest, bursty_trace  # noqa: E402
 from worker import DemoModelConfig, EngineConfig, write_demo_model  # noqa: E402
 
-POLICIES = ("thaw", "thaw-shared", "thaw-keepalive-wait", "rayserve")
+POLICIES = ("thaw", "thaw-shared", "thaw-hosts", "thaw-keepalive-wait", "rayserve")
+DEFAULT_POLICIES = ("thaw", "thaw-shared", "thaw-keepalive-wait", "rayserve")  # thaw-hosts: on request
 TARGET_P99_RATIO_TO_KEEPALIVE_WAIT = 0.5
 TARGET_SHARED_P99_S = 12.1 / 4  # issue 38: a quarter of thaw's last recorded P99 on this trace
 TARGET_P99_RATIO_TO_RAYSERVE = 0.2
@@ -318,7 +322,8 @@ class ThawSide:
         self.index_of = {m.model_id: m.index for m in models}
         self.port = free_port()
         largest = max(m.num_bytes for m in models)
-        self.shared = shared = policy == "thaw-shared"  # a slot per model; the budget holds them all
+        self.shared = shared = policy in ("thaw-shared", "thaw-hosts")  # a slot per model; the budget holds all
+        hosts = len(models) if policy == "thaw-hosts" else 1  # thaw-hosts: one slot host holds every model
         # Every model's weights and KV pool, plus one more of the largest: a model that comes back
         # while its last instance still drains holds two for a moment.
         kv_bytes = EngineConfig().kv_cache_bytes
@@ -328,7 +333,7 @@ class ThawSide:
             auth=False, num_cpus=NUM_SLOTS, cpu_worker_slots_per_node=len(models) if shared else NUM_SLOTS,
             worker_memory_bytes=budget if shared else None, ssd_capacity_bytes=16 * GIB,
             dram_capacity_bytes=4 * GIB, spare_weight_bytes=-(-largest // (1 << 20)) << 20,
-            slot_sharing=policy in ("thaw", "thaw-shared"))
+            slot_sharing=policy in ("thaw", "thaw-shared", "thaw-hosts"), models_per_process=hosts)
         self.platform = Platform(self.config)
         self.decisions: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.instances: dict[str, dict[str, Any]] = {}  # instance id -> its last view with a tier
@@ -351,7 +356,8 @@ class ThawSide:
                  START_TIMEOUT_S, 0.2)
         # Where memory is the slot the node keeps a warm process per slot: the trace starts once all
         # are up, so every worker process it uses was started before it (`processes_started_in_trace`).
-        warm = self.config.controller.cpu_worker_slots_per_node if self.shared else 1
+        controller = self.config.controller
+        warm = -(-controller.cpu_worker_slots_per_node // controller.models_per_process) if self.shared else 1
         wait_for(lambda: any(c.get("warm", 0) >= warm for c in self._status()["spare_workers"].values()),
                  f"{warm} warm spare worker(s)", START_TIMEOUT_S, 0.2)
         self.processes_at_start = self._processes_started(self._status())
@@ -590,7 +596,7 @@ def run(mode: BenchMode, seed: int, policies: list[str], work_dir: Path) -> list
     for line in lines:
         if line["policy"] == "thaw":
             line.update(ratios_and_targets(line, results))
-        if line["policy"] == "thaw-shared":
+        if line["policy"] in ("thaw-shared", "thaw-hosts"):
             line.update(shared_targets(line, results))
     return lines
 
@@ -645,8 +651,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny models, a 20 s trace (CI smoke run)")
     parser.add_argument("--seed", type=int, default=0, help="the trace's seed (default 0)")
     parser.add_argument("--duration-s", type=float, default=None, help="trace length (default: 300, quick: 20)")
-    parser.add_argument("--policies", default=",".join(POLICIES),
-                        help=f"comma-separated subset of {','.join(POLICIES)} (default: all)")
+    parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
+                        help=f"comma-separated subset of {','.join(POLICIES)} (default: {','.join(DEFAULT_POLICIES)})")
     parser.add_argument("--first-token-deadline-s", type=float, default=None,
                         help="how long the client waits for a first token, every policy alike (default: the "
                              "queue timeout + 5 s; longer measures how late a peer serves instead of failing it)")
