@@ -66,7 +66,7 @@ from controller.cluster_node import ClusterNode, has_worker_memory_budget, node_
 from controller.controller_config import ControllerConfig
 from controller.deploy_jobs import DeployJob, DeployJobs
 from controller.upload_area import UploadArea
-from controller.controller_status import node_to_dict, placement_to_dict, scale_to_dict
+from controller.controller_status import hosts_to_dict, node_to_dict, placement_to_dict, scale_to_dict
 from controller.instance_manager import InstanceManager, stop_order
 from controller.managed_instance import InstancePhase, ManagedInstance
 from controller.engine_settings import engine_config_for, instance_kv_bytes, instance_memory_bytes
@@ -679,6 +679,7 @@ class Controller:
             "nodes": [node_to_dict(node, instances, self.config)
                       for _, node in sorted(self._nodes.items())],
             "spare_workers": self._spares.counts(),
+            "hosts": hosts_to_dict(self._spares.hosts(), instances),
             "worker_processes_started": {"spares": self._spares.num_started,
                                          "instances": self._instances.counts["fresh_workers"]},
             "slot_reclaims": self._reclaimer.pending(),

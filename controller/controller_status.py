@@ -83,3 +83,18 @@ def node_to_dict(node: ClusterNode, instances: Sequence[ManagedInstance], config
         "effective_bandwidth": dataclasses.asdict(effective_bandwidth(report, config)),
         "placement_bytes_per_s": used,
     }
+
+
+def hosts_to_dict(hosts: Sequence[Any], instances: Sequence[ManagedInstance]) -> list[dict[str, Any]]:
+    """Each slot host (`SparePool.hosts`): where it runs, whether it is warm, the instances it holds
+    with their state, and the worker memory they hold (asleep ones their weights alone)."""
+    by_id = {i.instance_id: i for i in instances}
+    rows = []
+    for host in hosts:
+        held = [by_id[i] for i in sorted(host.hosted) if i in by_id]
+        rows.append({"actor_name": host.actor_name, "ray_node_id": host.ray_node_id, "warm": host.warm,
+                     "instances": [{"instance_id": i.instance_id, "model_id": i.model_id, "state": i.phase.value,
+                                    "memory_bytes": i.held_memory_bytes,
+                                    "num_generated_tokens": i.num_generated_tokens} for i in held],
+                     "memory_bytes": sum(i.held_memory_bytes for i in held)})
+    return rows

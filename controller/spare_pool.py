@@ -124,6 +124,10 @@ class SparePool:
             host = self._spares[actor_name] = Spare(actor_name, ray_node_id, handle, warm=True)
         host.hosted.add(instance_id)
 
+    def hosts(self) -> list[Spare]:
+        """The slot hosts (none unless the pool's processes are hosts), by name."""
+        return sorted(self._spares.values(), key=lambda s: s.actor_name) if self.hosting else []
+
     def drop_host(self, actor_name: str) -> None:
         """A slot host whose actor died: out of the pool (ended, to be sure), replaced by `replenish`."""
         host = self._spares.pop(actor_name, None)

@@ -294,6 +294,14 @@ def print_status(status: dict[str, Any]) -> None:
                 [(n["node_id"], _node_kind(n), f"{n['num_free_slots']}/{n['num_slots']}", _worker_memory(n),
                   "yes" if n.get("draining") else "no", _tier_usage(n, "dram"), _tier_usage(n, "ssd"), _rates(n))
                  for n in nodes], "  no nodes")
+    hosts = status.get("hosts") or []
+    if hosts:
+        print("\nSLOT HOSTS (warm worker processes holding several models; TOKENS: each model's share of the steps)")
+        print_table(("HOST", "RAY NODE", "STATE", "MEMORY", "MODELS (state, tokens)"),
+                    [(h["actor_name"], h["ray_node_id"][:12], "warm" if h["warm"] else "starting",
+                      _size(h["memory_bytes"]), ", ".join(f"{i['model_id']} ({i['state']}, {i['num_generated_tokens']})"
+                                                          for i in h["instances"]) or "-")
+                     for h in hosts])
     rows = [(entry["model"], n["node_id"], tier["tier"], _size(entry.get("num_bytes")),
              "yes" if entry.get("pinned") else "no", "filling" if entry.get("filling") else "ready")
             for n in nodes for tier in n.get("tiers", []) for entry in tier.get("entries", [])]

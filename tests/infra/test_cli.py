@@ -242,3 +242,19 @@ def test_join_refuses_a_bad_resource_or_count_before_starting_anything():
     result = thaw("join", "--address", "head:6379", "--num-gpus", "-1", timeout=60)
     assert result.returncode == 2 and "--num-gpus must be 0 or more" in result.stderr
     assert thaw("join", timeout=60).returncode == 2  # --address is required
+
+
+def test_status_shows_each_slot_host_with_its_models(capsys):
+    from infra.cli_admin import print_status
+
+    host = {"actor_name": "thaw-worker-spare-abc", "ray_node_id": "f" * 56, "warm": True, "memory_bytes": 3 * 10**9,
+            "instances": [{"instance_id": "a-1", "model_id": "acme/a", "state": "ready", "memory_bytes": 2 * 10**9,
+                           "num_generated_tokens": 40},
+                          {"instance_id": "b-1", "model_id": "acme/b", "state": "asleep", "memory_bytes": 10**9,
+                           "num_generated_tokens": 8}]}
+    print_status({"platform_id": "p", "namespace": "n", "models": [], "instances": [], "nodes": [], "hosts": [host]})
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("HOST "))
+    row = lines[lines.index(header) + 1]
+    assert row.split()[:4] == ["thaw-worker-spare-abc", "f" * 12, "warm", "3.0"]
+    assert row.endswith("acme/a (ready, 40), acme/b (asleep, 8)")

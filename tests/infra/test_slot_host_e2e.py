@@ -6,6 +6,9 @@ through the official ``openai`` client, all three live in one warm worker proces
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from tests.infra.running_platform import DEADLINE_S, start_platform, wait_for
@@ -49,4 +52,28 @@ def test_the_demo_and_two_deployed_models_share_one_warm_process_and_serve_exact
     assert len({i["pid"] for i in instances}) == 1 and len({i["actor_name"] for i in instances}) == 1
     [counts] = status["spare_workers"].values()
     assert counts["hosted"] == 3
+    [host] = [h for h in status["hosts"] if h["instances"]]
+    assert host["actor_name"] == instances[0]["actor_name"] and host["warm"]
+    assert sorted(i["model_id"] for i in host["instances"]) == sorted(["demo/tiny", *DEPLOYED])
+    assert host["memory_bytes"] == sum(i["memory_bytes"] for i in instances) > 0
+    text = platform.thaw("status").stdout
+    assert "SLOT HOSTS" in text and host["actor_name"] in text
     assert status["worker_processes_started"]["instances"] == 0  # none needed a process of its own
+
+
+def test_a_killed_host_takes_its_models_with_it_and_they_come_back(platform):
+    """SIGKILL the host's process: every model it held answers again (replaced by the controller,
+    in processes of their own until a new host is warm), none of them in the dead process."""
+    status = platform.status()
+    [old_pid] = {i["pid"] for i in status["instances"]}
+    os.kill(old_pid, signal.SIGKILL)
+    client = platform.client(timeout_s=DEADLINE_S)
+    for name in DEPLOYED:
+        completion = client.completions.create(model=name, prompt=PROMPT, max_tokens=8, temperature=0.0,
+                                               extra_body={"ignore_eos": True})
+        assert completion.choices[0].finish_reason == "length", name
+    status = wait_for(lambda: (lambda s: s if {i["model_id"] for i in s["instances"]} >= set(DEPLOYED)
+                               and all(i["pid"] for i in s["instances"]) else None)(platform.status()),
+                      "the deployed models' new instances reported")
+    assert old_pid not in {i["pid"] for i in status["instances"]}
+    assert any(d["kind"] == "died" for d in status["recent_decisions"])
