@@ -53,6 +53,7 @@ same state adopts the workers still alive, by name, and starts nothing twice.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -537,6 +538,9 @@ class Controller:
                                            "KV pool now", 0.0, recycle=True)
                 continue
             self._instances.begin_wake(instance, f"{model.model_id} has demand again")
+            views[instance.node_id] = dataclasses.replace(  # what the next sleeper there is left
+                view, free_memory_bytes=view.free_memory_bytes - instance.kv_memory_bytes,
+                num_free_slots=view.num_free_slots - instance.num_worker_slots)
             woken += 1
         return woken
 

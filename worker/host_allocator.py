@@ -27,16 +27,22 @@ _M_MMAP_THRESHOLD = -3
 DEFAULT_THRESHOLD_BYTES = 1 << 30
 
 
+def _glibc_function(name: str):
+    """glibc's function `name` through ctypes; None off Linux or without it (macOS, musl)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def tune_host_allocator(threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> bool:
     """Raises glibc's mmap and trim thresholds; True if applied (False off glibc, e.g. macOS/musl)."""
     if threshold_bytes < 1:
         raise ValueError(f"threshold_bytes must be positive, got {threshold_bytes}")
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    mallopt = _glibc_function("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     value = min(threshold_bytes, 2**31 - 1)
@@ -51,12 +57,8 @@ def release_free_memory() -> bool:
     free pages anywhere in the heap, not only at its top); True if it released any. For the rare
     moment a worker frees a large pool for good (an instance going to sleep: `InstanceWorker.sleep`)
     while the raised thresholds above would otherwise keep it for this process alone."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        malloc_trim = libc.malloc_trim
-    except (OSError, AttributeError):
+    malloc_trim = _glibc_function("malloc_trim")
+    if malloc_trim is None:
         return False
     malloc_trim.argtypes = [ctypes.c_size_t]
     return malloc_trim(0) == 1

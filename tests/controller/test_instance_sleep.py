@@ -143,3 +143,36 @@ def test_a_sleeper_whose_node_has_no_room_for_its_kv_pool_is_stopped_and_the_mod
             assert h.cluster.woken_workers == []
 
     asyncio.run(scenario())
+
+
+def test_two_sleepers_on_one_node_wake_only_as_far_as_its_memory_goes(tmp_path):
+    """a's two instances sleep; b then takes enough of the budget that one KV pool fits back, not
+    two: one sleeper wakes, the other is stopped (the second is checked against what the first
+    took, not the view before it)."""
+    async def scenario():
+        budget = 1100 * MIB
+        async with Harness(tmp_path, cpu_worker_slots_per_node=4, worker_memory_bytes=budget) as h:
+            a = await deploy(h, "a", 1, keep_alive_s=5.0, max_instances=2)
+            h.controller.notify_demand(a, 8)
+            await h.tick()
+            await h.tick()
+            instances = [i["instance_id"] for i in h.controller.get_model(a)["instances"]]
+            assert len(instances) == 2
+            h.controller.notify_demand(a, 0)
+            await h.tick(1.0)
+            await h.tick(6.0)
+            await h.tick(6.0)
+            await eventually(lambda: sorted(h.cluster.slept_workers) == sorted(instances), "both asleep")
+            b = "acme/b"
+            h.cluster.model_bytes["acme--b"] = MODEL_BYTES
+            await h.controller.deploy({**spec(b, h.source("b", 2), keep_alive_s=60.0), "kv_cache_bytes": 400 * MIB})
+            h.controller.notify_demand(b, 1)
+            await h.tick()
+            assert h.routes(b) != []
+            h.controller.notify_demand(a, 8)
+            await h.tick()
+            assert len(h.cluster.woken_workers) == 1
+            stopped = [d["instance_id"] for d in kinds(h, "stop") if d["instance_id"] in instances]
+            assert stopped == [i for i in instances if i not in h.cluster.woken_workers]
+
+    asyncio.run(scenario())
