@@ -29,9 +29,13 @@ against, one after the other:
   (``slot_sharing.sleeps`` / ``wakes``). The
   line carries its P99 over ``thaw``'s from the same run and the issue's target: at most a
   quarter of the 12.1 s last recorded for ``thaw`` (``TARGET_SHARED_P99_S``);
-* ``thaw-hosts`` (only when asked for with ``--policies``): ``thaw-shared`` with slot hosts: one
-  warm worker process holds all 8 models (``models_per_process``), their engine steps taking
-  turns two at a time (the cores);
+* ``thaw-hosts`` (only when asked for with ``--policies``): ``thaw-shared`` with 2 slot hosts: two
+  warm worker processes hold the 8 models, 4 each (``models_per_process``), their engine steps
+  taking turns two at a time (the cores). Its line also says (``host_checks``) whether no worker
+  process started during the trace and the sampled memory in use stayed within the budget;
+* ``thaw-hosts-tight`` (on request): the same with half that budget, so only some models fit at
+  once: idle ones sleep, and sleepers are woken or evicted as demand moves (``host_checks``:
+  ``slept_and_woke``);
 * ``rayserve``: what a user builds instead: one Ray Serve application per model, each one
   deployment (`bench.transformers_replica`) whose replica loads the checkpoint with
   ``transformers`` and streams greedy tokens, ``min_replicas: 0``, ``max_replicas: 1``, 1 CPU per
@@ -64,6 +68,12 @@ controller's recent decisions, gathered by the same sampler: every instance that
 with the tier its placement chose (``repository`` when the node had to fetch the checkpoint) or
 else the tier it loaded from; Serve's replicas log each finished load (``repository``: the local
 checkpoint directory, the only place Serve reads a model from).
+
+Every Thaw policy asks for each token's text (``logprobs: 0``), and once every policy has run, each
+answered request's tokens are checked against the engine run directly on the same checkpoint
+(`bench.greedy_reference`): ``greedy`` counts the exact outputs, the near ties (a first difference
+where the reference's top two were within ``near_tie_nats``) and the outputs that differ (the
+target: none).
 
 Targets (issue 18): no failed request for Thaw's policy; its P99 TTFT at most half of
 keep-alive wait's and at most a fifth of Ray Serve's. One JSON line per policy on stdout (the thaw
@@ -100,10 +110,11 @@ if __package__ in (None, ""):
 
 from bench.coldstart import free_port, machine, wait_for  # noqa: E402
 from bench.bursty_trace import BurstyTraceConfig, TraceRequest, bursty_trace  # noqa: E402
+from bench.greedy_reference import GreedyRequest, ReferenceToken, judge, reference_outputs, summarize  # noqa: E402
 from worker import DemoModelConfig, EngineConfig, write_demo_model  # noqa: E402
 
-POLICIES = ("thaw", "thaw-shared", "thaw-hosts", "thaw-keepalive-wait", "rayserve")
-DEFAULT_POLICIES = ("thaw", "thaw-shared", "thaw-keepalive-wait", "rayserve")  # thaw-hosts: on request
+POLICIES = ("thaw", "thaw-shared", "thaw-hosts", "thaw-hosts-tight", "thaw-keepalive-wait", "rayserve")
+DEFAULT_POLICIES = ("thaw", "thaw-shared", "thaw-keepalive-wait", "rayserve")  # the hosts' two: on request
 TARGET_P99_RATIO_TO_KEEPALIVE_WAIT = 0.5
 TARGET_SHARED_P99_S = 12.1 / 4  # issue 38: a quarter of thaw's last recorded P99 on this trace
 TARGET_P99_RATIO_TO_RAYSERVE = 0.2
@@ -114,6 +125,28 @@ STREAM_DEADLINE_S = 120.0  # after the first token, for the rest of the answer
 SAMPLE_INTERVAL_S = 1.0
 START_TIMEOUT_S = 300.0
 TENANT = "bench"
+NUM_SLOT_HOSTS = 2  # thaw-hosts: the 8 models share two warm processes
+TIGHT_BUDGET_SHARE = 0.5  # thaw-hosts-tight: half the budget that holds every model
+
+
+@dataclass(frozen=True)
+class ThawPolicy:
+    """How one of Thaw's policies configures the platform."""
+
+    slot_sharing: bool  # evict an idle instance for a waiting model (else keep-alive is a hard lease)
+    memory_is_the_slot: bool = False  # a slot per model, a worker memory budget the instances share
+    slot_hosts: int = 0  # 0: a process per instance; N: N warm slot hosts hold the models
+    budget_share: float = 1.0  # of the budget that holds every model at once
+
+
+THAW_POLICIES = {
+    "thaw": ThawPolicy(slot_sharing=True),
+    "thaw-shared": ThawPolicy(slot_sharing=True, memory_is_the_slot=True),
+    "thaw-hosts": ThawPolicy(slot_sharing=True, memory_is_the_slot=True, slot_hosts=NUM_SLOT_HOSTS),
+    "thaw-hosts-tight": ThawPolicy(slot_sharing=True, memory_is_the_slot=True, slot_hosts=NUM_SLOT_HOSTS,
+                                   budget_share=TIGHT_BUDGET_SHARE),
+    "thaw-keepalive-wait": ThawPolicy(slot_sharing=False),
+}
 
 
 # ---- modes and models ----------------------------------------------------------------------------
@@ -198,26 +231,36 @@ class Outcome:
     end_s: float
     failure: str | None  # None: it succeeded
     estimate: tuple[float, float] | None = None  # the first "about N s" it was told: (when, N), seconds from its send
+    tokens: tuple[str, ...] | None = None  # each output token's text, where the stream carried logprobs
 
 
-Sent = tuple[float | None, str | None, tuple[float, float] | None]  # TTFT, failure, first wait estimate
+@dataclass(frozen=True)
+class Sent:
+    ttft_s: float | None  # None: no output arrived
+    failure: str | None  # None: it succeeded
+    estimate: tuple[float, float] | None = None  # the first wait estimate: (seconds after sending, N)
+    tokens: tuple[str, ...] | None = None  # the output tokens' texts (completions' logprobs.tokens)
+
+
 _ABOUT = re.compile(rb"about ([0-9.]+) s")
 
 
 async def stream_request(session: Any, url: str, body: dict[str, Any], first_token_deadline_s: float) -> Sent:
-    """POSTs one streaming request and reads it to its end; returns (TTFT or None, failure or None,
-    the first wait estimate a ``: waiting ..., about N s`` comment gave, as (seconds after sending, N))."""
+    """POSTs one streaming request and reads it to its end: its TTFT, failure, the first wait
+    estimate a ``: waiting ..., about N s`` comment gave, and (a request that asked for logprobs)
+    its tokens' texts."""
     import aiohttp
 
     loop = asyncio.get_running_loop()
     start = loop.time()
     ttft_s, finish_reason, done, phase = None, None, False, "first-token"
     estimate: tuple[float, float] | None = None
+    tokens: list[str] | None = [] if body.get("logprobs") is not None else None
     try:
         async with asyncio.timeout_at(start + first_token_deadline_s) as deadline:
             async with session.post(url, json=body) as response:
                 if response.status != 200:
-                    return None, f"http-{response.status}", estimate
+                    return Sent(None, f"http-{response.status}", estimate)
                 async for raw in response.content:
                     line = raw.strip()
                     if not line.startswith(b"data:"):
@@ -233,7 +276,7 @@ async def stream_request(session: Any, url: str, body: dict[str, Any], first_tok
                     if "error" in event:
                         error = event["error"]
                         code = (error.get("code") or error.get("type")) if isinstance(error, dict) else None
-                        return ttft_s, f"error-event:{code or 'unknown'}", estimate
+                        return Sent(ttft_s, f"error-event:{code or 'unknown'}", estimate)
                     choices = event.get("choices") or []
                     if ttft_s is None and ("token" in event or choices):
                         ttft_s = loop.time() - start
@@ -241,17 +284,19 @@ async def stream_request(session: Any, url: str, body: dict[str, Any], first_tok
                         deadline.reschedule(loop.time() + STREAM_DEADLINE_S)
                     for choice in choices:
                         finish_reason = choice.get("finish_reason") or finish_reason
+                        if tokens is not None and choice.get("logprobs"):
+                            tokens.extend(choice["logprobs"].get("tokens") or ())
     except TimeoutError:
-        return ttft_s, f"client-timeout-{phase}", estimate
+        return Sent(ttft_s, f"client-timeout-{phase}", estimate)
     except aiohttp.ClientError as exc:
-        return ttft_s, f"connection-error:{type(exc).__name__}", estimate
+        return Sent(ttft_s, f"connection-error:{type(exc).__name__}", estimate)
     if not done:
-        return ttft_s, "stream-cut", estimate
+        return Sent(ttft_s, "stream-cut", estimate)
     if ttft_s is None:
-        return None, "no-output", estimate
+        return Sent(None, "no-output", estimate)
     if finish_reason is not None and finish_reason not in ("length", "stop"):
-        return ttft_s, f"finish-{finish_reason}", estimate
-    return ttft_s, None, estimate
+        return Sent(ttft_s, f"finish-{finish_reason}", estimate)
+    return Sent(ttft_s, None, estimate, tuple(tokens) if tokens is not None else None)
 
 
 async def replay(trace: list[TraceRequest], send: Callable[[TraceRequest], Awaitable[Sent]],
@@ -268,11 +313,11 @@ async def replay(trace: list[TraceRequest], send: Callable[[TraceRequest], Await
         sent_s = loop.time() - start
         in_flight[request.model_index] += 1
         try:
-            ttft_s, failure, estimate = await send(request)
+            sent = await send(request)
         finally:
             in_flight[request.model_index] -= 1
-        outcome = Outcome(request.model_index, request.arrival_s, sent_s, ttft_s, loop.time() - start, failure,
-                          estimate)
+        outcome = Outcome(request.model_index, request.arrival_s, sent_s, sent.ttft_s, loop.time() - start,
+                          sent.failure, sent.estimate, sent.tokens)
         finished.append(outcome)
         return outcome
 
@@ -322,18 +367,22 @@ class ThawSide:
         self.index_of = {m.model_id: m.index for m in models}
         self.port = free_port()
         largest = max(m.num_bytes for m in models)
-        self.shared = shared = policy in ("thaw-shared", "thaw-hosts")  # a slot per model; the budget holds all
-        hosts = len(models) if policy == "thaw-hosts" else 1  # thaw-hosts: one slot host holds every model
+        self.policy = settings = THAW_POLICIES[policy]
+        self.shared = shared = settings.memory_is_the_slot
+        # Slot hosts share the models out evenly: 8 models on 2 hosts hold 4 each.
+        per_process = -(-len(models) // settings.slot_hosts) if settings.slot_hosts else 1
         # Every model's weights and KV pool, plus one more of the largest: a model that comes back
-        # while its last instance still drains holds two for a moment.
+        # while its last instance still drains holds two for a moment. The tight variant gets a
+        # share of that, so only some fit: sleep, wake and eviction decide which.
         kv_bytes = EngineConfig().kv_cache_bytes
-        budget = sum(m.num_bytes for m in models) + (len(models) + 1) * kv_bytes + largest
+        budget = int((sum(m.num_bytes for m in models) + (len(models) + 1) * kv_bytes + largest)
+                     * settings.budget_share)
         self.config = PlatformConfig.create(
             state_dir=work_dir / policy / "state", port=self.port, namespace=f"multimodel{uuid.uuid4().hex[:8]}",
             auth=False, num_cpus=NUM_SLOTS, cpu_worker_slots_per_node=len(models) if shared else NUM_SLOTS,
             worker_memory_bytes=budget if shared else None, ssd_capacity_bytes=16 * GIB,
             dram_capacity_bytes=4 * GIB, spare_weight_bytes=-(-largest // (1 << 20)) << 20,
-            slot_sharing=policy in ("thaw", "thaw-shared", "thaw-hosts"), models_per_process=hosts)
+            slot_sharing=settings.slot_sharing, models_per_process=per_process)
         self.platform = Platform(self.config)
         self.decisions: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.instances: dict[str, dict[str, Any]] = {}  # instance id -> its last view with a tier
@@ -392,8 +441,10 @@ class ThawSide:
         deadline_s = self.mode.effective_first_token_deadline_s
 
         def one(request: TraceRequest) -> Awaitable[Sent]:
+            # logprobs 0: each token's text comes back, to check the greedy outputs (`bench.greedy_reference`).
             body = {"model": self.models[request.model_index].model_id, "prompt": list(request.prompt_token_ids),
-                    "max_tokens": request.max_tokens, "temperature": 0.0, "stream": True, "ignore_eos": True}
+                    "max_tokens": request.max_tokens, "temperature": 0.0, "stream": True, "ignore_eos": True,
+                    "logprobs": 0}
             return stream_request(session, url, body, deadline_s)
 
         return one
@@ -533,7 +584,9 @@ async def drive(side: ThawSide | ServeSide, trace: list[TraceRequest]) -> tuple[
 
 
 def run_policy(policy: str, mode: BenchMode, models: list[BenchModel], trace: list[TraceRequest],
-               work_dir: Path) -> dict[str, Any]:
+               work_dir: Path) -> tuple[dict[str, Any], list[Outcome]]:
+    """One policy's JSON line (without the greedy check, which needs every policy's outcomes) and
+    its outcomes, in the trace's order."""
     side = ServeSide(mode, models, work_dir) if policy == "rayserve" else ThawSide(policy, mode, models, work_dir)
     log(f"{policy}: starting")
     started = time.monotonic()
@@ -558,7 +611,23 @@ def run_policy(policy: str, mode: BenchMode, models: list[BenchModel], trace: li
             "wait_estimates": wait_estimate_errors(outcomes)}
     log(f"{policy}: {line['num_failed']} failed, TTFT p50 {line['ttft_p50_s']} s p99 {line['ttft_p99_s']} s, "
         f"cold starts {line['cold_starts_by_tier']}, idle slot-s {line['idle_slot_s']}")
-    return line
+    return line, outcomes
+
+
+def greedy_checks(models: list[BenchModel], trace: list[TraceRequest],
+                  outcomes: dict[str, list[Outcome]]) -> dict[str, dict[str, Any]]:
+    """Each policy's served tokens against the engine run directly (`bench.greedy_reference`), for
+    every request it answered with tokens; the reference runs once per model, after every policy."""
+    served = {policy: [(i, o.tokens) for i, o in enumerate(result) if o.failure is None and o.tokens]
+              for policy, result in outcomes.items()}
+    wanted = sorted({i for pairs in served.values() for i, _ in pairs})
+    references: dict[int, tuple[ReferenceToken, ...]] = {}
+    for model in models:
+        indices = [i for i in wanted if trace[i].model_index == model.index]
+        log(f"greedy reference: {model.name}, {len(indices)} requests")
+        requests = [GreedyRequest(tuple(trace[i].prompt_token_ids), trace[i].max_tokens) for i in indices]
+        references.update(zip(indices, reference_outputs(model.path, requests)))
+    return {policy: summarize([judge(tokens, references[i]) for i, tokens in pairs]) for policy, pairs in served.items()}
 
 
 def wait_estimate_errors(outcomes: list[Outcome]) -> dict[str, Any]:
@@ -585,7 +654,11 @@ def run(mode: BenchMode, seed: int, policies: list[str], work_dir: Path) -> list
     per_model = collections.Counter(r.model_index for r in trace)
     log(f"{len(trace)} requests over {mode.trace.duration_s:g} s; per model "
         f"{[per_model[m.index] for m in models]}; model bytes {sizes}")
-    results = {policy: run_policy(policy, mode, models, trace, work_dir) for policy in policies}
+    results, outcomes = {}, {}
+    for policy in policies:
+        results[policy], outcomes[policy] = run_policy(policy, mode, models, trace, work_dir)
+    for policy, greedy in greedy_checks(models, trace, {p: outcomes[p] for p in policies if p in THAW_POLICIES}).items():
+        results[policy]["greedy"] = greedy
     common = {"bench": "multimodel", "mode": mode.name, "trace": mode.trace.describe(), "seed": seed,
               "num_models": len(models), "num_slots": NUM_SLOTS, "keep_alive_s": mode.keep_alive_s,
               "queue_timeout_s": mode.queue_timeout_s, "max_tokens": mode.trace.max_tokens,
@@ -596,7 +669,7 @@ def run(mode: BenchMode, seed: int, policies: list[str], work_dir: Path) -> list
     for line in lines:
         if line["policy"] == "thaw":
             line.update(ratios_and_targets(line, results))
-        if line["policy"] in ("thaw-shared", "thaw-hosts"):
+        if line["policy"] in THAW_POLICIES and THAW_POLICIES[line["policy"]].memory_is_the_slot:
             line.update(shared_targets(line, results))
     return lines
 
@@ -608,6 +681,19 @@ def shared_targets(shared: dict[str, Any], results: dict[str, dict[str, Any]]) -
         figures["p99_ratio_to_thaw"] = round(shared["ttft_p99_s"] / results["thaw"]["ttft_p99_s"], 4)
     figures["targets_met"] = (shared["num_failed"] == 0 and shared["ttft_p99_s"] <= TARGET_SHARED_P99_S
                               and figures.get("p99_ratio_to_thaw", 0.0) < 1.0)
+    # What the slot hosts must also show (issue 38): every greedy output exact (near ties allowed,
+    # see `bench.greedy_reference`), no worker process started after warm-up, memory within budget;
+    # the tight budget must have slept and woken instances.
+    settings = THAW_POLICIES[shared["policy"]]
+    if settings.slot_hosts:
+        counts = shared.get("slot_sharing", {})
+        checks = {"greedy_exact": shared.get("greedy", {}).get("differs", 1) == 0,
+                  "no_process_started": shared["processes_started_in_trace"] == 0,
+                  "within_budget": shared["worker_memory"]["max_used_bytes"] <= shared["worker_memory"]["budget_bytes"]}
+        if settings.budget_share < 1.0:
+            checks["slept_and_woke"] = counts.get("sleeps", 0) > 0 and counts.get("wakes", 0) > 0
+        figures["host_checks"] = checks
+        figures["targets_met"] = figures["targets_met"] and all(checks.values())
     return figures
 
 

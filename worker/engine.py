@@ -593,12 +593,14 @@ class Engine:
         seqs = [self.prepare_request(p, sp) for p, sp in zip(prompts, params_list)]
         for seq in seqs:
             self.enqueue(seq)
-        texts = {seq.request_id: [] for seq in seqs}
+        texts: dict[str, list[str]] = {seq.request_id: [] for seq in seqs}
+        logprobs: dict[str, list[TokenLogprobs]] = {seq.request_id: [] for seq in seqs}
         wanted = set(texts)
         while any(request_id in self.requests for request_id in wanted):
             for out in self.step():
                 if out.request_id in texts:
                     texts[out.request_id].append(out.new_text)
+                    logprobs[out.request_id].extend(out.logprobs or ())
             self.pack_weights_when_free()
         return [
             Completion(
@@ -607,6 +609,7 @@ class Engine:
                 text="".join(texts[seq.request_id]),
                 finish_reason=seq.finish_reason.value,
                 num_prompt_tokens=seq.num_prompt_tokens,
+                logprobs=tuple(logprobs[seq.request_id]) if seq.params.logprobs is not None else None,
             )
             for seq in seqs
         ]

@@ -37,3 +37,5 @@ class Completion:
     text: str = field(repr=False)
     finish_reason: str
     num_prompt_tokens: int
+    # One per output token, for a request that asked for them (SamplingParams.logprobs); else None.
+    logprobs: tuple[TokenLogprobs, ...] | None = None
