@@ -41,7 +41,8 @@ class ManagedInstance:
         memory_bytes: what it takes of its node's worker memory budget (weights plus KV pool;
             `engine_settings.instance_memory_bytes`), held until it is gone.
         kv_memory_bytes: the KV pool's part of `memory_bytes`, which sleeping frees.
-        asleep_s: when it went to sleep (controller clock), None while awake.
+        asleep_s: when it went to sleep (controller clock), None while awake; a sleeper being
+            stopped keeps it (its KV pool stays freed).
         repository_name: the model's name in the repository and the node stores.
         tier: the node-store tier its checkpoint was read from ("dram", "ssd"), None if unknown
             (adopted after a restart).
@@ -111,17 +112,24 @@ class ManagedInstance:
         return self.phase in (InstancePhase.LOADING, InstancePhase.READY)
 
     @property
+    def kv_pool_freed(self) -> bool:
+        """Asleep, or stopping from asleep (`asleep_s` stays set until it wakes): its worker freed
+        the KV pool and does not allocate it again on its way out."""
+        return self.phase is InstancePhase.ASLEEP or (self.phase is InstancePhase.STOPPING and self.asleep_s is not None)
+
+    @property
     def held_memory_bytes(self) -> int:
-        """What it holds of its node's worker memory budget now: its weights alone while asleep."""
-        if self.phase is InstancePhase.ASLEEP:
+        """What it holds of its node's worker memory budget now: its weights alone while its KV
+        pool is freed (`kv_pool_freed`)."""
+        if self.kv_pool_freed:
             return max(0, self.memory_bytes - self.kv_memory_bytes)
         return self.memory_bytes
 
     @property
     def holds_slot(self) -> bool:
-        """Whether it takes its worker slots: every phase but asleep (a sleeper serves nobody; its
-        node's memory budget bounds how many sleep there)."""
-        return self.phase is not InstancePhase.ASLEEP
+        """Whether it takes its worker slots: not while its KV pool is freed (a sleeper serves
+        nobody; its node's memory budget bounds how many sleep there)."""
+        return not self.kv_pool_freed
 
     def expected_remaining_s(self, now: float, start_overhead_s: float) -> float | None:
         """How long a client should expect to wait for this loading instance: placement's read

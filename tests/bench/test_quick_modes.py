@@ -163,6 +163,11 @@ def test_multimodel_benchmark_quick():
     assert 0 < memory["max_used_bytes"] <= memory["budget_bytes"] and lines["thaw"]["worker_memory"]["budget_bytes"] is None
     assert shared["p99_ratio_to_thaw"] == pytest.approx(shared["ttft_p99_s"] / thaw["ttft_p99_s"], rel=0.01)
     assert shared["target_ttft_p99_s"] == pytest.approx(12.1 / 4) and isinstance(shared["targets_met"], bool)
+    # Every answered request's greedy tokens are the engine's run directly (near ties aside).
+    for policy in ("thaw", "thaw-shared", "thaw-keepalive-wait"):
+        greedy = lines[policy]["greedy"]
+        assert greedy["differs"] == 0 and greedy["num_checked"] == num_requests - lines[policy]["num_failed"], policy
+    assert "greedy" not in lines["rayserve"]  # its replica gives no token texts
     estimates = thaw["wait_estimates"]  # what waiting streams were told, against what came
     assert estimates["num"] >= 0 and lines["rayserve"]["wait_estimates"] == {"num": 0}  # Serve tells nothing
     if estimates["num"]:

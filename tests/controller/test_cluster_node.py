@@ -101,6 +101,14 @@ def test_the_worker_memory_budget_is_a_cpu_nodes_and_counts_every_instance_until
     assert free_memory_bytes(CPU, instances + [sleeper], config) == 4_500
     from controller.cluster_node import num_used_slots
     assert num_used_slots("cpu0", instances + [sleeper]) == 2
+    # A sleeper being stopped (evicted, or its node without room to wake it) does not allocate its
+    # KV pool again on its way out: still its weights alone, and no slot, until it is gone.
+    sleeper.phase, sleeper.asleep_s = InstancePhase.STOPPING, 12.0
+    assert free_memory_bytes(CPU, instances + [sleeper], config) == 4_500
+    assert num_used_slots("cpu0", instances + [sleeper]) == 2
+    sleeper.asleep_s = None  # an awake instance stopping holds its whole share
+    assert free_memory_bytes(CPU, instances + [sleeper], config) == 2_000
+    assert num_used_slots("cpu0", instances + [sleeper]) == 3
 
 
 def test_a_node_s_own_worker_memory_budget_wins_over_the_platform_s(tmp_path):

@@ -138,3 +138,13 @@ def test_a_logit_bias_token_outside_the_vocabulary_is_refused(engine):
                                                   rf"vocabulary\), got \[{vocab}\]"):
         engine.add_request([1, 2, 3], SamplingParams(logit_bias={5: 1.0, vocab: 1.0}))
     assert engine.num_unfinished_requests == 0
+
+
+def test_generate_returns_each_tokens_logprobs_only_to_requests_that_ask(engine):
+    params = [SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)]
+    asked, plain = engine.generate(PROMPTS[:2], params)
+    assert plain.logprobs is None
+    assert [lp.token_id for lp in asked.logprobs] == list(asked.output_token_ids)  # one per token, in order
+    assert "".join(lp.token for lp in asked.logprobs) == asked.text
+    assert all(len(lp.top_token_ids) == 2 and lp.top_token_ids[0] == lp.token_id for lp in asked.logprobs)  # greedy
