@@ -66,8 +66,11 @@ if __package__ in (None, ""):
 
 from bench.bursty_trace import TraceRequest, bursty_trace  # noqa: E402
 from bench.coldstart import machine  # noqa: E402
-from bench.multimodel import (FULL, NUM_SLOTS, QUICK, THREADS_PER_INSTANCE, BenchMode, BenchModel,  # noqa: E402
-                              ThawSide, censored_percentile, replay, stdout_to_stderr, write_models)
+from bench.multimodel import stdout_to_stderr  # noqa: E402
+from bench.multimodel_setup import (FULL, NUM_SLOTS, QUICK, THREADS_PER_INSTANCE, BenchMode, BenchModel,  # noqa: E402
+                                    write_models)
+from bench.multimodel_sides import ThawSide  # noqa: E402
+from bench.trace_client import censored_percentile, replay  # noqa: E402
 
 TOLERANCE = 0.20
 PROBES_PER_MODEL = 5
