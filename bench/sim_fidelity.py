@@ -184,9 +184,9 @@ async def _probe(side: ThawSide, session: Any, mode: BenchMode, seed: int) -> li
     for model_index in ready:
         for _ in range(PROBES_PER_MODEL):
             prompt = tuple(rng.randrange(3, mode.trace.max_token_id) for _ in range(tokens))
-            ttft_s, failure, _ = await send(TraceRequest(0.0, model_index, prompt, 1))
-            if failure is None and ttft_s is not None:
-                probes.append((model_index, tokens, ttft_s))
+            sent = await send(TraceRequest(0.0, model_index, prompt, 1))
+            if sent.failure is None and sent.ttft_s is not None:
+                probes.append((model_index, tokens, sent.ttft_s))
     log(f"probes: {len(probes)} one-token requests to models {ready}")
     return probes
 
