@@ -12,7 +12,8 @@ One tick (`reconcile_once`):
 2. reports (`NodeRoster.gather_reports`), gathered in parallel with a timeout each: every store's
    holdings and rates, every ready worker's stats (a dead or FAILED worker is dropped and
    replaced; the live report always wins). Prompts waiting on a streamed instance's missing
-   layers go to loaded ones (`PrefillHelper`);
+   layers go to loaded ones (`PrefillHelper`). Where memory is the slot, instances adopted after
+   a restart get their share of their node's budget once their model's size is read;
 3. autoscale, per model: `decide` on ongoing requests (summed over its workers) plus the
    requests the gateways report queued, against the model's desired count; the new count is
    saved, then the instances are converged to it: missing ones placed (`place` over a
@@ -407,7 +408,7 @@ class Controller:
         async with self._tick_lock:
             errors: list[str] = []
             for name, step in (("nodes", self._roster.refresh), ("reports", self._roster.gather_reports),
-                               ("handoffs", self._helper.hand_over_waiting),
+                               ("handoffs", self._helper.hand_over_waiting), ("prices", self._price_adopted),
                                ("autoscale", self._autoscale), ("pins", self._copies.reconcile_pins),
                                ("promote", self._promote_to_dram), ("spares", self._replenish_spares)):
                 try:
@@ -421,6 +422,21 @@ class Controller:
             self._last_tick_errors = errors
             return {"tick": self._num_ticks, "errors": errors, "routing_version": self._routing.version,
                     "num_desired_instances": {m: s.num_desired_instances for m, s in sorted(self._models.items())}}
+
+    async def _price_adopted(self) -> list[str]:
+        """Where memory is the slot, instances adopted after a restart take their share of their
+        node's budget (and a sleeper its weights') from the first tick that can read their model's
+        size, not from their model's next start: until then placement would count it free."""
+        if not any(has_worker_memory_budget(node, self.config) for node in self._nodes.values()):
+            return []
+        for model_id in sorted({i.model_id for i in self._instances.all() if i.memory_bytes == 0}):
+            model = self._models.get(model_id)
+            if model is not None and model.num_bytes is None:
+                name = model.repository_name
+                model.num_bytes = await asyncio.to_thread(lambda: self._repository.describe(name).total_bytes)
+        self._instances.price_adopted(lambda m: (instance_memory_bytes(m.spec, m.num_bytes, self.config),
+                                                 instance_kv_bytes(m.spec, self.config)) if m.num_bytes else None)
+        return []
 
     def _settling_instances(self) -> list[ManagedInstance]:
         """Instances still loading or ready for less than `spare_refill_delay_s`: their nodes
@@ -560,8 +576,6 @@ class Controller:
         memory = 0
         if any(has_worker_memory_budget(node, self.config) for node in nodes):
             memory = instance_memory_bytes(spec, model.num_bytes, self.config)
-            self._instances.price_adopted(lambda m: m.num_bytes and instance_memory_bytes(m.spec, m.num_bytes,
-                                                                                           self.config))
         views = self._sharer.hold_reserved(self._reclaimer.hold_reserved(
             [node_view(node, model.repository_name, instances, self.config, now) for node in nodes], model.model_id),
             model.model_id)

@@ -572,13 +572,15 @@ class InstanceManager:
         except TimeoutError:
             return handle, None
 
-    def price_adopted(self, price: Callable[[ModelState], int | None]) -> None:
+    def price_adopted(self, price: Callable[[ModelState], tuple[int, int] | None]) -> None:
         """Gives every instance still without a worker memory share (adopted after a restart, before
-        its model's size was known) the one `price` names for its model (None: not known yet)."""
+        its model's size was known) the one `price` names for its model: (its whole share, its KV
+        pool's part of it), None while not known. The KV part matters for an adopted sleeper: it
+        holds its weights alone, and wakes only where its KV pool fits again."""
         for instance in self._instances.values():
             model = self._models.get(instance.model_id)
             if instance.memory_bytes == 0 and model is not None:
-                instance.memory_bytes = price(model) or 0
+                instance.memory_bytes, instance.kv_memory_bytes = price(model) or (0, 0)
 
     def _adopt_one(self, record: WorkerRecord, handle: Any, stats: Any, node: ClusterNode | None,
                    now: float) -> None:

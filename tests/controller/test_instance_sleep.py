@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.controller.test_controller import MODEL_BYTES, Harness, eventually, spec
+from tests.controller.fake_cluster import FakeCluster
+from tests.controller.test_controller import MODEL_BYTES, RAY_NODE, Harness, eventually, settle, spec
 from tests.controller.test_slot_sharer import deploy, kinds
 
 MIB = 1 << 20
@@ -174,5 +175,36 @@ def test_two_sleepers_on_one_node_wake_only_as_far_as_its_memory_goes(tmp_path):
             assert len(h.cluster.woken_workers) == 1
             stopped = [d["instance_id"] for d in kinds(h, "stop") if d["instance_id"] in instances]
             assert stopped == [i for i in instances if i not in h.cluster.woken_workers]
+
+    asyncio.run(scenario())
+
+
+def test_a_sleeper_adopted_by_a_restarted_controller_holds_its_weights_and_wakes_only_where_its_kv_fits(tmp_path):
+    """A controller restart adopts a sleeping worker (record "asleep"); once its model's size is
+    known it is priced like any instance: weights plus KV pool, the KV part freed while asleep."""
+
+    async def scenario():
+        cluster = FakeCluster((RAY_NODE,))
+        first = Harness(tmp_path, cluster=cluster, cpu_worker_slots_per_node=4, worker_memory_bytes=1100 * MIB)
+        await first.controller.start()
+        a, instance_id = await asleep_model(first, "a", 1)
+        for task in list(first.controller._instances._tasks):  # killed: no shutdown
+            task.cancel()
+        await settle()
+
+        second = Harness(tmp_path, cluster=cluster, cpu_worker_slots_per_node=4, worker_memory_bytes=1100 * MIB)
+        second.clock.now = first.clock.now
+        async with second:
+            await second.tick()  # the model's size is read, and the adopted sleeper priced
+            [instance] = second.controller.get_model(a)["instances"]
+            assert (instance["instance_id"], instance["state"]) == (instance_id, "asleep")
+            assert instance["held_memory_bytes"] == MODEL_BYTES  # weights alone: its KV pool's part is known
+            [node] = second.controller.status()["nodes"]
+            assert node["worker_memory"]["used_bytes"] == MODEL_BYTES
+            second.controller.notify_demand(a, 1)
+            await second.tick()
+            await eventually(lambda: second.routes(a) == [instance_id], "the adopted sleeper woken")
+            [node] = second.controller.status()["nodes"]
+            assert node["worker_memory"]["used_bytes"] == MODEL_BYTES + KV  # its KV pool counted again
 
     asyncio.run(scenario())
