@@ -103,11 +103,13 @@ class ClusterClient(ABC):
         threads where `num_cpus` (Ray's reservation) does not set them (0 reserved)."""
 
     @abstractmethod
-    def start_spare_worker(self, *, actor_name: str, ray_node_id: str, host_models: int = 1) -> ActorHandle:
+    def start_spare_worker(self, *, actor_name: str, ray_node_id: str, host_models: int = 1,
+                           num_gpus: int = 0) -> ActorHandle:
         """Start a spare worker (a process with the engine imported and no model) on that Ray
         node; returns its handle at once. It outlives the controller. `host_models` > 1: a slot
         host holding up to that many instances (`worker.SlotHost`; its instances are addressed as
-        `wire.HostedInstance`s, and stopping one unloads it from the host)."""
+        `wire.HostedInstance`s, and stopping one unloads it from the host); `num_gpus` 1: a slot
+        host owning one GPU of its node."""
 
     @abstractmethod
     async def spare_warm(self, handle: ActorHandle, timeout_s: float, *, weight_bytes: int = 0,

@@ -69,9 +69,10 @@ class ClusterNode:
 
 
 def plan_nodes(ray_nodes: Iterable[RayNodeInfo], nodes_per_ray_node: int, cpu_worker_slots_per_node: int,
-               excluded_ray_node_ids: Iterable[str] = ()) -> list[PlannedNode]:
-    """The logical nodes of every live Ray node not excluded, sorted by id: a slot per GPU on a
-    GPU node, `cpu_worker_slots_per_node` on a CPU node.
+               excluded_ray_node_ids: Iterable[str] = (), slots_per_gpu: int = 1) -> list[PlannedNode]:
+    """The logical nodes of every live Ray node not excluded, sorted by id: `slots_per_gpu` slots
+    per GPU on a GPU node (1: the GPU is the slot; more where each GPU's slot host holds that many
+    models, `ControllerConfig.slots_per_gpu`), `cpu_worker_slots_per_node` on a CPU node.
 
     Logical ids are a prefix of the Ray id (node-store ids must be short: they name
     shared-memory directories), suffixed ``-0``, ``-1``... when a Ray node is split."""
@@ -80,7 +81,7 @@ def plan_nodes(ray_nodes: Iterable[RayNodeInfo], nodes_per_ray_node: int, cpu_wo
     for node in ray_nodes:
         if node.ray_node_id in excluded:
             continue
-        slots = node.num_gpus if node.num_gpus > 0 else cpu_worker_slots_per_node
+        slots = node.num_gpus * slots_per_gpu if node.num_gpus > 0 else cpu_worker_slots_per_node
         prefix = node.ray_node_id[:NODE_ID_PREFIX_CHARS]
         ids = [prefix] if nodes_per_ray_node == 1 else [f"{prefix[:12]}-{i}" for i in range(nodes_per_ray_node)]
         planned += [PlannedNode(node_id, node.ray_node_id, slots, node.num_gpus, node.accelerator) for node_id in ids]
@@ -182,10 +183,12 @@ def used_memory_bytes(node_id: str, instances: Iterable[ManagedInstance]) -> int
 def worker_memory_budget(node: ClusterNode, config: ControllerConfig) -> int | None:
     """The memory the node's instances share: its own budget (``thaw join --worker-memory-gb``, which
     its store reports), else the platform's (`ControllerConfig.worker_memory_bytes`); None: slots
-    alone bound it. CPU nodes only: a GPU node's instances live in device memory, which a host-RAM
-    budget does not describe (its slots are its GPUs until nodes report their device memory)."""
+    alone bound it. A GPU node's instances live in device memory, which a host-RAM budget does not
+    describe: its budget is its GPUs' (`ControllerConfig.gpu_memory_bytes` each), None without one
+    (its slots are its GPUs). An instance still lives on one GPU: `gpu_memory_bytes` is what one
+    GPU's slot host can hold (`SparePool.host_for` fits it into one)."""
     if node.num_gpus:
-        return None
+        return None if config.gpu_memory_bytes is None else config.gpu_memory_bytes * node.num_gpus
     own = node.report.worker_memory_bytes if node.report is not None else None
     return own if own is not None else config.worker_memory_bytes
 

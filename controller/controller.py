@@ -456,15 +456,18 @@ class Controller:
         poolable processes (those reserving no Ray CPU, sleepers included) count toward them."""
         busy = {i.ray_node_id for i in self._settling_instances()}
         hosts: dict[str, int] = {}
+        gpu_hosts: set[str] = set()  # GPU nodes sharing their GPUs by memory: a host per GPU
         for node in self._nodes.values():
             if has_worker_memory_budget(node, self.config):
                 hosts[node.ray_node_id] = hosts.get(node.ray_node_id, 0) + node.num_slots
+                if node.num_gpus:
+                    gpu_hosts.add(node.ray_node_id)
         in_use: dict[str, int] = {}
         for instance in self._instances.all():
             if instance.reusable_process and not instance.hosted:  # a hosted one is in a pool process
                 in_use[instance.ray_node_id] = in_use.get(instance.ray_node_id, 0) + 1
         return self._spares.replenish(sorted({node.ray_node_id for node in self._nodes.values()}),
-                                      busy_ray_node_ids=busy, hosts=hosts, in_use=in_use)
+                                      busy_ray_node_ids=busy, hosts=hosts, in_use=in_use, gpu_ray_node_ids=gpu_hosts)
 
     async def _autoscale(self) -> list[str]:
         errors = []
@@ -548,15 +551,17 @@ class Controller:
             if woken == wanted:
                 break
             view = views.get(instance.node_id)
-            if view is None or view.free_memory_bytes is None or view.free_memory_bytes < instance.kv_memory_bytes \
-                    or view.num_free_slots < instance.num_worker_slots:
-                self._instances.begin_stop(instance, "wanted again, but its node has no slot or no memory for its "
-                                           "KV pool now", 0.0, recycle=True)
+            memory = instance.wake_memory_bytes  # its KV pool (and its weights, asleep in host memory)
+            slots = 0 if instance.holds_slot else instance.num_worker_slots  # a GPU sleeper keeps its slot
+            if view is None or view.free_memory_bytes is None or view.free_memory_bytes < memory \
+                    or view.num_free_slots < slots:
+                what = "its weights and KV pool" if instance.sleeps_to_host else "its KV pool"
+                self._instances.begin_stop(instance, f"wanted again, but its node has no slot or no memory for "
+                                           f"{what} now", 0.0, recycle=True)
                 continue
             self._instances.begin_wake(instance, f"{model.model_id} has demand again")
             views[instance.node_id] = dataclasses.replace(  # what the next sleeper there is left
-                view, free_memory_bytes=view.free_memory_bytes - instance.kv_memory_bytes,
-                num_free_slots=view.num_free_slots - instance.num_worker_slots)
+                view, free_memory_bytes=view.free_memory_bytes - memory, num_free_slots=view.num_free_slots - slots)
             woken += 1
         return woken
 
@@ -593,6 +598,10 @@ class Controller:
             return False
         if not decision.placed:
             self._record_unplaced(model, decision)
+            return False
+        refusal = self._instances.gpu_host_refusal(model, self._nodes[decision.node_id], memory)
+        if refusal is not None:  # a GPU shared by memory: the model waits for a warm host with room
+            self._record_unplaced(model, PlacementDecision(None, None, None, (), refusal))
             return False
         draining = {n.node_id for n in connected if n.draining}
         chosen = next((v for v in views if v.node_id == decision.node_id), None)

@@ -70,12 +70,19 @@ class ControllerConfig:
         calibrate / calibration_bytes / repository_calibration_bytes: the node stores'
             bandwidth probes (see `storage.NodeStoreConfig`).
         cpu_worker_slots_per_node: worker slots of a logical node without GPUs; a GPU node
-            has one slot per GPU.
+            has one slot per GPU (`models_per_process` per GPU where `gpu_memory_bytes` is set).
         worker_memory_bytes: each logical node's worker memory budget, shared by the instances it
             holds (each takes its weights plus its KV pool: `engine_settings.instance_memory_bytes`);
             placement packs instances by it and eviction frees it until a newcomer fits
             (ARCHITECTURE.md, "Slot hosts": memory is the slot). Slots still bound the number of
-            instances; None: no budget, slots alone. CPU nodes only: a GPU node's slots are its GPUs.
+            instances; None: no budget, slots alone. CPU nodes only: a GPU node's is `gpu_memory_bytes`.
+        gpu_memory_bytes: the device memory of each GPU that the models hosted on it share (weights
+            plus KV pool each, as `worker_memory_bytes` on CPU). With `models_per_process` > 1 it
+            makes memory the slot on GPU nodes too: each GPU gets one slot host (a warm process
+            owning the GPU, its CUDA context made) holding up to `models_per_process` instances of
+            models asking for at most one GPU; a sleeping one moves its weights to pinned host
+            memory and holds no device memory (but keeps its place in the host). None: a GPU is
+            one slot, held by one instance in a process of its own.
         models_per_process: slot hosts (issue 38): where a node has a worker memory budget and this
             is more than 1, its warm worker processes are slot hosts (`worker.SlotHost`), each holding
             up to this many model instances that take turns at their engine steps; a new CPU
@@ -138,6 +145,7 @@ class ControllerConfig:
     repository_calibration_bytes: int = 8 * MIB
     cpu_worker_slots_per_node: int = 1
     worker_memory_bytes: int | None = None
+    gpu_memory_bytes: int | None = None
     sleep_idle_instances: bool = True
     models_per_process: int = 1
     nodes_per_ray_node: int = 1
@@ -195,6 +203,13 @@ class ControllerConfig:
         _count("spare_workers_per_node", self.spare_workers_per_node, 0)
         _count("spare_weight_bytes", self.spare_weight_bytes, 0)
         _count("models_per_process", self.models_per_process, 1)
+        if self.gpu_memory_bytes is not None:
+            _count("gpu_memory_bytes", self.gpu_memory_bytes, 1)
+            if self.models_per_process < 2:
+                raise ValueError(
+                    f"ControllerConfig.gpu_memory_bytes shares a GPU's memory among the models of its slot host, "
+                    f"so it needs models_per_process >= 2 (thaw serve --models-per-process N), got "
+                    f"{self.models_per_process}")
         _count("max_recent_decisions", self.max_recent_decisions, 1)
         if not isinstance(self.calibrate, bool):
             raise ValueError("ControllerConfig.calibrate must be True or False")
@@ -236,6 +251,16 @@ class ControllerConfig:
     def state_location(self) -> str:
         """Where the state store is: the configured URL/path, or the state directory (SQLite)."""
         return self.state_store if self.state_store is not None else str(self.state_dir) + "/"
+
+    @property
+    def hosts_gpu_models(self) -> bool:
+        """Whether GPU nodes share each GPU among the models of its slot host (`gpu_memory_bytes`)."""
+        return self.gpu_memory_bytes is not None
+
+    @property
+    def slots_per_gpu(self) -> int:
+        """A GPU node's slots per GPU: the models its slot host may hold, else 1 (the GPU is the slot)."""
+        return self.models_per_process if self.hosts_gpu_models else 1
 
     @functools.cached_property
     def default_kv_cache_bytes(self) -> int:

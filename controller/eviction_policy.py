@@ -31,7 +31,9 @@ its own is therefore chosen exactly as without a budget.
 An asleep instance (its model scaled down; ARCHITECTURE.md "Slot hosts": it holds its weights'
 memory and no slot) is idle by definition and wanted by nobody now: among equal priorities every
 sleeper goes before any awake instance, and the `min_instances` floor does not keep it (it is
-not one of its model's instances). It frees memory, never a slot.
+not one of its model's instances). It frees memory, never a slot -- except on a GPU, where a
+sleeper's weights wait in host memory: it frees no device memory there, but its place in the GPU's
+slot host (`holds_slot`).
 
 The lowest score goes first: cheap, rarely used, longest idle (decay makes idleness lower the
 score). GDSF ages entries with an inflation clock instead; the decay does the same job from one
@@ -120,7 +122,10 @@ class EvictionCandidate:
         num_worker_slots: the slots it occupies.
         memory_bytes: what it takes of its node's worker memory budget (weights plus KV pool).
         ready: READY (not loading, asleep or stopping).
-        asleep: ASLEEP: `memory_bytes` is then what it holds asleep (its weights), and it frees no slot.
+        asleep: ASLEEP: `memory_bytes` is then what it holds asleep (its weights; 0 on a GPU, whose
+            sleepers' weights are in host memory), and it frees no slot unless `holds_slot`.
+        holds_slot: an asleep instance that keeps its slot (its place in a GPU's slot host) and so
+            frees it when evicted; an awake one always does (None: derived from `asleep`).
         num_ongoing_requests: its requests at the last report.
         num_queued_requests: requests waiting for its model at the gateways.
         idle_s: seconds since its model last had a request (or since it became ready, if later).
@@ -140,6 +145,7 @@ class EvictionCandidate:
     memory_bytes: int = 0
     ready: bool = True
     asleep: bool = False
+    holds_slot: bool | None = None  # None: as its phase says (an awake one holds it, a sleeper not)
     num_ongoing_requests: int = 0
     num_queued_requests: int = 0
     idle_s: float
@@ -160,6 +166,10 @@ class EvictionCandidate:
             raise ValueError(f"{where}: memory_bytes must be an integer >= 0, got {self.memory_bytes!r}")
         for name in ("idle_s", "frequency", "reload_s"):
             object.__setattr__(self, name, _number(where, name, getattr(self, name)))
+        if self.holds_slot is None:
+            object.__setattr__(self, "holds_slot", not self.asleep)
+        elif not isinstance(self.holds_slot, bool) or (not self.holds_slot and not self.asleep):
+            raise ValueError(f"{where}: holds_slot must be True or False (False only asleep), got {self.holds_slot!r}")
 
 
 @dataclass(frozen=True)
@@ -186,8 +196,10 @@ def _why_kept(candidate: EvictionCandidate, settings: EvictionSettings, num_slot
     if candidate.draining:
         return "its node drains"
     if candidate.asleep:
-        if free_slots_by_node.get(candidate.node_id, 0) < num_slots:
+        if not candidate.holds_slot and free_slots_by_node.get(candidate.node_id, 0) < num_slots:
             return f"asleep, it holds no slot and the node has fewer than the {num_slots} slots needed free"
+        if candidate.holds_slot and free_slots_by_node.get(candidate.node_id, 0) + candidate.num_worker_slots < num_slots:
+            return f"asleep, it frees {candidate.num_worker_slots} of the {num_slots} slots needed"
         return None
     if not candidate.ready:
         return "not ready"

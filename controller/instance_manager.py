@@ -159,20 +159,21 @@ class InstanceManager:
         (`kv_memory_bytes` of it its KV pool's, which sleeping frees)."""
         instance_id = f"{model.repository_name}-{uuid.uuid4().hex[:8]}"
         spare, handle = None, None
-        if self._spares is not None and model.spec.resources.num_gpus == 0:
-            if self._spares.hosting and has_worker_memory_budget(node, self.config):
-                spare = self._spares.host_for(node.ray_node_id, instance_id)  # one more model in a warm host
-                handle = HostedInstance(spare.handle, instance_id) if spare is not None else None
-            else:
-                spare = self._spares.take(node.ray_node_id)
-                handle = spare.handle if spare is not None else None
+        hosts_here = self._spares is not None and self._spares.hosting and has_worker_memory_budget(node, self.config)
+        if hosts_here and model.spec.resources.num_gpus <= (1 if node.num_gpus else 0):
+            spare = self._spares.host_for(node.ray_node_id, instance_id, memory_bytes,  # one more model in a host
+                                          **self._host_room(node))
+            handle = HostedInstance(spare.handle, instance_id) if spare is not None else None
+        elif self._spares is not None and model.spec.resources.num_gpus == 0:
+            spare = self._spares.take(node.ray_node_id)
+            handle = spare.handle if spare is not None else None
         instance = ManagedInstance(
             instance_id=instance_id, model_id=model.model_id, node_id=node.node_id, ray_node_id=node.ray_node_id,
             actor_name=spare.actor_name if spare is not None else worker_actor_name(instance_id),
             num_worker_slots=model.spec.resources.num_worker_slots, repository_name=model.repository_name,
             estimate_s=estimate_s, started_s=now, handle=handle, from_spare=spare is not None,
             hosted=is_hosted(handle), reserves_cpus=spare is None, memory_bytes=memory_bytes,
-            kv_memory_bytes=kv_memory_bytes)
+            kv_memory_bytes=kv_memory_bytes, sleeps_to_host=node.num_gpus > 0)
         settings = self.config.peer_stream
         if settings is not None and tier is not None and estimate_s is not None:
             instance.load_path = choose_load_path(
@@ -187,6 +188,32 @@ class InstanceManager:
                                                                                self.config)
         self._spawn(self._start(instance, model, node, checkpoint_tier))
         return instance
+
+    def _host_room(self, node: ClusterNode) -> dict[str, Any]:
+        """`SparePool.can_host`'s memory arguments for `node`: on a GPU node each host has its GPU's
+        memory (`ControllerConfig.gpu_memory_bytes`) for the instances it holds; on a CPU node the
+        node's budget is shared by all its processes, and placement has checked it already."""
+        if not node.num_gpus:
+            return {}
+        return {"capacity_bytes": self.config.gpu_memory_bytes,
+                "held_bytes": {i.instance_id: i.held_memory_bytes for i in self._instances.values()}}
+
+    def gpu_host_refusal(self, model: ModelState, node: ClusterNode, memory_bytes: int) -> str | None:
+        """Why `model` cannot start on GPU node `node` now although placement chose it, None if it
+        can (or `node` shares no GPU by memory). Such a node's slot hosts own its GPUs, so an
+        instance starts only in a warm host whose GPU has the memory for it, never in a fresh process."""
+        if self._spares is None or not node.num_gpus or not has_worker_memory_budget(node, self.config):
+            return None
+        num_gpus = model.spec.resources.num_gpus
+        if num_gpus > 1:
+            return (f"{model.model_id} asks for {num_gpus:g} GPUs per instance (resources.num_gpus), and node "
+                    f"{node.node_id} shares each GPU among the models of its slot host (gpu_memory_bytes): "
+                    f"a model there runs on one GPU; deploy it with num_gpus 1")
+        if self._spares.can_host(node.ray_node_id, memory_bytes, **self._host_room(node)) is None:
+            return (f"no warm slot host on node {node.node_id} has a place and {memory_bytes / 2**30:.3g} GiB of "
+                    f"its GPU's memory free for {model.model_id} (hosts still starting, or each GPU's models "
+                    f"leave too little); it waits for one")
+        return None
 
     def _engine_config(self, spec: ModelSpec) -> Any:
         return engine_config_for(spec, self.config)

@@ -41,6 +41,9 @@ class ManagedInstance:
         memory_bytes: what it takes of its node's worker memory budget (weights plus KV pool;
             `engine_settings.instance_memory_bytes`), held until it is gone.
         kv_memory_bytes: the KV pool's part of `memory_bytes`, which sleeping frees.
+        sleeps_to_host: it lives on a GPU, whose engine moves its weights to pinned host memory
+            when it sleeps (`worker.Engine.sleep_frees_weights`): asleep it holds none of its GPU's
+            memory, but keeps its place (its slot) in the GPU's slot host.
         asleep_s: when it went to sleep (controller clock), None while awake; a sleeper being
             stopped keeps it (its KV pool stays freed).
         repository_name: the model's name in the repository and the node stores.
@@ -76,6 +79,7 @@ class ManagedInstance:
     repository_name: str
     memory_bytes: int = 0
     kv_memory_bytes: int = 0
+    sleeps_to_host: bool = False
     asleep_s: float | None = None
     phase: InstancePhase = InstancePhase.LOADING
     handle: Any = None
@@ -120,16 +124,24 @@ class ManagedInstance:
     @property
     def held_memory_bytes(self) -> int:
         """What it holds of its node's worker memory budget now: its weights alone while its KV
-        pool is freed (`kv_pool_freed`)."""
+        pool is freed (`kv_pool_freed`), nothing where its weights sleep in host memory."""
         if self.kv_pool_freed:
-            return max(0, self.memory_bytes - self.kv_memory_bytes)
+            return 0 if self.sleeps_to_host else max(0, self.memory_bytes - self.kv_memory_bytes)
         return self.memory_bytes
+
+    @property
+    def wake_memory_bytes(self) -> int:
+        """What waking it takes of its node's budget on top of what it holds asleep: its KV pool,
+        and its weights too where they sleep in host memory."""
+        return self.memory_bytes - self.held_memory_bytes if self.kv_pool_freed else 0
 
     @property
     def holds_slot(self) -> bool:
         """Whether it takes its worker slots: not while its KV pool is freed (a sleeper serves
-        nobody; its node's memory budget bounds how many sleep there)."""
-        return not self.kv_pool_freed
+        nobody; its node's memory budget bounds how many sleep there), except where it sleeps in
+        host memory: it holds no device memory then, and its slot is its place in the GPU's slot
+        host (which holds at most `models_per_process`), so the slot count bounds the sleepers."""
+        return not self.kv_pool_freed or self.sleeps_to_host
 
     def expected_remaining_s(self, now: float, start_overhead_s: float) -> float | None:
         """How long a client should expect to wait for this loading instance: placement's read
@@ -152,6 +164,7 @@ class ManagedInstance:
             "instance_id": self.instance_id, "model_id": self.model_id, "node_id": self.node_id,
             "ray_node_id": self.ray_node_id, "actor_name": self.actor_name, "state": self.phase.value,
             "memory_bytes": self.memory_bytes, "held_memory_bytes": self.held_memory_bytes,
+            "sleeps_to_host": self.sleeps_to_host,
             "tier": self.tier, "estimate_s": self.estimate_s, "load_s": self.load_s, "pack_s": self.pack_s,
             "num_ongoing_requests": self.num_ongoing_requests, "num_generated_tokens": self.num_generated_tokens,
             "last_error": self.last_error, "from_spare": self.from_spare, "hosted": self.hosted,

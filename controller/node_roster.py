@@ -45,7 +45,8 @@ class NodeRoster:
         """Nodes joined and left (the live Ray nodes, planned into logical nodes), and a store for
         every node without one; returns the errors, one line each."""
         planned = plan_nodes(await self._cluster.list_nodes(), self.config.nodes_per_ray_node,
-                             self.config.cpu_worker_slots_per_node, self.config.excluded_ray_node_ids)
+                             self.config.cpu_worker_slots_per_node, self.config.excluded_ray_node_ids,
+                             slots_per_gpu=self.config.slots_per_gpu)
         for plan in planned:
             node = self._nodes.get(plan.node_id)
             if node is None:

@@ -132,12 +132,15 @@ class RayClusterClient(ClusterClient):
                                          namespace=self.namespace, node_id=ray_node_id, num_cpus=num_cpus,
                                          num_gpus=num_gpus, detached=True, peer=peer, num_threads=num_threads)
 
-    def start_spare_worker(self, *, actor_name: str, ray_node_id: str, host_models: int = 1) -> ActorHandle:
+    def start_spare_worker(self, *, actor_name: str, ray_node_id: str, host_models: int = 1,
+                           num_gpus: int = 0) -> ActorHandle:
         from migration import start_migratable_spare, start_slot_host
 
         if host_models > 1:
             return start_slot_host(max_instances=host_models, name=actor_name, namespace=self.namespace,
-                                   node_id=ray_node_id, detached=True)
+                                   node_id=ray_node_id, detached=True, num_gpus=num_gpus)
+        if num_gpus:
+            raise ValueError("a spare worker owning a GPU is a slot host: it needs host_models > 1")
         return start_migratable_spare(name=actor_name, namespace=self.namespace, node_id=ray_node_id, detached=True)
 
     async def spare_warm(self, handle: ActorHandle, timeout_s: float, *, weight_bytes: int = 0,

@@ -464,6 +464,7 @@ class SlotSharer:
                 instance_id=instance.instance_id, model_id=instance.model_id, node_id=instance.node_id,
                 num_worker_slots=instance.num_worker_slots, memory_bytes=instance.held_memory_bytes,
                 ready=instance.phase is InstancePhase.READY, asleep=instance.phase is InstancePhase.ASLEEP,
+                holds_slot=instance.holds_slot,
                 num_ongoing_requests=instance.num_ongoing_requests, num_queued_requests=self._queued(model, now),
                 idle_s=self._idle_s(instance, model, now),
                 num_model_instances=len(self._instances.live(instance.model_id)),

@@ -17,14 +17,20 @@ through them), so a model's first start skips the process start too, not only it
 With `host_models` > 1 (`ControllerConfig.models_per_process`) the pool's processes are slot
 hosts (`worker.SlotHost`): a host is never taken out of the pool; `host_for` loads one more
 instance into the node's warm host holding the fewest (up to `host_models`), `unhost` lets it go,
-and the host stays warm for the next. A node then keeps enough hosts for its slots.
+and the host stays warm for the next. A node then keeps enough hosts for its slots. On a GPU node
+(`replenish`'s `gpu_ray_node_ids`: memory is the slot there, `ControllerConfig.gpu_memory_bytes`)
+each host owns one GPU (started with ``num_gpus=1``; its warm-up makes the CUDA context) and has
+that GPU's memory to itself: `can_host` / `host_for` (a check/commit pair) fit an instance into a
+host whose instances leave room for it, the fullest such (best fit: packing leaves the largest
+holes for large models). There is no fresh-process fallback on such a node (its hosts hold every
+GPU), so a model waits for a warm host with room.
 
 ``warm()`` makes a spare pay the rest of a first load's one-time costs (the engine's lazy imports,
 the attention kernel, oneDNN's first primitives) and fault the memory its model will be loaded
 into: `ControllerConfig.spare_weight_bytes` for the weights, the engine's KV cache size for the
 KV pool. A spare is offered only once it has answered ``warm()`` (a spare still importing torch
 would make the start slower, not faster), and only to CPU instances (a spare holds no GPU; see
-`start_spare_worker`). Spares are named ``thaw-worker-spare-...`` in the platform's namespace, so
+`start_spare_worker`), except a GPU node's slot hosts. Spares are named ``thaw-worker-spare-...`` in the platform's namespace, so
 a restarted controller that finds one without a worker record ends it like any orphan worker
 and starts fresh ones.
 """
@@ -59,6 +65,7 @@ class Spare:
     warm: bool = False
     task: asyncio.Task | None = field(default=None, repr=False)
     hosted: set[str] = field(default_factory=set)  # a slot host's instances
+    num_gpus: int = 0  # 1: a GPU node's slot host, owning its GPU
 
 
 class SparePool:
@@ -95,17 +102,38 @@ class SparePool:
                 return spare
         return None
 
-    def host_for(self, ray_node_id: str, instance_id: str) -> Spare | None:
-        """The warm slot host on that Ray node holding the fewest instances (then the smallest
-        name) that has room for one more, now holding `instance_id` too; None if none."""
+    def can_host(self, ray_node_id: str, memory_bytes: int = 0, *, capacity_bytes: int | None = None,
+                 held_bytes: Mapping[str, int] | None = None) -> Spare | None:
+        """The warm slot host on that Ray node that would take one more instance (`host_for`
+        without taking it); None if none has room.
+
+        Room is a place (fewer than `host_models` instances) and, where each host has memory of
+        its own (`capacity_bytes`: a GPU's), `memory_bytes` left once its instances' `held_bytes`
+        (instance id -> bytes held now; a sleeper on a GPU holds none) are counted. Among those:
+        the fullest that fits (best fit), then the fewest instances, then the smallest name;
+        without `capacity_bytes`, the fewest instances, then the smallest name."""
         if not self.hosting:
             return None
+        held = held_bytes or {}
+
+        def free_bytes(host: Spare) -> int:
+            return (capacity_bytes or 0) - sum(held.get(instance_id, 0) for instance_id in host.hosted)
+
         hosts = [s for s in self._spares.values()
-                 if s.ray_node_id == ray_node_id and s.warm and len(s.hosted) < self.host_models]
+                 if s.ray_node_id == ray_node_id and s.warm and len(s.hosted) < self.host_models
+                 and (capacity_bytes is None or free_bytes(s) >= memory_bytes)]
         if not hosts:
             return None
-        host = min(hosts, key=lambda s: (len(s.hosted), s.actor_name))
-        host.hosted.add(instance_id)
+        if capacity_bytes is None:
+            return min(hosts, key=lambda s: (len(s.hosted), s.actor_name))
+        return min(hosts, key=lambda s: (free_bytes(s) - memory_bytes, len(s.hosted), s.actor_name))
+
+    def host_for(self, ray_node_id: str, instance_id: str, memory_bytes: int = 0, *,
+                 capacity_bytes: int | None = None, held_bytes: Mapping[str, int] | None = None) -> Spare | None:
+        """The slot host `can_host` chooses, now holding `instance_id` too; None if none."""
+        host = self.can_host(ray_node_id, memory_bytes, capacity_bytes=capacity_bytes, held_bytes=held_bytes)
+        if host is not None:
+            host.hosted.add(instance_id)
         return host
 
     def unhost(self, actor_name: str, instance_id: str) -> None:
@@ -164,12 +192,15 @@ class SparePool:
         return counts
 
     def replenish(self, ray_node_ids: list[str], busy_ray_node_ids: Collection[str] = (),
-                  hosts: Mapping[str, int] | None = None, in_use: Mapping[str, int] | None = None) -> list[str]:
+                  hosts: Mapping[str, int] | None = None, in_use: Mapping[str, int] | None = None,
+                  gpu_ray_node_ids: Collection[str] = ()) -> list[str]:
         """Start spares where a node has fewer than `per_node` (warm or starting), except on
         `busy_ray_node_ids`; end those of nodes that left. A node in `hosts` keeps that many warm
         processes in all (its slots, or hosts enough for them): spares fill what its instances'
         poolable processes (`in_use`) do not, and none is started beyond that, so once warm the
-        node's processes are the ones it keeps (none either when `per_node` is 0: spares are off). Returns errors, one per failed start (the next tick retries).
+        node's processes are the ones it keeps (none either when `per_node` is 0: spares are off).
+        On `gpu_ray_node_ids` (GPU nodes in `hosts`) each process is a slot host owning one GPU.
+        Returns errors, one per failed start (the next tick retries).
 
         A busy node is one whose newest instance is still loading or only just ready: starting a
         spare costs seconds of CPU (a process, the torch import, the warm-up, faulting its
@@ -188,16 +219,17 @@ class SparePool:
             if want and ray_node_id in self._hosts:  # per_node 0: spares are off, slot hosts too
                 slots = max(0, self._hosts[ray_node_id] - (in_use or {}).get(ray_node_id, 0))
                 want = -(-slots // self.host_models)  # processes enough for its slots, no more
+            num_gpus = int(self.hosting and ray_node_id in self._hosts and ray_node_id in gpu_ray_node_ids)
             for _ in range(want - have):
                 name = spare_actor_name()
                 try:
                     handle = self._cluster.start_spare_worker(actor_name=name, ray_node_id=ray_node_id,
-                                                              host_models=self.host_models)
+                                                              host_models=self.host_models, num_gpus=num_gpus)
                 except Exception as exc:  # noqa: BLE001 - no spare is a slower start, not a failure
                     errors.append(f"spare worker on Ray node {ray_node_id[:12]}: {type(exc).__name__}: {exc}")
                     break
                 self.num_started += 1
-                spare = Spare(name, ray_node_id, handle)
+                spare = Spare(name, ray_node_id, handle, num_gpus=num_gpus)
                 self._spares[name] = spare
                 spare.task = asyncio.get_running_loop().create_task(self._await_warm(spare))
         return errors

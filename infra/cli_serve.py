@@ -65,6 +65,13 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
     if args.models_per_process < 1:
         raise UsageError(f"--models-per-process must be 1 or more (models one worker process may hold), "
                          f"got {args.models_per_process}")
+    gpu_memory_gb = args.gpu_memory_gb
+    if gpu_memory_gb is not None and not 0 < gpu_memory_gb < float("inf"):
+        raise UsageError(f"--gpu-memory-gb must be more than 0 (GB of each GPU's memory its models share: weights "
+                         f"plus KV pools), got {gpu_memory_gb:g}")
+    if gpu_memory_gb is not None and args.models_per_process < 2:
+        raise UsageError("--gpu-memory-gb shares each GPU among the models of its slot host: give "
+                         "--models-per-process 2 or more with it (the most models one GPU may hold)")
     if not 0 < args.body_timeout_s < float("inf"):
         raise UsageError(f"--body-timeout-s must be more than 0 (seconds a request body may take to arrive), "
                          f"got {args.body_timeout_s:g}")
@@ -91,6 +98,7 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
             num_gateway_replicas=args.gateway_replicas, spare_workers_per_node=args.spare_workers,
             spare_weight_bytes=int(args.spare_memory_gb * GIB), peer_link_bytes_per_s=args.peer_link_gbps * 1e9,
             models_per_process=args.models_per_process,
+            gpu_memory_bytes=None if gpu_memory_gb is None else max(1, int(gpu_memory_gb * GIB)),
             slot_sharing=not args.no_slot_sharing, state_dir_shared=args.state_shared,
             admin_key_source=(Path(args.admin_key_file).expanduser().absolute()
                               if args.admin_key_file is not None else None),
@@ -203,6 +211,10 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
                        help="slot hosts: where nodes share a worker memory budget, each warm worker process holds "
                             "up to this many models, their engine steps taking turns (default: 1, a process per "
                             "model)")
+    serve.add_argument("--gpu-memory-gb", type=float, default=None,
+                       help="GPU nodes: memory of each GPU that its models share (weights plus KV pools): each GPU "
+                            "gets one warm slot host holding up to --models-per-process models, packed by memory, "
+                            "idle ones put to sleep in pinned host memory (default: off, a GPU per model)")
     serve.add_argument("--ssd-capacity-gb", type=float, default=64.0,
                        help="SSD cache per node (a node that joins may give its own: thaw join --ssd-capacity-gb)")
     serve.add_argument("--ssd-dir", default=None, help="where the nodes' SSD caches live (default: STATE/ssd-cache; "

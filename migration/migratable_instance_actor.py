@@ -305,14 +305,17 @@ def start_migratable_spare(*, transport: KVTransport | None = None, name: str | 
 
 
 def start_slot_host(*, max_instances: int, max_concurrent_steps: int | None = None, name: str | None = None,
-                    namespace: str | None = None, node_id: str | None = None, detached: bool = False, **options):
+                    namespace: str | None = None, node_id: str | None = None, detached: bool = False,
+                    num_gpus: int = 0, **options):
     """Starts a slot host (`worker.SlotHost`) whose instances are `MigratableInstanceActor`s, so
     every request it serves can be moved; returns its handle at once. Like a spare, it reserves no
-    Ray CPU or GPU (its node's worker memory budget and slots bound what it holds)."""
+    Ray CPU (its node's worker memory budget and slots bound what it holds); a GPU node's host
+    reserves its GPU (``num_gpus=1``: Ray makes it the visible one, and every model the host holds
+    runs on it)."""
     import ray
 
     from worker.slot_host import SlotHost
 
-    actor_options = worker_actor_options(name, namespace, node_id, 0, 0, detached, options)
+    actor_options = worker_actor_options(name, namespace, node_id, 0, num_gpus, detached, options)
     return ray.remote(SlotHost).options(**actor_options).remote(
         MigratableInstanceActor, max_instances=max_instances, max_concurrent_steps=max_concurrent_steps)

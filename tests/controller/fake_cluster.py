@@ -68,6 +68,7 @@ class FakeWorker:
     load_error: Exception | None = None
     stats_delay_s: float = 0.0
     num_threads: int | None = None
+    num_gpus: float = 0.0  # the Ray GPUs it reserves (a GPU node's slot host: 1)
     reserved_bytes: tuple[int, int] | None = None  # a spare's (weight, KV) reservation once warmed
     request_ids: list[str] = field(default_factory=list)  # open requests, for migration
     peer: Any = None  # the ticket of the stream it takes its weights from
@@ -230,8 +231,9 @@ class FakeCluster(ClusterClient):
 
     # --- spare workers (never warm unless a test sets `spares_warm`) ----------------------------
 
-    def start_spare_worker(self, *, actor_name: str, ray_node_id: str, host_models: int = 1) -> Any:
-        spare = FakeWorker("", "", "", actor_name, ray_node_id, 0.0, None, state="spare")
+    def start_spare_worker(self, *, actor_name: str, ray_node_id: str, host_models: int = 1,
+                           num_gpus: int = 0) -> Any:
+        spare = FakeWorker("", "", "", actor_name, ray_node_id, 0.0, None, state="spare", num_gpus=num_gpus)
         self.spares[actor_name] = spare
         return spare
 
