@@ -617,7 +617,8 @@ class InstanceManager:
             ray_node_id=node.ray_node_id if node is not None else "", actor_name=record.actor_name,
             num_worker_slots=model.spec.resources.num_worker_slots if model is not None else 1,
             repository_name=model.repository_name if model is not None else repository_name(record.model_id),
-            handle=handle, started_s=now, hosted=is_hosted(handle), reserves_cpus=not is_hosted(handle))
+            handle=handle, started_s=now, hosted=is_hosted(handle), reserves_cpus=not is_hosted(handle),
+            sleeps_to_host=node is not None and node.num_gpus > 0)  # a GPU engine sleeps in host memory
         self._instances[instance.instance_id] = instance
         if instance.hosted and self._spares is not None and node is not None:
             self._spares.adopt_host(record.actor_name, node.ray_node_id, handle.host, record.instance_id)

@@ -5,6 +5,8 @@ and `worker.host_allocator` for a process that runs one engine; bench/ measures 
 - `Engine`, `EngineConfig`: load a Hugging Face model dir; ``add_request`` / ``step`` / ``abort``.
   ``Engine(model_dir, config, weights=source)`` starts before its weights (a `loader.LayerReadiness`)
   and computes layers as they land; `LayerLoadError` is how it fails when they cannot arrive.
+  ``sleep`` / ``wake`` an idle engine: its KV pool freed, and where ``sleep_frees_weights`` (on a
+  GPU) its weights moved to pinned host memory and back (``host_weights``: bytes and seconds).
 - `AsyncEngine`: ``async for out in AsyncEngine(engine).generate(prompt, params)``.
 - `SamplingParams`, `GrammarSpec` (its ``structured_output``: what the output must match, enforced
   by the engine token by token), `RequestOutput`, `Completion`, `InvalidRequestError`;

@@ -39,6 +39,11 @@ config.json and the tokenizer). It returns at once; requests are admitted and st
 and their prefills compute each layer as soon as it lands (`worker.layer_gate`), swept zigzag
 across requests (`worker.zigzag_prefill`). When the last layer is in, the engine steps as usual.
 fp32 CPU weights are pre-packed for oneDNN layer by layer as they land, off the compute thread.
+
+An idle engine can `sleep`: its KV pool is freed, and on a CUDA device its weights move to pinned
+host memory (`worker.host_weights`; ``EngineConfig.sleep_offloads_weights`` chooses, once); `wake`
+copies them back and builds the pool again. Asleep, it refuses requests (`enqueue`; migrated ones in
+`worker.engine_migration.begin_import`), and packs no weights while they are away.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from worker.checkpoint import load_model
 from worker.checkpoint_identity import checkpoint_identity
 from worker.engine_config import EngineConfig
 from worker.generation_defaults import read_eos_ids, read_generation_defaults
+from worker.host_weights import HostWeights
 from worker.layer_gate import LayerGate, LayerLoadError
 from worker.model_config import ModelConfig
 from worker.model_family import build_model
@@ -168,6 +174,12 @@ class Engine:
                                                          overlap=config.overlap_structured_output)
         self._in_step: tuple[str, ...] = ()  # requests of the forward pass under way (see request_ids_in_step)
         self._asleep = False  # the KV pool released (`sleep`)
+        # Chosen once: whether sleeping also moves the weights to host memory (`sleep_frees_weights`).
+        offload = config.sleep_offloads_weights
+        if offload is None:
+            offload = self.device.type == "cuda"
+        self._host_weights = (HostWeights(model, self.device, pin_memory=self.device.type == "cuda")
+                              if offload else None)
         self._next_id = itertools.count()
         self._zigzag: ZigzagPrefill | None = None
         if self._gate is not None:
@@ -351,8 +363,10 @@ class Engine:
 
     @property
     def weights_to_pack(self) -> bool:
-        """Whether layers of deferred packing (`worker.weight_packing`) are still plain."""
-        return self.packing is not None and not self.packing.done
+        """Whether layers of deferred packing (`worker.weight_packing`) are still plain and can be
+        packed now (not while asleep with the weights moved to host memory)."""
+        return (self.packing is not None and not self.packing.done
+                and (self._host_weights is None or not self._host_weights.on_host))
 
     def pack_weights_when_free(self) -> int:
         """Packs the next plain layer (`weights_to_pack`) unless a request waits for its first
@@ -366,20 +380,49 @@ class Engine:
         """Its KV pool is released (`sleep`): it takes no request until `wake`."""
         return self._asleep
 
+    @property
+    def sleep_frees_weights(self) -> bool:
+        """Whether `sleep` also moves the weights off the device into host memory (chosen when the
+        engine is built, ``EngineConfig.sleep_offloads_weights``): asleep, such an engine holds
+        none of its device's memory; otherwise its weights stay where they are."""
+        return self._host_weights is not None
+
+    @property
+    def host_weights(self) -> HostWeights | None:
+        """The weights' moves to host memory and back (bytes, seconds; read them, don't move them),
+        None where sleep keeps the weights in place."""
+        return self._host_weights
+
     def sleep(self) -> int:
-        """Frees the KV pool of an idle engine, keeping the weights as they are (packed on CPU), so
-        waking costs a zeroed pool, not a load (issue 38's sleep). Refused while any request is
-        held or weights are still arriving. Returns the bytes freed."""
+        """Frees the KV pool of an idle engine, so waking costs a zeroed pool, not a load (issue
+        38's sleep), and where `sleep_frees_weights` moves the weights to host memory (pinned on
+        CUDA) too, freeing their device copy; otherwise they stay as they are (packed on CPU).
+        Captured decode graphs go with the pool. Refused while any request is held or weights are
+        still arriving. Returns the device bytes freed: the pool's, plus the weights' when moved."""
         if self._asleep:
             return 0
         if len(self.requests) or self.has_unfinished_requests() or not self.weights_resident:
             raise RuntimeError("the engine has requests in flight or weights still arriving; it cannot sleep")
         self.block_manager.forget_cached()
         self._asleep = True
-        return self.runner.release_kv_pool()
+        freed = self.runner.release_kv_pool()
+        if self._host_weights is not None:
+            try:
+                freed += self._host_weights.offload()
+            except BaseException:  # no host memory for them, say: awake again, as it was
+                self.runner.restore_kv_pool()
+                self._asleep = False
+                raise
+        return freed
 
     def wake(self) -> None:
-        """Builds the KV pool again; the engine takes requests."""
+        """Copies moved weights back to the device, then builds the KV pool (and, on CUDA, fresh
+        decode graphs, captured on first use at the weights' new addresses); the engine takes
+        requests."""
+        if not self._asleep:
+            return
+        if self._host_weights is not None:
+            self._host_weights.restore()
         self.runner.restore_kv_pool()
         self._asleep = False
 

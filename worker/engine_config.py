@@ -52,6 +52,10 @@ class EngineConfig:
     # Structured output: compute the grammar masks of a step's structured requests on a helper thread
     # while its forward pass runs (`worker.structured_output_manager`). False: inline, before it.
     overlap_structured_output: bool = True
+    # Sleep (`Engine.sleep`) also moves the weights into host memory (pinned on CUDA) and frees their
+    # device copy; waking copies them back (`worker.host_weights`). None: on a CUDA device yes (its
+    # memory is what another model needs), on a CPU no (the weights are in host memory already).
+    sleep_offloads_weights: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens"):
@@ -72,5 +76,8 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)} or None, got {self.dtype!r}")
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
+        if self.sleep_offloads_weights is not None and not isinstance(self.sleep_offloads_weights, bool):
+            raise ValueError(f"sleep_offloads_weights must be true, false or None (by device), "
+                             f"got {self.sleep_offloads_weights!r}")
         if not self.device.startswith(("cpu", "cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")

@@ -149,6 +149,9 @@ def begin_import(engine: Engine, snapshot: RequestSnapshot, num_reserved_tokens:
     delivered it). ``checkpoint_id``: this instance's checkpoint identity, which a snapshot that
     names one must match. Raises `MigrationRefusedError`, changing nothing, if it cannot."""
     _check_resident(engine)
+    if engine.asleep:  # its instance refuses first; this is the backstop
+        raise MigrationRefusedError("this instance is asleep (its KV pool freed, its weights maybe in host "
+                                    "memory); wake it before moving a request in")
     request_id = snapshot.request_id
     if request_id in engine.requests:
         raise MigrationRefusedError(f"request id {request_id!r} is already in use on this instance")

@@ -184,7 +184,7 @@ class InstanceWorker:
         self._suspended: set[str] = set()
         self._engine_error: EngineDeadError | None = None
         self._stopped = False
-        self._asleep = False  # `sleep`: the engine's KV pool released; requests are refused until `wake`
+        self._asleep = False  # `sleep`: the engine asleep (KV pool freed); requests are refused until `wake`
         threading.Thread(target=self._load_engine, name=f"thaw-load-{instance_id}", daemon=True).start()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -324,11 +324,13 @@ class InstanceWorker:
     # ---- sleep -----------------------------------------------------------------------------
 
     async def sleep(self) -> int:
-        """Puts an idle instance to sleep: its engine frees the KV pool and keeps its weights (on
-        CPU, packed: waking skips the load and the packing a restart pays). From now on a request
-        is refused with `EngineDeadError` before any token, which the gateway retries on another
-        instance or queues for the controller to wake this one. Refused (`InstanceBusyError`)
-        while a request is open or the instance is not ready. Returns the bytes freed."""
+        """Puts an idle instance to sleep: its engine frees the KV pool, and where the engine's
+        sleep frees its weights (`Engine.sleep_frees_weights`: on a GPU) moves them to pinned host
+        memory; otherwise it keeps them (on CPU, packed: waking skips the load and the packing a
+        restart pays). From now on a request is refused with `EngineDeadError` before any token,
+        which the gateway retries on another instance or queues for the controller to wake this
+        one. Refused (`InstanceBusyError`) while a request is open or the instance is not ready.
+        Returns the device bytes freed (the pool's, and the weights' where they moved)."""
         if self._asleep:
             return 0
         state = self.state
@@ -336,20 +338,41 @@ class InstanceWorker:
             raise InstanceBusyError(f"instance {self.instance_id} is {state.value} with "
                                     f"{len(self._open_streams)} open request(s); it cannot sleep")
         self._asleep = True  # before the engine call: a request arriving meanwhile is refused here
+        async_engine = self._loaded.result()
         try:
-            freed = await self._loaded.result().call(lambda engine: engine.sleep())
+            freed = await async_engine.call(lambda engine: engine.sleep())
         except BaseException:
             self._asleep = False
             raise
         await asyncio.to_thread(release_free_memory)  # the pool's pages back to the kernel, not this heap's
+        moved = async_engine.engine.host_weights
+        if moved is None:
+            logger.info("instance %s asleep: %.3f GB freed (its KV pool), weights kept in place",
+                        self.instance_id, freed / 1e9)
+        else:
+            logger.info("instance %s asleep: %.3f GB freed on %s; weights (%.3f GB) moved to %s host memory in "
+                        "%.3f s (%.2f GB/s)", self.instance_id, freed / 1e9, async_engine.engine.device,
+                        moved.num_bytes / 1e9, "pinned" if moved.pin_memory else "pageable", moved.offload_s,
+                        _gb_per_s(moved.num_bytes, moved.offload_s))
         return freed
 
     async def wake(self) -> None:
-        """Rebuilds the KV pool of a sleeping instance; it serves again. At once if awake."""
+        """Wakes a sleeping instance: weights its sleep moved to host memory are copied back, the
+        KV pool is rebuilt; it serves again. At once if awake."""
         if not self._asleep:
             return
-        await self._loaded.result().call(lambda engine: engine.wake())
+        async_engine = self._loaded.result()
+        start_s = time.perf_counter()
+        await async_engine.call(lambda engine: engine.wake())
         self._asleep = False
+        moved = async_engine.engine.host_weights
+        if moved is None:
+            logger.info("instance %s awake: KV pool rebuilt in %.3f s", self.instance_id,
+                        time.perf_counter() - start_s)
+        else:
+            logger.info("instance %s awake in %.3f s: weights (%.3f GB) copied back to %s in %.3f s (%.2f GB/s), "
+                        "KV pool rebuilt", self.instance_id, time.perf_counter() - start_s, moved.num_bytes / 1e9,
+                        async_engine.engine.device, moved.restore_s, _gb_per_s(moved.num_bytes, moved.restore_s))
 
     # ---- requests --------------------------------------------------------------------------
 
@@ -521,3 +544,7 @@ def _validated_request(engine: Engine, request_id: str, prompt: Prompt, params: 
         return engine.prepare_tokens(prompt_ids, params, request_id)
     except InvalidRequestError as exc:
         raise InvalidFieldError(str(exc), field="max_tokens") from exc
+
+
+def _gb_per_s(num_bytes: int, seconds: float) -> float:
+    return num_bytes / 1e9 / seconds if seconds > 0 else 0.0

@@ -149,8 +149,8 @@ class InstanceWorkerActor:
         self._model_worker().supply_fallback(checkpoint_dir)
 
     async def sleep(self) -> int:
-        """Frees the idle model's KV pool, keeping its weights (`InstanceWorker.sleep`); returns
-        the bytes freed."""
+        """Frees the idle model's KV pool, and on a GPU moves its weights to host memory
+        (`InstanceWorker.sleep`); returns the device bytes freed."""
         return await self._model_worker().sleep()
 
     async def wake(self) -> None:
