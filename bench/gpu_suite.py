@@ -21,7 +21,12 @@ step, so a run cut short still returns what it measured. The steps:
   (`CUDA_TEST_FILES`; their marked tests ran in ``pytest-cuda``);
 * ``kernels``, ``loader_gpu``, ``engine_gpu``, ``coldstart_gpu``: the benchmarks of those names
   (decode attention vs HBM peak; loading to the GPU vs the peers; the engine vs transformers;
-  cold start to the first token from DRAM and SSD vs the Serve replica's path).
+  cold start to the first token from DRAM and SSD vs the Serve replica's path);
+* ``gpu_platform``: the platform itself on the GPU (`bench/gpu_platform.py`: five models in one
+  slot host, the 8B's first token asleep, from DRAM and in a fresh host); it needs Ray, Serve and
+  the openai client, which the machine lacks: ``../shared/gpu/pack_wheels.sh OUT openai`` packs
+  them, and its install.sh puts them in /tmp/site, on PYTHONPATH for the steps (its quick mode
+  runs tiny models on the GPU).
 
 ``--dry-run`` (any machine) lists the steps with their commands and checks that each step's
 modules import -- those it names and those its script imports at top level -- and exits 1 with
@@ -93,6 +98,12 @@ STEPS: tuple[Step, ...] = (
          ("torch", "triton", "transformers", "worker", "kernels"), ("--quick",), script="bench/engine_gpu.py"),
     Step("coldstart_gpu", ("bench/coldstart_gpu.py", "--work-dir", "{work}"), 300,
          ("torch", "transformers", "worker", "loader"), ("--quick",), script="bench/coldstart_gpu.py"),
+    # The platform itself: Ray, Serve and the openai client come from the packed wheels
+    # (../shared/gpu/pack_wheels.sh OUT openai), installed into /tmp/site and put on PYTHONPATH.
+    Step("gpu_platform", ("bench/gpu_platform.py",), 600,
+         ("torch", "safetensors", "ray", "ray.serve", "openai", "aiohttp", "infra.cli", "infra.admin_client",
+          "controller", "worker", "loader", "storage"), ("--quick", "--device", "cuda"),
+         script="bench/gpu_platform.py"),
 )
 STEP_NAMES = tuple(step.name for step in STEPS)
 

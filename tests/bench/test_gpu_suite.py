@@ -15,7 +15,7 @@ from bench.gpu_suite import STEP_NAMES, Step, dry_run, junit_counts, main, scrip
 from bench.gpu_summary import summary_table
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ["pytest-cuda", "pytest-cuda-files", "kernels", "loader_gpu", "engine_gpu", "coldstart_gpu"]
+STEPS = ["pytest-cuda", "pytest-cuda-files", "kernels", "loader_gpu", "engine_gpu", "coldstart_gpu", "gpu_platform"]
 
 
 def test_dry_run_lists_every_step_and_finds_every_module(tmp_path):
@@ -26,7 +26,7 @@ def test_dry_run_lists_every_step_and_finds_every_module(tmp_path):
     assert list(STEP_NAMES) == STEPS
     listed = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("step ")]
     assert listed == STEPS
-    assert "all 6 steps can start: every module they need imports" in result.stdout
+    assert "all 7 steps can start: every module they need imports" in result.stdout
     assert "peer vllm-cuda: not run" in result.stdout and "peer ray-serve: not run" in result.stdout
     assert not out.exists()  # a dry run writes nothing
 
