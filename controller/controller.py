@@ -72,6 +72,7 @@ from controller.controller_status import hosts_to_dict, node_to_dict, placement_
 from controller.instance_manager import InstanceManager, stop_order
 from controller.managed_instance import InstancePhase, ManagedInstance
 from controller.engine_settings import engine_config_for, instance_kv_bytes, instance_memory_bytes
+from controller.host_sleep_policy import HostSleeper, SleeperRoom, room_for_sleeper
 from controller.model_registry import ModelRegistry
 from controller.model_spec import ModelSpec
 from controller.model_state import ModelState
@@ -511,10 +512,17 @@ class Controller:
         if missing < 0:
             for instance in sorted(live, key=stop_order)[:-missing]:
                 reason = f"scaling down to {model.num_desired_instances}"
-                if self._may_sleep(instance):
-                    self._instances.begin_sleep(instance, f"{reason}; asleep rather than stopped, its weights kept")
+                room = self._host_room(instance) if self._may_sleep(instance) else None
+                if room is not None and room.fits:
+                    for sleeper_id in room.dropped:  # the longest asleep, out of host memory
+                        sleeper = self._instances.get(sleeper_id)
+                        if sleeper is not None:
+                            self._instances.begin_stop(sleeper, room.reason, 0.0, recycle=True)
+                    kept = "its weights moved to host memory" if instance.sleeps_to_host else "its weights kept"
+                    self._instances.begin_sleep(instance, f"{reason}; asleep rather than stopped, {kept}")
                 else:
-                    self._instances.begin_stop(instance, reason, self.config.drain_timeout_s, recycle=True)
+                    why = f"{reason}; not asleep: {room.reason}" if room is not None else reason
+                    self._instances.begin_stop(instance, why, self.config.drain_timeout_s, recycle=True)
             return
         if missing > 0:
             missing -= self._wake_sleepers(model, missing)
@@ -526,6 +534,19 @@ class Controller:
         for _ in range(missing):
             if self._models.get(model.model_id) is not model or not self._place_and_start(model, now):
                 break
+
+    def _host_room(self, instance: ManagedInstance) -> SleeperRoom:
+        """Whether `instance` may sleep beside its node's sleepers: always where its weights stay in
+        its process; on a GPU (`sleeps_to_host`), as `room_for_sleeper` says of the node's host
+        memory for sleepers (`ControllerConfig.sleep_host_bytes_per_gpu` per GPU)."""
+        node = self._nodes.get(instance.node_id)
+        if not instance.sleeps_to_host or node is None:
+            return SleeperRoom(True, (), "its weights stay in its process")
+        sleepers = [HostSleeper(i.instance_id, i.memory_bytes - i.kv_memory_bytes, i.asleep_s or 0.0)
+                    for i in self._instances.all()
+                    if i.node_id == node.node_id and i.phase is InstancePhase.ASLEEP and i.sleeps_to_host]
+        return room_for_sleeper(instance.instance_id, instance.memory_bytes - instance.kv_memory_bytes, sleepers,
+                                self.config.sleep_host_bytes_per_gpu * node.num_gpus)
 
     def _may_sleep(self, instance: ManagedInstance) -> bool:
         """An instance scaling down sleeps instead of stopping where its node shares a worker memory

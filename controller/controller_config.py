@@ -83,6 +83,9 @@ class ControllerConfig:
             models asking for at most one GPU; a sleeping one moves its weights to pinned host
             memory and holds no device memory (but keeps its place in the host). None: a GPU is
             one slot, held by one instance in a process of its own.
+        gpu_sleep_memory_bytes: the pinned host memory per GPU that a GPU node's sleepers may hold
+            in all (their weights); past it the longest asleep are stopped for a newcomer
+            (`host_sleep_policy`). None: as much as `gpu_memory_bytes`.
         models_per_process: slot hosts (issue 38): where a node has a worker memory budget and this
             is more than 1, its warm worker processes are slot hosts (`worker.SlotHost`), each holding
             up to this many model instances that take turns at their engine steps; a new CPU
@@ -146,6 +149,7 @@ class ControllerConfig:
     cpu_worker_slots_per_node: int = 1
     worker_memory_bytes: int | None = None
     gpu_memory_bytes: int | None = None
+    gpu_sleep_memory_bytes: int | None = None
     sleep_idle_instances: bool = True
     models_per_process: int = 1
     nodes_per_ray_node: int = 1
@@ -203,6 +207,8 @@ class ControllerConfig:
         _count("spare_workers_per_node", self.spare_workers_per_node, 0)
         _count("spare_weight_bytes", self.spare_weight_bytes, 0)
         _count("models_per_process", self.models_per_process, 1)
+        if self.gpu_sleep_memory_bytes is not None:
+            _count("gpu_sleep_memory_bytes", self.gpu_sleep_memory_bytes, 0)
         if self.gpu_memory_bytes is not None:
             _count("gpu_memory_bytes", self.gpu_memory_bytes, 1)
             if self.models_per_process < 2:
@@ -256,6 +262,13 @@ class ControllerConfig:
     def hosts_gpu_models(self) -> bool:
         """Whether GPU nodes share each GPU among the models of its slot host (`gpu_memory_bytes`)."""
         return self.gpu_memory_bytes is not None
+
+    @property
+    def sleep_host_bytes_per_gpu(self) -> int:
+        """The host memory per GPU its sleepers may hold (`gpu_sleep_memory_bytes`, else the GPU's budget)."""
+        if self.gpu_sleep_memory_bytes is not None:
+            return self.gpu_sleep_memory_bytes
+        return self.gpu_memory_bytes or 0
 
     @property
     def slots_per_gpu(self) -> int:

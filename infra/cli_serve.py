@@ -72,6 +72,10 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
     if gpu_memory_gb is not None and args.models_per_process < 2:
         raise UsageError("--gpu-memory-gb shares each GPU among the models of its slot host: give "
                          "--models-per-process 2 or more with it (the most models one GPU may hold)")
+    sleep_gb = args.gpu_sleep_memory_gb
+    if sleep_gb is not None and not 0 <= sleep_gb < float("inf"):
+        raise UsageError(f"--gpu-sleep-memory-gb must be 0 or more (GB of pinned host memory per GPU its sleeping "
+                         f"models may hold; 0: none sleeps), got {sleep_gb:g}")
     if not 0 < args.body_timeout_s < float("inf"):
         raise UsageError(f"--body-timeout-s must be more than 0 (seconds a request body may take to arrive), "
                          f"got {args.body_timeout_s:g}")
@@ -99,6 +103,7 @@ def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
             spare_weight_bytes=int(args.spare_memory_gb * GIB), peer_link_bytes_per_s=args.peer_link_gbps * 1e9,
             models_per_process=args.models_per_process,
             gpu_memory_bytes=None if gpu_memory_gb is None else max(1, int(gpu_memory_gb * GIB)),
+            gpu_sleep_memory_bytes=None if sleep_gb is None else int(sleep_gb * GIB),
             slot_sharing=not args.no_slot_sharing, state_dir_shared=args.state_shared,
             admin_key_source=(Path(args.admin_key_file).expanduser().absolute()
                               if args.admin_key_file is not None else None),
@@ -215,6 +220,9 @@ def add_serve_command(sub: argparse._SubParsersAction) -> None:
                        help="GPU nodes: memory of each GPU that its models share (weights plus KV pools): each GPU "
                             "gets one warm slot host holding up to --models-per-process models, packed by memory, "
                             "idle ones put to sleep in pinned host memory (default: off, a GPU per model)")
+    serve.add_argument("--gpu-sleep-memory-gb", type=float, default=None,
+                       help="GPU nodes: pinned host memory per GPU that its sleeping models' weights may hold; past "
+                            "it the longest asleep are stopped (default: --gpu-memory-gb)")
     serve.add_argument("--ssd-capacity-gb", type=float, default=64.0,
                        help="SSD cache per node (a node that joins may give its own: thaw join --ssd-capacity-gb)")
     serve.add_argument("--ssd-dir", default=None, help="where the nodes' SSD caches live (default: STATE/ssd-cache; "

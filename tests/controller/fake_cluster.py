@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller import ActorGoneError, ClusterClient, RayNodeInfo
+from wire import HostedInstance
 from storage import BandwidthReport, NodeStoreConfig, NodeStoreReport, TierEntryReport, TierFullError, TierReport
 from storage.node_settings import NodeSettings
 
@@ -152,6 +153,7 @@ class FakeCluster(ClusterClient):
         self.kv_bytes: dict[str, int] = {}  # request id -> its KV's size when parked (default 1000)
         self.refuse_replay: set[str] = set()  # request ids a replay fails for
         self.spares: dict[str, FakeWorker] = {}  # actor name -> unassigned spare
+        self.hosted: dict[str, FakeWorker] = {}  # instance id -> an instance in a slot host (`HostedInstance`)
         self.spares_warm = asyncio.Event()  # set: spares answer warm()
         self.assigned_spares: list[str] = []
         self.killed_spares: list[str] = []
@@ -248,6 +250,17 @@ class FakeCluster(ClusterClient):
     async def assign_worker(self, handle: FakeWorker, *, instance_id: str, model_id: str, model_dir: str | None,
                             engine_config: Any, num_threads: int, timeout_s: float, peer: Any = None,
                             step_priority: int = 0) -> None:
+        if isinstance(handle, HostedInstance):  # one more model in a slot host: a worker of its own here
+            host = handle.host
+            if not host.alive:
+                raise ActorGoneError(f"{host.actor_name} is dead")
+            worker = self.hosted[instance_id] = FakeWorker(
+                instance_id, model_id, model_dir or "", host.actor_name, host.ray_node_id, 0.0, engine_config,
+                num_threads=num_threads, num_gpus=host.num_gpus, peer=peer, weights_resident=peer is None)
+            self.assigned_spares.append(host.actor_name)
+            if self.auto_ready:
+                worker.finish_loading()
+            return
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
         assert handle.state == "spare", f"{handle.actor_name} assigned twice"
@@ -261,6 +274,7 @@ class FakeCluster(ClusterClient):
             handle.finish_loading()
 
     async def stream_weights(self, handle: FakeWorker, num_receivers: int, config: Any, timeout_s: float) -> Any:
+        handle = self._resolve(handle)
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
         if handle.stream_error is not None:
@@ -269,10 +283,15 @@ class FakeCluster(ClusterClient):
         return FakeTicket(handle.instance_id, num_receivers)
 
     async def supply_fallback(self, handle: FakeWorker, model_dir: str, timeout_s: float) -> None:
+        handle = self._resolve(handle)
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
         assert handle.peer is not None and handle.fallback_dir is None, "fallback supplied without a stream, or twice"
         handle.fallback_dir = model_dir
+
+    def _resolve(self, handle: Any) -> FakeWorker:
+        """The fake worker behind `handle`: itself, or the hosted instance a `HostedInstance` names."""
+        return self.hosted[handle.instance_id] if isinstance(handle, HostedInstance) else handle
 
     def live_spares(self) -> list[FakeWorker]:
         return sorted((w for w in self.spares.values() if w.alive), key=lambda w: w.actor_name)
@@ -282,6 +301,7 @@ class FakeCluster(ClusterClient):
         return worker if worker is not None and worker.alive else None
 
     async def worker_ready(self, handle: FakeWorker, timeout_s: float) -> Any:
+        handle = self._resolve(handle)
         await asyncio.wait_for(handle.loaded.wait(), timeout_s)
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} died while loading")
@@ -290,6 +310,7 @@ class FakeCluster(ClusterClient):
         return FakeLoad(load_s=0.5)
 
     async def worker_stats(self, handle: FakeWorker, timeout_s: float) -> Any:
+        handle = self._resolve(handle)
         if handle.stats_delay_s:
             await asyncio.sleep(min(handle.stats_delay_s, timeout_s))
             if handle.stats_delay_s > timeout_s:
@@ -301,6 +322,7 @@ class FakeCluster(ClusterClient):
                          handle.num_running_requests, handle.num_waiting_requests, handle.kv_cache_usage)
 
     async def stop_worker(self, handle: FakeWorker, timeout_s: float) -> None:
+        handle = self._resolve(handle)
         if handle.alive and handle.state != "spare":
             self.stopped_workers.append(handle.instance_id)
         handle.alive, handle.state = False, "stopped"
@@ -308,6 +330,7 @@ class FakeCluster(ClusterClient):
 
     async def sleep_worker(self, handle: FakeWorker, timeout_s: float) -> int:
         """The worker frees its KV pool and keeps its weights (the real one: `InstanceWorker.sleep`)."""
+        handle = self._resolve(handle)
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
         if handle.instance_id in self.refuse_sleep or handle.num_ongoing_requests or handle.state != "ready":
@@ -318,6 +341,7 @@ class FakeCluster(ClusterClient):
         return 1000
 
     async def wake_worker(self, handle: FakeWorker, timeout_s: float) -> None:
+        handle = self._resolve(handle)
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
         self.woken_workers.append(handle.instance_id)
@@ -325,6 +349,7 @@ class FakeCluster(ClusterClient):
 
     async def release_worker(self, handle: FakeWorker, timeout_s: float) -> None:
         """The worker lets its model go and is a spare again (the real one shuts its engine down)."""
+        handle = self._resolve(handle)
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
         self.released_workers.append(handle.instance_id)
@@ -334,6 +359,7 @@ class FakeCluster(ClusterClient):
         self.spares[handle.actor_name] = handle
 
     async def worker_request_ids(self, handle: FakeWorker, timeout_s: float) -> list[str]:
+        handle = self._resolve(handle)
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
         return list(handle.request_ids)
@@ -341,6 +367,7 @@ class FakeCluster(ClusterClient):
     async def park_requests(self, handle: FakeWorker, instance_id: str, max_bytes: int,
                             timeout_s: float) -> dict[str, Any]:
         """Parks each open request whose KV (`kv_bytes`, default 1000 each) fits the budget, in order."""
+        handle = self._resolve(handle)
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
         parked, used = {}, 0
@@ -357,6 +384,7 @@ class FakeCluster(ClusterClient):
 
     async def unpark_requests(self, handle: FakeWorker, instance_id: str, parked: list[Any],
                               timeout_s: float) -> list[str]:
+        handle = self._resolve(handle)
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
         replayed = [p.request_id for p in parked if p.request_id not in self.refuse_replay]
@@ -366,6 +394,7 @@ class FakeCluster(ClusterClient):
 
     async def suspend_requests(self, handle: FakeWorker, timeout_s: float) -> list[str]:
         """Ends the worker's open requests "suspended": they leave it (the gateway re-queues them)."""
+        handle = self._resolve(handle)
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
         suspended, handle.request_ids[:] = list(handle.request_ids), []

@@ -139,3 +139,112 @@ def test_a_gpu_node_shared_by_memory_starts_a_host_per_gpu_and_a_model_waits_for
             assert h.cluster.num_started_workers == 0
 
     asyncio.run(scenario())
+
+
+def test_the_longest_asleep_give_way_when_host_memory_for_sleepers_runs_short():
+    from controller.host_sleep_policy import HostSleeper, room_for_sleeper
+
+    sleepers = [HostSleeper("b", 6 * GIB, asleep_s=20.0), HostSleeper("a", 6 * GIB, asleep_s=10.0),
+                HostSleeper("c", 2 * GIB, asleep_s=10.0)]
+    room = room_for_sleeper("new", 4 * GIB, sleepers, 20 * GIB)  # 14 held + 4 fits
+    assert (room.fits, room.dropped) == (True, ())
+    assert room.reason == "18 GiB of the sleepers' 20 GiB of host memory held with new"
+    room = room_for_sleeper("new", 8 * GIB, sleepers, 20 * GIB)  # 22: the longest asleep ("a", then "c") go
+    assert (room.fits, room.dropped) == (True, ("a",))
+    assert room.reason == ("the longest asleep (a) stopped for new: the node's sleepers may hold 20 GiB of host "
+                           "memory, 16 GiB with it")
+    assert room_for_sleeper("new", 17 * GIB, sleepers, 20 * GIB).dropped == ("a", "c", "b")
+    too_big = room_for_sleeper("new", 21 * GIB, sleepers, 20 * GIB)
+    assert (too_big.fits, too_big.dropped) == (False, ())
+    assert too_big.reason == ("its weights (21 GiB) exceed the 20 GiB of host memory this node's sleepers may hold "
+                              "(gpu_sleep_memory_bytes)")
+    assert room_for_sleeper("new", 0, [], 0).fits  # nothing to hold
+
+
+def test_the_sleepers_host_memory_defaults_to_the_gpu_budget(tmp_path):
+    config = make_config(tmp_path, models_per_process=4, gpu_memory_bytes=40 * GIB)
+    assert config.sleep_host_bytes_per_gpu == 40 * GIB
+    assert make_config(tmp_path, models_per_process=4, gpu_memory_bytes=40 * GIB,
+                       gpu_sleep_memory_bytes=0).sleep_host_bytes_per_gpu == 0
+    with pytest.raises(ValueError, match="gpu_sleep_memory_bytes must be"):
+        make_config(tmp_path, gpu_sleep_memory_bytes=-1)
+
+
+async def gpu_model(h: Harness, name: str, seed: int) -> str:
+    """Deploys `name` on one GPU with a 5 s keep-alive (MODEL_BYTES of weights)."""
+    from tests.controller.test_controller import MODEL_BYTES
+
+    model_id = f"acme/{name}"
+    h.cluster.model_bytes[f"acme--{name}"] = MODEL_BYTES
+    data = spec(model_id, h.source(name, seed), keep_alive_s=5.0)
+    data["resources"] = {"num_gpus": 1}
+    await h.controller.deploy(data)
+    return model_id
+
+
+async def served_then_idle(h: Harness, model_id: str) -> str:
+    """Serves `model_id` once through its GPU host, then lets its keep-alive pass; returns its instance."""
+    h.controller.notify_demand(model_id, 1)
+    await h.tick()
+    await eventually(lambda: h.routes(model_id) != [], f"{model_id} routed")
+    [instance] = h.controller.get_model(model_id)["instances"]
+    h.controller.notify_demand(model_id, 0)
+    await h.tick(1.0)
+    await h.tick(6.0)  # past its keep-alive: scaled to zero
+    return instance["instance_id"]
+
+
+def test_a_gpu_model_loads_into_its_gpu_s_host_sleeps_in_host_memory_and_wakes_there(tmp_path):
+    """Through the controller (a fake cluster whose slot host holds fake instances): no process
+    is started for the model; asleep it holds none of the GPU's budget and keeps its place; its
+    next demand wakes the same instance; and when a second sleeper's weights would overflow the
+    host memory for sleepers, the longest asleep is stopped for it."""
+    from tests.controller.test_controller import MODEL_BYTES
+    from tests.controller.test_instance_sleep import KV
+    from tests.controller.test_slot_sharer import kinds
+
+    cluster = FakeCluster((RAY_NODE,))
+    cluster.ray_nodes = [RayNodeInfo(RAY_NODE, num_gpus=1, accelerator="H200")]
+    cluster.spares_warm.set()
+
+    async def scenario():
+        async with Harness(tmp_path, cluster=cluster, models_per_process=3, gpu_memory_bytes=8 * GIB,
+                           gpu_sleep_memory_bytes=MODEL_BYTES + MODEL_BYTES // 2) as h:
+            a = await gpu_model(h, "a", 1)
+            b = await gpu_model(h, "b", 2)
+            await h.tick()
+            await eventually(lambda: h.controller.status()["spare_workers"].get(RAY_NODE, {}).get("warm") == 1,
+                             "the GPU's host warm")
+            [host] = h.cluster.live_spares()
+            a_id = await served_then_idle(h, a)
+            assert h.cluster.num_started_workers == 0 and h.cluster.assigned_spares == [host.actor_name]
+            assert h.cluster.hosted[a_id].num_gpus == 1  # on the host's GPU
+            await eventually(lambda: a_id in h.cluster.slept_workers, "a asleep")
+            [instance] = h.controller.get_model(a)["instances"]
+            assert (instance["state"], instance["held_memory_bytes"], instance["sleeps_to_host"]) == ("asleep", 0, True)
+            [node] = h.controller.status()["nodes"]
+            assert (node["worker_memory"]["used_bytes"], node["num_free_slots"]) == (0, 2)  # its place kept
+            [sleep] = kinds(h, "sleep")
+            assert sleep["reason"] == "scaling down to 0; asleep rather than stopped, its weights moved to host memory"
+
+            h.controller.notify_demand(a, 1)
+            await h.tick()
+            await eventually(lambda: h.routes(a) == [a_id], "a routed again")
+            assert h.cluster.woken_workers == [a_id]
+            [node] = h.controller.status()["nodes"]
+            assert node["worker_memory"]["used_bytes"] == MODEL_BYTES + KV
+            h.controller.notify_demand(a, 0)
+            await h.tick(1.0)
+            await h.tick(6.0)
+            await eventually(lambda: h.cluster.slept_workers == [a_id, a_id], "a asleep again")
+
+            # b's weights beside a's would pass the 1.5 models of host memory for sleepers: a goes.
+            b_id = await served_then_idle(h, b)
+            await eventually(lambda: b_id in h.cluster.slept_workers, "b asleep")
+            assert h.cluster.stopped_workers == [a_id]
+            stop = next(d for d in h.controller.status()["recent_decisions"]
+                        if d["kind"] == "stop" and d["instance_id"] == a_id)
+            assert stop["reason"].startswith(f"the longest asleep ({a_id}) stopped for {b_id}: the node's sleepers "
+                                             f"may hold ")
+
+    asyncio.run(scenario())
