@@ -346,10 +346,10 @@ class Controller:
     # --- the gateway's side ------------------------------------------------------------------
 
     def notify_demand(self, model_id: str, num_queued: int, reporter: str = "gateway",
-                      oldest_wait_s: float = 0.0) -> SlotOutlook:
+                      oldest_wait_s: float = 0.0, newest_wait_s: float = 0.0) -> SlotOutlook:
         """`num_queued` requests wait for `model_id` at `reporter` now, the oldest of them for
-        `oldest_wait_s` (a level, not an increment; repeat it while they wait, it expires after
-        `queue_report_ttl_s`). Wakes the loop: a model at zero starts on this tick. Returns where
+        `oldest_wait_s` and the newest for `newest_wait_s` (levels, not increments; repeat them
+        while they wait, they expire after `queue_report_ttl_s`). Wakes the loop: a model at zero starts on this tick. Returns where
         the model stands (`SlotOutlook`), which the gateway shows its waiting clients."""
         self._check_open()
         if not isinstance(num_queued, int) or isinstance(num_queued, bool) or num_queued < 0:
@@ -357,8 +357,13 @@ class Controller:
         if not isinstance(oldest_wait_s, (int, float)) or isinstance(oldest_wait_s, bool) \
                 or not 0 <= oldest_wait_s < float("inf"):
             raise ValueError(f"oldest_wait_s must be a finite number >= 0, got {oldest_wait_s!r}")
+        if not isinstance(newest_wait_s, (int, float)) or isinstance(newest_wait_s, bool) \
+                or not 0 <= newest_wait_s <= oldest_wait_s:
+            raise ValueError(f"newest_wait_s must be a number from 0 to oldest_wait_s ({oldest_wait_s!r}), "
+                             f"got {newest_wait_s!r}")
         now = self._clock()
-        self._registry.model(model_id).report_queue(str(reporter), num_queued, now, float(oldest_wait_s))
+        self._registry.model(model_id).report_queue(str(reporter), num_queued, now, float(oldest_wait_s),
+                                                    float(newest_wait_s))
         if num_queued > 0:
             self._wake.set()
         return self._sharer.outlook(model_id, now)

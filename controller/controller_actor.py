@@ -123,8 +123,8 @@ class ControllerActor:
         return self._controller.tenant_quotas()
 
     async def notify_demand(self, model_id: str, num_queued: int, reporter: str = "gateway",
-                            oldest_wait_s: float = 0.0) -> SlotOutlook:
-        return self._controller.notify_demand(model_id, num_queued, reporter, oldest_wait_s)
+                            oldest_wait_s: float = 0.0, newest_wait_s: float = 0.0) -> SlotOutlook:
+        return self._controller.notify_demand(model_id, num_queued, reporter, oldest_wait_s, newest_wait_s)
 
     async def routing_table(self, known_version: int = -1, timeout_s: float = 0.0
                             ) -> tuple[int, dict[str, list[dict[str, Any]]]]:

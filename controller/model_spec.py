@@ -225,7 +225,13 @@ class AutoscalingPolicy:
             priority first. An integer in [-100, 100]; 0 by default.
         max_wait_before_preempt_s: how long this model's oldest request may wait for a slot
             while every slot is busy before the controller preempts a busy instance of a model
-            of no higher priority for it (`controller.preemption_policy`).
+            of no higher priority for it (`controller.preemption_policy`); with `ttft_slo_s`
+            only for a model of lower priority: one of equal priority is preempted only when that
+            saves a request's deadline.
+        ttft_slo_s: each request's deadline for its first token, in seconds from its arrival
+            (issue 39): a waiting model preempts a busy instance of equal priority only when its
+            newest queued request can still get its first token within it once the model has
+            loaded (a preemption that saves no deadline only moves the misses).
     """
 
     min_instances: int = 0
@@ -241,6 +247,7 @@ class AutoscalingPolicy:
     queue_timeout_s: float = 60.0
     priority: int = 0
     max_wait_before_preempt_s: float = 5.0
+    ttft_slo_s: float = 5.0
 
     def __post_init__(self) -> None:
         min_instances = _int("min_instances", self.min_instances, minimum=0)
@@ -275,6 +282,7 @@ class AutoscalingPolicy:
         object.__setattr__(self, "priority", priority)
         object.__setattr__(self, "max_wait_before_preempt_s",
                            _float("max_wait_before_preempt_s", self.max_wait_before_preempt_s, minimum=0.0))
+        object.__setattr__(self, "ttft_slo_s", _float("ttft_slo_s", self.ttft_slo_s, minimum=0.0, exclusive=True))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AutoscalingPolicy:
@@ -476,6 +484,8 @@ _FLAGS: tuple[tuple[str, str, type, str], ...] = (
     ("--priority", "autoscaling.priority", int, "higher wins when slots are contended (-100..100)"),
     ("--max-wait-before-preempt-s", "autoscaling.max_wait_before_preempt_s", float,
      "seconds a request waits for a busy slot before a lower-priority model is preempted"),
+    ("--ttft-slo-s", "autoscaling.ttft_slo_s", float,
+     "seconds to a request's first token it should meet (equal priorities preempt only to save one)"),
 )
 
 

@@ -42,6 +42,7 @@ class ModelState:
     last_request_s: float | None = None
     # reporter -> (queued, oldest queued request's wait when reported, reported at)
     queue_reports: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+    newest_waits: dict[str, float] = field(default_factory=dict)  # reporter -> its newest request's wait
     usage: UsageMeter = field(default_factory=lambda: UsageMeter(DEFAULT_USAGE_HALF_LIFE_S))
     last_scale: dict[str, Any] | None = None
     last_placement: dict[str, Any] | None = None
@@ -68,7 +69,8 @@ class ModelState:
                            queue_timeout_s=autoscaling.queue_timeout_s, instances=tuple(instances),
                            tool_call_format=self.tool_call_format)
 
-    def report_queue(self, reporter: str, num_queued: int, now: float, oldest_wait_s: float = 0.0) -> None:
+    def report_queue(self, reporter: str, num_queued: int, now: float, oldest_wait_s: float = 0.0,
+                     newest_wait_s: float = 0.0) -> None:
         """A gateway's queue length for the model now. Requests waiting are requests seen; so is
         a queue that got shorter: its requests went to an instance just now, before that
         instance's next load report can show them. Without that, a short keep-alive could scale
@@ -76,12 +78,20 @@ class ModelState:
         started for."""
         previous = self.queue_reports.get(reporter)
         self.queue_reports[reporter] = (num_queued, max(0.0, oldest_wait_s), now)
+        self.newest_waits[reporter] = max(0.0, newest_wait_s)
         if num_queued > 0 or (previous is not None and previous[0] > num_queued):
             self.last_request_s = now
 
     def num_queued_requests(self, now: float, ttl_s: float) -> int:
         """Requests waiting at the gateways, from reports younger than `ttl_s`."""
         return sum(num for num, _, at in self.queue_reports.values() if now - at <= ttl_s)
+
+    def newest_wait_s(self, now: float, ttl_s: float) -> float | None:
+        """How long the newest request waiting at any gateway has waited by `now`: the one with the
+        most time left before its deadline (None: none waits)."""
+        return min((self.newest_waits.get(reporter, 0.0) + (now - at)
+                    for reporter, (num, _, at) in self.queue_reports.items() if num > 0 and now - at <= ttl_s),
+                   default=None)
 
     def oldest_wait_s(self, now: float, ttl_s: float) -> float:
         """How long the oldest request waiting at any gateway has waited by `now` (0: none waits)."""

@@ -275,11 +275,13 @@ class SlotSharer:
             return decision
         policy = model.spec.autoscaling
         load_s, free, _ = self._targets(decision)
+        ttl_s = self.config.queue_report_ttl_s
         choice = choose_preemption(
-            model.model_id, priority=policy.priority,
-            oldest_wait_s=model.oldest_wait_s(now, self.config.queue_report_ttl_s),
+            model.model_id, priority=policy.priority, oldest_wait_s=model.oldest_wait_s(now, ttl_s),
             max_wait_before_preempt_s=policy.max_wait_before_preempt_s, candidates=self._preemption_candidates(now),
-            load_s_by_node=load_s, min_run_s=settings.min_run_s, num_slots=num_slots, free_slots_by_node=free)
+            load_s_by_node=load_s, min_run_s=settings.min_run_s, num_slots=num_slots, free_slots_by_node=free,
+            newest_wait_s=model.newest_wait_s(now, ttl_s),
+            ttft_slo_s=policy.ttft_slo_s if settings.deadline_preemption else None)
         victim = choice.victim and self._instances.get(choice.victim.instance_id)
         if victim is None or victim.phase is not InstancePhase.READY:
             return dataclasses.replace(decision, reason=f"{decision.reason}; {choice.reason}")

@@ -26,6 +26,10 @@ class SlotSharingSettings:
         preempt: whether a busy instance may be preempted (migrated off or suspended) for a
             model that waited its `max_wait_before_preempt_s`; False: waiting models only get
             free slots and idle instances.
+        deadline_preemption: a busy instance of the waiting model's own priority is preempted only
+            when that saves a queued request's first-token deadline (the spec's `ttft_slo_s`; see
+            `preemption_policy`), a lower-priority one after the bounded wait; False: every
+            priority after the bounded wait (as before issue 39).
         min_run_s: an instance is preempted only after serving at least this long (the least
             quantum two contending models get), and at least as long as the waiting model's load
             on its node takes (`choose_preemption`).
@@ -40,6 +44,7 @@ class SlotSharingSettings:
 
     eviction: EvictionSettings = field(default_factory=EvictionSettings)
     preempt: bool = True
+    deadline_preemption: bool = True
     min_run_s: float = 2.0
     priority_boost_s: float = DEFAULT_PRIORITY_BOOST_S
     suspend_timeout_s: float = 10.0
@@ -51,6 +56,9 @@ class SlotSharingSettings:
                              f"got {type(self.eviction).__name__}")
         if not isinstance(self.preempt, bool):
             raise ValueError(f"SlotSharingSettings.preempt must be True or False, got {self.preempt!r}")
+        if not isinstance(self.deadline_preemption, bool):
+            raise ValueError(f"SlotSharingSettings.deadline_preemption must be True or False, "
+                             f"got {self.deadline_preemption!r}")
         for name in ("min_run_s", "priority_boost_s", "suspend_timeout_s"):
             object.__setattr__(self, name, _seconds(name, getattr(self, name)))
         if not isinstance(self.max_parked_kv_bytes, int) or isinstance(self.max_parked_kv_bytes, bool) \

@@ -162,11 +162,13 @@ class ControllerClient:
                                           timeout_s=timeout_s + self._call_timeout_s)
         return int(version), table
 
-    async def notify_demand(self, model_id: str, num_queued: int, oldest_wait_s: float = 0.0) -> SlotOutlook | None:
-        """Reports `num_queued` requests waiting here for the model, the oldest for `oldest_wait_s`;
-        returns the controller's outlook for the model (None when it has none to give)."""
+    async def notify_demand(self, model_id: str, num_queued: int, oldest_wait_s: float = 0.0,
+                            newest_wait_s: float = 0.0) -> SlotOutlook | None:
+        """Reports `num_queued` requests waiting here for the model, the oldest for `oldest_wait_s`
+        and the newest for `newest_wait_s`; returns the controller's outlook for the model (None
+        when it has none to give)."""
         return await self._call("notify_demand", model_id, num_queued, self.reporter or "gateway",
-                                oldest_wait_s=oldest_wait_s)
+                                oldest_wait_s=oldest_wait_s, newest_wait_s=newest_wait_s)
 
     # ---- cluster ---------------------------------------------------------------------------
 

@@ -601,8 +601,10 @@ class RayGatewayBackend:
             if last is not None and last[0] == num_queued and now - last[1] < self._config.demand_report_interval_s:
                 continue
             oldest_wait_s = max(0.0, now - min(enqueued)) if enqueued else 0.0
+            newest_wait_s = min(oldest_wait_s, max(0.0, now - max(enqueued))) if enqueued else 0.0
             try:
-                outlook = await self._cluster.notify_demand(model_id, num_queued, oldest_wait_s=oldest_wait_s)
+                outlook = await self._cluster.notify_demand(model_id, num_queued, oldest_wait_s=oldest_wait_s,
+                                                            newest_wait_s=newest_wait_s)
             except LookupError:  # deleted: the controller knows it no longer
                 self._drop_model(model_id)
                 continue

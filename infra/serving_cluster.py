@@ -80,9 +80,10 @@ class ServingCluster(Protocol):
         live replicas' latest (`controller.GatewayMetricsBoard`)."""
         ...
 
-    async def notify_demand(self, model_id: str, num_queued: int, oldest_wait_s: float = 0.0) -> SlotOutlook | None:
+    async def notify_demand(self, model_id: str, num_queued: int, oldest_wait_s: float = 0.0,
+                            newest_wait_s: float = 0.0) -> SlotOutlook | None:
         """Tells the controller how many requests wait for an instance of the model, and how long
-        the oldest of them has waited; returns where the model stands (None when the controller
+        the oldest and the newest of them have waited; returns where the model stands (None when the controller
         has no outlook for it). Raises `LookupError` when the model is not deployed."""
         ...
 
@@ -154,8 +155,9 @@ class RayServingCluster:
         except LookupError:  # the controller's UnknownModelError
             return None
 
-    async def notify_demand(self, model_id: str, num_queued: int, oldest_wait_s: float = 0.0) -> SlotOutlook | None:
-        return await self._controller.notify_demand(model_id, num_queued, oldest_wait_s)
+    async def notify_demand(self, model_id: str, num_queued: int, oldest_wait_s: float = 0.0,
+                            newest_wait_s: float = 0.0) -> SlotOutlook | None:
+        return await self._controller.notify_demand(model_id, num_queued, oldest_wait_s, newest_wait_s)
 
     async def _handle(self, route: InstanceRoute) -> Any:
         handle = self._handles.get(route.instance_id)

@@ -2,7 +2,7 @@
 
     thaw simulate --models N --nodes N --gpus-per-node N --hours H [--trace DIR] --policy NAME|all
                   [--seed S] [--json] [--out DIR] [--quick] [--workers N]
-                  [--thaw-min-idle-s S] [--thaw-min-run-s S] [--thaw-no-preempt] [--thaw-no-slot-reclaim]
+                  [--thaw-min-idle-s S] [--thaw-min-run-s S] [--thaw-no-preempt] [--thaw-preempt-after-wait] [--thaw-no-slot-reclaim]
                   [--thaw-max-wait-before-preempt-s S]
 
 A progress bar (tqdm) on stderr follows simulated time across the policies. With `--policy all`
@@ -57,6 +57,9 @@ def add_simulate_command(sub) -> None:
     p.add_argument("--thaw-min-run-s", type=float, default=None,
                    help="Thaw: a busy instance is preempted only after serving this long (controller default 2)")
     p.add_argument("--thaw-no-preempt", action="store_true", help="Thaw: never preempt a busy instance")
+    p.add_argument("--thaw-preempt-after-wait", action="store_true",
+                   help="Thaw: preempt an equal-priority instance after the bounded wait, as before deadlines "
+                        "(SlotSharingSettings.deadline_preemption=False)")
     p.add_argument("--thaw-no-slot-reclaim", action="store_true",
                    help="Thaw: never free a slot by migrating an instance's requests to a sibling (controller "
                         "slot_reclaim=None)")
@@ -77,7 +80,8 @@ def add_simulate_command(sub) -> None:
 
 def _thaw_sharing(args):
     """The `SlotSharingSettings` the --thaw-* flags ask for (None: the controller's defaults)."""
-    if args.thaw_min_idle_s is None and args.thaw_min_run_s is None and not args.thaw_no_preempt:
+    if args.thaw_min_idle_s is None and args.thaw_min_run_s is None and not args.thaw_no_preempt \
+            and not args.thaw_preempt_after_wait:
         return None
     from controller import SlotSharingSettings
     from controller.eviction_policy import EvictionSettings
@@ -85,6 +89,7 @@ def _thaw_sharing(args):
     base = SlotSharingSettings()
     eviction = base.eviction if args.thaw_min_idle_s is None else EvictionSettings(min_idle_s=args.thaw_min_idle_s)
     return SlotSharingSettings(eviction=eviction, preempt=not args.thaw_no_preempt,
+                               deadline_preemption=not args.thaw_preempt_after_wait,
                                min_run_s=base.min_run_s if args.thaw_min_run_s is None else args.thaw_min_run_s)
 
 

@@ -172,6 +172,10 @@ class SimModelState:
                 break
         return now - oldest if oldest is not None else 0.0
 
+    def newest_wait_s(self, now: float) -> float | None:
+        """As a gateway reports it: the shortest any queued request has waited (None: none waits)."""
+        return now - max(flight.queued_s for flight in self.queue) if self.queue else None
+
 
 class SimCluster:
     """See the module docstring. A start with `node_index` None gets its own virtual node (no slot

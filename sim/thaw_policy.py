@@ -16,7 +16,8 @@ Per tick, for each dirty model, in the controller's order (models waiting for a 
    `SlotReclaimCosts`) over ready instances whose model has a sibling, the victim's requests
    KV-migrated to that sibling, then placement on the freed node (as `SlotReclaimer.steer`);
 5. still none and the oldest request waited `max_wait_before_preempt_s`: `choose_preemption` over
-   busy instances, the victim's requests KV-migrated to another instance of its model
+   busy instances (an equal priority only where the newest request can still meet its `ttft_slo_s`
+   deadline, `SlotSharingSettings.deadline_preemption`), the victim's requests KV-migrated to another instance of its model
    (`choose_destination`) or suspended, then placement on the freed node;
 6. the load path: `choose_load_path` (`PeerStreamSettings`, with the link rate set to the
    simulated network's) -- a peer's stream or the tier placement chose.
@@ -135,7 +136,8 @@ class ThawPolicy(SimPolicy):
     def describe(self) -> dict[str, object]:
         eviction = self.sharing.eviction
         return {"min_idle_s": eviction.min_idle_s, "usage_half_life_s": eviction.usage_half_life_s,
-                "preempt": self.sharing.preempt, "min_run_s": self.sharing.min_run_s,
+                "preempt": self.sharing.preempt, "deadline_preemption": self.sharing.deadline_preemption,
+                "min_run_s": self.sharing.min_run_s, "ttft_slo_s": self.autoscaling.ttft_slo_s,
                 "slot_reclaim": self.reclaim_costs is not None,
                 "max_wait_before_preempt_s": self.autoscaling.max_wait_before_preempt_s,
                 "keep_alive_s": self.autoscaling.keep_alive_s,
@@ -456,8 +458,12 @@ class ThawPolicy(SimPolicy):
         return self._freed_for(state, node, now)
 
     def _preempt_for(self, state, now: float) -> PlacementDecision | None:
-        if not self.sharing.preempt or state.oldest_wait_s(now) < self.autoscaling.max_wait_before_preempt_s:
+        if not self.sharing.preempt:
             return None
+        if state.oldest_wait_s(now) < self.autoscaling.max_wait_before_preempt_s:
+            return None  # before the bound `choose_preemption` refuses
+        newest_wait_s = state.newest_wait_s(now)
+        slo_s = self.autoscaling.ttft_slo_s if self.sharing.deadline_preemption else None
         cluster = self.cluster
         busy = []
         for instance in cluster.instances.values():
@@ -491,7 +497,8 @@ class ThawPolicy(SimPolicy):
                                    oldest_wait_s=state.oldest_wait_s(now),
                                    max_wait_before_preempt_s=self.autoscaling.max_wait_before_preempt_s,
                                    candidates=candidates, load_s_by_node=load_s, min_run_s=self.sharing.min_run_s,
-                                   num_slots=state.num_slots, free_slots_by_node=free)
+                                   num_slots=state.num_slots, free_slots_by_node=free, newest_wait_s=newest_wait_s,
+                                   ttft_slo_s=slo_s)
         if choice.victim is None:
             return None
         victim = busy[[c.instance_id for c in candidates].index(choice.victim.instance_id)]

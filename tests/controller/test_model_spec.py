@@ -34,7 +34,7 @@ FULL = {
     "autoscaling": {
         "min_instances": 0, "max_instances": 3, "target_ongoing_requests": 4.0, "upscale_delay_s": 0.5,
         "downscale_delay_s": 20.0, "keep_alive_s": 120.0, "keep_alive_per_restart": 15.0, "min_keep_alive_s": 5.0,
-        "max_keep_alive_s": 240.0, "max_queued_requests": 32, "queue_timeout_s": 15.0, "priority": 3, "max_wait_before_preempt_s": 2.5,
+        "max_keep_alive_s": 240.0, "max_queued_requests": 32, "queue_timeout_s": 15.0, "priority": 3, "max_wait_before_preempt_s": 2.5, "ttft_slo_s": 4.0,
     },
 }
 

@@ -143,3 +143,44 @@ def test_every_kept_instance_is_listed_and_own_instances_are_skipped():
     assert decision.reason == "nothing to preempt: a (acme/chat): its node drains; b (acme/vip): priority 1 > 0"
     assert preempt([busy("own", COLD)]).reason == "nothing to preempt: no other model holds a slot"
     assert preempt([]).reason == "nothing to preempt: no other model holds a slot"
+
+
+# --- with a deadline (issue 39): equal priorities preempt only to save a request's deadline ---------
+
+
+def test_an_equal_priority_is_preempted_only_when_the_newest_request_can_still_meet_its_deadline():
+    # Loads of 2 s on both nodes; the newest request has waited 2.5 s of its 5 s: 2.5 s left >= 2 s.
+    decision = preempt([busy("a")], oldest_wait_s=30.0, newest_wait_s=2.5, ttft_slo_s=5.0)
+    assert (decision.victim.instance_id, decision.action) == ("a", "suspend")
+    assert decision.reason == (
+        "preempt a (acme/chat, priority 0, ready 120s) on n0 for acme/cold (priority 0, waited 30s >= "
+        "max_wait_before_preempt_s 10, and its newest request, 2.5s waited, can still meet its 5s deadline after "
+        "the 2s load): suspend its 2 request(s) until acme/chat gets a slot again")
+    # 3.5 s waited: 1.5 s left < the 2 s load. Past the bound (30 s), it is kept all the same.
+    decision = preempt([busy("a")], oldest_wait_s=30.0, newest_wait_s=3.5, ttft_slo_s=5.0)
+    assert decision.victim is None
+    assert decision.reason == ("nothing to preempt: a (acme/chat): of equal priority, and no request of acme/cold "
+                               "would meet its 5s deadline after the 2s load there (its newest has waited 3.5s)")
+    # Nothing queued: nothing to save. And a deadline never preempts before the bound.
+    assert preempt([busy("a")], newest_wait_s=None, ttft_slo_s=5.0).victim is None
+    early = preempt([busy("a")], oldest_wait_s=3.0, newest_wait_s=0.0, ttft_slo_s=5.0)
+    assert (early.victim, early.reason) == (None, "acme/cold has waited 3s of its max_wait_before_preempt_s 10")
+
+
+def test_with_a_deadline_a_node_where_the_load_fits_it_is_the_only_one_preempted_on():
+    load = {"n0": 4.0, "n1": 1.0}
+    decision = preempt([busy("far", node_id="n0", ready_for_s=300.0), busy("near", node_id="n1")],
+                       load_s_by_node=load, newest_wait_s=2.0, ttft_slo_s=5.0)
+    assert decision.victim.instance_id == "near"
+    assert "far (acme/chat): of equal priority, and no request of acme/cold would meet its 5s deadline after the " \
+           "4s load there" in preempt([busy("far", node_id="n0")], load_s_by_node=load, newest_wait_s=2.0,
+                                      ttft_slo_s=5.0).reason
+
+
+def test_with_a_deadline_a_lower_priority_is_still_preempted_after_the_bound():
+    low = busy("low", priority=-1)
+    decision = preempt([low], priority=0, oldest_wait_s=30.0, newest_wait_s=20.0, ttft_slo_s=5.0)
+    assert decision.victim is low  # no deadline to save, but the bounded wait holds for lower priorities
+    assert "(priority 0, waited 30s >= max_wait_before_preempt_s 10): suspend" in decision.reason
+    # Deadlines off (ttft_slo_s None): the bound alone, for every priority, as before.
+    assert preempt([busy("a")], oldest_wait_s=30.0, newest_wait_s=20.0).victim.instance_id == "a"

@@ -126,7 +126,10 @@ def test_a_node_with_room_wins_unless_the_reclaim_saves_more_than_the_margin(tmp
 
 def test_the_reason_a_model_cannot_be_placed_says_why_no_slot_was_reclaimed(tmp_path):
     async def scenario():
-        async with Harness(tmp_path, nodes_per_ray_node=2, cpu_worker_slots_per_node=1, slot_reclaim=CHEAP) as h:
+        from controller import SlotSharingSettings
+
+        async with Harness(tmp_path, nodes_per_ray_node=2, cpu_worker_slots_per_node=1, slot_reclaim=CHEAP,
+                           slot_sharing=SlotSharingSettings(deadline_preemption=False)) as h:
             h.cluster.model_bytes["acme--m2"] = MODEL_BYTES
             await h.controller.deploy(spec("acme/m1", h.source("m1"), min_instances=1))
             await h.controller.deploy(spec("acme/m3", h.source("m3", seed=3), min_instances=1))

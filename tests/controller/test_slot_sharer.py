@@ -66,8 +66,10 @@ def test_an_idle_instance_gives_its_slot_to_a_waiting_model_at_once(tmp_path):
 
 
 def test_an_instance_at_min_instances_is_never_evicted(tmp_path):
+    bounded = SlotSharingSettings(deadline_preemption=False)  # preemption after the bound, as before deadlines
+
     async def scenario():
-        async with Harness(tmp_path, cpu_worker_slots_per_node=1) as h:
+        async with Harness(tmp_path, cpu_worker_slots_per_node=1, slot_sharing=bounded) as h:
             a = await deploy(h, "a", 1, min_instances=1)
             b = await deploy(h, "b", 2)
             await h.tick()
@@ -106,7 +108,8 @@ def test_the_evicted_checkpoint_read_from_ssd_is_copied_into_dram(tmp_path):
 
 
 def test_a_busy_model_is_suspended_after_the_bound_and_resumes_in_turn(tmp_path):
-    sharing = SlotSharingSettings(min_run_s=1.0, max_parked_kv_bytes=0)  # by tokens: no KV parked
+    # By tokens (no KV parked), and preempting an equal priority after the bound (as before deadlines).
+    sharing = SlotSharingSettings(min_run_s=1.0, max_parked_kv_bytes=0, deadline_preemption=False)
     async def scenario():
         async with Harness(tmp_path, cpu_worker_slots_per_node=1, slot_sharing=sharing, slot_reclaim=None) as h:
             a = await deploy(h, "a", 1)

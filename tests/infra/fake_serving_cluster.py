@@ -144,7 +144,8 @@ class FakeCluster:
                           for r in self.table.get(model_id, ()))
         return dataclasses.replace(record, instances=instances)
 
-    async def notify_demand(self, model_id: str, num_queued: int, oldest_wait_s: float = 0.0) -> SlotOutlook | None:
+    async def notify_demand(self, model_id: str, num_queued: int, oldest_wait_s: float = 0.0,
+                            newest_wait_s: float = 0.0) -> SlotOutlook | None:
         self.demand.append((model_id, num_queued))
         self.oldest_waits.append(oldest_wait_s)
         if num_queued and self.scale_on_demand == model_id:

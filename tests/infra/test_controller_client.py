@@ -35,19 +35,19 @@ class FakeHandle:
         self.notify_demand = FakeMethod(answer)
 
 
-def test_a_queue_report_carries_the_oldest_wait_and_returns_the_outlook():
+def test_a_queue_report_carries_the_oldest_and_newest_waits_and_returns_the_outlook():
     handle = FakeHandle(OUTLOOK)
     client = ControllerClient(handle, reporter="gateway-1")
-    assert asyncio.run(client.notify_demand("acme/b", 3, oldest_wait_s=2.5)) == OUTLOOK
-    assert asyncio.run(RayServingCluster(client).notify_demand("acme/b", 1, 0.5)) == OUTLOOK
-    assert handle.notify_demand.calls == [(("acme/b", 3, "gateway-1"), {"oldest_wait_s": 2.5}),
-                                          (("acme/b", 1, "gateway-1"), {"oldest_wait_s": 0.5})]
+    assert asyncio.run(client.notify_demand("acme/b", 3, oldest_wait_s=2.5, newest_wait_s=0.5)) == OUTLOOK
+    assert asyncio.run(RayServingCluster(client).notify_demand("acme/b", 1, 0.5, 0.5)) == OUTLOOK
+    assert handle.notify_demand.calls == [(("acme/b", 3, "gateway-1"), {"oldest_wait_s": 2.5, "newest_wait_s": 0.5}),
+                                          (("acme/b", 1, "gateway-1"), {"oldest_wait_s": 0.5, "newest_wait_s": 0.5})]
 
 
 def test_a_controller_without_an_outlook_answers_none():
     handle = FakeHandle(None)
     assert asyncio.run(ControllerClient(handle).notify_demand("acme/b", 0)) is None
-    assert handle.notify_demand.calls == [(("acme/b", 0, "gateway"), {"oldest_wait_s": 0.0})]
+    assert handle.notify_demand.calls == [(("acme/b", 0, "gateway"), {"oldest_wait_s": 0.0, "newest_wait_s": 0.0})]
 
 
 def test_tenant_quotas_arrive_as_typed_records_and_a_quota_change_is_sent_as_given():
@@ -94,7 +94,7 @@ def test_a_client_follows_a_controller_started_anew_under_the_same_name():
         assert await client.notify_demand("acme/b", 2) == OUTLOOK  # the next one goes to the successor
 
     asyncio.run(main())
-    assert lookups == [1] and successor.notify_demand.calls == [(("acme/b", 2, "gateway"), {"oldest_wait_s": 0.0})]
+    assert lookups == [1] and successor.notify_demand.calls == [(("acme/b", 2, "gateway"), {"oldest_wait_s": 0.0, "newest_wait_s": 0.0})]
 
 
 def test_without_a_successor_the_client_keeps_its_handle_and_looks_again_next_time():

@@ -153,7 +153,8 @@ def test_thaw_keeps_an_instance_idle_less_than_its_min_idle_s():
 def test_thaw_preempts_a_busy_instance_only_when_allowed(preempt):
     from controller import SlotSharingSettings
 
-    loop, cluster, policy = build("thaw", [MODEL_A, MODEL_B], sharing=SlotSharingSettings(preempt=preempt))
+    loop, cluster, policy = build("thaw", [MODEL_A, MODEL_B],
+                                  sharing=SlotSharingSettings(preempt=preempt, deadline_preemption=False))
     arrive(loop, cluster, 0.0, 0, 0, output_tokens=200_000)  # a is busy for minutes
     arrive(loop, cluster, 10.0, 1, 1)  # b waits for the only GPU: 5 s (its bounded wait), then preempts
     loop.run(until_s=16.0)
@@ -279,3 +280,25 @@ def test_thaw_keeps_an_idle_model_for_its_keep_alive_per_restart():
         # Stopped at the first whole-second tick at or after the keep-alive ran out.
         assert idle_from + keep[model_id] - 1e-9 <= released[model_id] < idle_from + keep[model_id] + 1.0 + 1e-9
     assert policy.describe()["keep_alive_per_restart"] == 20.0
+
+
+@pytest.mark.parametrize("tier, preempted", [("dram", True), ("s3", False)])
+def test_thaw_preempts_an_equal_priority_only_to_save_a_deadline(tier, preempted):
+    """The default (`deadline_preemption`): past b's 5 s bound its request has waited 5 s of its 5 s
+    deadline, so no load can save it; b's next request, 1 s old at the next tick, can still be
+    saved from DRAM (well under its 4 s left), so a is preempted then, but not from S3 (longer)."""
+    loop, cluster, policy = build("thaw", [MODEL_A, MODEL_B])
+    if tier == "dram":
+        cluster.preload(0, 1, "dram")
+    load_s = COST.load_s(MODEL_B.weight_bytes, tier)
+    assert (load_s < 3.0) is preempted  # the premise
+    arrive(loop, cluster, 0.0, 0, 0, output_tokens=200_000)  # a is busy for minutes
+    arrive(loop, cluster, 10.0, 1, 1)
+    loop.run(until_s=15.5)  # past the bound: the first request alone, its deadline gone
+    assert cluster.counts["preemptions"] == 0
+    arrive(loop, cluster, 15.5, 2, 1)  # a fresh one
+    loop.run(until_s=20.0)
+    assert cluster.counts["preemptions"] == (1 if preempted else 0)
+    if preempted:
+        assert cluster.ttft_s[2] <= 5.0  # the fresh request's first token within its deadline
+    assert policy.describe()["deadline_preemption"] is True

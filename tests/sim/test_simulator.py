@@ -87,7 +87,8 @@ def test_thaws_slot_sharing_settings_come_from_the_config():
     with pytest.raises(ValueError, match="SimConfig.thaw_max_wait_before_preempt_s must be a finite number >= 0"):
         SimConfig(num_models=1, num_nodes=1, thaw_max_wait_before_preempt_s=-1)
     default = run_simulation(SimConfig(policy="thaw", **SMALL))
-    assert default.settings == {"min_idle_s": 0.5, "usage_half_life_s": 300.0, "preempt": True, "min_run_s": 2.0,
+    assert default.settings == {"min_idle_s": 0.5, "usage_half_life_s": 300.0, "preempt": True,
+                                "deadline_preemption": True, "ttft_slo_s": 5.0, "min_run_s": 2.0,
                                 "slot_reclaim": True, "max_wait_before_preempt_s": 5.0, "keep_alive_s": 60.0, "keep_alive_per_restart": 30.0,
                                 "min_keep_alive_s": 10.0, "max_keep_alive_s": 180.0, "upscale_delay_s": 0.0,
                                 "downscale_delay_s": 600.0}
