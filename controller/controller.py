@@ -517,7 +517,7 @@ class Controller:
         if missing < 0:
             for instance in sorted(live, key=stop_order)[:-missing]:
                 reason = f"scaling down to {model.num_desired_instances}"
-                room = self._host_room(instance) if self._may_sleep(instance) else None
+                room = self._sleeper_room(instance) if self._may_sleep(instance) else None
                 if room is not None and room.fits:
                     for sleeper_id in room.dropped:  # the longest asleep, out of host memory
                         sleeper = self._instances.get(sleeper_id)
@@ -540,7 +540,7 @@ class Controller:
             if self._models.get(model.model_id) is not model or not self._place_and_start(model, now):
                 break
 
-    def _host_room(self, instance: ManagedInstance) -> SleeperRoom:
+    def _sleeper_room(self, instance: ManagedInstance) -> SleeperRoom:
         """Whether `instance` may sleep beside its node's sleepers: always where its weights stay in
         its process; on a GPU (`sleeps_to_host`), as `room_for_sleeper` says of the node's host
         memory for sleepers (`ControllerConfig.sleep_host_bytes_per_gpu` per GPU)."""

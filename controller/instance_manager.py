@@ -26,7 +26,8 @@ makes it so, one instance at a time, without ever blocking a reconcile tick:
   gateway continues it on the model's next instance.
 - `begin_sleep` / `begin_wake`: where memory is the slot, a model scaling down puts an idle
   instance to sleep instead of stopping it (out of routing at once, its worker's KV pool freed,
-  its weights kept: ASLEEP, holding its weights' memory and no slot), and its next demand wakes
+  its weights kept: ASLEEP, holding its weights' memory and no slot; on a GPU, its weights in
+  pinned host memory: none of the GPU's, and its place kept), and its next demand wakes
   it (LOADING until the pool is rebuilt, then READY) in a fraction of a load. A worker that
   cannot sleep (a request raced the decision) is stopped as it was before sleep existed (its
   requests drained first); one that cannot wake is stopped like a failed start. Sleepers are what eviction takes first (`eviction_policy`).

@@ -10,7 +10,8 @@ started, the model read) until ``ready()`` answers, or while a sleeping instance
 while it serves (the only phase the routing table lists); ASLEEP once its model scaled down on a
 node where memory is the slot and it was put to sleep instead of stopped (its KV pool freed, its
 weights kept: it holds only `ManagedInstance.held_memory_bytes` and no slot, and waking it is
-fast); STOPPING while it finishes its open requests and shuts down.
+fast; on a GPU its weights wait in pinned host memory, so it holds none of the GPU's memory but
+keeps its place in the GPU's slot host, `sleeps_to_host`); STOPPING while it finishes its open requests and shuts down.
 """
 
 from __future__ import annotations
