@@ -209,10 +209,12 @@ def free_memory_bytes(node: ClusterNode, instances: Iterable[ManagedInstance], c
 
 
 def loader_wait_s(node_id: str, instances: Iterable[ManagedInstance], now: float) -> float:
-    """What the node's loads in progress have left by their estimates: a new load shares the
-    node's bandwidth with them, so it is ready that much later."""
+    """What the node's loads in progress from its disk or the repository have left by their
+    estimates: a new read from there shares that path with them, so it is ready that much later
+    (`NodeView.loader_wait_s`). A load from the DRAM tier does not hold that path up."""
     return sum(instance.remaining_load_s(now) for instance in instances
-               if instance.node_id == node_id and instance.phase is InstancePhase.LOADING)
+               if instance.node_id == node_id and instance.phase is InstancePhase.LOADING
+               and instance.tier != "dram")
 
 
 def node_view(node: ClusterNode, repository_name: str, instances: list[ManagedInstance],

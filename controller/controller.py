@@ -25,9 +25,9 @@ One tick (`reconcile_once`):
 Live migration (`migrate`, a drain moving requests off) is driven by `RequestMover`; when a cold
 model would be ready soonest on a full node, `SlotReclaimer` empties an instance there by
 migration and holds the slot for it (placement step 3). Slots are shared on demand
-(`SlotSharer`): models with waiting requests are placed first, oldest request first, and when no
-slot is free one is taken from an idle instance (eviction), or, past the model's bounded wait,
-from a busy one (preemption: its requests migrate or are suspended until their model's next
+(`SlotSharer`): models with waiting requests are placed first, those that can still meet their
+first-token deadline first, and when no slot is free one is taken from an idle instance
+(eviction), or, to save a deadline or past a lower priority's bounded wait, from a busy one (preemption: its requests migrate or are suspended until their model's next
 slot). `notify_demand` answers the gateway with the model's `SlotOutlook`.
 
 Starting and stopping are asynchronous (`InstanceManager`), so a tick never waits on a load: an

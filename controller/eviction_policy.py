@@ -52,8 +52,19 @@ requests; one too small to free the slots the waiting model needs; one whose mod
 get `max_displaced_requests` (1) or more requests while the waiting model loads into its slot (its
 rate, from the decayed count, times that load): evicting it would only move the wait, and with
 slow storage (a 40-190 s load from S3 in `thaw simulate`) it made popular models evict each other
-in turn. A pure function of plain
-values: tested with numbers.
+in turn.
+
+With a deadline (the waiting model's `ttft_slo_s`, issue 39), an awake instance is also kept when
+the eviction could not save a single queued request: when even the waiting model's newest request
+(the one with the most time left) would get its first token after its deadline, loading on the
+victim's node, and its oldest has waited less than `lost_wait_s`. A request that can no longer
+meet its deadline then does not displace a model whose next requests still can: in `thaw
+simulate`'s contended scenario such evictions were mostly of popular models, for a model whose
+requests waited out a one-minute load from the repository anyway, and the popular model's next
+burst then missed in turn. Past `lost_wait_s` the lost requests evict as any others do, so they
+wait that long at most for an idle instance.
+
+A pure function of plain values: tested with numbers.
 """
 
 from __future__ import annotations
@@ -87,6 +98,9 @@ class EvictionSettings:
         max_displaced_requests: an idle instance is kept when its model is expected to get at least
             this many requests while the waiting model loads into its slot (its request rate, from
             the decayed count, times that load time): evicting it would only move the wait.
+        lost_wait_s: with a deadline, a waiting model none of whose queued requests can meet it
+            after the load on a node evicts an awake instance there only once its oldest request
+            has waited this long (see the module docstring).
     """
 
     min_idle_s: float = 0.5
@@ -94,6 +108,7 @@ class EvictionSettings:
     usage_half_life_s: float = 300.0
     start_overhead_s: float = 1.0
     max_displaced_requests: float = 1.0
+    lost_wait_s: float = 60.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "min_idle_s", _number("EvictionSettings", "min_idle_s", self.min_idle_s))
@@ -106,6 +121,7 @@ class EvictionSettings:
         object.__setattr__(self, "max_displaced_requests",
                            _number("EvictionSettings", "max_displaced_requests", self.max_displaced_requests,
                                    exclusive=True))
+        object.__setattr__(self, "lost_wait_s", _number("EvictionSettings", "lost_wait_s", self.lost_wait_s))
 
     def request_rate(self, frequency: float) -> float:
         """Requests per second behind a decayed count: a steady stream of rate r keeps the count at
@@ -214,6 +230,19 @@ def _why_kept(candidate: EvictionCandidate, settings: EvictionSettings, num_slot
     return None
 
 
+def _why_lost(waiting_model_id: str, load_s: float, oldest_wait_s: float, newest_wait_s: float | None,
+              ttft_slo_s: float | None, settings: EvictionSettings) -> str | None:
+    """Why the eviction would save none of the waiting model's queued requests (None: it would,
+    or there is no deadline, or they have waited `lost_wait_s`)."""
+    if ttft_slo_s is None or newest_wait_s is None or oldest_wait_s >= settings.lost_wait_s:
+        return None
+    if newest_wait_s + load_s <= ttft_slo_s:
+        return None
+    return (f"{waiting_model_id}'s newest request, {newest_wait_s:.3g}s waited, would miss its {ttft_slo_s:g}s "
+            f"deadline after the {load_s:.3g}s load here, and its oldest has waited {oldest_wait_s:.3g}s < "
+            f"lost_wait_s {settings.lost_wait_s:g}")
+
+
 def _gib(num_bytes: float) -> str:
     return f"{num_bytes / 2**30:.3g} GiB"
 
@@ -221,7 +250,8 @@ def _gib(num_bytes: float) -> str:
 def choose_eviction(waiting_model_id: str, candidates: Sequence[EvictionCandidate], *,
                     load_s_by_node: dict[str, float], settings: EvictionSettings, num_slots: int = 1,
                     free_slots_by_node: dict[str, int] | None = None, memory_bytes: int = 0,
-                    free_memory_by_node: dict[str, int] | None = None) -> EvictionDecision:
+                    free_memory_by_node: dict[str, int] | None = None, oldest_wait_s: float = 0.0,
+                    newest_wait_s: float | None = None, ttft_slo_s: float | None = None) -> EvictionDecision:
     """The idle instance(s) to stop so that `waiting_model_id` gets a slot, or None with the reason.
 
     `load_s_by_node` is the waiting model's estimated time to ready on each node (placement's
@@ -229,7 +259,12 @@ def choose_eviction(waiting_model_id: str, candidates: Sequence[EvictionCandidat
     slots already free there (a model needing two slots may use one free slot plus a victim's).
     `free_memory_by_node`: what each node's worker memory budget has free (a node missing from it
     has no budget); the newcomer takes `memory_bytes` of it, and victims are collected until it
-    fits (see the module docstring)."""
+    fits (see the module docstring). `ttft_slo_s` (None: no deadline check), `newest_wait_s` and
+    `oldest_wait_s`: the waiting model's first-token deadline and how long its newest and oldest
+    queued requests have waited (the gateways' reports; newest None: not reported, no check)."""
+    for name, value in (("oldest_wait_s", oldest_wait_s), ("newest_wait_s", newest_wait_s), ("ttft_slo_s", ttft_slo_s)):
+        if value is not None:
+            _number("choose_eviction", name, value)
     free = dict(free_slots_by_node or {})
     free_memory = dict(free_memory_by_node or {})
     eligible: list[tuple[tuple[int, float, float, str], EvictionCandidate, float, float]] = []
@@ -245,6 +280,9 @@ def choose_eviction(waiting_model_id: str, candidates: Sequence[EvictionCandidat
             if displaced >= settings.max_displaced_requests:
                 why = (f"~{displaced:.3g} of its requests would arrive during the {load_s_by_node[candidate.node_id]:.3g}s "
                        f"load (max_displaced_requests {settings.max_displaced_requests:g})")
+        if why is None and not candidate.asleep:
+            why = _why_lost(waiting_model_id, load_s_by_node[candidate.node_id], oldest_wait_s, newest_wait_s,
+                            ttft_slo_s, settings)
         if why is not None:
             kept.append(f"{candidate.instance_id} ({candidate.model_id}): {why}")
             continue

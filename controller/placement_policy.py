@@ -2,7 +2,8 @@
 
 For every node, the estimated time until the model is ready there is
 
-    wait for the node's loader + model bytes / bandwidth of the fastest tier holding it there
+    model bytes / bandwidth of the fastest tier holding it there (+ the node loader's wait, for a
+    read from SSD or the repository)
 
 where the tiers are a peer's GPU memory on the node, the node's DRAM cache, its SSD cache, and
 the model repository (always available, at the node's measured download rate). Among the
@@ -15,9 +16,12 @@ node with more free slots (keeps room for the next model), then to the smaller n
 result never depends on the order of the input.
 
 This is ServerlessLLM's scheduler estimate, extended with the repository and peer-GPU tiers
-(ServerlessLLM skips nodes without the model on disk) and a loader wait that applies to every
-tier: a node whose loader is busy with another model may lose to a node that must read from
-SSD. The bandwidths are the node's calibrated end-to-end rates from that tier into a worker's
+(ServerlessLLM skips nodes without the model on disk) and a loader wait on the node's disk and
+network path: a node whose loader is busy fetching another model may lose to a node that must
+read from SSD. A read from the node's DRAM copy or a peer's GPU does not wait for that path (it
+runs over memory and the accelerator's own link, issue 39): charging it the wait of another
+model's 3-minute repository fetch had a 1 s DRAM restart look like a minute, so the eviction and
+deadline checks kept a popular model out of a slot it could have had at once. The bandwidths are the node's calibrated end-to-end rates from that tier into a worker's
 memory, so a repository rate includes landing on the SSD on the way.
 
 The decision's tier is also where the node store pins the checkpoint for the start
@@ -39,6 +43,7 @@ from dataclasses import dataclass
 MODEL_TIERS = ("gpu", "dram", "ssd")
 REPOSITORY = "repository"
 TIERS = (*MODEL_TIERS, REPOSITORY)
+LOADER_TIERS = frozenset({"ssd", REPOSITORY})  # reads that share the node's disk and network loader
 
 
 def pin_tier(tier: str) -> str:
@@ -101,8 +106,9 @@ class NodeView:
         model_tiers: tiers on this node that hold the model being placed, from "gpu" (a
             running peer instance), "dram" and "ssd"; empty means repository only.
         bandwidths: the node's calibrated rates.
-        loader_wait_s: seconds before this node's loader can start on the model (what it is
-            loading now plus loads queued ahead).
+        loader_wait_s: seconds before this node's disk and network loader can start on the
+            model (what it is loading now from SSD or the repository plus loads queued ahead);
+            only a read from SSD or the repository waits for it.
     """
 
     node_id: str
@@ -203,7 +209,7 @@ def estimate_node(model_bytes: int, node: NodeView, num_slots: int = 1, memory_b
         node_id=node.node_id,
         tier=best_tier,
         load_s=best_load_s,
-        wait_s=node.loader_wait_s,
+        wait_s=node.loader_wait_s if best_tier in LOADER_TIERS else 0.0,
         num_free_slots=node.num_free_slots,
         has_room=node.num_free_slots >= num_slots and (
             node.free_memory_bytes is None or node.free_memory_bytes >= memory_bytes),

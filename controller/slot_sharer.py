@@ -6,7 +6,9 @@ in this order (ARCHITECTURE.md, "Slots are shared on demand"):
 
 1. takes a free slot (placement; a slot freed for a model is held for it, see below);
 2. evicts the idle instance cheapest to bring back and least likely to be wanted
-   (`eviction_policy.choose_eviction`: keep-alive is a soft lease; `min_instances` is not);
+   (`eviction_policy.choose_eviction`: keep-alive is a soft lease; `min_instances` is not; with
+   `deadline_eviction`, not for a model whose requests are past saving there until its oldest
+   has waited `lost_wait_s`);
    its model's desired count drops by one, and its checkpoint is kept in (or, once the node
    settles, copied into) the node's DRAM tier so its next cold start is a DRAM one;
 3. moves a busy instance's requests to another instance of its model (`SlotReclaimer`, which
@@ -19,7 +21,8 @@ in this order (ARCHITECTURE.md, "Slots are shared on demand"):
    continues it from there (greedy output equals an uninterrupted run). The suspended model now
    waits in turn and gets a slot back by the same rules.
 
-Waiting models are served in `slot_queue_policy.order_waiting` order (oldest request first,
+Waiting models are served in `slot_queue_policy.order_waiting` order (by deadline slack, with
+each model's soonest time to ready on a node of its kind as its load, else oldest request first,
 weighted by priority); `order` puts them first in the controller's autoscale pass. A slot freed
 by 2 or 4 is *held* for the model it was freed for until it is free (the victim drains, then
 stops), so no other model's placement takes it meanwhile; a hold not free by its deadline is
@@ -40,14 +43,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from controller.cluster_client import ClusterClient
-from controller.cluster_node import ClusterNode, dram_can_take, tier_bandwidths
+from controller.cluster_node import ClusterNode, dram_can_take, node_view, nodes_of_kind, tier_bandwidths
 from controller.controller_config import ControllerConfig
 from controller.eviction_policy import EvictionCandidate, choose_eviction, eviction_score
 from controller.instance_manager import InstanceManager
 from controller.managed_instance import InstancePhase, ManagedInstance
 from controller.migration_policy import choose_destination
 from controller.model_state import ModelState
-from controller.placement_policy import NodeView, PlacementDecision, place
+from controller.placement_policy import NodeView, PlacementDecision, estimate_node, place
 from controller.preemption_policy import PreemptionCandidate, choose_preemption
 from controller.request_mover import RequestMover
 from controller.slot_outlook import SlotHolder, SlotOutlook
@@ -114,16 +117,35 @@ class SlotSharer:
         return model.num_queued_requests(now, self.config.queue_report_ttl_s)
 
     def waiting(self, now: float) -> list[WaitingModel]:
-        """Models with queued requests and no instance starting for them, in the order they get slots."""
+        """Models with queued requests and no instance starting for them, in the order they get slots
+        (with `SlotSharingSettings.deadline_order`, each with its deadline, newest wait and soonest
+        time to ready for `order_waiting`'s slack)."""
+        settings = self.config.slot_sharing
+        deadlines = settings is not None and settings.deadline_order
+        ttl_s = self.config.queue_report_ttl_s
         waiting = []
         for model in self._models.values():
             queued = self._queued(model, now)
             if queued and not any(i.phase is InstancePhase.LOADING for i in self._instances.live(model.model_id)):
-                waiting.append(WaitingModel(model_id=model.model_id, priority=model.spec.autoscaling.priority,
-                                            oldest_wait_s=model.oldest_wait_s(now, self.config.queue_report_ttl_s),
-                                            num_queued_requests=queued))
-        boost = self.config.slot_sharing.priority_boost_s if self.config.slot_sharing else 0.0
-        return order_waiting(waiting, boost)
+                policy = model.spec.autoscaling
+                waiting.append(WaitingModel(model_id=model.model_id, priority=policy.priority,
+                                            oldest_wait_s=model.oldest_wait_s(now, ttl_s), num_queued_requests=queued,
+                                            newest_wait_s=model.newest_wait_s(now, ttl_s) if deadlines else None,
+                                            load_s=self._soonest_ready_s(model, now) if deadlines else None,
+                                            ttft_slo_s=policy.ttft_slo_s if deadlines else None))
+        boost = settings.priority_boost_s if settings else 0.0
+        return order_waiting(waiting, boost, settings.starvation_bound_s if deadlines else None)
+
+    def _soonest_ready_s(self, model: ModelState, now: float) -> float | None:
+        """The model's soonest time to ready on any connected node of its kind, room or not
+        (placement's estimate), None: its size or every such node is unknown."""
+        if model.num_bytes is None:
+            return None
+        connected = [n for n in self._nodes.values() if n.store is not None and not n.draining]
+        nodes, _ = nodes_of_kind(model.spec.resources.num_gpus, connected)
+        instances = self._instances.all()
+        return min((estimate_node(model.num_bytes, node_view(node, model.repository_name, instances, self.config,
+                                                              now)).ready_s for node in nodes), default=None)
 
     def order(self, models: Sequence[ModelState], now: float) -> list[ModelState]:
         """`models` as the autoscale pass should take them: the waiting ones first, in turn."""
@@ -237,10 +259,14 @@ class SlotSharer:
         if decision.placed or self.config.slot_sharing is None or not self._queued(model, now):
             return decision
         load_s, free, free_memory = self._targets(decision)
+        settings = self.config.slot_sharing
+        ttl_s = self.config.queue_report_ttl_s
         eviction = choose_eviction(model_id, self._eviction_candidates(now), load_s_by_node=load_s,
-                                   settings=self.config.slot_sharing.eviction, num_slots=num_slots,
+                                   settings=settings.eviction, num_slots=num_slots,
                                    free_slots_by_node=free, memory_bytes=memory_bytes,
-                                   free_memory_by_node=free_memory)
+                                   free_memory_by_node=free_memory, oldest_wait_s=model.oldest_wait_s(now, ttl_s),
+                                   newest_wait_s=model.newest_wait_s(now, ttl_s),
+                                   ttft_slo_s=model.spec.autoscaling.ttft_slo_s if settings.deadline_eviction else None)
         victims = [self._instances.get(c.instance_id) for c in eviction.victims]
         if not victims or any(v is None or v.phase not in (InstancePhase.READY, InstancePhase.ASLEEP)
                               for v in victims):

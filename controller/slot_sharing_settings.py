@@ -30,6 +30,16 @@ class SlotSharingSettings:
             when that saves a queued request's first-token deadline (the spec's `ttft_slo_s`; see
             `preemption_policy`), a lower-priority one after the bounded wait; False: every
             priority after the bounded wait (as before issue 39).
+        deadline_eviction: an idle instance is evicted only for a waiting model with a queued
+            request that can still meet its first-token deadline after the load there, or one
+            whose oldest request has waited `eviction.lost_wait_s` (see `eviction_policy`);
+            False: for any waiting model (as before issue 39).
+        deadline_order: waiting models get slots by deadline slack, those whose requests can still
+            meet their first-token deadline first (`slot_queue_policy`); False: by oldest request
+            alone (as before issue 39).
+        starvation_bound_s: with `deadline_order`, a model whose oldest request has waited this
+            long is served by age, ahead of the deadline order: the longest that order passes a
+            model over.
         min_run_s: an instance is preempted only after serving at least this long (the least
             quantum two contending models get), and at least as long as the waiting model's load
             on its node takes (`choose_preemption`).
@@ -45,6 +55,9 @@ class SlotSharingSettings:
     eviction: EvictionSettings = field(default_factory=EvictionSettings)
     preempt: bool = True
     deadline_preemption: bool = True
+    deadline_eviction: bool = True
+    deadline_order: bool = True
+    starvation_bound_s: float = 300.0
     min_run_s: float = 2.0
     priority_boost_s: float = DEFAULT_PRIORITY_BOOST_S
     suspend_timeout_s: float = 10.0
@@ -59,7 +72,12 @@ class SlotSharingSettings:
         if not isinstance(self.deadline_preemption, bool):
             raise ValueError(f"SlotSharingSettings.deadline_preemption must be True or False, "
                              f"got {self.deadline_preemption!r}")
-        for name in ("min_run_s", "priority_boost_s", "suspend_timeout_s"):
+        if not isinstance(self.deadline_eviction, bool):
+            raise ValueError(f"SlotSharingSettings.deadline_eviction must be True or False, "
+                             f"got {self.deadline_eviction!r}")
+        if not isinstance(self.deadline_order, bool):
+            raise ValueError(f"SlotSharingSettings.deadline_order must be True or False, got {self.deadline_order!r}")
+        for name in ("starvation_bound_s", "min_run_s", "priority_boost_s", "suspend_timeout_s"):
             object.__setattr__(self, name, _seconds(name, getattr(self, name)))
         if not isinstance(self.max_parked_kv_bytes, int) or isinstance(self.max_parked_kv_bytes, bool) \
                 or self.max_parked_kv_bytes < 0:

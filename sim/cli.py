@@ -60,6 +60,15 @@ def add_simulate_command(sub) -> None:
     p.add_argument("--thaw-preempt-after-wait", action="store_true",
                    help="Thaw: preempt an equal-priority instance after the bounded wait, as before deadlines "
                         "(SlotSharingSettings.deadline_preemption=False)")
+    p.add_argument("--thaw-evict-for-lost", action="store_true",
+                   help="Thaw: evict an idle instance for a waiting model even when none of its requests can meet "
+                        "its deadline any more, as before deadlines (SlotSharingSettings.deadline_eviction=False)")
+    p.add_argument("--thaw-lost-wait-s", type=float, default=None,
+                   help="Thaw: how long a waiting model whose requests are past saving waits before it evicts "
+                        "(EvictionSettings.lost_wait_s, controller default 60)")
+    p.add_argument("--thaw-order-by-age", action="store_true",
+                   help="Thaw: waiting models get slots by oldest request alone, as before deadlines "
+                        "(SlotSharingSettings.deadline_order=False)")
     p.add_argument("--thaw-no-slot-reclaim", action="store_true",
                    help="Thaw: never free a slot by migrating an instance's requests to a sibling (controller "
                         "slot_reclaim=None)")
@@ -81,15 +90,23 @@ def add_simulate_command(sub) -> None:
 def _thaw_sharing(args):
     """The `SlotSharingSettings` the --thaw-* flags ask for (None: the controller's defaults)."""
     if args.thaw_min_idle_s is None and args.thaw_min_run_s is None and not args.thaw_no_preempt \
-            and not args.thaw_preempt_after_wait:
+            and not args.thaw_preempt_after_wait and not args.thaw_evict_for_lost and args.thaw_lost_wait_s is None \
+            and not args.thaw_order_by_age:
         return None
+    import dataclasses
+
     from controller import SlotSharingSettings
-    from controller.eviction_policy import EvictionSettings
 
     base = SlotSharingSettings()
-    eviction = base.eviction if args.thaw_min_idle_s is None else EvictionSettings(min_idle_s=args.thaw_min_idle_s)
+    eviction = base.eviction
+    if args.thaw_min_idle_s is not None:
+        eviction = dataclasses.replace(eviction, min_idle_s=args.thaw_min_idle_s)
+    if args.thaw_lost_wait_s is not None:
+        eviction = dataclasses.replace(eviction, lost_wait_s=args.thaw_lost_wait_s)
     return SlotSharingSettings(eviction=eviction, preempt=not args.thaw_no_preempt,
                                deadline_preemption=not args.thaw_preempt_after_wait,
+                               deadline_eviction=not args.thaw_evict_for_lost,
+                               deadline_order=not args.thaw_order_by_age,
                                min_run_s=base.min_run_s if args.thaw_min_run_s is None else args.thaw_min_run_s)
 
 

@@ -1,7 +1,8 @@
 """Thaw's policy in the simulator: the controller's own policy functions, called unchanged.
 
 Per tick, for each dirty model, in the controller's order (models waiting for a slot first,
-`order_waiting`: oldest request first), the same steps as `Controller._autoscale_model` and
+`order_waiting`: by deadline slack, a model's soonest time to ready over the nodes placement looks
+at as its load), the same steps as `Controller._autoscale_model` and
 `_place_and_start`, each a call into `controller`:
 
 1. `decide(AutoscalingPolicy, LoadSnapshot, AutoscaleState, now)` with the model's desired count,
@@ -10,7 +11,9 @@ Per tick, for each dirty model, in the controller's order (models waiting for a 
    controller's stop order); missing ones placed with `place` over `NodeView`s (`sim.node_views`);
 3. no free slot and requests queued: `choose_eviction` over the idle instances (`EvictionSettings`
    of the default `SlotSharingSettings`; frequency from a `UsageMeter` per model, as the
-   controller's), the victim's model's desired count lowered by one, then placement on the freed
+   controller's; with the waiting model's deadline and its oldest and newest waits, so a model whose
+   requests are past saving does not evict before `lost_wait_s`), the victim's model's desired
+   count lowered by one, then placement on the freed
    node (as `SlotSharer.steer` does with the held slot);
 4. still none, and the model has no ready instance: `plan_slot_reclaim` (the controller's default
    `SlotReclaimCosts`) over ready instances whose model has a sibling, the victim's requests
@@ -137,6 +140,8 @@ class ThawPolicy(SimPolicy):
         eviction = self.sharing.eviction
         return {"min_idle_s": eviction.min_idle_s, "usage_half_life_s": eviction.usage_half_life_s,
                 "preempt": self.sharing.preempt, "deadline_preemption": self.sharing.deadline_preemption,
+                "deadline_eviction": self.sharing.deadline_eviction, "lost_wait_s": eviction.lost_wait_s,
+                "deadline_order": self.sharing.deadline_order, "starvation_bound_s": self.sharing.starvation_bound_s,
                 "min_run_s": self.sharing.min_run_s, "ttft_slo_s": self.autoscaling.ttft_slo_s,
                 "slot_reclaim": self.reclaim_costs is not None,
                 "max_wait_before_preempt_s": self.autoscaling.max_wait_before_preempt_s,
@@ -235,10 +240,15 @@ class ThawPolicy(SimPolicy):
         # it waits in `_loading_waiters` meanwhile, so `waiting` holds only the others.
         states = cluster.models
         models = self.take_dirty(now, self._stale, self.waiting)
-        waiting = [WaitingModel(model_id=cluster.models[i].model_id, oldest_wait_s=cluster.models[i].oldest_wait_s(now),
-                                num_queued_requests=len(cluster.models[i].queue))
+        deadlines = self.sharing.deadline_order
+        waiting = [WaitingModel(model_id=states[i].model_id, oldest_wait_s=states[i].oldest_wait_s(now),
+                                num_queued_requests=len(states[i].queue), newest_wait_s=states[i].newest_wait_s(now),
+                                load_s=self._soonest_ready_s(states[i], now) if deadlines else None,
+                                ttft_slo_s=self.autoscaling.ttft_slo_s if deadlines else None)
                    for i in models if states[i].queue and not states[i].num_loading]
-        first = [cluster.model_index[w.model_id] for w in order_waiting(waiting, self.sharing.priority_boost_s)]
+        first = [cluster.model_index[w.model_id]
+                 for w in order_waiting(waiting, self.sharing.priority_boost_s,
+                                        self.sharing.starvation_bound_s if deadlines else None)]
         chosen = set(first)
         for index in first + [i for i in models if i not in chosen]:
             self._autoscale(cluster.models[index], now)
@@ -249,6 +259,14 @@ class ThawPolicy(SimPolicy):
         self.waiting = waiting
         if waiting:
             self.ticks.wake_next()  # they try again next tick (eviction, then preemption past the bound)
+
+    def _soonest_ready_s(self, state, now: float) -> float | None:
+        """The model's soonest time to ready over the nodes placement looks at (those with room
+        and those holding its checkpoint; `SlotSharer.waiting`'s `load_s`), None: no such node."""
+        views = self.views.views(state.index, now)
+        if not views:
+            return None
+        return min(e.ready_s for e in place(state.model.weight_bytes, views, state.num_slots).estimates)
 
     def _autoscale(self, state, now: float) -> None:
         control = self._control[state.index]
@@ -415,7 +433,9 @@ class ThawPolicy(SimPolicy):
         load_s, free = self._targets(decision)
         eviction = choose_eviction(state.model_id, candidates, load_s_by_node=load_s,
                                    settings=self.sharing.eviction, num_slots=state.num_slots,
-                                   free_slots_by_node=free)
+                                   free_slots_by_node=free, oldest_wait_s=state.oldest_wait_s(now),
+                                   newest_wait_s=state.newest_wait_s(now),
+                                   ttft_slo_s=self.autoscaling.ttft_slo_s if self.sharing.deadline_eviction else None)
         if eviction.victim is None:
             return None
         victim = idle[[c.instance_id for c in candidates].index(eviction.victim.instance_id)]

@@ -140,3 +140,19 @@ def test_a_node_s_own_worker_memory_budget_wins_over_the_platform_s(tmp_path):
 
     ray_node_id, num_cpus = asyncio.run(scenario())
     assert (ray_node_id, num_cpus) == ("a" * 56, 0)
+
+
+def test_the_loader_wait_counts_only_loads_from_disk_or_the_repository():
+    """A load from the DRAM tier does not hold up the node's disk and network path (issue 39)."""
+    from controller.cluster_node import loader_wait_s
+    from controller.managed_instance import InstancePhase, ManagedInstance
+
+    def loading(instance_id: str, tier: str | None, estimate_s: float, node_id: str = "n0") -> ManagedInstance:
+        return ManagedInstance(instance_id, "acme/m", node_id, "r", f"w-{instance_id}", 1, "acme--m",
+                               phase=InstancePhase.LOADING, tier=tier, estimate_s=estimate_s, started_s=100.0)
+
+    instances = [loading("fetch", "ssd", 60.0), loading("warm", "dram", 2.0), loading("adopted", None, 5.0),
+                 loading("elsewhere", "ssd", 30.0, node_id="n1")]
+    assert loader_wait_s("n0", instances, now=110.0) == 50.0 + 0.0 + 0.0  # the adopted one's 5 s have passed
+    assert loader_wait_s("n0", instances, now=101.0) == 59.0 + 4.0  # tier unknown: counted
+    assert loader_wait_s("n1", instances, now=110.0) == 20.0

@@ -317,3 +317,44 @@ def test_a_sleeper_goes_before_any_awake_idle_instance_of_its_priority_and_frees
     # Priority first: a sleeper of a higher-priority model goes after an awake lower one.
     high = idle("high", "acme/h", asleep=True, priority=5, memory_bytes=100)
     assert evict([high, cheap], free_slots_by_node={"n0": 1}).victim is cheap
+
+
+def test_a_waiting_model_whose_requests_are_past_saving_evicts_only_after_lost_wait_s():
+    """Deadline 5 s, the waiting model loads in 2 s on n0 and 40 s on n1 (repository there)."""
+    candidates = [idle("a", node_id="n0"), idle("b", "acme/other", node_id="n1")]
+    load = {"n0": 2.0, "n1": 40.0}
+    # Its newest request waited 1 s: 1 + 2 <= 5 on n0, 1 + 40 > 5 on n1: only a may go.
+    decision = evict(candidates, load, oldest_wait_s=4.0, newest_wait_s=1.0, ttft_slo_s=5.0)
+    assert decision.victim.instance_id == "a"
+    decision = evict(candidates[1:], load, oldest_wait_s=4.0, newest_wait_s=1.0, ttft_slo_s=5.0)
+    assert decision.victim is None
+    assert decision.reason == ("no idle instance to evict: b (acme/other): acme/cold's newest request, 1s waited, would "
+                               "miss its 5s deadline after the 40s load here, and its oldest has waited 4s < "
+                               "lost_wait_s 60")
+    # Every request past saving (newest 4 s + 2 s > 5 s): nobody goes until the oldest has waited 60 s.
+    assert evict(candidates, load, oldest_wait_s=59.0, newest_wait_s=4.0, ttft_slo_s=5.0).victim is None
+    assert evict(candidates, load, oldest_wait_s=60.0, newest_wait_s=4.0, ttft_slo_s=5.0).victim.instance_id == "a"
+    # No deadline, or no newest wait reported: no such check (the rule before issue 39).
+    assert evict(candidates, load, oldest_wait_s=59.0, newest_wait_s=4.0).victim.instance_id == "a"
+    assert evict(candidates, load, oldest_wait_s=59.0, ttft_slo_s=5.0).victim.instance_id == "a"
+    # The bound is a setting.
+    quick = EvictionSettings(min_idle_s=0.5, min_frequency=0.1, usage_half_life_s=300.0, lost_wait_s=10.0)
+    decision = choose_eviction(COLD, candidates, load_s_by_node=load, settings=quick, oldest_wait_s=12.0,
+                               newest_wait_s=4.0, ttft_slo_s=5.0)
+    assert decision.victim.instance_id == "a"
+
+
+def test_an_asleep_instance_is_evicted_for_a_lost_request_all_the_same():
+    """A sleeper is wanted by nobody now: the deadline check guards awake instances only."""
+    sleeper = idle("s", asleep=True, memory_bytes=1)
+    decision = evict([sleeper], {"n0": 40.0}, free_slots_by_node={"n0": 1}, oldest_wait_s=1.0, newest_wait_s=1.0,
+                     ttft_slo_s=5.0)
+    assert decision.victim.instance_id == "s"
+
+
+@pytest.mark.parametrize("name", ["oldest_wait_s", "newest_wait_s", "ttft_slo_s"])
+def test_the_deadline_figures_validate(name):
+    with pytest.raises(ValueError, match=f"choose_eviction.{name} must be a finite number >= 0"):
+        evict([idle("a")], **{name: -1.0})
+    with pytest.raises(ValueError, match="EvictionSettings.lost_wait_s must be a finite number >= 0"):
+        EvictionSettings(lost_wait_s=math.nan)

@@ -48,17 +48,27 @@ def test_peer_gpu_is_the_fastest_source():
 
 
 def test_a_busy_loader_flips_the_choice():
-    idle_ssd = _node("idle-ssd", ("ssd",))
-    busy_dram = _node("busy-dram", ("dram",), wait_s=3.0)
-    decision = place(MODEL_BYTES, [busy_dram, idle_ssd])
-    assert (decision.node_id, decision.tier, decision.estimate_s) == ("idle-ssd", "ssd", 2.0)
+    idle_repo = _node("idle-repo")
+    busy_ssd = _node("busy-ssd", ("ssd",), wait_s=7.0)
+    decision = place(MODEL_BYTES, [busy_ssd, idle_repo])
+    assert (decision.node_id, decision.tier, decision.estimate_s) == ("idle-repo", "repository", 8.0)
     busy = decision.estimates[1]
-    assert (busy.node_id, busy.load_s, busy.wait_s, busy.ready_s) == ("busy-dram", 0.4, 3.0, 3.4)
-    assert busy.describe() == "busy-dram: dram 0.4s + wait 3s = 3.4s"
+    assert (busy.node_id, busy.load_s, busy.wait_s, busy.ready_s) == ("busy-ssd", 2.0, 7.0, 9.0)
+    assert busy.describe() == "busy-ssd: ssd 2s + wait 7s = 9s"
 
-    # A shorter wait keeps DRAM ahead: 0.4 + 1.5 = 1.9 < 2.0.
-    decision = place(MODEL_BYTES, [_node("busy-dram", ("dram",), wait_s=1.5), idle_ssd])
-    assert (decision.node_id, decision.estimate_s) == ("busy-dram", 1.9)
+    # A shorter wait keeps the SSD ahead: 2 + 5 = 7 < 8.
+    decision = place(MODEL_BYTES, [_node("busy-ssd", ("ssd",), wait_s=5.0), idle_repo])
+    assert (decision.node_id, decision.estimate_s) == ("busy-ssd", 7.0)
+
+
+def test_a_dram_or_peer_read_does_not_wait_for_the_disk_and_network_loader():
+    """The loader's wait is its disk and network path's (issue 39): a read from the node's DRAM
+    copy or a peer's GPU runs beside another model's repository fetch."""
+    decision = place(MODEL_BYTES, [_node("busy-dram", ("dram",), wait_s=60.0), _node("idle-ssd", ("ssd",))])
+    assert (decision.node_id, decision.tier, decision.estimate_s) == ("busy-dram", "dram", 0.4)
+    assert decision.estimates[0].wait_s == 0.0
+    peer = place(MODEL_BYTES, [_node("busy-peer", ("gpu", "ssd"), wait_s=60.0)])
+    assert (peer.tier, peer.estimate_s) == ("gpu", 0.2)
 
 
 def test_locality_blind_baseline_differs_and_is_slower():

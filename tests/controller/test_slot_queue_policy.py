@@ -121,3 +121,55 @@ def test_with_no_boost_the_replay_is_plain_fifo():
     by_time = [m for m, _ in sorted(served_at.items(), key=lambda item: item[1])]
     assert by_time == [LOW] + [f"acme/high-{k:03d}" for k in range(1, 10)]
     assert served_at[LOW] == 5
+
+
+def deadline(model_id: str, oldest: float, newest: float, load: float | None, priority: int = 0) -> WaitingModel:
+    return WaitingModel(model_id=model_id, oldest_wait_s=oldest, newest_wait_s=newest, load_s=load, ttft_slo_s=5.0,
+                        priority=priority)
+
+
+def test_with_deadlines_a_savable_model_goes_first_least_slack_first():
+    """Slack = 5 - newest - load: fresh 5 - 0 - 1 = 4; urgent 5 - 3 - 1 = 1; lost 5 - 10 - 1 < 0;
+    unknown (no load estimate) is treated as lost; starving has waited the 300 s bound."""
+    models = [deadline("acme/fresh", 0.0, 0.0, 1.0), deadline("acme/urgent", 3.0, 3.0, 1.0),
+              deadline("acme/lost", 20.0, 10.0, 1.0), deadline("acme/unknown", 30.0, 0.0, None),
+              deadline("acme/starving", 300.0, 0.5, 60.0)]
+    assert [m.slack_s() for m in models] == [4.0, 1.0, -6.0, None, -55.5]
+    for permutation in itertools.permutations(models):
+        assert ids(order_waiting(permutation, 10.0, 300.0)) == [
+            "acme/starving", "acme/urgent", "acme/fresh", "acme/unknown", "acme/lost"]
+    # Without the bound: the age order of before, whatever the deadlines.
+    assert ids(order_waiting(models, 10.0)) == ["acme/starving", "acme/unknown", "acme/lost", "acme/urgent",
+                                                "acme/fresh"]
+
+
+def test_a_priority_step_is_worth_priority_boost_s_of_slack():
+    # low: slack 1; high (priority 1): slack 4 - 10 = -6 in the key: ahead.
+    models = [deadline("acme/low", 3.0, 3.0, 1.0), deadline("acme/high", 0.0, 0.0, 1.0, priority=1)]
+    assert ids(order_waiting(models, 10.0, 300.0)) == ["acme/high", "acme/low"]
+    assert ids(order_waiting(models, 0.0, 300.0)) == ["acme/low", "acme/high"]
+
+
+def test_the_deadline_order_passes_a_lost_model_over_for_starvation_bound_s_at_most():
+    """acme/lost (its requests past saving) starts waiting at 0 s; a fresh savable model arrives
+    every second and one slot frees every 2 s: the fresh ones go first until acme/lost has waited
+    the bound (20 s here), and it has the first slot after that."""
+    arrived = {"acme/lost": 0}
+    served: dict[str, int] = {}
+    for now in range(1, 60):
+        arrived[f"acme/fresh-{now:03d}"] = now
+        if now % 2 == 0:
+            waiting = [deadline(m, float(now - t), float(now - t), 1.0 if m != "acme/lost" else 90.0)
+                       for m, t in arrived.items() if m not in served]
+            served[order_waiting(waiting, 10.0, 20.0)[0].model_id] = now
+        if "acme/lost" in served:
+            break
+    assert served["acme/lost"] == 20
+
+
+@pytest.mark.parametrize("field", ["newest_wait_s", "load_s", "ttft_slo_s"])
+def test_the_deadline_figures_validate(field):
+    with pytest.raises(ValueError, match=f"acme/x: {field} must be a finite number >= 0 or None"):
+        WaitingModel(model_id="acme/x", oldest_wait_s=1.0, **{field: -1.0})
+    with pytest.raises(ValueError, match="starvation_bound_s must be a finite number >= 0 or None"):
+        order_waiting(MODELS, 10.0, math.nan)

@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 
+from controller.eviction_policy import EvictionSettings
 from controller.slot_outlook import SlotOutlook
 from controller.slot_sharing_settings import SlotSharingSettings
 from tests.controller.test_controller import MODEL_BYTES, NODE, REPOSITORY_S, SSD_S, Harness, eventually, spec
@@ -187,19 +188,27 @@ def test_a_model_never_preempts_one_of_higher_priority(tmp_path):
     asyncio.run(scenario())
 
 
+async def a_busy_with_b_and_c_deployed(h: Harness):
+    """Models a, b and c deployed on one slot, a's instance serving a request."""
+    a = await deploy(h, "a", 1)
+    b = await deploy(h, "b", 2)
+    c = await deploy(h, "c", 3)
+    h.controller.notify_demand(a, 1)
+    await h.tick()
+    [a_worker] = h.cluster.live_workers()
+    a_worker.request_ids[:] = ["r1"]
+    a_worker.num_ongoing_requests = 1
+    h.controller.notify_demand(a, 0)
+    await h.tick()
+    return a, b, c, a_worker
+
+
 def test_waiting_models_get_freed_slots_oldest_request_first(tmp_path):
+    """By age alone (deadline_order and deadline_eviction off): the order before issue 39."""
     async def scenario():
-        async with Harness(tmp_path, cpu_worker_slots_per_node=1, slot_sharing=SlotSharingSettings(preempt=False)) as h:
-            a = await deploy(h, "a", 1)
-            b = await deploy(h, "b", 2)
-            c = await deploy(h, "c", 3)
-            h.controller.notify_demand(a, 1)
-            await h.tick()
-            [a_worker] = h.cluster.live_workers()
-            a_worker.request_ids[:] = ["r1"]
-            a_worker.num_ongoing_requests = 1
-            h.controller.notify_demand(a, 0)
-            await h.tick()
+        sharing = SlotSharingSettings(preempt=False, deadline_order=False, deadline_eviction=False)
+        async with Harness(tmp_path, cpu_worker_slots_per_node=1, slot_sharing=sharing) as h:
+            a, b, c, a_worker = await a_busy_with_b_and_c_deployed(h)
             # c's request is older than b's, though b's model was deployed first
             h.controller.notify_demand(b, 1, "gw", 2.0)
             h.controller.notify_demand(c, 1, "gw", 7.0)
@@ -217,6 +226,55 @@ def test_waiting_models_get_freed_slots_oldest_request_first(tmp_path):
                 h.controller.notify_demand(model_id, 1, "gw", waited)
             await h.tick()
             assert len(h.routes(c)) == 1 and h.routes(b) == []
+
+    asyncio.run(scenario())
+
+
+def test_a_request_that_can_still_meet_its_deadline_gets_the_freed_slot_before_an_older_lost_one(tmp_path):
+    """Deadlines on (the defaults): c's request has waited 30 s, past its 5 s first-token deadline
+    whatever happens now; b's is fresh and can meet its deadline. b is first in line, c does not
+    evict a's idle instance (it has not waited `lost_wait_s`), b does."""
+    async def scenario():
+        async with Harness(tmp_path, cpu_worker_slots_per_node=1, slot_sharing=SlotSharingSettings(preempt=False)) as h:
+            a, b, c, a_worker = await a_busy_with_b_and_c_deployed(h)
+            h.controller.notify_demand(c, 1, "gw", 30.0, 30.0)
+            h.controller.notify_demand(b, 1, "gw", 0.5, 0.5)
+            assert h.controller.notify_demand(b, 1, "gw", 0.5, 0.5).position == 1
+            assert h.controller.notify_demand(c, 1, "gw", 30.0, 30.0).position == 2
+            a_worker.request_ids[:] = []
+            a_worker.num_ongoing_requests = 0
+            await h.tick(1.0)
+            [eviction] = kinds(h, "eviction")
+            assert eviction["model_id"] == b
+            await eventually(lambda: h.cluster.stopped_workers == [a_worker.instance_id], "a's worker stopped")
+            h.controller.notify_demand(b, 1, "gw", 1.5, 1.5)
+            h.controller.notify_demand(c, 1, "gw", 31.0, 31.0)
+            await h.tick()
+            assert len(h.routes(b)) == 1 and h.routes(c) == []
+
+    asyncio.run(scenario())
+
+
+def test_a_lost_request_evicts_only_after_lost_wait_s(tmp_path):
+    """c's only request has waited past its deadline: it does not take a's idle slot until it has
+    waited `lost_wait_s` (here 40 s), and the reason says so."""
+    async def scenario():
+        sharing = SlotSharingSettings(preempt=False, eviction=EvictionSettings(lost_wait_s=40.0))
+        async with Harness(tmp_path, cpu_worker_slots_per_node=1, slot_sharing=sharing) as h:
+            a = await deploy(h, "a", 1)
+            c = await deploy(h, "c", 3)
+            h.controller.notify_demand(a, 1)
+            await h.tick()
+            h.controller.notify_demand(a, 0)
+            await h.tick(2.0)
+            h.controller.notify_demand(c, 1, "gw", 30.0, 30.0)
+            await h.tick()
+            assert kinds(h, "eviction") == []
+            assert "lost_wait_s 40" in h.controller.get_model(c)["last_placement"]["reason"]
+            h.controller.notify_demand(c, 1, "gw", 41.0, 41.0)
+            await h.tick()
+            [eviction] = kinds(h, "eviction")
+            assert eviction["model_id"] == c
 
     asyncio.run(scenario())
 
@@ -464,3 +522,14 @@ def test_where_memory_is_the_slot_a_model_scaled_to_zero_leaves_its_process_to_t
     assert b["from_spare"] and b["actor_name"] == a["actor_name"]  # the same process
     a, b, stopped, recycled = asyncio.run(scenario(None))
     assert recycled == [] and stopped == [a["instance_id"]] and b["actor_name"] != a["actor_name"]
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"deadline_eviction": "yes"}, "SlotSharingSettings.deadline_eviction must be True or False, got 'yes'"),
+    ({"deadline_order": 1}, "SlotSharingSettings.deadline_order must be True or False, got 1"),
+    ({"deadline_preemption": None}, "SlotSharingSettings.deadline_preemption must be True or False, got None"),
+    ({"starvation_bound_s": -1.0}, "SlotSharingSettings.starvation_bound_s must be a finite number >= 0, got -1.0"),
+])
+def test_slot_sharing_settings_refuse_what_they_cannot_mean(fields, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        SlotSharingSettings(**fields)

@@ -67,11 +67,30 @@ def test_decode_finishes_after_the_cost_models_steps():
 
 def test_thaw_evicts_an_idle_instance_for_a_waiting_model():
     loop, cluster, policy = build("thaw", [MODEL_A, MODEL_B])
+    cluster.preload(0, 1, "dram")  # b can meet its 5 s deadline once loaded from there
     arrive(loop, cluster, 0.0, 0, 0)
     arrive(loop, cluster, 20.0, 1, 1)  # a is idle but within its keep-alive; the only GPU is its
     loop.run()
     assert cluster.counts["evictions"] == 1
-    assert cluster.ttft_s[1] == pytest.approx(COST.load_s(MODEL_B.weight_bytes, "s3") + prefill_s(MODEL_B), abs=1e-9)
+    assert cluster.ttft_s[1] == pytest.approx(COST.load_s(MODEL_B.weight_bytes, "dram") + prefill_s(MODEL_B), abs=1e-9)
+
+
+def test_thaw_evicts_for_a_request_past_saving_only_after_lost_wait_s():
+    """b's checkpoint is only in the repository: 2 GB at the S3 rate is more than its 5 s deadline,
+    so its request is lost whatever happens; it evicts a's idle instance only once it has waited
+    `lost_wait_s` (3 s here), at the first tick after that."""
+    from controller import SlotSharingSettings
+    from controller.eviction_policy import EvictionSettings
+
+    load_b = COST.load_s(MODEL_B.weight_bytes, "s3")
+    assert load_b > 5.0
+    loop, cluster, policy = build("thaw", [MODEL_A, MODEL_B],
+                                  sharing=SlotSharingSettings(eviction=EvictionSettings(lost_wait_s=3.0)))
+    arrive(loop, cluster, 0.0, 0, 0)
+    arrive(loop, cluster, 20.5, 1, 1)
+    loop.run()
+    assert cluster.counts["evictions"] == 1
+    assert cluster.ttft_s[1] == pytest.approx(3.5 + load_b + prefill_s(MODEL_B), abs=1e-9)  # evicted at the 24 s tick
 
 
 def test_serverlessllm_never_evicts_on_demand_the_model_waits_for_the_keep_alive():
