@@ -22,6 +22,11 @@ The rule (after Ray Serve's and ServerlessLLM's):
    `restart_s` within [min_keep_alive_s, max_keep_alive_s]: holding an idle instance is worth
    what its restart would cost, and that cost grows with the restart time (a ski-rental rule,
    weighted towards holding because a restart costs the waiting user too, not only the slot).
+   The snapshot may raise it to `keep_alive_floor_s`: while slots are contended the controller
+   gives no idle instance back sooner (issue 39). Then the freed slot saves no accelerator time,
+   as the next waiting model takes it at once, and it goes past the eviction policy's judgement
+   of who should have it; an idle instance kept is still evicted for a waiting model when that
+   policy says so.
 6. A count outside [min, max] (the spec was just changed) is moved to the nearest bound at
    once: those are limits, not load signals to smooth.
 """
@@ -47,6 +52,8 @@ class LoadSnapshot:
         restart_s: the model's estimated restart time (`TierBandwidths.restart_s`), seconds;
             None when unknown (no instance placed since the controller started): the keep-alive
             is then the longest a `keep_alive_per_restart` policy allows.
+        keep_alive_floor_s: the least keep-alive the controller allows now (0: none); see the
+            module docstring, rule 5.
     """
 
     num_instances: int
@@ -54,6 +61,7 @@ class LoadSnapshot:
     num_queued_requests: int = 0
     last_request_s: float | None = None
     restart_s: float | None = None
+    keep_alive_floor_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("num_instances", "num_ongoing_requests", "num_queued_requests"):
@@ -64,6 +72,9 @@ class LoadSnapshot:
         if restart is not None and (isinstance(restart, bool) or not isinstance(restart, (int, float))
                                     or not math.isfinite(restart) or restart < 0):
             raise ValueError(f"restart_s must be a finite number >= 0 or None, got {restart!r}")
+        floor = self.keep_alive_floor_s
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not math.isfinite(floor) or floor < 0:
+            raise ValueError(f"keep_alive_floor_s must be a finite number >= 0, got {floor!r}")
 
     @property
     def num_demand_requests(self) -> int:
@@ -101,11 +112,15 @@ class ScaleDecision:
     reason: str
 
 
-def keep_alive_for(policy: AutoscalingPolicy, restart_s: float | None) -> float:
+def keep_alive_for(policy: AutoscalingPolicy, restart_s: float | None, floor_s: float = 0.0) -> float:
     """How long an idle model keeps its last instance: `keep_alive_s`, or with
     `keep_alive_per_restart` that multiple of `restart_s` within [min_keep_alive_s,
     max_keep_alive_s] (None restart: max_keep_alive_s, the cautious end: a model whose restart
-    is unknown may be one that restarts slowly)."""
+    is unknown may be one that restarts slowly); at least `floor_s` (`LoadSnapshot.keep_alive_floor_s`)."""
+    return max(floor_s, _spec_keep_alive_s(policy, restart_s))
+
+
+def _spec_keep_alive_s(policy: AutoscalingPolicy, restart_s: float | None) -> float:
     factor = policy.keep_alive_per_restart
     if factor is None:
         return policy.keep_alive_s
@@ -115,6 +130,8 @@ def keep_alive_for(policy: AutoscalingPolicy, restart_s: float | None) -> float:
 
 
 def _keep_alive_text(policy: AutoscalingPolicy, restart_s: float | None, keep_alive_s: float) -> str:
+    if keep_alive_s > _spec_keep_alive_s(policy, restart_s):
+        return f"keep-alive {keep_alive_s:g}s (the floor while slots are contended)"
     if policy.keep_alive_per_restart is None:
         return f"keep_alive_s {keep_alive_s:g}"
     restart = "unknown" if restart_s is None else f"{restart_s:.3g}s"
@@ -160,7 +177,7 @@ def decide(
         )
 
     idle_s = 0.0
-    keep_alive_s = keep_alive_for(policy, snapshot.restart_s)
+    keep_alive_s = keep_alive_for(policy, snapshot.restart_s, snapshot.keep_alive_floor_s)
     if demand == 0:
         idle_from = snapshot.last_request_s if snapshot.last_request_s is not None else idle_since
         idle_s = max(0.0, now - idle_from)

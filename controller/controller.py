@@ -494,7 +494,7 @@ class Controller:
             model.last_request_s = now
         snapshot = LoadSnapshot(num_instances=model.num_desired_instances, num_ongoing_requests=ongoing,
                                 num_queued_requests=queued, last_request_s=model.last_request_s,
-                                restart_s=model.restart_s)
+                                restart_s=model.restart_s, keep_alive_floor_s=self._sharer.keep_alive_floor_s(now))
         decision, model.autoscale_state = decide(model.spec.autoscaling, snapshot, model.autoscale_state, now)
         previous = model.num_desired_instances
         model.last_scale = scale_to_dict(model.model_id, previous, decision, self._wall_clock())

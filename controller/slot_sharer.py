@@ -107,6 +107,7 @@ class SlotSharer:
         self._suspended: dict[str, dict[str, tuple[float, str]]] = {}  # model -> {request: (at (wall), "kv"/"tokens")}
         self._parked: dict[str, dict[str, Any]] = {}  # model id -> {request id: migration.ParkedRequest}
         self._counts = dict.fromkeys(COUNTERS, 0)
+        self._no_room_s: float | None = None  # when a model with queued requests last found no free slot
         # Recent starts' load time beyond their read estimate: a start's fixed cost in reload_s.
         self._start_overheads: collections.deque[float] = collections.deque(maxlen=MAX_START_SAMPLES)
         self._sampled_starts: collections.OrderedDict[str, None] = collections.OrderedDict()
@@ -146,6 +147,14 @@ class SlotSharer:
         instances = self._instances.all()
         return min((estimate_node(model.num_bytes, node_view(node, model.repository_name, instances, self.config,
                                                               now)).ready_s for node in nodes), default=None)
+
+    def keep_alive_floor_s(self, now: float) -> float:
+        """The least keep-alive while slots are contended: `contended_keep_alive_s` when a model
+        with queued requests found no free slot within that long, else 0 (`LoadSnapshot`)."""
+        settings = self.config.slot_sharing
+        if settings is None or self._no_room_s is None or now - self._no_room_s > settings.contended_keep_alive_s:
+            return 0.0
+        return settings.contended_keep_alive_s
 
     def order(self, models: Sequence[ModelState], now: float) -> list[ModelState]:
         """`models` as the autoscale pass should take them: the waiting ones first, in turn."""
@@ -258,6 +267,7 @@ class SlotSharer:
             return decision
         if decision.placed or self.config.slot_sharing is None or not self._queued(model, now):
             return decision
+        self._no_room_s = now
         load_s, free, free_memory = self._targets(decision)
         settings = self.config.slot_sharing
         ttl_s = self.config.queue_report_ttl_s

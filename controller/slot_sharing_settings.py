@@ -40,6 +40,10 @@ class SlotSharingSettings:
         starvation_bound_s: with `deadline_order`, a model whose oldest request has waited this
             long is served by age, ahead of the deadline order: the longest that order passes a
             model over.
+        contended_keep_alive_s: while some model has found no free slot within this long, no idle
+            instance is given back by its keep-alive before it has been idle this long
+            (`LoadSnapshot.keep_alive_floor_s`; the eviction policy may still take it for a
+            waiting model). 0: off.
         min_run_s: an instance is preempted only after serving at least this long (the least
             quantum two contending models get), and at least as long as the waiting model's load
             on its node takes (`choose_preemption`).
@@ -58,6 +62,7 @@ class SlotSharingSettings:
     deadline_eviction: bool = True
     deadline_order: bool = True
     starvation_bound_s: float = 300.0
+    contended_keep_alive_s: float = 60.0
     min_run_s: float = 2.0
     priority_boost_s: float = DEFAULT_PRIORITY_BOOST_S
     suspend_timeout_s: float = 10.0
@@ -77,7 +82,7 @@ class SlotSharingSettings:
                              f"got {self.deadline_eviction!r}")
         if not isinstance(self.deadline_order, bool):
             raise ValueError(f"SlotSharingSettings.deadline_order must be True or False, got {self.deadline_order!r}")
-        for name in ("starvation_bound_s", "min_run_s", "priority_boost_s", "suspend_timeout_s"):
+        for name in ("starvation_bound_s", "contended_keep_alive_s", "min_run_s", "priority_boost_s", "suspend_timeout_s"):
             object.__setattr__(self, name, _seconds(name, getattr(self, name)))
         if not isinstance(self.max_parked_kv_bytes, int) or isinstance(self.max_parked_kv_bytes, bool) \
                 or self.max_parked_kv_bytes < 0:

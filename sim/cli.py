@@ -69,6 +69,9 @@ def add_simulate_command(sub) -> None:
     p.add_argument("--thaw-order-by-age", action="store_true",
                    help="Thaw: waiting models get slots by oldest request alone, as before deadlines "
                         "(SlotSharingSettings.deadline_order=False)")
+    p.add_argument("--thaw-contended-keep-alive-s", type=float, default=None,
+                   help="Thaw: the least keep-alive while a model found no free slot within that long "
+                        "(SlotSharingSettings.contended_keep_alive_s, controller default 60; 0: off)")
     p.add_argument("--thaw-no-slot-reclaim", action="store_true",
                    help="Thaw: never free a slot by migrating an instance's requests to a sibling (controller "
                         "slot_reclaim=None)")
@@ -91,7 +94,7 @@ def _thaw_sharing(args):
     """The `SlotSharingSettings` the --thaw-* flags ask for (None: the controller's defaults)."""
     if args.thaw_min_idle_s is None and args.thaw_min_run_s is None and not args.thaw_no_preempt \
             and not args.thaw_preempt_after_wait and not args.thaw_evict_for_lost and args.thaw_lost_wait_s is None \
-            and not args.thaw_order_by_age:
+            and not args.thaw_order_by_age and args.thaw_contended_keep_alive_s is None:
         return None
     import dataclasses
 
@@ -107,6 +110,8 @@ def _thaw_sharing(args):
                                deadline_preemption=not args.thaw_preempt_after_wait,
                                deadline_eviction=not args.thaw_evict_for_lost,
                                deadline_order=not args.thaw_order_by_age,
+                               contended_keep_alive_s=(base.contended_keep_alive_s if args.thaw_contended_keep_alive_s
+                                                       is None else args.thaw_contended_keep_alive_s),
                                min_run_s=base.min_run_s if args.thaw_min_run_s is None else args.thaw_min_run_s)
 
 

@@ -121,6 +121,7 @@ class ThawPolicy(SimPolicy):
         # Slots being freed for a model (`SlotSharer`'s holds): model index -> node index. Only
         # when the cluster's stops take time (`ClusterSpec.stop_s`); otherwise the slot is free at once.
         self._holds: dict[int, int] = {}
+        self._no_room_s: float | None = None  # `SlotSharer`'s: when a model with queued requests found no free slot
         self._counts = {"stream_starts": 0, "evictions_chosen": 0, "slot_reclaims": 0, "preemptions_migrated": 0,
                         "preemptions_suspended": 0}
 
@@ -142,6 +143,7 @@ class ThawPolicy(SimPolicy):
                 "preempt": self.sharing.preempt, "deadline_preemption": self.sharing.deadline_preemption,
                 "deadline_eviction": self.sharing.deadline_eviction, "lost_wait_s": eviction.lost_wait_s,
                 "deadline_order": self.sharing.deadline_order, "starvation_bound_s": self.sharing.starvation_bound_s,
+                "contended_keep_alive_s": self.sharing.contended_keep_alive_s,
                 "min_run_s": self.sharing.min_run_s, "ttft_slo_s": self.autoscaling.ttft_slo_s,
                 "slot_reclaim": self.reclaim_costs is not None,
                 "max_wait_before_preempt_s": self.autoscaling.max_wait_before_preempt_s,
@@ -178,8 +180,17 @@ class ThawPolicy(SimPolicy):
         return math.ceil(time_s / tick_s - 1e-9) * tick_s
 
     def _keep_alive_s(self, control: _ModelControl) -> float:
-        """The model's keep-alive as `decide` computes it (`keep_alive_for`)."""
-        return keep_alive_for(self.autoscaling, control.restart_s)
+        """The model's keep-alive as `decide` computes it (`keep_alive_for`, with the floor while
+        slots are contended)."""
+        return keep_alive_for(self.autoscaling, control.restart_s, self._keep_alive_floor_s())
+
+    def _keep_alive_floor_s(self) -> float:
+        """`SlotSharer.keep_alive_floor_s`: `contended_keep_alive_s` while a model with queued
+        requests found no free slot within that long."""
+        floor_s = self.sharing.contended_keep_alive_s
+        if self._no_room_s is None or self.cluster.loop.now - self._no_room_s > floor_s:
+            return 0.0
+        return floor_s
 
     def _desired(self, demand: int) -> int:
         """`desired_instances(self.autoscaling, demand)`, remembered per demand (called per request)."""
@@ -277,7 +288,7 @@ class ThawPolicy(SimPolicy):
             return  # idle and scaled to zero: decide would say so
         snapshot = LoadSnapshot(num_instances=control.desired, num_ongoing_requests=state.num_ongoing,
                                 num_queued_requests=queued, last_request_s=self._seen_s(state.last_request_s),
-                                restart_s=control.restart_s)
+                                restart_s=control.restart_s, keep_alive_floor_s=self._keep_alive_floor_s())
         decision, control.autoscale = decide(self.autoscaling, snapshot, control.autoscale, now)
         control.desired = decision.num_instances
         self._converge(state, control, now)
@@ -320,6 +331,7 @@ class ThawPolicy(SimPolicy):
             views = self._reserved(self.views.views(state.index, now), state.index)
         decision = place(weight_bytes, views, state.num_slots) if views else None
         if (decision is None or not decision.placed) and state.queue and held is None:
+            self._no_room_s = now
             decision = self._evict_for(state, now) or self._reclaim_for(state, now) or self._preempt_for(state, now) \
                 or decision
         if decision is None or not decision.placed:

@@ -243,9 +243,28 @@ def test_a_quick_restart_scales_to_zero_sooner_than_a_slow_one():
     assert decision.reason == "steady at 1: idle 50s of keep-alive 180s (20 x restart unknown)"
 
 
+def test_the_contended_floor_holds_an_idle_instance_at_least_that_long():
+    """While slots are contended the controller raises the keep-alive to a floor (60 s here): the
+    0.5 s restart's 10 s keep-alive becomes 60 s, the 9 s restart's 180 s stays, and a fixed one
+    below the floor is raised too."""
+    assert keep_alive_for(RESTART_POLICY, 0.5, 60.0) == 60.0
+    assert keep_alive_for(RESTART_POLICY, 9.0, 60.0) == 180.0
+    assert keep_alive_for(POLICY, 0.5, 60.0) == 60.0 and keep_alive_for(POLICY, 0.5, 0.0) == 30.0
+
+    def decision_at(now: float, floor_s: float):
+        snapshot = LoadSnapshot(num_instances=1, last_request_s=100.0, restart_s=0.5, keep_alive_floor_s=floor_s)
+        return decide(RESTART_POLICY, snapshot, AutoscaleState(), now)[0]
+
+    assert decision_at(110.0, 0.0).num_instances == 0
+    assert [decision_at(t, 60.0).num_instances for t in (110.0, 159.9, 160.0)] == [1, 1, 0]
+    assert decision_at(130.0, 60.0).reason == ("steady at 1: idle 30s of keep-alive 60s (the floor while slots are "
+                                               "contended)")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
+        ({"num_instances": 1, "keep_alive_floor_s": -1.0}, "keep_alive_floor_s must be a finite number >= 0, got -1.0"),
         ({"num_instances": 1, "restart_s": -1.0}, "restart_s must be a finite number >= 0 or None, got -1.0"),
         ({"num_instances": 1, "restart_s": float("nan")}, "restart_s must be a finite number >= 0 or None"),
         ({"num_instances": -1}, "num_instances must be an integer >= 0, got -1"),

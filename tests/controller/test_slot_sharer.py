@@ -533,3 +533,28 @@ def test_where_memory_is_the_slot_a_model_scaled_to_zero_leaves_its_process_to_t
 def test_slot_sharing_settings_refuse_what_they_cannot_mean(fields, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         SlotSharingSettings(**fields)
+
+
+def test_while_slots_are_contended_an_idle_instance_is_kept_at_least_contended_keep_alive_s(tmp_path):
+    """a's keep-alive is 10 s. b waits for the only slot with a request past saving (so it may not
+    evict a yet): the slot is contended, and a is given back only after 60 s idle, not 10 s."""
+    async def scenario():
+        async with Harness(tmp_path, cpu_worker_slots_per_node=1, slot_sharing=SlotSharingSettings(preempt=False)) as h:
+            a = await deploy(h, "a", 1)
+            b = await deploy(h, "b", 2)
+            h.controller.notify_demand(a, 1)
+            await h.tick()
+            [a_worker] = h.cluster.live_workers()
+            h.controller.notify_demand(a, 0)
+            await h.tick()
+            for waited in (20.0, 35.0):  # a idle 15 s, then 30 s: past its 10 s keep-alive
+                h.clock.advance(15.0)
+                h.controller.notify_demand(b, 1, "gw", waited, waited)
+                await h.tick()
+                assert h.cluster.stopped_workers == [] and len(h.routes(a)) == 1
+            assert "the floor while slots are contended" in h.controller.get_model(a)["last_scale"]["reason"]
+            assert kinds(h, "eviction") == []  # b's request is past saving: it may not evict a yet
+            await h.tick(31.0)  # idle 61 s: past the 60 s floor too
+            await eventually(lambda: h.cluster.stopped_workers == [a_worker.instance_id], "a scaled to zero")
+
+    asyncio.run(scenario())

@@ -89,7 +89,8 @@ def test_thaws_slot_sharing_settings_come_from_the_config():
     default = run_simulation(SimConfig(policy="thaw", **SMALL))
     assert default.settings == {"min_idle_s": 0.5, "usage_half_life_s": 300.0, "preempt": True,
                                 "deadline_preemption": True, "deadline_eviction": True, "lost_wait_s": 60.0,
-                                "deadline_order": True, "starvation_bound_s": 300.0, "ttft_slo_s": 5.0, "min_run_s": 2.0,
+                                "deadline_order": True, "starvation_bound_s": 300.0, "contended_keep_alive_s": 60.0,
+                                "ttft_slo_s": 5.0, "min_run_s": 2.0,
                                 "slot_reclaim": True, "max_wait_before_preempt_s": 5.0, "keep_alive_s": 60.0, "keep_alive_per_restart": 30.0,
                                 "min_keep_alive_s": 10.0, "max_keep_alive_s": 180.0, "upscale_delay_s": 0.0,
                                 "downscale_delay_s": 600.0}
@@ -124,10 +125,11 @@ def test_thaw_simulate_deadline_flags_reach_thaws_policy(capsys):
     """The issue-39 rules can be turned off one by one (and the lost-request bound changed), so
     the figures before them are reproduced with the same code."""
     assert main(["simulate", "--quick", "--policy", "thaw", "--json", "--thaw-evict-for-lost", "--thaw-order-by-age",
-                 "--thaw-lost-wait-s", "30"]) == 0
+                 "--thaw-lost-wait-s", "30", "--thaw-contended-keep-alive-s", "0"]) == 0
     [line] = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     settings = line["settings"]
-    assert (settings["deadline_eviction"], settings["deadline_order"], settings["lost_wait_s"]) == (False, False, 30.0)
+    assert (settings["deadline_eviction"], settings["deadline_order"], settings["lost_wait_s"],
+            settings["contended_keep_alive_s"]) == (False, False, 30.0, 0.0)
     assert settings["deadline_preemption"] is True
     assert main(["simulate", "--quick", "--policy", "thaw", "--thaw-lost-wait-s", "-1"]) == 2
     assert "EvictionSettings.lost_wait_s must be a finite number >= 0" in capsys.readouterr().err
