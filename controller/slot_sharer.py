@@ -150,7 +150,10 @@ class SlotSharer:
 
     def keep_alive_floor_s(self, now: float) -> float:
         """The least keep-alive while slots are contended: `contended_keep_alive_s` when a model
-        with queued requests found no free slot within that long, else 0 (`LoadSnapshot`)."""
+        with queued requests found no free slot within that long, else 0 (`LoadSnapshot`). A model
+        short of a node's worker memory budget does not count: an idle model there sleeps when its
+        keep-alive runs out, which frees the memory and keeps its weights, and a sleeper is the
+        eviction policy's first victim anyway."""
         settings = self.config.slot_sharing
         if settings is None or self._no_room_s is None or now - self._no_room_s > settings.contended_keep_alive_s:
             return 0.0
@@ -267,7 +270,8 @@ class SlotSharer:
             return decision
         if decision.placed or self.config.slot_sharing is None or not self._queued(model, now):
             return decision
-        self._no_room_s = now
+        if not any(e.num_free_slots >= num_slots for e in decision.estimates):
+            self._no_room_s = now  # short of slots, not of a memory budget: there an idle model sleeps
         load_s, free, free_memory = self._targets(decision)
         settings = self.config.slot_sharing
         ttl_s = self.config.queue_report_ttl_s
