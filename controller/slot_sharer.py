@@ -155,7 +155,8 @@ class SlotSharer:
         keep-alive runs out, which frees the memory and keeps its weights, and a sleeper is the
         eviction policy's first victim anyway."""
         settings = self.config.slot_sharing
-        if settings is None or self._no_room_s is None or now - self._no_room_s > settings.contended_keep_alive_s:
+        if settings is None or not settings.contended_keep_alive_s or self._no_room_s is None \
+                or now - self._no_room_s > settings.contended_keep_alive_s:
             return 0.0
         return settings.contended_keep_alive_s
 

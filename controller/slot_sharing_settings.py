@@ -43,7 +43,8 @@ class SlotSharingSettings:
         contended_keep_alive_s: while some model has found no free slot within this long, no idle
             instance is given back by its keep-alive before it has been idle this long
             (`LoadSnapshot.keep_alive_floor_s`; the eviction policy may still take it for a
-            waiting model). 0: off.
+            waiting model). 0 (the default, which suits CPU nodes whose restarts take seconds):
+            off; `thaw simulate` deploys its GPU cluster with 60 (`sim.policies.THAW_SHARING`).
         min_run_s: an instance is preempted only after serving at least this long (the least
             quantum two contending models get), and at least as long as the waiting model's load
             on its node takes (`choose_preemption`).
@@ -62,7 +63,7 @@ class SlotSharingSettings:
     deadline_eviction: bool = True
     deadline_order: bool = True
     starvation_bound_s: float = 300.0
-    contended_keep_alive_s: float = 60.0
+    contended_keep_alive_s: float = 0.0
     min_run_s: float = 2.0
     priority_boost_s: float = DEFAULT_PRIORITY_BOOST_S
     suspend_timeout_s: float = 10.0

@@ -71,7 +71,7 @@ def add_simulate_command(sub) -> None:
                         "(SlotSharingSettings.deadline_order=False)")
     p.add_argument("--thaw-contended-keep-alive-s", type=float, default=None,
                    help="Thaw: the least keep-alive while a model found no free slot within that long "
-                        "(SlotSharingSettings.contended_keep_alive_s, controller default 60; 0: off)")
+                        "(SlotSharingSettings.contended_keep_alive_s; default 60, a GPU deployment's; 0: off)")
     p.add_argument("--thaw-no-slot-reclaim", action="store_true",
                    help="Thaw: never free a slot by migrating an instance's requests to a sibling (controller "
                         "slot_reclaim=None)")
@@ -99,8 +99,9 @@ def _thaw_sharing(args):
     import dataclasses
 
     from controller import SlotSharingSettings
+    from sim.policies import THAW_SHARING
 
-    base = SlotSharingSettings()
+    base = THAW_SHARING
     eviction = base.eviction
     if args.thaw_min_idle_s is not None:
         eviction = dataclasses.replace(eviction, min_idle_s=args.thaw_min_idle_s)

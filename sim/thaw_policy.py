@@ -40,7 +40,8 @@ only when `desired_instances` changes), eviction when no instance is idle, slot 
 that has a ready instance (the policy refuses it), preemption before the wait bound or when
 nothing is busy.
 
-Settings: the controller's defaults (`SlotSharingSettings()`, `AutoscalingPolicy`'s
+Settings: the controller's defaults (`SlotSharingSettings()` with the keep-alive floor while slots are
+contended on, `sim.policies.THAW_SHARING`; `AutoscalingPolicy`'s
 `max_wait_before_preempt_s`) with the spec's keep-alive and delays of `sim.policies.ThawAutoscaling`
 (keep-alive per restart, scale-up at once, extras kept 600 s: what a GPU deployment would set; each
 model's restart estimate taken at its start, as the controller's `ModelState.restart_s`), or
@@ -60,7 +61,7 @@ from controller import (AutoscaleState, AutoscalingPolicy, EvictionCandidate, In
                         choose_eviction, choose_load_path, choose_preemption, decide, desired_instances, keep_alive_for,
                         order_waiting, place, plan_slot_reclaim)
 from sim.node_views import NodeViews, sim_tier
-from sim.policies import PolicySettings, SimPolicy, ThawAutoscaling
+from sim.policies import THAW_SHARING, PolicySettings, SimPolicy, ThawAutoscaling
 from sim.sim_instance import InstancePhase
 
 __all__ = ["ThawPolicy"]
@@ -108,7 +109,7 @@ class ThawPolicy(SimPolicy):
                                                  target_ongoing_requests=settings.target_ongoing_requests,
                                                  keep_alive_s=settings.keep_alive_s,
                                                  **(spec.spec_fields() if spec is not None else {}), **wait)
-        self.sharing = sharing if sharing is not None else SlotSharingSettings()
+        self.sharing = sharing if sharing is not None else THAW_SHARING
         self.reclaim_costs = SlotReclaimCosts() if slot_reclaim else None  # `ControllerConfig.slot_reclaim`
         self.peer_stream: PeerStreamSettings | None = None
         self.views: NodeViews | None = None
@@ -188,7 +189,7 @@ class ThawPolicy(SimPolicy):
         """`SlotSharer.keep_alive_floor_s`: `contended_keep_alive_s` while a model with queued
         requests found no free slot within that long."""
         floor_s = self.sharing.contended_keep_alive_s
-        if self._no_room_s is None or self.cluster.loop.now - self._no_room_s > floor_s:
+        if not floor_s or self._no_room_s is None or self.cluster.loop.now - self._no_room_s > floor_s:
             return 0.0
         return floor_s
 

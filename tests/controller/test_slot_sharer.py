@@ -539,7 +539,8 @@ def test_while_slots_are_contended_an_idle_instance_is_kept_at_least_contended_k
     """a's keep-alive is 10 s. b waits for the only slot with a request past saving (so it may not
     evict a yet): the slot is contended, and a is given back only after 60 s idle, not 10 s."""
     async def scenario():
-        async with Harness(tmp_path, cpu_worker_slots_per_node=1, slot_sharing=SlotSharingSettings(preempt=False)) as h:
+        sharing = SlotSharingSettings(preempt=False, contended_keep_alive_s=60.0)
+        async with Harness(tmp_path, cpu_worker_slots_per_node=1, slot_sharing=sharing) as h:
             a = await deploy(h, "a", 1)
             b = await deploy(h, "b", 2)
             h.controller.notify_demand(a, 1)
