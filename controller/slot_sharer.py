@@ -155,10 +155,7 @@ class SlotSharer:
         keep-alive runs out, which frees the memory and keeps its weights, and a sleeper is the
         eviction policy's first victim anyway."""
         settings = self.config.slot_sharing
-        if settings is None or not settings.contended_keep_alive_s or self._no_room_s is None \
-                or now - self._no_room_s > settings.contended_keep_alive_s:
-            return 0.0
-        return settings.contended_keep_alive_s
+        return 0.0 if settings is None else settings.keep_alive_floor_s(self._no_room_s, now)
 
     def order(self, models: Sequence[ModelState], now: float) -> list[ModelState]:
         """`models` as the autoscale pass should take them: the waiting ones first, in turn."""

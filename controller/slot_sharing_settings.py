@@ -69,6 +69,14 @@ class SlotSharingSettings:
     suspend_timeout_s: float = 10.0
     max_parked_kv_bytes: int = 1 << 30
 
+    def keep_alive_floor_s(self, no_room_s: float | None, now: float) -> float:
+        """The least keep-alive at `now` when a model with queued requests last found no free slot
+        at `no_room_s` (None: never): `contended_keep_alive_s` within that long, else 0. The one
+        rule the controller's `SlotSharer` and the simulator's Thaw policy both apply."""
+        if not self.contended_keep_alive_s or no_room_s is None or now - no_room_s > self.contended_keep_alive_s:
+            return 0.0
+        return self.contended_keep_alive_s
+
     def __post_init__(self) -> None:
         if not isinstance(self.eviction, EvictionSettings):
             raise ValueError(f"SlotSharingSettings.eviction must be an EvictionSettings, "

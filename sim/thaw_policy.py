@@ -188,10 +188,7 @@ class ThawPolicy(SimPolicy):
     def _keep_alive_floor_s(self) -> float:
         """`SlotSharer.keep_alive_floor_s`: `contended_keep_alive_s` while a model with queued
         requests found no free slot within that long."""
-        floor_s = self.sharing.contended_keep_alive_s
-        if not floor_s or self._no_room_s is None or self.cluster.loop.now - self._no_room_s > floor_s:
-            return 0.0
-        return floor_s
+        return self.sharing.keep_alive_floor_s(self._no_room_s, self.cluster.loop.now)
 
     def _desired(self, demand: int) -> int:
         """`desired_instances(self.autoscaling, demand)`, remembered per demand (called per request)."""
