@@ -29,19 +29,30 @@ One run:
    its real byte size.
 4. **Simulated**: `sim.run_simulation` of Thaw's policy (the controller's policy functions) with
    that profile, the controller's slot-sharing settings and reconcile interval, the deployed
-   autoscaling spec, the controller loop's timing (`real_controller_timing`: ticks a reconcile
+   autoscaling spec (its ``queue_timeout_s`` failing a request no instance took in time, as the
+   gateway does), the controller loop's timing (`real_controller_timing`: ticks a reconcile
    interval after the last, requests seen at the next tick), and the exact request list of the
    trace (arrival, model, prompt tokens, ``max_tokens``; `sim.explicit_workload`).
+
+With ``--policies thaw,thaw-keepalive-wait`` (issue 39's contended run) the same trace is also
+served by multimodel.py's ``thaw-keepalive-wait`` (the platform with ``--no-slot-sharing``:
+keep-alive a hard lease, no eviction or preemption, as ServerlessLLM) and replayed by the
+simulator's Thaw policy with slot sharing off, under the profile measured from Thaw's run (the
+hardware is the same; only the policy differs). The line then also says, per figure, whether the
+simulator ranks the two policies as the real platform does (``ranking``; values within 20% of
+each other are a tie on either side) and how close each policy's figures are (``peers``).
 
 Both sides' TTFT percentiles are computed alike (multimodel.py's: linear interpolation; a request
 without a first token within the client's deadline counts as the deadline, and a simulated TTFT
 past it is capped there, since the real client would have given up). Cold starts are instances that
 became ready, by the tier they loaded from (``repository``: the node fetched the checkpoint first).
-For each figure: the ratio sim / real and whether it is within 20%.
+SLO attainment is the share of requests whose first token came within the models' TTFT SLO (the
+spec's ``ttft_slo_s``). For each figure: the ratio sim / real and whether it is within 20%.
 
 One JSON line on stdout; progress, and whatever Ray prints, on stderr.
 
-    python bench/sim_fidelity.py [--quick] [--seed N] [--work-dir DIR] [--details-out FILE]
+    python bench/sim_fidelity.py [--quick] [--seed N] [--policies thaw[,thaw-keepalive-wait]]
+                                 [--work-dir DIR] [--details-out FILE]
 """
 
 from __future__ import annotations
@@ -50,7 +61,6 @@ import argparse
 import asyncio
 import collections
 import json
-import math
 import random
 import statistics
 import sys
@@ -66,23 +76,19 @@ if __package__ in (None, ""):
 
 from bench.bursty_trace import TraceRequest, bursty_trace  # noqa: E402
 from bench.coldstart import machine  # noqa: E402
+from bench.engine_calibration import calibrate_engine, line_fit  # noqa: E402
+from bench.fidelity_figures import compare, figures_of, ranking, sim_ttfts  # noqa: E402
 from bench.multimodel import stdout_to_stderr  # noqa: E402
-from bench.multimodel_setup import (FULL, NUM_SLOTS, QUICK, THREADS_PER_INSTANCE, BenchMode, BenchModel,  # noqa: E402
-                                    write_models)
+from bench.multimodel_setup import FULL, NUM_SLOTS, QUICK, BenchMode, BenchModel, write_models  # noqa: E402
 from bench.multimodel_sides import ThawSide  # noqa: E402
-from bench.trace_client import censored_percentile, replay  # noqa: E402
+from bench.trace_client import replay  # noqa: E402
 
-TOLERANCE = 0.20
 PROBES_PER_MODEL = 5
 NUM_PROBED_MODELS = 2
-CALIBRATION_REPEATS = 3
-DECODE_BATCHES = (1, 4)
-NUM_DECODE_STEPS = 8
 GATEWAY_HISTOGRAMS = {"thaw_inter_token_latency_seconds": "itl", "thaw_time_to_first_token_seconds": "ttft",
                       "thaw_queue_time_seconds": "queue"}
 MIN_TOKEN_GAPS = 50  # a size class with fewer measured gaps takes the run's overall contention factor
-FIGURES = ("ttft_p50_s", "ttft_p99_s", "cold_starts", "cold_starts_dram", "cold_starts_ssd",
-           "cold_starts_repository")
+POLICIES = ("thaw", "thaw-keepalive-wait")  # multimodel.py's: slot sharing on, and keep-alive as a hard lease
 
 
 def log(message: str) -> None:
@@ -212,20 +218,20 @@ def _starts(side: ThawSide, start_wall_s: float) -> list[dict[str, Any]]:
     return starts
 
 
-def run_real(mode: BenchMode, models: list[BenchModel], trace: list[TraceRequest], work_dir: Path,
+def run_real(policy: str, mode: BenchMode, models: list[BenchModel], trace: list[TraceRequest], work_dir: Path,
              seed: int) -> RealRun:
     import ray
 
     from controller import AutoscalingPolicy
 
-    side = ThawSide("thaw", mode, models, work_dir)
-    log("real: starting the platform")
+    side = ThawSide(policy, mode, models, work_dir)
+    log(f"real ({policy}): starting the platform")
     started = time.monotonic()
     try:
         side.start()
         config = ray.get(side.controller.config.remote(), timeout=60)
         specs = {m.index: ray.get(side.controller.get_model.remote(m.model_id), timeout=60) for m in models}
-        log(f"real: up in {time.monotonic() - started:.1f} s; replaying {len(trace)} requests")
+        log(f"real ({policy}): up in {time.monotonic() - started:.1f} s; replaying {len(trace)} requests")
         replayed = asyncio.run(_replay_and_probe(side, trace, mode, seed))
         status = ray.get(side.controller.status.remote(), timeout=60)
     finally:
@@ -256,66 +262,6 @@ def run_real(mode: BenchMode, models: list[BenchModel], trace: list[TraceRequest
         gateway_series=replayed.gateway_series, nodes=status["nodes"])
 
 
-# ---- the engine's costs -----------------------------------------------------------------------------
-
-
-def calibrate_engine(path: Path, prompt_lengths: list[int], seed: int) -> dict[str, Any]:
-    """One model in the real engine at the workers' thread count: prefill seconds per prompt
-    length and decode-step seconds per batch size (medians of `CALIBRATION_REPEATS`)."""
-    import torch
-
-    from worker import Engine, EngineConfig, SamplingParams
-
-    torch.set_num_threads(THREADS_PER_INSTANCE)
-    engine = Engine(path, EngineConfig(cpu_prepack_defer_bytes=None))  # steps timed packed, as they run warm
-    rng = random.Random(f"{seed}/calibration/{path.name}")
-
-    def params(max_tokens: int) -> Any:
-        return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-
-    def prompt(length: int) -> list[int]:
-        return [rng.randrange(3, 1000) for _ in range(length)]  # fresh ids: no prefix-cache hit
-
-    def finish_all() -> None:
-        while engine.has_unfinished_requests():
-            engine.step()
-
-    engine.add_request(prompt(16), params(4))  # first-call costs (kernels, oneDNN primitives)
-    finish_all()
-    prefill = {}
-    for length in prompt_lengths:
-        samples = []
-        for _ in range(CALIBRATION_REPEATS):
-            engine.add_request(prompt(length), params(1))
-            t0 = time.perf_counter()
-            finish_all()  # one step: the prefill and its one token
-            samples.append(time.perf_counter() - t0)
-        prefill[length] = statistics.median(samples)
-    decode = {}
-    for batch in DECODE_BATCHES:
-        samples = []
-        for _ in range(CALIBRATION_REPEATS):
-            for _ in range(batch):
-                engine.add_request(prompt(16), params(NUM_DECODE_STEPS + 2))
-            engine.step()  # the batch's prefills, together (chunked prefill)
-            t0 = time.perf_counter()
-            for _ in range(NUM_DECODE_STEPS):
-                engine.step()
-            samples.append((time.perf_counter() - t0) / NUM_DECODE_STEPS)
-            finish_all()
-        decode[batch] = statistics.median(samples)
-    return {"prefill_s": prefill, "decode_step_s": decode}
-
-
-def _line_fit(points: dict[int, float]) -> tuple[float, float]:
-    """Least-squares (intercept, slope), both clipped at 0."""
-    xs, ys = list(points), list(points.values())
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    var = sum((x - mean_x) ** 2 for x in xs)
-    slope = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / var) if var else 0.0
-    return max(0.0, mean_y - slope * mean_x), slope
-
-
 # ---- the profile ------------------------------------------------------------------------------------
 
 
@@ -329,7 +275,7 @@ def build_profile(real: RealRun, calibration: dict[str, dict[str, Any]], models:
     timings = []
     for model in models:
         measured, factor = calibration[model.size], factors[model.size]
-        prefill_s, per_token_s = _line_fit(measured["prefill_s"])
+        prefill_s, per_token_s = line_fit(measured["prefill_s"])
         decode = measured["decode_step_s"]
         batches = sorted(decode)
         per_sequence_s = max(0.0, (decode[batches[-1]] - decode[batches[0]]) / (batches[-1] - batches[0]))
@@ -477,8 +423,6 @@ def simulate(profile: Any, real: RealRun, models: list[BenchModel], trace: list[
     from sim import SimConfig, SimRequest, explicit_workload, run_simulation
 
     config = real.config
-    if config.slot_sharing is None:
-        raise RuntimeError("the real run had slot sharing off; this bench replays Thaw's policy with it on")
     requests = explicit_workload([SimRequest(r.arrival_s, models[r.model_index].model_id, len(r.prompt_token_ids),
                                              r.max_tokens) for r in trace], [m.model_id for m in models])
     sim_config = SimConfig(num_models=len(models), num_nodes=1, hours=mode.trace.duration_s / 3600.0, seed=seed,
@@ -486,54 +430,61 @@ def simulate(profile: Any, real: RealRun, models: list[BenchModel], trace: list[
                            slo_ttft_s=mode.effective_first_token_deadline_s,
                            max_instances=real.autoscaling.max_instances, keep_alive_s=real.autoscaling.keep_alive_s,
                            drain_limit_s=600.0, sample_s=1.0, thaw_sharing=config.slot_sharing,
-                           thaw_autoscaling=real.autoscaling, real_controller_timing=True, hardware=profile)
+                           thaw_slot_sharing=config.slot_sharing is not None,
+                           queue_timeout_s=real.autoscaling.queue_timeout_s, thaw_autoscaling=real.autoscaling,
+                           real_controller_timing=True, hardware=profile)
     return run_simulation(sim_config, requests=requests)
 
 
 # ---- the comparison ---------------------------------------------------------------------------------
 
 
-def figures_of(ttfts: list[tuple[float, bool]], by_tier: dict[str, int]) -> dict[str, Any]:
-    return {"ttft_p50_s": round(censored_percentile(ttfts, 50)[0], 4),
-            "ttft_p99_s": round(censored_percentile(ttfts, 99)[0], 4),
-            "ttft_p99_censored": censored_percentile(ttfts, 99)[1],
-            "cold_starts": sum(by_tier.values()),
-            **{f"cold_starts_{tier}": by_tier.get(tier, 0) for tier in ("dram", "ssd", "repository")},
-            "cold_starts_other": sum(n for tier, n in by_tier.items() if tier not in ("dram", "ssd", "repository"))}
+def compare_policy(policy: str, real: RealRun, profile: Any, models: list[BenchModel], trace: list[TraceRequest],
+                   mode: BenchMode, seed: int) -> tuple[dict[str, Any], Any]:
+    """One policy's real run against its replay in the simulator under the same profile."""
+    result = simulate(profile, real, models, trace, mode, seed)
+    deadline_s, slo_s = mode.effective_first_token_deadline_s, real.autoscaling.ttft_slo_s
+    real_figures = figures_of(real.ttfts, real.figures["cold_starts_by_tier"], slo_s)
+    sim_tiers = {"dram": result.cold_starts_by_tier["dram"], "ssd": result.cold_starts_by_tier["ssd"],
+                 "repository": result.cold_starts_by_tier["s3"]}
+    simulated = figures_of(sim_ttfts(result, deadline_s), sim_tiers, slo_s)
+    ratios, within = compare(real_figures, simulated)
+    sharing = real.figures.get("slot_sharing", {})
+    real_extra = {"num_requests": real.figures["num_requests"], "num_failed": real.figures["num_failed"],
+                  "cold_starts_from_spare": real.figures["cold_starts_from_spare"],
+                  "evictions": sharing.get("evictions", 0),
+                  "preemptions": sharing.get("preemptions_migrated", 0) + sharing.get("preemptions_suspended", 0),
+                  "duration_s": real.figures["duration_s"]}
+    sim_extra = {"num_requests": result.num_requests, "num_served": result.num_served,
+                 "cold_starts_from_spare": result.counts.get("starts_from_spare", 0),
+                 "evictions": result.evictions, "preemptions": result.preemptions,
+                 "sim_end_s": round(result.sim_end_s, 2), "wall_s": round(result.wall_s, 3)}
+    side = {"policy": policy, "slo_ttft_s": slo_s, "real": {**real_figures, **real_extra},
+            "sim": {**simulated, **sim_extra}, "ratio_sim_to_real": ratios, "within_20pct": within,
+            "all_within_20pct": all(within.values())}
+    return side, result
 
 
-def compare(real: dict[str, Any], simulated: dict[str, Any]) -> tuple[dict[str, float | None], dict[str, bool]]:
-    """sim / real per figure, and whether it is within `TOLERANCE` (two zeros agree; a zero
-    against anything else does not)."""
-    ratios, within = {}, {}
-    for name in FIGURES:
-        r, s = real[name], simulated[name]
-        ratios[name] = round(s / r, 4) if r else None
-        within[name] = abs(s - r) <= TOLERANCE * r if r else s == 0
-    return ratios, within
-
-
-def sim_ttfts(result: Any, deadline_s: float) -> list[tuple[float, bool]]:
-    """Per request: its simulated TTFT, capped at the client's deadline (then censored)."""
-    out = []
-    for ttft in result.ttft_s.tolist():
-        if math.isnan(ttft) or ttft >= deadline_s:
-            out.append((deadline_s, True))
-        else:
-            out.append((ttft, False))
-    return out
-
-
-def run(mode: BenchMode, seed: int, work_dir: Path, details_out: Path | None) -> dict[str, Any]:
+def run(mode: BenchMode, seed: int, work_dir: Path, details_out: Path | None,
+        policies: tuple[str, ...] = ("thaw",)) -> dict[str, Any]:
+    """The real runs of `policies` (Thaw's first), one hardware profile measured from Thaw's, and
+    each policy replayed in the simulator under that profile."""
     import torch
 
+    if not policies or policies[0] != "thaw" or len(set(policies)) != len(policies) \
+            or any(p not in POLICIES for p in policies):
+        raise ValueError(f"policies must start with 'thaw' and name each of {', '.join(POLICIES)} at most once, "
+                         f"got {', '.join(policies) or 'none'}")
     trace = bursty_trace(mode.trace, seed)
     if not trace:
         raise ValueError("the trace has no request: choose another --seed")
     models = write_models(mode, work_dir / "models")
     log(f"{len(trace)} requests over {mode.trace.duration_s:g} s, {len(models)} models")
-    real = run_real(mode, models, trace, work_dir, seed)
-    log(f"real: {real.figures['num_failed']} failed, cold starts {real.figures['cold_starts_by_tier']}")
+    reals = {}
+    for policy in policies:
+        reals[policy] = run_real(policy, mode, models, trace, work_dir, seed)
+        log(f"real ({policy}): {reals[policy].figures['num_failed']} failed, "
+            f"cold starts {reals[policy].figures['cold_starts_by_tier']}")
     lengths = sorted({mode.trace.min_prompt_tokens, (mode.trace.min_prompt_tokens + mode.trace.max_prompt_tokens) // 2,
                       mode.trace.max_prompt_tokens})
     calibration = {}
@@ -541,38 +492,33 @@ def run(mode: BenchMode, seed: int, work_dir: Path, details_out: Path | None) ->
         if model.size not in calibration:
             calibration[model.size] = calibrate_engine(model.path, lengths, seed)
             log(f"calibrated {model.size}: {calibration[model.size]}")
-    profile, how = build_profile(real, calibration, models, trace, mode)
-    result = simulate(profile, real, models, trace, mode, seed)
-    deadline_s = mode.effective_first_token_deadline_s
-    real_figures = figures_of(real.ttfts, real.figures["cold_starts_by_tier"])
-    sim_tiers = {"dram": result.cold_starts_by_tier["dram"], "ssd": result.cold_starts_by_tier["ssd"],
-                 "repository": result.cold_starts_by_tier["s3"]}
-    simulated = figures_of(sim_ttfts(result, deadline_s), sim_tiers)
-    ratios, within = compare(real_figures, simulated)
-    real_extra = {"num_requests": real.figures["num_requests"], "num_failed": real.figures["num_failed"],
-                  "cold_starts_from_spare": real.figures["cold_starts_from_spare"],
-                  "evictions": real.figures["slot_sharing"].get("evictions", 0),
-                  "preemptions": real.figures["slot_sharing"].get("preemptions_migrated", 0)
-                  + real.figures["slot_sharing"].get("preemptions_suspended", 0),
-                  "duration_s": real.figures["duration_s"]}
-    sim_extra = {"num_requests": result.num_requests, "num_served": result.num_served,
-                 "cold_starts_from_spare": result.counts.get("starts_from_spare", 0),
-                 "evictions": result.evictions, "preemptions": result.preemptions,
-                 "sim_end_s": round(result.sim_end_s, 2), "wall_s": round(result.wall_s, 3)}
+    profile, how = build_profile(reals["thaw"], calibration, models, trace, mode)
+    sides, results = {}, {}
+    for policy in policies:
+        sides[policy], results[policy] = compare_policy(policy, reals[policy], profile, models, trace, mode, seed)
+    thaw = sides["thaw"]
     line = {"bench": "sim_fidelity", "mode": mode.name, "seed": seed, "trace": mode.trace.describe(),
-            "num_models": len(models), "num_slots": NUM_SLOTS, "first_token_deadline_s": deadline_s,
-            "real": {**real_figures, **real_extra}, "sim": {**simulated, **sim_extra},
-            "ratio_sim_to_real": ratios, "within_20pct": within, "all_within_20pct": all(within.values()),
-            "profile": profile_summary(profile), "profile_measured_from": how,
-            "machine": machine(), "torch": torch.__version__}
+            "num_models": len(models), "num_slots": NUM_SLOTS, "first_token_deadline_s": mode.effective_first_token_deadline_s,
+            "slo_ttft_s": thaw["slo_ttft_s"], "policies": list(policies),
+            "real": thaw["real"], "sim": thaw["sim"], "ratio_sim_to_real": thaw["ratio_sim_to_real"],
+            "within_20pct": thaw["within_20pct"], "all_within_20pct": thaw["all_within_20pct"]}
+    if len(policies) > 1:
+        line["peers"] = {p: sides[p] for p in policies[1:]}
+        line["ranking"] = ranking(sides)
+    line.update({"profile": profile_summary(profile), "profile_measured_from": how,
+                 "machine": machine(), "torch": torch.__version__})
     if details_out is not None:
+        real, result = reals["thaw"], results["thaw"]
         details = {"starts": real.starts, "decisions": real.decisions, "probes": real.probes, "spare_samples": real.spare_samples,
                    "calibration": {size: {k: {str(n): v for n, v in c.items()} for k, c in cal.items()}
                                    for size, cal in calibration.items()},
                    "real_ttft_s": [t for t, _ in real.ttfts], "sim_ttft_s": result.ttft_s.tolist(),
                    "arrival_s": [r.arrival_s for r in trace], "model_index": [r.model_index for r in trace],
                    "real_figures": real.figures, "sim_counts": result.counts, "gateway_series": real.gateway_series,
-                   "nodes": real.nodes}
+                   "nodes": real.nodes,
+                   "peers": {p: {"real_ttft_s": [t for t, _ in reals[p].ttfts], "sim_ttft_s": results[p].ttft_s.tolist(),
+                                 "real_figures": reals[p].figures, "sim_counts": results[p].counts}
+                             for p in policies[1:]}}
         details_out.write_text(json.dumps(details, indent=1, default=str))
     return line
 
@@ -581,14 +527,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="multimodel.py's quick scenario (tiny models, 20 s)")
     parser.add_argument("--seed", type=int, default=0, help="the trace's seed (default 0)")
+    parser.add_argument("--policies", default="thaw",
+                        help=f"comma-separated, thaw first: thaw alone, or {','.join(POLICIES)} for the contended "
+                             "comparison (each run for real, each replayed under the profile of Thaw's run, and "
+                             "whether the simulator ranks them as the real platform does)")
     parser.add_argument("--work-dir", type=Path, default=None, help="where models and state go (default: a temp dir)")
     parser.add_argument("--details-out", type=Path, default=None,
                         help="also write per-request TTFTs, per-start times and the calibration there (JSON)")
     args = parser.parse_args(argv)
     mode = QUICK if args.quick else FULL
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    if not policies or policies[0] != "thaw" or len(set(policies)) != len(policies) \
+            or any(p not in POLICIES for p in policies):
+        parser.error(f"--policies takes thaw, then optionally {','.join(POLICIES[1:])}, got {args.policies!r}")
     with tempfile.TemporaryDirectory(prefix="thaw-sim-fidelity-", dir=args.work_dir) as tmp:
         with stdout_to_stderr():
-            line = run(mode, args.seed, Path(tmp), args.details_out)
+            line = run(mode, args.seed, Path(tmp), args.details_out, policies)
     print(json.dumps(line), flush=True)
     return 0
 

@@ -1,9 +1,9 @@
 """`thaw simulate`: run the trace-driven simulator for one policy or all four, and report.
 
     thaw simulate --models N --nodes N --gpus-per-node N --hours H [--trace DIR] --policy NAME|all
-                  [--seed S] [--json] [--out DIR] [--quick] [--workers N]
+                  [--seed S] [--staged ssd|dram] [--json] [--out DIR] [--quick] [--workers N]
                   [--thaw-min-idle-s S] [--thaw-min-run-s S] [--thaw-no-preempt] [--thaw-preempt-after-wait] [--thaw-no-slot-reclaim]
-                  [--thaw-max-wait-before-preempt-s S]
+                  [--thaw-max-wait-before-preempt-s S] [--thaw-no-slot-sharing]
 
 A progress bar (tqdm) on stderr follows simulated time across the policies. With `--policy all`
 the policies run side by side in `--workers` processes (default: one per CPU core, at most one
@@ -47,6 +47,10 @@ def add_simulate_command(sub) -> None:
     p.add_argument("--policy", default="all", choices=[*POLICY_NAMES, "all"], help="policy to run (default all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slo-ttft-s", type=float, default=5.0, help="TTFT bound of the SLO attainment (default 5 s)")
+    p.add_argument("--staged", choices=("ssd", "dram"), default=None,
+                   help="every node's SSD (and with dram, its DRAM) holds every checkpoint when the run starts, as "
+                        "far as it fits, so no request waits for a first fetch from the repository (default: the "
+                        "repository only)")
     p.add_argument("--json", action="store_true", help="one JSON object per line per policy")
     p.add_argument("--out", default=None, help="folder for results.jsonl, ttft_cdf.png and accelerators.png")
     p.add_argument("--quick", action="store_true", help="a small scenario that runs in seconds (ignores the sizes)")
@@ -72,6 +76,9 @@ def add_simulate_command(sub) -> None:
     p.add_argument("--thaw-contended-keep-alive-s", type=float, default=None,
                    help="Thaw: the least keep-alive while a model found no free slot within that long "
                         "(SlotSharingSettings.contended_keep_alive_s; default 60, a GPU deployment's; 0: off)")
+    p.add_argument("--thaw-no-slot-sharing", action="store_true",
+                   help="Thaw: no slot sharing, as `thaw serve --no-slot-sharing` (keep-alive a hard lease, no "
+                        "eviction or preemption; not with the other slot-sharing flags)")
     p.add_argument("--thaw-no-slot-reclaim", action="store_true",
                    help="Thaw: never free a slot by migrating an instance's requests to a sibling (controller "
                         "slot_reclaim=None)")
@@ -175,12 +182,16 @@ def run_simulate_command(args) -> int:
     policies = list(POLICY_NAMES) if args.policy == "all" else [args.policy]
     try:  # bad input is exit 2 with the message, as every thaw command does
         thaw_spec = _thaw_spec(args)
+        if args.thaw_no_slot_sharing and _thaw_sharing(args) is not None:
+            raise ValueError("--thaw-no-slot-sharing turns eviction and preemption off; it cannot be combined "
+                             "with the other slot-sharing flags (--thaw-min-idle-s, --thaw-no-preempt, ...)")
         configs = [SimConfig(num_models=sizes["models"], num_nodes=sizes["nodes"], gpus_per_node=sizes["gpus_per_node"],
                              hours=sizes["hours"], seed=args.seed, policy=name,
                              trace_dir=Path(args.trace) if args.trace else None, source=args.source,
                              slo_ttft_s=args.slo_ttft_s, thaw_sharing=_thaw_sharing(args),
                              thaw_max_wait_before_preempt_s=args.thaw_max_wait_before_preempt_s,
-                             thaw_spec=thaw_spec, thaw_slot_reclaim=not args.thaw_no_slot_reclaim)
+                             thaw_spec=thaw_spec, thaw_slot_reclaim=not args.thaw_no_slot_reclaim,
+                             thaw_slot_sharing=not args.thaw_no_slot_sharing, staged_tier=args.staged)
                    for name in policies]  # all validated before any runs
         if args.workers is not None and args.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {args.workers}")

@@ -209,17 +209,17 @@ class SimPolicy:
 def make_policy(name: str, settings: PolicySettings, *, thaw_sharing=None,
                 thaw_max_wait_before_preempt_s: float | None = None, thaw_autoscaling=None,
                 thaw_activity_at_ticks: bool = False, thaw_spec: ThawAutoscaling | None = None,
-                thaw_slot_reclaim: bool = True) -> SimPolicy:
+                thaw_slot_reclaim: bool = True, thaw_slot_sharing: bool = True) -> SimPolicy:
     """The policy called `name` (one of `POLICY_NAMES`). `thaw_sharing` (a controller
     `SlotSharingSettings`), `thaw_max_wait_before_preempt_s`, `thaw_autoscaling` (a whole
     controller `AutoscalingPolicy`), `thaw_activity_at_ticks`, `thaw_spec` (a `ThawAutoscaling`)
-    and `thaw_slot_reclaim` configure Thaw's policy only (None / False / True: the controller's
-    defaults, activity known at once)."""
+    `thaw_slot_reclaim` and `thaw_slot_sharing` configure Thaw's policy only (None / False / True /
+    True: the controller's defaults, activity known at once)."""
     if name == "thaw":
         from sim.thaw_policy import ThawPolicy
         return ThawPolicy(settings, sharing=thaw_sharing, max_wait_before_preempt_s=thaw_max_wait_before_preempt_s,
                           autoscaling=thaw_autoscaling, activity_at_ticks=thaw_activity_at_ticks,
-                          spec=thaw_spec, slot_reclaim=thaw_slot_reclaim)
+                          spec=thaw_spec, slot_reclaim=thaw_slot_reclaim, slot_sharing=thaw_slot_sharing)
     if name == "serverlessllm":
         from sim.serverlessllm_policy import ServerlessLLMPolicy
         return ServerlessLLMPolicy(settings)

@@ -81,6 +81,10 @@ class ClusterSpec:
         stop_s / recycle_s: how long a stopped instance holds its slot after its last request
             (its worker being stopped; `recycle_s` when its worker goes back to the spare pool
             instead). 0: the slot is free at once (the cluster-scale model).
+        queue_timeout_s: a request no instance has taken this long after it arrived fails, as
+            the gateway fails it after the model spec's ``queue_timeout_s`` (it leaves the queue
+            and is never served). None: requests wait as long as it takes (the cluster-scale
+            model, whose figures count a late first token as a miss instead).
     """
 
     num_nodes: int
@@ -98,6 +102,7 @@ class ClusterSpec:
     request_overhead_s: float = 0.0
     stop_s: float = 0.0
     recycle_s: float = 0.0
+    queue_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         _count("num_nodes", self.num_nodes, 1)
@@ -115,6 +120,12 @@ class ClusterSpec:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"ClusterSpec.{name} must be a finite number >= 0, got {value!r}")
+        if self.queue_timeout_s is not None and (isinstance(self.queue_timeout_s, bool)
+                                                 or not isinstance(self.queue_timeout_s, (int, float))
+                                                 or not math.isfinite(self.queue_timeout_s)
+                                                 or self.queue_timeout_s <= 0):
+            raise ValueError(f"ClusterSpec.queue_timeout_s must be a finite number > 0 or None, "
+                             f"got {self.queue_timeout_s!r}")
         if not isinstance(self.promote_on_settle, bool):
             raise ValueError(f"ClusterSpec.promote_on_settle must be True or False, got {self.promote_on_settle!r}")
 
@@ -203,8 +214,9 @@ class SimCluster:
         self.accelerator_s = 0.0
         self.cold_starts = dict.fromkeys(COLD_START_TIERS, 0)
         self.counts = {"evictions": 0, "migrations": 0, "requests_migrated": 0, "preemptions": 0,
-                       "requests_suspended": 0, "dram_cache_evictions": 0, "ssd_cache_evictions": 0}
-        self.num_finished = 0
+                       "requests_suspended": 0, "dram_cache_evictions": 0, "ssd_cache_evictions": 0,
+                       "requests_timed_out": 0}
+        self.num_finished = 0  # requests served to their last token (timed-out ones are counted apart)
         self._next_instance = 0
         # Indexes for placement at scale: nodes by free slot count, and the nodes holding a copy.
         self._free_buckets: list[set[int]] = [set() for _ in range(spec.gpus_per_node + 1)]
@@ -232,7 +244,24 @@ class SimCluster:
         state.queue.append(flight)
         self._route(state, now)
         if state.queue:
+            if self.spec.queue_timeout_s is not None:
+                self.loop.schedule_in(self.spec.queue_timeout_s, self._time_out, flight)
             self.policy.on_queued(state)
+        self.policy.on_demand(state)
+
+    @property
+    def num_done(self) -> int:
+        """Requests that will not come back: served to their end, or failed by the queue timeout."""
+        return self.num_finished + self.counts["requests_timed_out"]
+
+    def _time_out(self, flight: Flight) -> None:
+        """`queue_timeout_s` after its arrival: a request still queued and never admitted fails (a
+        suspended one, which has its first token, and one admitted meanwhile are left alone)."""
+        state = self.models[flight.model_index]
+        if flight.first_token_s is not None or flight.requeued or flight not in state.queue:
+            return
+        state.queue.remove(flight)
+        self.counts["requests_timed_out"] += 1  # never served: its TTFT stays NaN
         self.policy.on_demand(state)
 
     def _route(self, state: SimModelState, now: float) -> None:

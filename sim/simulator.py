@@ -14,6 +14,7 @@ the scale simulated.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -74,6 +75,9 @@ class SimConfig:
         thaw_slot_reclaim: Thaw's policy frees a slot for a cold model when no node has room by
             migrating a busy instance's requests to a sibling of its model (the controller's default
             `ControllerConfig.slot_reclaim`); False: never, as ``slot_reclaim=None``.
+        thaw_slot_sharing: False: Thaw's policy without slot sharing, as the controller with
+            ``slot_sharing=None`` (keep-alive a hard lease, no eviction or preemption; then
+            `thaw_sharing` must be None). True: with `thaw_sharing` (or its defaults).
         thaw_autoscaling: every model's whole `AutoscalingPolicy` for Thaw's policy (its delays,
             keep-alive, bounded wait), as a real deployment's spec gives it (None: built from
             `target_ongoing_requests` / `max_instances` / `keep_alive_s` and the defaults).
@@ -81,6 +85,14 @@ class SimConfig:
             `tick_s` after the last one rather than on a fixed grid, and (Thaw's policy) a model's
             requests known at the next tick, when it reads the workers' stats. False: ticks on the
             grid and requests known at once, as the cluster-scale figures in BENCHMARKS.md were taken.
+        queue_timeout_s: a request no instance took within this long fails, as the gateway fails
+            it after the spec's ``queue_timeout_s`` (`ClusterSpec.queue_timeout_s`; every policy
+            alike). None: requests wait as long as it takes.
+        staged_tier: "ssd" or "dram": every node's SSD holds every model's checkpoint when the run
+            starts, and with "dram" its DRAM too, each as far as it fits (catalog order), as on a
+            cluster that has served the catalog before, so no request waits for a first fetch from
+            the repository (the density figure's set-up); None: the repository alone holds them. Policies that keep no node copies
+            (Ray-Serve-like, unbounded) read the repository all the same.
         hardware: a measured `HardwareProfile` (`sim.hardware_profile`): the nodes, the catalog
             and the costs all come from it, replacing `gpu`, `gpus_per_node`, `dram_gib_per_node`,
             `ssd_gib_per_node` and `max_batch` (then `num_models` must be its model count).
@@ -110,8 +122,11 @@ class SimConfig:
     thaw_max_wait_before_preempt_s: float | None = None
     thaw_spec: ThawAutoscaling = field(default_factory=ThawAutoscaling)
     thaw_slot_reclaim: bool = True
+    thaw_slot_sharing: bool = True
     thaw_autoscaling: object = None
     real_controller_timing: bool = False
+    staged_tier: str | None = None
+    queue_timeout_s: float | None = None
     hardware: object = None
 
     def __post_init__(self) -> None:
@@ -156,6 +171,14 @@ class SimConfig:
                                  "max_wait_before_preempt_s it is), not both")
         if not isinstance(self.thaw_slot_reclaim, bool):
             raise ValueError(f"SimConfig.thaw_slot_reclaim must be True or False, got {self.thaw_slot_reclaim!r}")
+        if not isinstance(self.thaw_slot_sharing, bool):
+            raise ValueError(f"SimConfig.thaw_slot_sharing must be True or False, got {self.thaw_slot_sharing!r}")
+        if not self.thaw_slot_sharing and self.thaw_sharing is not None:
+            raise ValueError("SimConfig: thaw_sharing settings were given with thaw_slot_sharing=False; give one")
+        if self.queue_timeout_s is not None:
+            object.__setattr__(self, "queue_timeout_s", _seconds("queue_timeout_s", self.queue_timeout_s))
+        if self.staged_tier not in (None, "ssd", "dram"):
+            raise ValueError(f"SimConfig.staged_tier must be 'ssd', 'dram' or None, got {self.staged_tier!r}")
         if not isinstance(self.real_controller_timing, bool):
             raise ValueError(f"SimConfig.real_controller_timing must be True or False, "
                              f"got {self.real_controller_timing!r}")
@@ -170,11 +193,11 @@ class SimConfig:
 
     def cluster_spec(self, start_overhead_s: float) -> ClusterSpec:
         if self.hardware is not None:
-            return self.hardware.cluster_spec(self.num_nodes)
+            return dataclasses.replace(self.hardware.cluster_spec(self.num_nodes), queue_timeout_s=self.queue_timeout_s)
         return ClusterSpec(num_nodes=self.num_nodes, gpus_per_node=self.gpus_per_node,
                            dram_bytes_per_node=self.dram_gib_per_node * GIB,
                            ssd_bytes_per_node=self.ssd_gib_per_node * GIB, max_batch=self.max_batch,
-                           start_overhead_s=start_overhead_s)
+                           start_overhead_s=start_overhead_s, queue_timeout_s=self.queue_timeout_s)
 
     def policy_settings(self) -> PolicySettings:
         return PolicySettings(target_ongoing_requests=self.target_ongoing_requests,
@@ -290,6 +313,7 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
                          thaw_autoscaling=config.thaw_autoscaling,
                          thaw_activity_at_ticks=config.real_controller_timing,
                          thaw_spec=config.thaw_spec if config.thaw_autoscaling is None else None,
+                         thaw_slot_sharing=config.thaw_slot_sharing,
                          thaw_slot_reclaim=config.thaw_slot_reclaim)
     decision_s: list[float] = []
 
@@ -301,6 +325,11 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
     ticks = TickScheduler(loop, config.tick_s, on_tick, from_last_tick=config.real_controller_timing)
     cluster.attach(policy)
     policy.attach(cluster, ticks)
+    if config.staged_tier is not None and cluster.keep_copies:
+        for node_index in range(len(cluster.nodes)):
+            for tier in ("ssd", "dram") if config.staged_tier == "dram" else ("ssd",):
+                for model_index in range(len(cluster.models)):
+                    cluster.preload(node_index, model_index, tier)
     feeder = _Feeder(cluster, requests)
     loop.feed(feeder.pull)
     horizon_s = config.hours * 3600.0
@@ -311,7 +340,7 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
         samples.append((now, cluster.num_used_slots))
         if progress is not None:
             progress(min(now, horizon_s), horizon_s)
-        if not feeder.done or cluster.instances or cluster.num_finished < feeder.num_requests:
+        if not feeder.done or cluster.instances or cluster.num_done < feeder.num_requests:
             loop.schedule(now + config.sample_s, sample, priority=3)
 
     loop.schedule(0.0, sample, priority=3)

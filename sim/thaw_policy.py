@@ -86,7 +86,7 @@ class ThawPolicy(SimPolicy):
     def __init__(self, settings: PolicySettings, *, sharing: SlotSharingSettings | None = None,
                  max_wait_before_preempt_s: float | None = None,
                  autoscaling: AutoscalingPolicy | None = None, activity_at_ticks: bool = False,
-                 spec: ThawAutoscaling | None = None, slot_reclaim: bool = True) -> None:
+                 spec: ThawAutoscaling | None = None, slot_reclaim: bool = True, slot_sharing: bool = True) -> None:
         """`sharing` and `max_wait_before_preempt_s`: the controller config's `slot_sharing` and the
         model spec's bounded wait (None: the controller's defaults), so a setting is studied with
         the same code. `autoscaling`: every model's whole spec policy instead (a real deployment's,
@@ -94,7 +94,10 @@ class ThawPolicy(SimPolicy):
         a model's last request is known at the next tick (`_seen_s`), as the controller learns it;
         False: at once (the cluster-scale figures were taken so). `spec`: the spec's keep-alive
         and delay settings (`ThawAutoscaling`; None: the controller's defaults). `slot_reclaim`:
-        the controller config's `slot_reclaim` on (its default costs) or off."""
+        the controller config's `slot_reclaim` on (its default costs) or off. `slot_sharing` False:
+        the controller config's ``slot_sharing=None`` (``thaw serve --no-slot-sharing``): keep-alive
+        is a hard lease, a waiting model never evicts or preempts and waits by age for a slot to
+        come free (`sharing` then must be None)."""
         super().__init__(settings)
         self.activity_at_ticks = activity_at_ticks
         if autoscaling is not None:
@@ -109,7 +112,10 @@ class ThawPolicy(SimPolicy):
                                                  target_ongoing_requests=settings.target_ongoing_requests,
                                                  keep_alive_s=settings.keep_alive_s,
                                                  **(spec.spec_fields() if spec is not None else {}), **wait)
-        self.sharing = sharing if sharing is not None else THAW_SHARING
+        if not slot_sharing and sharing is not None:
+            raise ValueError("ThawPolicy: give sharing settings or slot_sharing=False, not both")
+        self.sharing: SlotSharingSettings | None = (sharing if sharing is not None else THAW_SHARING) \
+            if slot_sharing else None
         self.reclaim_costs = SlotReclaimCosts() if slot_reclaim else None  # `ControllerConfig.slot_reclaim`
         self.peer_stream: PeerStreamSettings | None = None
         self.views: NodeViews | None = None
@@ -132,21 +138,14 @@ class ThawPolicy(SimPolicy):
         # The controller's defaults, with the stream rate of the simulated network instead of the
         # dev machine's loopback (PeerStreamSettings documents its default as that measurement).
         self.peer_stream = PeerStreamSettings(link_bytes_per_s=self.views.link_bytes_per_s)
-        half_life = self.sharing.eviction.usage_half_life_s
+        half_life = (self.sharing or THAW_SHARING).eviction.usage_half_life_s  # eviction's only
         self._control = [_ModelControl(usage=UsageMeter(half_life)) for _ in cluster.models]
 
     def counts(self) -> dict[str, int]:
         return dict(self._counts)
 
     def describe(self) -> dict[str, object]:
-        eviction = self.sharing.eviction
-        return {"min_idle_s": eviction.min_idle_s, "usage_half_life_s": eviction.usage_half_life_s,
-                "preempt": self.sharing.preempt, "deadline_preemption": self.sharing.deadline_preemption,
-                "deadline_eviction": self.sharing.deadline_eviction, "lost_wait_s": eviction.lost_wait_s,
-                "deadline_order": self.sharing.deadline_order, "starvation_bound_s": self.sharing.starvation_bound_s,
-                "contended_keep_alive_s": self.sharing.contended_keep_alive_s,
-                "min_run_s": self.sharing.min_run_s, "ttft_slo_s": self.autoscaling.ttft_slo_s,
-                "slot_reclaim": self.reclaim_costs is not None,
+        spec = {"ttft_slo_s": self.autoscaling.ttft_slo_s, "slot_reclaim": self.reclaim_costs is not None,
                 "max_wait_before_preempt_s": self.autoscaling.max_wait_before_preempt_s,
                 "keep_alive_s": self.autoscaling.keep_alive_s,
                 "keep_alive_per_restart": self.autoscaling.keep_alive_per_restart,
@@ -154,6 +153,15 @@ class ThawPolicy(SimPolicy):
                 "max_keep_alive_s": self.autoscaling.max_keep_alive_s,
                 "upscale_delay_s": self.autoscaling.upscale_delay_s,
                 "downscale_delay_s": self.autoscaling.downscale_delay_s}
+        if self.sharing is None:
+            return {"slot_sharing": False, **spec}
+        eviction = self.sharing.eviction
+        return {"slot_sharing": True, "min_idle_s": eviction.min_idle_s, "usage_half_life_s": eviction.usage_half_life_s,
+                "preempt": self.sharing.preempt, "deadline_preemption": self.sharing.deadline_preemption,
+                "deadline_eviction": self.sharing.deadline_eviction, "lost_wait_s": eviction.lost_wait_s,
+                "deadline_order": self.sharing.deadline_order, "starvation_bound_s": self.sharing.starvation_bound_s,
+                "contended_keep_alive_s": self.sharing.contended_keep_alive_s,
+                "min_run_s": self.sharing.min_run_s, **spec}
 
     # --- callbacks ---------------------------------------------------------------------------
 
@@ -187,7 +195,9 @@ class ThawPolicy(SimPolicy):
 
     def _keep_alive_floor_s(self) -> float:
         """`SlotSharer.keep_alive_floor_s`: `contended_keep_alive_s` while a model with queued
-        requests found no free slot within that long."""
+        requests found no free slot within that long (0 without slot sharing)."""
+        if self.sharing is None:
+            return 0.0
         return self.sharing.keep_alive_floor_s(self._no_room_s, self.cluster.loop.now)
 
     def _desired(self, demand: int) -> int:
@@ -249,15 +259,16 @@ class ThawPolicy(SimPolicy):
         # it waits in `_loading_waiters` meanwhile, so `waiting` holds only the others.
         states = cluster.models
         models = self.take_dirty(now, self._stale, self.waiting)
-        deadlines = self.sharing.deadline_order
+        sharing = self.sharing
+        deadlines = sharing is not None and sharing.deadline_order
         waiting = [WaitingModel(model_id=states[i].model_id, oldest_wait_s=states[i].oldest_wait_s(now),
                                 num_queued_requests=len(states[i].queue), newest_wait_s=states[i].newest_wait_s(now),
                                 load_s=self._soonest_ready_s(states[i], now) if deadlines else None,
                                 ttft_slo_s=self.autoscaling.ttft_slo_s if deadlines else None)
                    for i in models if states[i].queue and not states[i].num_loading]
         first = [cluster.model_index[w.model_id]
-                 for w in order_waiting(waiting, self.sharing.priority_boost_s,
-                                        self.sharing.starvation_bound_s if deadlines else None)]
+                 for w in order_waiting(waiting, sharing.priority_boost_s if sharing is not None else 0.0,
+                                        sharing.starvation_bound_s if deadlines else None)]
         chosen = set(first)
         for index in first + [i for i in models if i not in chosen]:
             self._autoscale(cluster.models[index], now)
@@ -330,8 +341,11 @@ class ThawPolicy(SimPolicy):
         decision = place(weight_bytes, views, state.num_slots) if views else None
         if (decision is None or not decision.placed) and state.queue and held is None:
             self._no_room_s = now
-            decision = self._evict_for(state, now) or self._reclaim_for(state, now) or self._preempt_for(state, now) \
-                or decision
+            if self.sharing is None:  # `SlotSharer.steer`/`preempt` leave the decision as it is
+                decision = self._reclaim_for(state, now) or decision
+            else:
+                decision = self._evict_for(state, now) or self._reclaim_for(state, now) \
+                    or self._preempt_for(state, now) or decision
         if decision is None or not decision.placed:
             return False
         node = self.views.node_of(decision.node_id)

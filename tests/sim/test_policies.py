@@ -107,6 +107,58 @@ def test_serverlessllm_never_evicts_on_demand_the_model_waits_for_the_keep_alive
     assert cluster.ttft_s[1] < start_b + 1.0 - 20.0 + load_b + prefill_s(MODEL_B)
 
 
+def test_thaw_without_slot_sharing_waits_for_the_keep_alive_as_the_controller_does():
+    """`slot_sharing=False` is the controller's ``slot_sharing=None``: the same scenario as the
+    eviction test above, and b waits until a's keep-alive has run out, then loads from S3."""
+    loop = EventLoop()
+    cluster = SimCluster(ClusterSpec(num_nodes=1, gpus_per_node=1, start_overhead_s=0.0), [MODEL_A, MODEL_B], COST,
+                         H100, loop)
+    policy = make_policy("thaw", PolicySettings(), thaw_slot_sharing=False)
+    ticks = TickScheduler(loop, 1.0, policy.tick)
+    cluster.attach(policy)
+    policy.attach(cluster, ticks)
+    cluster.preload(0, 1, "dram")  # with sharing on, b would evict a (the eviction test above)
+    arrive(loop, cluster, 0.0, 0, 0)
+    arrive(loop, cluster, 20.0, 1, 1)
+    loop.run()
+    assert cluster.counts["evictions"] == 0 and policy.describe()["slot_sharing"] is False
+    # a's keep-alive runs out 60 s after its last request finished; the tick after it stops a,
+    # the next places b (ticks are whole seconds).
+    expires_s = cluster.finish_s[0] + policy.autoscaling.keep_alive_s
+    load_b = COST.load_s(MODEL_B.weight_bytes, "dram")
+    assert expires_s - 20.0 + load_b + prefill_s(MODEL_B) - 1e-9 <= cluster.ttft_s[1] \
+        < expires_s + 2.0 - 20.0 + load_b + prefill_s(MODEL_B)
+    with pytest.raises(ValueError, match="give sharing settings or slot_sharing=False, not both"):
+        from controller import SlotSharingSettings
+        make_policy("thaw", PolicySettings(), thaw_sharing=SlotSharingSettings(), thaw_slot_sharing=False)
+
+
+@pytest.mark.parametrize("timeout_s", [None, 30.0])
+def test_a_request_no_instance_takes_within_the_queue_timeout_fails_and_is_never_served(timeout_s):
+    """The ServerlessLLM scenario above: b's request waits for a's keep-alive (~60 s past a's
+    finish). With the gateway's 30 s queue timeout it fails at 50 s instead: it leaves the queue,
+    is never served, and b is never started for it."""
+    loop = EventLoop()
+    cluster = SimCluster(ClusterSpec(num_nodes=1, gpus_per_node=1, start_overhead_s=0.0, queue_timeout_s=timeout_s),
+                         [MODEL_A, MODEL_B], COST, H100, loop)
+    policy = make_policy("serverlessllm", PolicySettings())
+    ticks = TickScheduler(loop, 1.0, policy.tick)
+    cluster.attach(policy)
+    policy.attach(cluster, ticks)
+    arrive(loop, cluster, 0.0, 0, 0)
+    arrive(loop, cluster, 20.0, 1, 1)
+    loop.run()
+    if timeout_s is None:
+        assert cluster.counts["requests_timed_out"] == 0 and cluster.ttft_s[1] > 40.0
+        assert cluster.cold_starts["s3"] == 2
+    else:
+        assert cluster.counts["requests_timed_out"] == 1 and cluster.ttft_s[1] != cluster.ttft_s[1]  # NaN
+        assert cluster.cold_starts["s3"] == 1 and cluster.num_done == 2 and cluster.num_finished == 1
+    assert cluster.ttft_s[0] == pytest.approx(COST.load_s(MODEL_A.weight_bytes, "s3") + prefill_s(), abs=1e-9)
+    with pytest.raises(ValueError, match="ClusterSpec.queue_timeout_s must be a finite number > 0 or None"):
+        ClusterSpec(num_nodes=1, gpus_per_node=1, queue_timeout_s=0)
+
+
 def test_serverlessllm_loads_from_the_fastest_tier_on_the_node():
     loop, cluster, _ = build("serverlessllm", [MODEL_A])
     cluster.preload(0, 0, "dram")

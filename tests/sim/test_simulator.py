@@ -87,7 +87,7 @@ def test_thaws_slot_sharing_settings_come_from_the_config():
     with pytest.raises(ValueError, match="SimConfig.thaw_max_wait_before_preempt_s must be a finite number >= 0"):
         SimConfig(num_models=1, num_nodes=1, thaw_max_wait_before_preempt_s=-1)
     default = run_simulation(SimConfig(policy="thaw", **SMALL))
-    assert default.settings == {"min_idle_s": 0.5, "usage_half_life_s": 300.0, "preempt": True,
+    assert default.settings == {"slot_sharing": True, "min_idle_s": 0.5, "usage_half_life_s": 300.0, "preempt": True,
                                 "deadline_preemption": True, "deadline_eviction": True, "lost_wait_s": 60.0,
                                 "deadline_order": True, "starvation_bound_s": 300.0, "contended_keep_alive_s": 60.0,
                                 "ttft_slo_s": 5.0, "min_run_s": 2.0,
@@ -119,6 +119,36 @@ def test_thaw_simulate_no_slot_reclaim_reaches_thaws_policy(capsys):
     assert main(["simulate", "--quick", "--policy", "thaw", "--json", "--thaw-no-slot-reclaim"]) == 0
     [line] = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     assert line["settings"]["slot_reclaim"] is False and line["counts"]["slot_reclaims"] == 0
+
+
+def test_thaw_simulate_no_slot_sharing_reaches_thaws_policy(capsys):
+    assert main(["simulate", "--quick", "--policy", "thaw", "--json", "--thaw-no-slot-sharing"]) == 0
+    [line] = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert line["settings"]["slot_sharing"] is False and line["evictions"] == 0 and line["preemptions"] == 0
+    assert main(["simulate", "--quick", "--policy", "thaw", "--thaw-no-slot-sharing", "--thaw-no-preempt"]) == 2
+    assert "--thaw-no-slot-sharing turns eviction and preemption off" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="SimConfig.thaw_slot_sharing must be True or False, got 'no'"):
+        SimConfig(num_models=1, num_nodes=1, thaw_slot_sharing="no")
+
+
+def test_staged_checkpoints_spare_every_first_fetch_for_the_policies_that_keep_node_copies(capsys):
+    """`staged_tier`: every node starts with every checkpoint on its SSD (and with "dram" in its
+    DRAM as far as it fits), so Thaw and ServerlessLLM-like never read the repository; Ray-Serve-like,
+    which keeps no node copies, still does."""
+    repository = run_simulation(SimConfig(policy="thaw", **SMALL))
+    assert repository.cold_starts_by_tier["s3"] > 0
+    for policy in ("thaw", "serverlessllm"):
+        for tier in ("ssd", "dram"):
+            staged = run_simulation(SimConfig(policy=policy, staged_tier=tier, **SMALL))
+            assert staged.cold_starts_by_tier["s3"] == 0 and staged.cold_starts > 0, (policy, tier)
+            if tier == "ssd":
+                assert staged.cold_starts_by_tier["ssd"] > 0
+    assert run_simulation(SimConfig(policy="rayserve", staged_tier="dram", **SMALL)).cold_starts_by_tier["s3"] > 0
+    with pytest.raises(ValueError, match="SimConfig.staged_tier must be 'ssd', 'dram' or None, got 'gpu'"):
+        SimConfig(num_models=1, num_nodes=1, staged_tier="gpu")
+    assert main(["simulate", "--quick", "--policy", "thaw", "--json", "--staged", "ssd"]) == 0
+    [line] = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert line["cold_starts_by_tier"]["s3"] == 0
 
 
 def test_thaw_simulate_deadline_flags_reach_thaws_policy(capsys):
