@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from worker.engine import Engine
-from worker.sampling_params import SamplingParams
+from wire.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -162,7 +162,7 @@ def run_instance(conn, case: str, ckpt_dir: str, rendezvous, mode: Mode, threads
     from worker.engine_config import EngineConfig
     from worker.process_warmup import warm_up_process
     from worker.reserved_memory import ReservedMemory
-    from worker.sampling_params import SamplingParams
+    from wire.sampling_params import SamplingParams
 
     torch.set_num_threads(threads)
     warm_up_process()  # what a spare worker pays before it is given a model (imports, first kernels)

@@ -49,7 +49,7 @@ from wire import GrammarSpec  # noqa: E402
 from worker.demo_model import DemoModelConfig, demo_weight_shapes, write_demo_model  # noqa: E402
 from worker.engine import Engine  # noqa: E402
 from worker.engine_config import EngineConfig  # noqa: E402
-from worker.sampling_params import SamplingParams  # noqa: E402
+from wire.sampling_params import SamplingParams  # noqa: E402
 
 NUM_ROWS = 8
 TINY = DemoModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -91,7 +91,7 @@ from infra.queue_outlooks import QueueOutlooks
 from infra.queue_ticket import QueueTicket, RequestPlace, prune_settled
 from infra.ray_backend_config import RayBackendConfig
 from infra.serving_cluster import InstanceGone, InstanceRoute, ServingCluster
-from wire import ABORTED, SUSPENDED, ChatPrompt, InvalidRequestError, ModelRecord, RequestFailedError, SamplingParams
+from wire import ChatPrompt, FinishReason, InvalidRequestError, ModelRecord, RequestFailedError, SamplingParams
 
 __all__ = ["RayBackendConfig", "RayGatewayBackend", "model_info_from_record"]
 
@@ -217,7 +217,7 @@ class RayGatewayBackend:
                 else:
                     route = admitted
                 if route is None:  # aborted while it waited
-                    yield GenerationChunk(request_id=request_id, text="", token_ids=(), finish_reason=ABORTED,
+                    yield GenerationChunk(request_id=request_id, text="", token_ids=(), finish_reason=FinishReason.ABORT.value,
                                           num_prompt_tokens=0, num_completion_tokens=len(sent_token_ids),
                                           queue_s=self._clock() - arrival if first else None)
                     return
@@ -231,13 +231,13 @@ class RayGatewayBackend:
                     async with contextlib.aclosing(stream) as chunks:
                         async for chunk in chunks:
                             sent_token_ids.extend(chunk.token_ids)
-                            if chunk.finish_reason == SUSPENDED:  # the slot went to another model
+                            if chunk.finish_reason == FinishReason.SUSPENDED:  # the slot went to another model
                                 suspended = True
                                 if chunk.token_ids:
                                     yield gateway_chunk(dataclasses.replace(chunk, finish_reason=None), queue_s)
                                     first, queue_s = False, None
                                 break
-                            if chunk.finish_reason == ABORTED and not request.aborted:
+                            if chunk.finish_reason == FinishReason.ABORT and not request.aborted:
                                 # An abort this gateway did not ask for: its instance ended it on
                                 # its own (a stop that did not suspend it). Carried on elsewhere
                                 # from what the client has, as after a death, not cut short.

@@ -43,7 +43,7 @@ from migration.migratable_instance_actor import (
 )
 from migration.migrate import migrate_request, migrate_requests
 from migration.migration_endpoint import MigrationEndpoint
-from migration.migration_outcome import MigrationMethod, MigrationOutcome, MigrationStatus
+from wire.migration_outcome import MigrationMethod, MigrationOutcome, MigrationStatus
 from migration.parking_endpoint import PARKED, ParkedRequest, ParkingEndpoint, replay
 from migration.prefill_handoff import PartialPrefillPayload, hand_over_prefill
 from migration.ray_endpoint import RayEndpoint

@@ -35,13 +35,12 @@ from typing import Any
 from migration.parking_endpoint import PARKED
 from migration.stream_idle_timeout import (DEFAULT_STREAM_IDLE_TIMEOUT_S, StreamIdleTimeout, guard_idle,
                                            validate_idle_timeout_s)
-from wire import Prompt, call, stream
-from worker import (SUSPENDED, GenerationChunk, RequestProgress, SamplingParams, UnknownRequestError,
+from wire import FinishReason, Prompt, call, stream
+from worker import (GenerationChunk, RequestProgress, SamplingParams, UnknownRequestError,
                     stream_generation)
 
 __all__ = ["StreamIdleTimeout", "follow_generation"]
 
-MIGRATED = "migrated"
 
 async def follow_generation(handle: Any, request_id: str, prompt: Prompt,
                             sampling_params: Mapping[str, Any] | SamplingParams | None = None, *,
@@ -68,7 +67,7 @@ async def follow_generation(handle: Any, request_id: str, prompt: Prompt,
                              idle_timeout_s=idle_timeout_s)
         async with contextlib.aclosing(guarded):
             async for chunk in guarded:
-                if chunk.finish_reason == MIGRATED:
+                if chunk.finish_reason == FinishReason.MIGRATED:
                     migrated = True
                     break
                 yield chunk
@@ -79,7 +78,7 @@ async def follow_generation(handle: Any, request_id: str, prompt: Prompt,
         except TimeoutError:
             raise StreamIdleTimeout(request_id, idle_timeout_s, None) from None
         if target == PARKED:
-            yield GenerationChunk(request_id=request_id, text="", token_ids=(), finish_reason=SUSPENDED,
+            yield GenerationChunk(request_id=request_id, text="", token_ids=(), finish_reason=FinishReason.SUSPENDED.value,
                                   num_prompt_tokens=chunk.num_prompt_tokens,
                                   num_completion_tokens=chunk.num_completion_tokens)
             return

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from migration.lease_book import DEFAULT_LEASE_S, validate_lease_s
 from migration.migration_attempt import MigrationAttempt
 from migration.migration_endpoint import MigrationEndpoint
-from migration.migration_outcome import MigrationMethod, MigrationOutcome
+from wire.migration_outcome import MigrationMethod, MigrationOutcome
 
 __all__ = ["KVMigrationConfig", "migrate_by_kv"]
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from migration.kv_migration import KVMigrationConfig, migrate_by_kv
 from migration.migration_endpoint import MigrationEndpoint
-from migration.migration_outcome import MigrationMethod, MigrationOutcome
+from wire.migration_outcome import MigrationMethod, MigrationOutcome
 from migration.prefill_handoff import hand_over_prefill
 from migration.token_migration import TokenMigrationConfig, migrate_by_tokens
 

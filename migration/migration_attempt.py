@@ -29,7 +29,7 @@ from typing import TypeVar
 from migration.kv_transport import KVPayload
 from migration.lease_book import DEFAULT_LEASE_S, validate_lease_s
 from migration.migration_endpoint import MigrationEndpoint
-from migration.migration_outcome import MigrationMethod, MigrationOutcome, MigrationStatus
+from wire.migration_outcome import MigrationMethod, MigrationOutcome, MigrationStatus
 from worker import MigrationRefusedError, RequestSnapshot, UnknownRequestError
 
 logger = logging.getLogger(__name__)

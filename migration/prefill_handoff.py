@@ -31,7 +31,7 @@ import torch
 from migration.kv_transport import KVPayload
 from migration.migration_attempt import MigrationAttempt
 from migration.migration_endpoint import MigrationEndpoint
-from migration.migration_outcome import MigrationMethod, MigrationOutcome
+from wire.migration_outcome import MigrationMethod, MigrationOutcome
 from worker import RequestSnapshot
 
 __all__ = ["PartialPrefillPayload", "hand_over_prefill"]

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from migration.lease_book import DEFAULT_LEASE_S, validate_lease_s
 from migration.migration_attempt import MigrationAttempt
 from migration.migration_endpoint import MigrationEndpoint
-from migration.migration_outcome import MigrationMethod, MigrationOutcome
+from wire.migration_outcome import MigrationMethod, MigrationOutcome
 
 __all__ = ["TokenMigrationConfig", "migrate_by_tokens"]
 

@@ -18,7 +18,8 @@ Public API:
   carried in `GenerationChunk.logprobs` (worker -> gateway).
 - `Prompt`, `ChatMessage`, `ChatPrompt`: what a request asks (a chat with its tools and template
   arguments); `GenerationChunk`: what its stream carries
-  (worker -> gateway), with `SUSPENDED`, the finish reason of a request that moves on.
+  (worker -> gateway), and `FinishReason`, how its stream ended (the engine's, the workers', the
+  migration's and the gateway's one spelling).
 - `TOOL_CALL_FORMATS`, `detect_tool_call_format`: the text formats models write tool calls in,
   and which one a chat template teaches (controller -> gateway, in `ModelRecord`).
 - `InstanceRoute`: one ready instance in the controller's routing table (controller -> gateway).
@@ -47,7 +48,8 @@ Public API:
 
 from wire.chat_prompt import ChatPrompt
 from wire.grammar_spec import GRAMMAR_KINDS, GrammarSpec
-from wire.generation_chunk import ABORTED, SUSPENDED, ChatMessage, GenerationChunk, Prompt
+from wire.finish_reason import FinishReason
+from wire.generation_chunk import ChatMessage, GenerationChunk, Prompt
 from wire.deploy_progress import DeployProgress, DeployStage, DeployState
 from wire.engine_gauges import EngineGauges
 from wire.gateway_metrics_snapshot import GatewayMetricsSnapshot
@@ -67,7 +69,7 @@ from wire.wire_record import WireRecord
 
 __all__ = [
     "GRAMMAR_KINDS", "GrammarSpec", "MAX_LOGPROBS", "MODEL_DEFAULT_FIELDS", "TOOL_CALL_FORMATS", "TokenLogprobs", "detect_tool_call_format",
-    "ABORTED", "SUSPENDED", "ActorGoneError", "ActorUnreachableError", "ChatMessage", "ChatPrompt", "GenerationChunk", "InstanceLoadRecord",
+    "ActorGoneError", "ActorUnreachableError", "ChatMessage", "FinishReason", "ChatPrompt", "GenerationChunk", "InstanceLoadRecord",
     "EngineGauges", "GatewayMetricsSnapshot", "HostedInstance", "InstanceRoute", "is_hosted", "is_slot_host", "ModelRecord", "Prompt", "SamplingParams", "WireRecord", "call", "is_ours",
     "ray_errors_translated", "stream", "translated",
     "InstanceLoad", "InstanceState", "InstanceStats",

@@ -6,10 +6,10 @@ follows a migrated request passes them on. Before this module there were two chu
 worker's named its counts ``num_completion_tokens``, the gateway's ``num_output_tokens`` and
 stored ``finished`` beside ``finish_reason``) and three prompt aliases, with a translation between.
 
-Finish reasons: "stop", "length", `ABORTED` (cancelled) end a request; `SUSPENDED` does not -- the
-instance gave up its slot (preempted, or stopped) and the gateway continues the request on the
-model's next instance. A
-chunk prints without its text (house rule: logs never leak prompts or completions).
+Finish reasons are `FinishReason`'s values (``finish_reason`` carries the plain string): "stop",
+"length", "abort" (cancelled) and "error" end a request; "suspended" does not -- the instance gave
+up its slot (preempted, or stopped) and the gateway continues the request on the model's next
+instance -- nor does "migrated", which a following stream continues. A chunk prints without its text (house rule: logs never leak prompts or completions).
 
 A request that asked for log-probabilities (``SamplingParams.logprobs``) gets them in ``logprobs``,
 one `TokenLogprobs` per token of ``token_ids``; every other chunk carries None.
@@ -25,14 +25,7 @@ from wire.chat_prompt import ChatPrompt
 from wire.token_logprobs import TokenLogprobs
 from wire.wire_record import WireRecord, check_count, check_name, check_optional_seconds, check_token_ids
 
-__all__ = ["ABORTED", "SUSPENDED", "ChatMessage", "GenerationChunk", "Prompt"]
-
-# The finish reason of a stream whose request left its instance unfinished because the slot was
-# preempted or the instance stopped: the client's side (the gateway) continues it on the model's
-# next instance.
-SUSPENDED = "suspended"
-# The finish reason of a request cancelled by its caller (the engine's `FinishReason.ABORT`).
-ABORTED = "abort"
+__all__ = ["ChatMessage", "GenerationChunk", "Prompt"]
 
 # A chat message as `worker.Tokenizer.encode_chat` renders it: {"role": ..., "content": ..., ...}.
 ChatMessage = Mapping[str, Any]

@@ -45,7 +45,7 @@ from worker.demo_model import DemoModelConfig, write_demo_model
 from worker.engine import Engine
 from worker.engine_config import EngineConfig
 from worker.engine_migration import MigrationRefusedError, UnknownRequestError
-from worker.instance_worker import (SUSPENDED, GenerationChunk, InstanceBusyError, InstanceLoadError,
+from worker.instance_worker import (GenerationChunk, InstanceBusyError, InstanceLoadError,
                                     InstanceWorker, InvalidFieldError, SourceUnavailableError)
 from worker.instance_worker_actor import (
     InstanceWorkerActor, SpareWorkerError, start_instance_worker, start_spare_worker, stop_instance_worker,
@@ -58,14 +58,13 @@ from worker.model_config import ModelConfig, UnsupportedModelError
 from worker.request_output import Completion, RequestOutput
 from worker.request_lifecycle import RequestLifecycle
 from worker.request_progress import RequestProgress, RequestState
-from worker.request_snapshot import RequestSnapshot
-from worker.sampling_params import SamplingParams
+from wire.request_snapshot import RequestSnapshot
+from wire.sampling_params import SamplingParams
 from worker.tokenizer import Tokenizer
 from wire import InstanceLoad, InstanceState, InstanceStats  # the reports, defined in wire/; re-exported
 from wire import EngineDeadError, GrammarSpec, InvalidRequestError, RequestFailedError  # re-exported: see the docstring
 
 __all__ = [
-    "SUSPENDED",
     "AsyncEngine", "CheckpointError", "Completion", "DemoModelConfig", "Engine", "EngineConfig",
     "EngineDeadError", "GenerationChunk", "GrammarSpec", "InstanceLoad", "InstanceLoadError", "InstanceState",
     "InstanceBusyError", "InstanceStats",

@@ -33,7 +33,7 @@ from typing import TypeVar
 from wire import EngineDeadError, InvalidRequestError, RequestFailedError  # defined in wire: its callers' side
 from worker.engine import Engine, Prompt
 from worker.request_output import RequestOutput
-from worker.sampling_params import SamplingParams
+from wire.sampling_params import SamplingParams
 from worker.sequence import Sequence
 from worker.step_turns import StepTurns
 

@@ -74,9 +74,10 @@ from worker.request_output import Completion, RequestOutput
 from worker.reserved_memory import ReservedMemory
 from worker.rotary_embedding import needs_rope_lengths
 from worker.sampler import RawLogprobs, Sampler
-from worker.sampling_params import SamplingParams
+from wire.sampling_params import SamplingParams
 from worker.scheduler import Scheduler
-from worker.sequence import FinishReason, Sequence
+from wire import FinishReason
+from worker.sequence import Sequence
 from worker.structured_output_manager import MaskJob, StructuredOutputManager
 from worker.token_counts import TokenCounts
 from worker.tokenizer import Tokenizer

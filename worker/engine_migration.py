@@ -48,8 +48,9 @@ from worker.engine import Engine
 from worker.request_lifecycle import UnknownRequestError
 from worker.request_output import RequestOutput
 from worker.request_progress import RequestProgress, RequestState
-from worker.request_snapshot import RequestSnapshot
-from worker.sequence import FinishReason, Sequence, SequenceStatus
+from wire.request_snapshot import RequestSnapshot
+from wire import FinishReason
+from worker.sequence import Sequence, SequenceStatus
 
 __all__ = [
     "MigrationRefusedError", "UnknownRequestError", "begin_import", "cancel_import", "check_checkpoint",

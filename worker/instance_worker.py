@@ -47,11 +47,11 @@ from worker.engine_config import EngineConfig
 from worker.host_allocator import release_free_memory
 from worker.peer_weights import PeerWeights, PeerWeightsReceiver, WeightStreams
 from worker.reserved_memory import ReservedMemory
-from worker.sampling_params import SamplingParams
+from wire.sampling_params import SamplingParams
 from worker.sequence import Sequence
 from worker.step_turns import StepTurns
 from wire import ChatPrompt  # a chat with its tools and template arguments (wire/)
-from wire import SUSPENDED, GenerationChunk  # one chunk record for worker and gateway (wire/)
+from wire import FinishReason, GenerationChunk  # one chunk record and finish reason for worker and gateway (wire/)
 from wire import InstanceLoad, InstanceState, InstanceStats  # its reports to the controller (wire/)
 
 logger = logging.getLogger(__name__)
@@ -401,7 +401,7 @@ class InstanceWorker:
         if self._asleep:  # routed here just before it slept: the gateway goes elsewhere (or waits)
             raise EngineDeadError(f"instance {self.instance_id} is asleep")
         if self._suspending:  # routed here just before the suspension: it waits for the next slot too
-            yield GenerationChunk(request_id=request_id, text="", token_ids=(), finish_reason=SUSPENDED,
+            yield GenerationChunk(request_id=request_id, text="", token_ids=(), finish_reason=FinishReason.SUSPENDED.value,
                                   num_prompt_tokens=seq.num_prompt_tokens, num_completion_tokens=0)
             return
         closed = asyncio.get_running_loop().create_future()
@@ -450,7 +450,7 @@ class InstanceWorker:
         return sorted(self._open_streams)
 
     def suspend(self, other_request_ids: Iterable[str] = ()) -> list[str]:
-        """Ends every open request's stream with finish reason "suspended" (`SUSPENDED`), and
+        """Ends every open request's stream with finish reason "suspended" (`FinishReason.SUSPENDED`), and
         every stream opened from now on at once: the caller (the gateway) queues them for their
         model's next instance, which continues each from the tokens its client received.
         `other_request_ids`: requests this engine runs whose streams are not this class's (taken
@@ -469,8 +469,8 @@ class InstanceWorker:
     def finish_reason(self, request_id: str, engine_reason: str | None) -> str | None:
         """The finish reason a stream reports: the engine's, but "suspended" for a request that
         `suspend` aborted (its abort is not the client's)."""
-        if engine_reason == "abort" and request_id in self._suspended:
-            return SUSPENDED
+        if engine_reason == FinishReason.ABORT and request_id in self._suspended:
+            return FinishReason.SUSPENDED.value
         return engine_reason
 
     def abort(self, request_id: str) -> bool:

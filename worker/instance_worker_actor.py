@@ -43,7 +43,7 @@ from worker.instance_worker import GenerationChunk, InstanceWorker, as_engine_co
 from worker.peer_weights import PeerWeights
 from worker.process_warmup import warm_up_process
 from worker.reserved_memory import ReservedMemory
-from worker.sampling_params import SamplingParams
+from wire.sampling_params import SamplingParams
 from worker.step_turns import StepTurns
 
 _PROCESS_STARTED = time.time()  # when this module was imported: about when the worker process started

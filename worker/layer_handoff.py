@@ -40,7 +40,7 @@ from worker.engine import Engine
 from worker.engine_migration import (MigrationRefusedError, begin_import, cancel_import, commit_import,
                                      release_request, unfreeze_request)
 from worker.request_output import RequestOutput
-from worker.request_snapshot import RequestSnapshot
+from wire.request_snapshot import RequestSnapshot
 
 
 @dataclass(frozen=True)

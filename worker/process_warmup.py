@@ -63,7 +63,7 @@ def _warm_up(dtypes: tuple[str, ...]) -> None:
     from worker.demo_model import DemoModelConfig, write_demo_model
     from worker.engine import Engine
     from worker.engine_config import EngineConfig
-    from worker.sampling_params import SamplingParams
+    from wire.sampling_params import SamplingParams
 
     tiny = DemoModelConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
                            intermediate_size=128, tokenizer_vocab_size=300, max_position_embeddings=128,
@@ -83,7 +83,7 @@ def _warm_up_cuda() -> None:
     from worker.demo_model import DemoModelConfig, write_demo_model
     from worker.engine import Engine
     from worker.engine_config import EngineConfig
-    from worker.sampling_params import SamplingParams
+    from wire.sampling_params import SamplingParams
 
     with tempfile.TemporaryDirectory(prefix="thaw-warmup-cuda-") as tmp:
         for hidden, heads, kv_heads in CUDA_WARMUP_SHAPES:

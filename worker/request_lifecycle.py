@@ -35,10 +35,11 @@ from kernels import AttentionMetadata
 from worker.detokenizer import IncrementalDetokenizer
 from worker.model_runner import ModelRunner, kv_bytes_per_block
 from worker.request_output import RequestOutput
-from worker.request_snapshot import RequestSnapshot
+from wire.request_snapshot import RequestSnapshot
 from worker.rotary_embedding import rope_lengths_of_span
 from worker.scheduler import ScheduledBatch, Scheduler
-from worker.sequence import FinishReason, Sequence, SequenceStatus
+from wire import FinishReason
+from worker.sequence import Sequence, SequenceStatus
 from worker.tokenizer import Tokenizer
 from worker.zigzag_prefill import LayerPass, ZigzagPrefill
 from wire import TokenLogprobs

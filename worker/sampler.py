@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 import torch
 
-from worker.sampling_params import SamplingParams
+from wire.sampling_params import SamplingParams
 from worker.token_counts import TokenCounts
 
 

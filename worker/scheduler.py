@@ -37,7 +37,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from worker.block_manager import NO_HIT, BlockManager, PrefixHit
-from worker.sequence import FinishReason, Sequence, SequenceStatus
+from wire import FinishReason
+from worker.sequence import Sequence, SequenceStatus
 
 
 @dataclass

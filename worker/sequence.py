@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from wire import ABORTED
-from worker.sampling_params import SamplingParams
+from wire import FinishReason
+from wire.sampling_params import SamplingParams
 from worker.token_counts import TokenCounts
 
 if TYPE_CHECKING:  # for the annotation only: a sequence never calls the grammar library
@@ -31,14 +31,6 @@ class SequenceStatus(enum.Enum):
     # frozen for the hand-off, or a request being imported on the destination).
     PAUSED = "paused"
     FINISHED = "finished"
-
-
-class FinishReason(str, enum.Enum):
-    STOP = "stop"  # eos, a stop token or a stop string
-    LENGTH = "length"  # max_tokens or the model's context
-    ABORT = ABORTED  # cancelled by the caller or the client went away (the wire's finish reason)
-    MIGRATED = "migrated"  # handed over to another instance; the stream continues there
-    ERROR = "error"  # this request alone failed (sampling, stop handling, detokenizing); the engine goes on
 
 
 @dataclass(eq=False)

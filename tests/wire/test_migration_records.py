@@ -11,8 +11,10 @@ import pickle
 
 import pytest
 
-import migration.migration_outcome
-import worker.request_snapshot
+import importlib.util
+
+import migration
+import worker
 from wire import MigrationMethod, MigrationOutcome, MigrationStatus, RequestSnapshot, SamplingParams
 
 PARAMS = SamplingParams(max_tokens=9, temperature=0.5, seed=3, stop=["\n"])
@@ -22,10 +24,14 @@ OUTCOME = MigrationOutcome("r1", MigrationMethod.KV, MigrationStatus.MIGRATED, "
                            0.25, 1.5)
 
 
-def test_the_old_homes_re_export_the_wire_classes():
-    assert worker.request_snapshot.RequestSnapshot is RequestSnapshot
-    assert (migration.migration_outcome.MigrationOutcome, migration.migration_outcome.MigrationMethod,
-            migration.migration_outcome.MigrationStatus) == (MigrationOutcome, MigrationMethod, MigrationStatus)
+def test_the_packages_export_the_wire_classes_and_the_old_modules_are_gone():
+    """One home per record (issue 40): the packages re-export the wire classes, and the modules
+    that only re-exported them are deleted."""
+    assert worker.RequestSnapshot is RequestSnapshot and worker.SamplingParams is SamplingParams
+    assert (migration.MigrationOutcome, migration.MigrationMethod, migration.MigrationStatus) == (
+        MigrationOutcome, MigrationMethod, MigrationStatus)
+    for old in ("worker.request_snapshot", "worker.sampling_params", "migration.migration_outcome"):
+        assert importlib.util.find_spec(old) is None, old
 
 
 def test_a_snapshot_has_an_exact_tagged_dict_form_with_its_state_as_bytes():

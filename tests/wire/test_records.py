@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from wire import (SUSPENDED, ChatPrompt, GenerationChunk, InstanceLoadRecord, InstanceRoute, ModelRecord,
+from wire import (ChatPrompt, FinishReason, GenerationChunk, InstanceLoadRecord, InstanceRoute, ModelRecord,
                   SamplingParams, TokenLogprobs, WireRecord)
 
 CHUNK = GenerationChunk(request_id="r1", text="secret words", token_ids=(5, 6), finish_reason=None,
@@ -130,7 +130,7 @@ def test_a_bad_field_is_refused_by_name(record_type, data, message):
 
 
 def test_a_chunk_normalises_its_tokens_hides_its_text_and_knows_when_it_ends():
-    chunk = GenerationChunk(request_id="r", text="hidden", token_ids=[7], finish_reason=SUSPENDED,
+    chunk = GenerationChunk(request_id="r", text="hidden", token_ids=[7], finish_reason=FinishReason.SUSPENDED.value,
                             num_prompt_tokens=1, num_completion_tokens=1)
     assert chunk.token_ids == (7,) and chunk.finished and "hidden" not in repr(chunk)
     assert not CHUNK.finished and "secret" not in repr(CHUNK) and "secret" not in repr(MODEL)

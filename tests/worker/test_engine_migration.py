@@ -24,7 +24,7 @@ from worker.engine_migration import (
     export_request, extend_import, freeze_request, import_kv, import_request, prefill_import, release_request,
     request_progress, unfreeze_request,
 )
-from worker.request_snapshot import RequestSnapshot
+from wire.request_snapshot import RequestSnapshot
 
 TINY_DEMO = DemoModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                             intermediate_size=128, max_position_embeddings=256, init_std=0.1)

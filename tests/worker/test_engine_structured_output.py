@@ -35,7 +35,7 @@ from tests.model_factory import make_hf_checkpoint
 from wire import GrammarSpec
 from worker import Engine, EngineConfig, InvalidRequestError, SamplingParams
 from worker.engine_migration import export_kv, freeze_request, import_request, release_request
-from worker.request_snapshot import RequestSnapshot
+from wire.request_snapshot import RequestSnapshot
 from worker.tokenizer import Tokenizer
 
 NUM_RUNS = 100

@@ -12,7 +12,7 @@ from tests.worker.test_layer_gate import tied_dir  # noqa: F401 - the fixture
 from worker.engine import Engine
 from worker.engine_migration import MigrationRefusedError
 from worker.layer_handoff import hand_over_prefill, take_over_prefill
-from worker.sampling_params import SamplingParams
+from wire.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 SEEDED = SamplingParams(temperature=1.0, seed=5, max_tokens=6, ignore_eos=True)

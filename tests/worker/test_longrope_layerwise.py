@@ -15,7 +15,7 @@ from tests.model_factory import make_hf_checkpoint
 from tests.worker.test_layer_gate import FakeLayerSource, config_only, engine_config, land, run_all
 from worker.engine import Engine
 from worker.layer_handoff import hand_over_prefill, take_over_prefill
-from worker.sampling_params import SamplingParams
+from wire.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 PROMPTS = [list(range(10, 17)), list(range(20, 25)), list(range(30, 33))]  # 7, 5 and 3 tokens

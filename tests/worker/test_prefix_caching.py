@@ -25,7 +25,8 @@ from worker.block_manager import BlockManager
 from worker.engine_migration import export_kv, freeze_request, import_request, release_request
 from worker.prefix_hasher import PrefixHasher
 from worker.scheduler import Scheduler
-from worker.sequence import FinishReason, Sequence, SequenceStatus
+from wire import FinishReason
+from worker.sequence import Sequence, SequenceStatus
 
 BLOCK = 4
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)

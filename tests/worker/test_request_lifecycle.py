@@ -11,7 +11,8 @@ import torch
 
 from worker import DemoModelConfig, Engine, EngineConfig, RequestOutput, SamplingParams, write_demo_model
 from worker.request_lifecycle import UnknownRequestError
-from worker.sequence import FinishReason, Sequence, SequenceStatus
+from wire import FinishReason
+from worker.sequence import Sequence, SequenceStatus
 
 TINY_DEMO = DemoModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                             intermediate_size=128, max_position_embeddings=256, init_std=0.1)

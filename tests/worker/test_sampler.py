@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from worker.sampler import Sampler, apply_top_k, top_p_keep_mask
-from worker.sampling_params import SamplingParams
+from wire.sampling_params import SamplingParams
 
 
 def reference_top_p(probs: list[float], top_p: float) -> set[int]:
@@ -359,7 +359,7 @@ def test_rejects_length_mismatch(num_params, num_gens):
 def test_a_temperature_too_small_to_divide_by_samples_greedy_not_nan(temperature):
     """1e-39 passed validation and turned the logits into inf and the softmax into NaN, which
     killed the engine thread (issue 19): below MIN_SAMPLING_TEMPERATURE the row is greedy."""
-    from worker.sampling_params import MIN_SAMPLING_TEMPERATURE
+    from wire.sampling_params import MIN_SAMPLING_TEMPERATURE
 
     assert temperature < MIN_SAMPLING_TEMPERATURE
     logits = torch.tensor([[0.5, 3.0, -1.0, 2.9], [1.0, 0.0, 4.0, 3.99]], dtype=torch.float32)  # [2, V=4]
@@ -369,7 +369,7 @@ def test_a_temperature_too_small_to_divide_by_samples_greedy_not_nan(temperature
 
 
 def test_the_smallest_sampling_temperature_still_samples_finitely():
-    from worker.sampling_params import MIN_SAMPLING_TEMPERATURE
+    from wire.sampling_params import MIN_SAMPLING_TEMPERATURE
 
     params = SamplingParams(temperature=MIN_SAMPLING_TEMPERATURE, seed=3)
     assert not params.is_greedy

@@ -3,9 +3,10 @@
 import pytest
 
 from worker.block_manager import BlockManager
-from worker.sampling_params import SamplingParams
+from wire.sampling_params import SamplingParams
 from worker.scheduler import Scheduler
-from worker.sequence import FinishReason, Sequence, SequenceStatus
+from wire import FinishReason
+from worker.sequence import Sequence, SequenceStatus
 
 
 def make_seq(request_id, prompt_len, max_tokens=16):

@@ -13,7 +13,7 @@ from loader import FallbackLayers, LayerStreamReceiver, StreamConfig, ThawCheckp
 from tests.loader.stream_peers import run_checkpoint_source
 from worker.engine import Engine
 from worker.engine_config import EngineConfig
-from worker.sampling_params import SamplingParams
+from wire.sampling_params import SamplingParams
 
 WAIT_S = 30  # a guard so a bug fails the test instead of hanging it
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0)

@@ -1,4 +1,4 @@
-"""Tests for worker/sampling_params.py: defaults, validation messages, normalisation."""
+"""Tests for wire/sampling_params.py: defaults, validation messages, normalisation."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from worker.sampling_params import SamplingParams
+from wire.sampling_params import SamplingParams
 
 
 def test_defaults_construct():
@@ -206,7 +206,7 @@ def test_is_greedy(kwargs, greedy):
 
 def test_stop_conditions_are_bounded_so_a_request_cannot_make_every_token_expensive():
     """Issue 19: `stop` had no limit on count or length (they are scanned on every new token)."""
-    from worker.sampling_params import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS
+    from wire.sampling_params import MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS
 
     assert len(SamplingParams(stop=["x"] * MAX_STOP_SEQUENCES).stop) == MAX_STOP_SEQUENCES
     with pytest.raises(ValueError, match=f"stop may hold at most {MAX_STOP_SEQUENCES} sequences, got 17"):
@@ -239,7 +239,7 @@ def test_the_vllm_and_openai_settings_default_to_off_and_keep_their_values():
 
 
 def test_logit_bias_is_bounded():
-    from worker.sampling_params import MAX_LOGIT_BIAS_TOKENS
+    from wire.sampling_params import MAX_LOGIT_BIAS_TOKENS
 
     assert len(SamplingParams(logit_bias={i: 1.0 for i in range(MAX_LOGIT_BIAS_TOKENS)}).logit_bias) == 1024
     with pytest.raises(ValueError, match="logit_bias may hold at most 1024 tokens, got 1025"):
