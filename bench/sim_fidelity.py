@@ -456,6 +456,7 @@ def compare_policy(policy: str, real: RealRun, profile: Any, models: list[BenchM
                   "preemptions": sharing.get("preemptions_migrated", 0) + sharing.get("preemptions_suspended", 0),
                   "duration_s": real.figures["duration_s"]}
     sim_extra = {"num_requests": result.num_requests, "num_served": result.num_served,
+                 "num_failed": result.counts.get("requests_timed_out", 0),
                  "cold_starts_from_spare": result.counts.get("starts_from_spare", 0),
                  "evictions": result.evictions, "preemptions": result.preemptions,
                  "sim_end_s": round(result.sim_end_s, 2), "wall_s": round(result.wall_s, 3)}

@@ -35,7 +35,8 @@ def test_sim_fidelity_benchmark_quick():
     for compared in (line, peer):
         real, sim = compared["real"], compared["sim"]
         assert real["num_requests"] == sim["num_requests"] > 0  # the same trace on both sides
-        assert sim["num_served"] == sim["num_requests"]
+        # Every simulated request is served or failed by the queue timeout, as the gateway fails it.
+        assert sim["num_served"] + sim["num_failed"] == sim["num_requests"]
         for side in (real, sim):
             for name in FIGURES:
                 assert side[name] >= 0, name
