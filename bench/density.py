@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -76,7 +77,7 @@ def _one(job: tuple[str, int, int, DensityMode]) -> tuple[str, int, int, float, 
     policy, n, seed, mode = job
     result = run_simulation(SimConfig(num_models=n, num_nodes=mode.num_nodes, gpus_per_node=mode.gpus_per_node,
                                       hours=mode.hours, seed=seed, policy=policy, staged_tier="dram"))
-    p99 = result.ttft_p99_s if result.ttft_p99_s == result.ttft_p99_s and result.ttft_p99_s != float("inf") else None
+    p99 = result.ttft_p99_s if math.isfinite(result.ttft_p99_s) else None  # inf/NaN: some request never served
     return policy, n, seed, result.slo_attainment, p99
 
 

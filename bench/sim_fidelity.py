@@ -439,6 +439,12 @@ def simulate(profile: Any, real: RealRun, models: list[BenchModel], trace: list[
 # ---- the comparison ---------------------------------------------------------------------------------
 
 
+def valid_policies(policies: tuple[str, ...]) -> bool:
+    """Thaw's first (its run gives the profile), then each of `POLICIES` at most once."""
+    return bool(policies) and policies[0] == "thaw" and len(set(policies)) == len(policies) \
+        and all(p in POLICIES for p in policies)
+
+
 def compare_policy(policy: str, real: RealRun, profile: Any, models: list[BenchModel], trace: list[TraceRequest],
                    mode: BenchMode, seed: int) -> tuple[dict[str, Any], Any]:
     """One policy's real run against its replay in the simulator under the same profile."""
@@ -472,8 +478,7 @@ def run(mode: BenchMode, seed: int, work_dir: Path, details_out: Path | None,
     each policy replayed in the simulator under that profile."""
     import torch
 
-    if not policies or policies[0] != "thaw" or len(set(policies)) != len(policies) \
-            or any(p not in POLICIES for p in policies):
+    if not valid_policies(policies):
         raise ValueError(f"policies must start with 'thaw' and name each of {', '.join(POLICIES)} at most once, "
                          f"got {', '.join(policies) or 'none'}")
     trace = bursty_trace(mode.trace, seed)
@@ -538,8 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     mode = QUICK if args.quick else FULL
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-    if not policies or policies[0] != "thaw" or len(set(policies)) != len(policies) \
-            or any(p not in POLICIES for p in policies):
+    if not valid_policies(policies):
         parser.error(f"--policies takes thaw, then optionally {','.join(POLICIES[1:])}, got {args.policies!r}")
     with tempfile.TemporaryDirectory(prefix="thaw-sim-fidelity-", dir=args.work_dir) as tmp:
         with stdout_to_stderr():

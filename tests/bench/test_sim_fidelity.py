@@ -58,3 +58,14 @@ def test_sim_fidelity_benchmark_quick():
     profile = line["profile"]
     assert profile["num_slots"] == 2 and len(profile["models"]) == line["num_models"] == 8
     assert all(timing["decode_step_s"] > 0 for timing in profile["models"].values())
+
+
+def test_policies_start_with_thaw_and_name_each_known_policy_once():
+    from bench.sim_fidelity import valid_policies
+
+    assert valid_policies(("thaw",)) and valid_policies(("thaw", "thaw-keepalive-wait"))
+    for bad in ((), ("thaw-keepalive-wait",), ("thaw", "thaw"), ("thaw", "rayserve")):
+        assert not valid_policies(bad), bad
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "sim_fidelity.py"), "--policies",
+                             "thaw-keepalive-wait"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 2 and "--policies takes thaw, then optionally thaw-keepalive-wait" in result.stderr
