@@ -42,7 +42,8 @@ class AdminApiError(Exception):
 
 
 class AdminUnreachable(Exception):
-    """Nothing answered at the platform's URL."""
+    """No Thaw gateway answered at the platform's URL: nothing listens there, or only Ray Serve's
+    proxy does, without the gateway's route (as in the seconds while `thaw serve` starts)."""
 
 
 def resolve_endpoint(url: str | None, admin_key: str | None, state_dir: Path,
@@ -87,6 +88,11 @@ class AdminClient:
                     error = payload.get("error") if isinstance(payload, dict) else None
                     if isinstance(error, dict):
                         raise AdminApiError(response.status, str(error.get("message")), error.get("param"))
+                    if response.status == 404:
+                        # Not our JSON error: Ray Serve's proxy answers, but the gateway's route is
+                        # not there (yet, while `thaw serve` starts, or the app is gone).
+                        raise AdminUnreachable(f"a server answers at {self.url} but no Thaw gateway is routed "
+                                               f"there yet; is `thaw serve` still starting? (HTTP 404 for {path})")
                     raise AdminApiError(response.status, f"HTTP {response.status}: {text[:200]}")
                 return payload
         except aiohttp.ClientConnectionError as exc:

@@ -37,6 +37,12 @@ TOOL_CHAT = [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
     {"role": "tool", "tool_call_id": "call_1", "content": "cold"},
 ]
+# TOOL_CHAT as the engine takes it: arguments as objects, as the gateway hands them to templates.
+TOOL_PROMPT = ChatPrompt(messages=(
+    {"role": "user", "content": "Weather in Oslo?"},
+    {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
+                                          "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "cold"}), tools=(TOOL,), template_kwargs={"shout": True})
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +58,10 @@ def served(tmp_path_factory):
     (model_dir / "additional_chat_templates").mkdir()
     (model_dir / "additional_chat_templates" / "tool_use.jinja").write_text(TOOL_TEMPLATE)
     engine = Engine(model_dir, EngineConfig(block_size=4, num_kv_blocks=64))
-    want = engine.generate([CHAT], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))[0]
+    # The references are generated before AsyncEngine's thread owns the engine: a direct
+    # `generate` while that thread steps would race it on the scheduler and the block pool.
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    want = {"chat": engine.generate([CHAT], greedy)[0], "tool": engine.generate([TOOL_PROMPT], greedy)[0]}
     async_engine = AsyncEngine(engine)
     app = build_gateway_app(LocalEngineBackend({MODEL: async_engine}), GatewayAuth(verify_api_key={KEY: "demo"}.get))
     try:
@@ -68,28 +77,23 @@ def test_chat_uses_the_template_file(served):
     assert rendered.startswith("[USER] Name a colour.") and rendered.endswith("[ASSISTANT]")
     got = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=8, temperature=0,
                                          extra_body={"ignore_eos": True})
-    assert got.choices[0].message.content == want.text
+    assert got.choices[0].message.content == want["chat"].text
     assert got.usage.prompt_tokens == len(engine.tokenizer.encode(rendered, add_special_tokens=False))
 
 
 def test_chat_with_tools_and_a_template_kwarg_uses_the_tool_template(served):
-    engine, _, client = served
-    prompt = ChatPrompt(messages=tuple(
-        {k: v for k, v in m.items() if v is not None} for m in TOOL_CHAT[:1]) + (
-        {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
-                                              "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "cold"}), tools=(TOOL,), template_kwargs={"shout": True})
+    engine, want, client = served
+    prompt = TOOL_PROMPT
     rendered = engine.tokenizer.apply_chat_template(list(prompt.messages), tools=prompt.tools,
                                                     template_kwargs=prompt.template_kwargs)
     (eos,) = engine.tokenizer.convert_ids_to_tokens(engine.tokenizer.eos_token_ids[:1])
     assert rendered == (f"[TOOLS] get_weather{eos}[USER]WEATHER IN OSLO?{eos}"
                         f'[ASSISTANT]<call>get_weather {{"city": "Oslo"}}</call>{eos}[TOOL]COLD{eos}[ASSISTANT]')
-    want = engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))[0]
     # tool_choice "none": this template teaches no tool-call format the gateway could parse calls in.
     got = client.chat.completions.create(model=MODEL, messages=TOOL_CHAT, tools=[TOOL], tool_choice="none",
                                          max_tokens=8, temperature=0,
                                          extra_body={"ignore_eos": True, "chat_template_kwargs": {"shout": True}})
-    assert got.choices[0].message.content == want.text
+    assert got.choices[0].message.content == want["tool"].text
     assert got.usage.prompt_tokens == len(engine.tokenizer.encode(rendered, add_special_tokens=False))
     # Without the switch the template renders the messages as they are: a different prompt.
     quiet = client.chat.completions.create(model=MODEL, messages=TOOL_CHAT, tools=[TOOL], tool_choice="none",
