@@ -33,8 +33,8 @@ Public API (everything else in this folder is private to it):
 - `repository_name`, `worker_actor_name`, `node_store_actor_name`: how models and actors are named.
 - For the simulator (`sim/`), the rest of the policy layer it calls unchanged: `desired_instances`, `keep_alive_for`,
   `choose_eviction`/`EvictionCandidate`, `choose_preemption`/`PreemptionCandidate`,
-  `order_waiting`/`WaitingModel`, `choose_load_path`/`PeerStreamSettings`, `ManagedInstance`/
-  `InstancePhase` (their input), `UsageMeter` (the eviction score's frequency).
+  `order_waiting`/`WaitingModel`, `choose_load_path`/`PeerStreamSettings`, `ManagedInstance`
+  (their input, its phase a `wire.InstanceState`), `UsageMeter` (the eviction score's frequency).
 
 The controller itself, its config and its Ray side are imported on first use (PEP 562
 `__getattr__`): they bring the storage and worker packages (boto3, torch), which code that only
@@ -105,7 +105,6 @@ _LAZY = {
     "PeerStreamSettings": "controller.stream_source_policy",
     "choose_load_path": "controller.stream_source_policy",
     "ManagedInstance": "controller.managed_instance",
-    "InstancePhase": "controller.managed_instance",
     "UsageMeter": "controller.usage_meter",
 }
 
@@ -131,6 +130,6 @@ __all__ = [
     "worker_actor_name",
     "desired_instances", "keep_alive_for", "EvictionCandidate", "choose_eviction", "PreemptionCandidate", "choose_preemption",
     "SlotReclaimCosts", "plan_slot_reclaim",
-    "WaitingModel", "order_waiting", "PeerStreamSettings", "choose_load_path", "ManagedInstance", "InstancePhase",
+    "WaitingModel", "order_waiting", "PeerStreamSettings", "choose_load_path", "ManagedInstance",
     "UsageMeter",
 ]

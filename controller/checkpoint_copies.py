@@ -29,8 +29,9 @@ from controller.cluster_node import ClusterNode, dram_can_take
 from controller.controller_config import ControllerConfig
 from controller.controller_status import event_to_dict
 from controller.instance_manager import InstanceManager
-from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.managed_instance import ManagedInstance
 from controller.model_state import ModelState
+from wire import InstanceState
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class CheckpointCopies:
         settling after a start)."""
         wanted = [(node_id, name, model_id) for (node_id, name), model_id in self._wanted.items()]
         wanted += [(i.node_id, i.repository_name, i.model_id) for i in self._instances.all()
-                   if i.phase is InstancePhase.READY and i.tier == "ssd"]
+                   if i.phase is InstanceState.READY and i.tier == "ssd"]
         for node_id, name, model_id in wanted:
             node = self._nodes.get(node_id)
             key = (node_id, name)

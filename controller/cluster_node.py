@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.controller_config import ControllerConfig
-from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.managed_instance import ManagedInstance
 from controller.placement_policy import NodeView, TierBandwidths
 from storage import BandwidthReport, NodeStoreReport
+from wire import InstanceState
 
 NODE_ID_PREFIX_CHARS = 16  # of the Ray node id (56 hex digits); 64 bits keeps them apart
 
@@ -213,7 +214,7 @@ def loader_wait_s(node_id: str, instances: Iterable[ManagedInstance], now: float
     estimates: a new read from there shares that path with them, so it is ready that much later
     (`NodeView.loader_wait_s`). A load from the DRAM tier does not hold that path up."""
     return sum(instance.remaining_load_s(now) for instance in instances
-               if instance.node_id == node_id and instance.phase is InstancePhase.LOADING
+               if instance.node_id == node_id and instance.phase is InstanceState.LOADING
                and instance.tier != "dram")
 
 

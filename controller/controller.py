@@ -70,7 +70,7 @@ from controller.deploy_jobs import DeployJob, DeployJobs
 from controller.upload_area import UploadArea
 from controller.controller_status import hosts_to_dict, node_to_dict, placement_to_dict, scale_to_dict
 from controller.instance_manager import InstanceManager, stop_order
-from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.managed_instance import ManagedInstance
 from controller.engine_settings import engine_config_for, instance_kv_bytes, instance_memory_bytes
 from controller.host_sleep_policy import HostSleeper, SleeperRoom, room_for_sleeper
 from controller.model_registry import ModelRegistry
@@ -89,7 +89,7 @@ from controller.spare_pool import SparePool
 from controller.state_store import StateStore, open_state_store
 from controller.tenant_quota import instances_over_quota
 from storage import ModelRepository, open_repository
-from wire import DeployProgress, EngineGauges, InstanceLoadRecord, ModelRecord
+from wire import DeployProgress, EngineGauges, InstanceLoadRecord, InstanceState, ModelRecord
 
 logger = logging.getLogger(__name__)
 
@@ -450,7 +450,7 @@ class Controller:
         cold start or its first requests for the node's CPUs."""
         now, settle_s = self._clock(), self.config.spare_refill_delay_s
         return [i for i in self._instances.all()
-                if i.phase is InstancePhase.LOADING or (i.ready_s is not None and now - i.ready_s < settle_s)]
+                if i.phase is InstanceState.LOADING or (i.ready_s is not None and now - i.ready_s < settle_s)]
 
     async def _promote_to_dram(self) -> list[str]:
         self._copies.promote_to_dram({i.node_id for i in self._settling_instances()})
@@ -488,7 +488,7 @@ class Controller:
     async def _autoscale_model(self, model: ModelState) -> None:
         now = self._clock()
         live = self._instances.live(model.model_id)
-        ongoing = sum(i.num_ongoing_requests for i in live if i.phase is InstancePhase.READY)
+        ongoing = sum(i.num_ongoing_requests for i in live if i.phase is InstanceState.READY)
         queued = model.num_queued_requests(now, self.config.queue_report_ttl_s)
         if ongoing or queued:
             model.last_request_s = now
@@ -549,7 +549,7 @@ class Controller:
             return SleeperRoom(True, (), "its weights stay in its process")
         sleepers = [HostSleeper(i.instance_id, i.memory_bytes - i.kv_memory_bytes, i.asleep_s or 0.0)
                     for i in self._instances.all()
-                    if i.node_id == node.node_id and i.phase is InstancePhase.ASLEEP and i.sleeps_to_host]
+                    if i.node_id == node.node_id and i.phase is InstanceState.ASLEEP and i.sleeps_to_host]
         return room_for_sleeper(instance.instance_id, instance.memory_bytes - instance.kv_memory_bytes, sleepers,
                                 self.config.sleep_host_bytes_per_gpu * node.num_gpus)
 
@@ -558,7 +558,7 @@ class Controller:
         budget (`ControllerConfig.sleep_idle_instances`), it is ready and idle, and its node is not draining."""
         node = self._nodes.get(instance.node_id)
         return (self.config.sleep_idle_instances and node is not None and not node.draining
-                and has_worker_memory_budget(node, self.config) and instance.phase is InstancePhase.READY
+                and has_worker_memory_budget(node, self.config) and instance.phase is InstanceState.READY
                 and instance.num_ongoing_requests == 0 and instance.handle is not None)
 
     def _wake_sleepers(self, model: ModelState, wanted: int) -> int:
@@ -682,9 +682,9 @@ class Controller:
         if node is None:
             raise LookupError(f"no node {node_id!r}; nodes: {sorted(self._nodes)}")
         node.draining = True
-        stopping = [i for i in self._instances.all() if i.node_id == node_id and i.phase is not InstancePhase.STOPPING]
+        stopping = [i for i in self._instances.all() if i.node_id == node_id and i.phase is not InstanceState.STOPPING]
         for instance in stopping:
-            had_requests = instance.phase is InstancePhase.READY
+            had_requests = instance.phase is InstanceState.READY
             self._instances.begin_stop(instance, f"node {node_id} draining", self.config.drain_timeout_s)
             if migrate and had_requests:
                 task = asyncio.get_running_loop().create_task(self._mover.move_off(instance))
@@ -715,8 +715,8 @@ class Controller:
             mine = [i for i in instances if i.model_id == model_id]
             models.append({
                 "model_id": model_id, "num_desired_instances": state.num_desired_instances,
-                "num_ready_instances": sum(i.phase is InstancePhase.READY for i in mine),
-                "num_loading_instances": sum(i.phase is InstancePhase.LOADING for i in mine),
+                "num_ready_instances": sum(i.phase is InstanceState.READY for i in mine),
+                "num_loading_instances": sum(i.phase is InstanceState.LOADING for i in mine),
                 "num_ongoing_requests": sum(i.num_ongoing_requests for i in mine),
                 "num_queued_requests": state.num_queued_requests(now, self.config.queue_report_ttl_s),
                 "scale_reason": state.last_scale["reason"] if state.last_scale else None,

@@ -58,7 +58,7 @@ from controller.cluster_node import ClusterNode, has_worker_memory_budget, store
 from controller.controller_config import ControllerConfig
 from controller.controller_status import event_to_dict
 from controller.engine_settings import engine_config_for
-from controller.managed_instance import RECORD_STATES, InstancePhase, ManagedInstance
+from controller.managed_instance import ManagedInstance
 from controller.model_source import repository_name
 from controller.model_spec import ModelSpec
 from controller.model_state import ModelState
@@ -68,7 +68,7 @@ from controller.stream_chains import StreamChains
 from controller.stream_source_policy import LoadPath, choose_load_path
 from controller.state_store import StateStore, WorkerRecord
 from storage import TierFullError
-from wire import EngineGauges, HostedInstance, is_hosted
+from wire import EngineGauges, HostedInstance, InstanceState, is_hosted
 
 logger = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.1
@@ -78,7 +78,7 @@ WORKER_SHUTDOWN_TIMEOUT_S = 10.0
 def stop_order(instance: ManagedInstance) -> tuple[bool, int, float]:
     """Which instance to stop first when scaling down: one still loading (it serves nobody yet),
     then the least busy, then the newest."""
-    return (instance.phase is InstancePhase.READY, instance.num_ongoing_requests, -instance.started_s)
+    return (instance.phase is InstanceState.READY, instance.num_ongoing_requests, -instance.started_s)
 
 
 class InstanceManager:
@@ -118,7 +118,7 @@ class InstanceManager:
     def engine_gauges(self) -> list[EngineGauges]:
         """Every ready instance's engine load as its worker last reported it, by instance id."""
         return [EngineGauges(i.instance_id, i.model_id, i.node_id, i.num_running_requests, i.num_waiting_requests,
-                             i.kv_cache_usage) for i in self.all() if i.phase is InstancePhase.READY]
+                             i.kv_cache_usage) for i in self.all() if i.phase is InstanceState.READY]
 
     def get(self, instance_id: str) -> ManagedInstance | None:
         return self._instances.get(instance_id)
@@ -131,7 +131,7 @@ class InstanceManager:
         return [i for i in self.of_model(model_id) if i.serving]
 
     def ready_routes(self, model_id: str) -> list[ManagedInstance]:
-        return [i for i in self.of_model(model_id) if i.phase is InstancePhase.READY]
+        return [i for i in self.of_model(model_id) if i.phase is InstanceState.READY]
 
     def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -141,7 +141,7 @@ class InstanceManager:
 
     def _worker_record(self, instance: ManagedInstance) -> WorkerRecord:
         return WorkerRecord(instance_id=instance.instance_id, model_id=instance.model_id, node_id=instance.node_id,
-                            actor_name=instance.actor_name, state=RECORD_STATES[instance.phase])
+                            actor_name=instance.actor_name, state=instance.phase)
 
     def _event(self, kind: str, instance: ManagedInstance, reason: str) -> None:
         self._record(event_to_dict(kind, instance.model_id, reason, self._wall_clock(), instance.instance_id))
@@ -225,7 +225,7 @@ class InstanceManager:
             peer, path = await self._open_stream(instance), None
             if peer is None:
                 path, instance.tier = await self._pin_checkpoint(node, model.repository_name, checkpoint_tier)
-            if instance.phase is not InstancePhase.LOADING:
+            if instance.phase is not InstanceState.LOADING:
                 return  # stopped while the checkpoint arrived: no actor to start
             spec = model.spec
             instance.weights_resident = peer is None
@@ -247,7 +247,7 @@ class InstanceManager:
                     num_gpus=spec.resources.num_gpus, peer=peer,
                     num_threads=max(1, int(spec.resources.num_cpus)) if shares else None)
         except Exception as exc:  # noqa: BLE001 - whatever failed, the instance is discarded and retried
-            if instance.phase is InstancePhase.LOADING:
+            if instance.phase is InstanceState.LOADING:
                 await self._start_failed(instance, exc)
             return
         if peer is not None:
@@ -262,10 +262,10 @@ class InstanceManager:
             return None
         source = self._instances.get(path.source_instance_id)
         try:
-            if instance.phase is not InstancePhase.LOADING:
+            if instance.phase is not InstanceState.LOADING:
                 self._chains.leave(instance.instance_id)
                 return None
-            if source is None or source.phase is not InstancePhase.READY or source.handle is None:
+            if source is None or source.phase is not InstanceState.READY or source.handle is None:
                 self._chains.leave(instance.instance_id)
                 raise RuntimeError("it is no longer ready")
             ticket, rank, length = await self._chains.ticket(instance.instance_id, source.handle)
@@ -296,7 +296,7 @@ class InstanceManager:
         reads if the peer dies, and what it streams from once it is a source itself."""
         try:
             path, instance.tier = await self._pin_checkpoint(node, model.repository_name, checkpoint_tier)
-            if instance.phase is InstancePhase.STOPPING or instance.handle is None:
+            if instance.phase is InstanceState.STOPPING or instance.handle is None:
                 return
             await self._cluster.supply_fallback(instance.handle, path, self.config.report_timeout_s)
         except Exception as exc:  # noqa: BLE001 - the stream may still complete; the log says what is missing
@@ -321,10 +321,10 @@ class InstanceManager:
         try:
             load = await self._cluster.worker_ready(instance.handle, self.config.load_timeout_s)
         except Exception as exc:  # noqa: BLE001
-            if instance.phase is InstancePhase.LOADING:
+            if instance.phase is InstanceState.LOADING:
                 await self._start_failed(instance, exc)
             return
-        if instance.phase is not InstancePhase.LOADING:
+        if instance.phase is not InstanceState.LOADING:
             return  # stopped while it loaded
         instance.load_s = load.load_s
         instance.pack_s = load.weights_pack_s
@@ -342,9 +342,9 @@ class InstanceManager:
                 await self._before_ready(instance)  # e.g. the model's parked requests replayed into it
             except Exception:  # noqa: BLE001 - it serves all the same
                 logger.exception("preparing %s before routing it failed", instance.instance_id)
-            if instance.phase is not InstancePhase.LOADING:
+            if instance.phase is not InstanceState.LOADING:
                 return
-        instance.phase = InstancePhase.READY
+        instance.phase = InstanceState.READY
         instance.ready_s = self._clock()
         self._store.put_worker(self._worker_record(instance))
         model = self._models.get(instance.model_id)
@@ -367,8 +367,8 @@ class InstanceManager:
 
     def apply_stats(self, instance: ManagedInstance, stats: Any, now: float) -> None:
         """Take in a ready worker's report; a worker that reports FAILED or STOPPED is replaced."""
-        if stats.state in ("failed", "stopped"):
-            self.begin_stop(instance, f"worker reports {stats.state}", 0.0)
+        if stats.state in (InstanceState.FAILED, InstanceState.STOPPED):
+            self.begin_stop(instance, f"worker reports {InstanceState(stats.state).value}", 0.0)
             return
         model = self._models.get(instance.model_id)
         if model is not None and (stats.num_ongoing_requests > 0
@@ -405,7 +405,7 @@ class InstanceManager:
 
     def asleep(self, model_id: str) -> list[ManagedInstance]:
         """The model's sleeping instances, the one asleep the shortest first."""
-        return sorted((i for i in self.of_model(model_id) if i.phase is InstancePhase.ASLEEP),
+        return sorted((i for i in self.of_model(model_id) if i.phase is InstanceState.ASLEEP),
                       key=lambda i: (-(i.asleep_s or 0.0), i.instance_id))
 
     def _put_record(self, instance: ManagedInstance) -> None:
@@ -417,7 +417,7 @@ class InstanceManager:
     def begin_sleep(self, instance: ManagedInstance, reason: str) -> None:
         """Out of routing now (ASLEEP: its slot and KV share free for placement); its worker frees
         its KV pool once its open requests are done, in the background."""
-        instance.phase, instance.asleep_s = InstancePhase.ASLEEP, self._clock()
+        instance.phase, instance.asleep_s = InstanceState.ASLEEP, self._clock()
         self._put_record(instance)
         self._on_routes_changed(instance.model_id)
         self.counts["sleeps"] += 1
@@ -432,15 +432,15 @@ class InstanceManager:
             await self._drain(instance, self.config.drain_timeout_s)
             freed = await self._cluster.sleep_worker(instance.handle, WORKER_SHUTDOWN_TIMEOUT_S)
         except ActorGoneError as exc:
-            if instance.phase is InstancePhase.ASLEEP:
+            if instance.phase is InstanceState.ASLEEP:
                 self.died(instance, str(exc))
             return
         except Exception as exc:  # noqa: BLE001 - it did not sleep: it is stopped as before sleep existed
-            if instance.phase is InstancePhase.ASLEEP:
+            if instance.phase is InstanceState.ASLEEP:
                 why = f"could not sleep ({type(exc).__name__}: {exc}); stopping it instead"
                 logger.warning("%s: %s %s", instance.model_id, instance.instance_id, why)
                 self._event("sleep_failed", instance, why)
-                instance.phase, instance.asleep_s = InstancePhase.READY, None  # so its requests drain first
+                instance.phase, instance.asleep_s = InstanceState.READY, None  # so its requests drain first
                 self.begin_stop(instance, why, self.config.drain_timeout_s, recycle=True)
             return
         logger.info("%s: %s asleep (%.3g MB of KV pool freed)", instance.model_id, instance.instance_id, freed / 1e6)
@@ -450,7 +450,7 @@ class InstanceManager:
         """LOADING again now (it counts as its model's instance); its worker rebuilds the KV pool
         (after the sleep, if that is still under way), then it is READY and routed."""
         now = self._clock()
-        instance.phase, instance.asleep_s = InstancePhase.LOADING, None
+        instance.phase, instance.asleep_s = InstanceState.LOADING, None
         instance.started_s, instance.ready_s, instance.estimate_s = now, None, 0.0
         self._put_record(instance)
         self.counts["wakes"] += 1
@@ -466,10 +466,10 @@ class InstanceManager:
         try:
             await self._cluster.wake_worker(instance.handle, WORKER_SHUTDOWN_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - a worker that cannot wake is replaced like a failed start
-            if instance.phase is InstancePhase.LOADING:
+            if instance.phase is InstanceState.LOADING:
                 await self._start_failed(instance, exc)
             return
-        if instance.phase is InstancePhase.LOADING:
+        if instance.phase is InstanceState.LOADING:
             await self._enter_ready(instance, "woke",
                                     f"awake on {instance.node_id} in {self._clock() - started:.3g}s (no load)")
 
@@ -484,8 +484,8 @@ class InstanceManager:
         running = self._stop_tasks.get(instance.instance_id)
         if running is not None:
             return running
-        was_ready = instance.phase is InstancePhase.READY
-        instance.phase = InstancePhase.STOPPING
+        was_ready = instance.phase is InstanceState.READY
+        instance.phase = InstanceState.STOPPING
         try:
             self._store.put_worker(self._worker_record(instance))
         except Exception:  # noqa: BLE001 - the record is advisory; stopping matters more
@@ -624,22 +624,23 @@ class InstanceManager:
         if instance.hosted and self._spares is not None and node is not None:
             self._spares.adopt_host(record.actor_name, node.ray_node_id, handle.host, record.instance_id)
         state = stats.state if stats is not None else None
-        if model is None or record.state == "stopping" or state in ("failed", "stopped"):
-            why = "its model was deleted" if model is None else f"it was {state or record.state}"
+        if model is None or record.state is InstanceState.STOPPING or state in (InstanceState.FAILED,
+                                                                                InstanceState.STOPPED):
+            why = "its model was deleted" if model is None else f"it was {InstanceState(state or record.state).value}"
             self.begin_stop(instance, f"adopted, but {why}", 0.0)
             return
-        if state == "asleep" or (state is None and record.state == "asleep"):
-            instance.phase, instance.asleep_s = InstancePhase.ASLEEP, now
-            if record.state != "asleep":
+        if state == InstanceState.ASLEEP or (state is None and record.state is InstanceState.ASLEEP):
+            instance.phase, instance.asleep_s = InstanceState.ASLEEP, now
+            if record.state is not InstanceState.ASLEEP:
                 self._store.put_worker(self._worker_record(instance))
-        elif state == "ready" or (state is None and record.state == "ready"):
-            instance.phase, instance.ready_s = InstancePhase.READY, now
+        elif state == InstanceState.READY or (state is None and record.state is InstanceState.READY):
+            instance.phase, instance.ready_s = InstanceState.READY, now
             if stats is not None:
                 instance.num_ongoing_requests = stats.num_ongoing_requests
                 instance.num_generated_tokens = stats.num_generated_tokens
                 instance.load_s = stats.load_s
                 instance.pid = getattr(stats, "pid", 0)
-            if record.state != "ready":
+            if record.state is not InstanceState.READY:
                 self._store.put_worker(self._worker_record(instance))
             self._on_routes_changed(instance.model_id)
         else:

@@ -16,21 +16,10 @@ keeps its place in the GPU's slot host, `sleeps_to_host`); STOPPING while it fin
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Any
 
-
-class InstancePhase(str, enum.Enum):
-    LOADING = "loading"
-    READY = "ready"
-    ASLEEP = "asleep"
-    STOPPING = "stopping"
-
-
-# The state store's names for the phases (WorkerRecord.state).
-RECORD_STATES = {InstancePhase.LOADING: "starting", InstancePhase.READY: "ready", InstancePhase.ASLEEP: "asleep",
-                 InstancePhase.STOPPING: "stopping"}
+from wire import InstanceState
 
 
 @dataclass
@@ -82,7 +71,7 @@ class ManagedInstance:
     kv_memory_bytes: int = 0
     sleeps_to_host: bool = False
     asleep_s: float | None = None
-    phase: InstancePhase = InstancePhase.LOADING
+    phase: InstanceState = InstanceState.LOADING
     handle: Any = None
     tier: str | None = None
     estimate_s: float | None = None
@@ -114,13 +103,13 @@ class ManagedInstance:
     @property
     def serving(self) -> bool:
         """Counts toward the model's instances (the autoscaler's current count): loading or ready."""
-        return self.phase in (InstancePhase.LOADING, InstancePhase.READY)
+        return self.phase in (InstanceState.LOADING, InstanceState.READY)
 
     @property
     def kv_pool_freed(self) -> bool:
         """Asleep, or stopping from asleep (`asleep_s` stays set until it wakes): its worker freed
         the KV pool and does not allocate it again on its way out."""
-        return self.phase is InstancePhase.ASLEEP or (self.phase is InstancePhase.STOPPING and self.asleep_s is not None)
+        return self.phase is InstanceState.ASLEEP or (self.phase is InstanceState.STOPPING and self.asleep_s is not None)
 
     @property
     def held_memory_bytes(self) -> int:
@@ -149,14 +138,14 @@ class ManagedInstance:
         estimate plus a start's measured fixed cost, less the time it has loaded. None when that is
         unknown: adopted (no estimate), not loading, or past it (an estimate of 0 s would be a lie:
         the instance is late, and nothing says by how much)."""
-        if self.phase is not InstancePhase.LOADING or self.estimate_s is None:
+        if self.phase is not InstanceState.LOADING or self.estimate_s is None:
             return None
         remaining = self.estimate_s + start_overhead_s - (now - self.started_s)
         return remaining if remaining > 0 else None
 
     def remaining_load_s(self, now: float) -> float:
         """What is left of placement's estimate for a loading instance: its node's loader wait."""
-        if self.phase is not InstancePhase.LOADING or self.estimate_s is None:
+        if self.phase is not InstanceState.LOADING or self.estimate_s is None:
             return 0.0
         return max(0.0, self.estimate_s - (now - self.started_s))
 

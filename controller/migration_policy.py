@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 
-from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.managed_instance import ManagedInstance
+from wire import InstanceState
 
 __all__ = ["choose_destination"]
 
@@ -32,12 +33,12 @@ def choose_destination(source: ManagedInstance, instances: Iterable[ManagedInsta
                 return None, f"instance {to_instance} is the source itself"
             return None, f"no instance {to_instance!r} of model {source.model_id!r} is running"
         [chosen] = named
-        if chosen.phase is not InstancePhase.READY:
+        if chosen.phase is not InstanceState.READY:
             return None, f"instance {to_instance} is {chosen.phase.value}, not ready"
         if chosen.node_id in draining_node_ids:
             return None, f"instance {to_instance} is on node {chosen.node_id}, which is draining"
         return chosen, ""
-    ready = [i for i in candidates if i.phase is InstancePhase.READY and i.node_id not in draining_node_ids]
+    ready = [i for i in candidates if i.phase is InstanceState.READY and i.node_id not in draining_node_ids]
     if to_node is not None:
         if to_node in draining_node_ids:
             return None, f"node {to_node} is draining"

@@ -23,7 +23,7 @@ from controller.cluster_client import ActorGoneError, ClusterClient
 from controller.cluster_node import ClusterNode, node_kind_text, plan_nodes
 from controller.controller_config import ControllerConfig
 from controller.instance_manager import InstanceManager
-from controller.managed_instance import InstancePhase
+from wire import InstanceState
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class NodeRoster:
         is gone is `InstanceManager.died`. Returns the errors, one line each."""
         timeout_s = self.config.report_timeout_s
         nodes = [node for node in self._nodes.values() if node.store is not None]
-        reporting = (InstancePhase.READY, InstancePhase.ASLEEP)  # a sleeper's death frees its memory
+        reporting = (InstanceState.READY, InstanceState.ASLEEP)  # a sleeper's death frees its memory
         ready = [i for i in self._instances.all() if i.phase in reporting and i.handle is not None]
         results = await asyncio.gather(
             *(self._cluster.node_store_report(node.store, timeout_s) for node in nodes),

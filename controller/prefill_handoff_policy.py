@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.managed_instance import ManagedInstance
+from wire import InstanceState
 
 __all__ = ["PrefillHandoff", "plan_prefill_handoffs"]
 
@@ -38,7 +39,7 @@ def plan_prefill_handoffs(instances: Iterable[ManagedInstance], *, saturated_req
                           in_flight: Collection[str] = ()) -> list[PrefillHandoff]:
     """The hand-overs to make now (see the module docstring); `in_flight`: request ids whose
     hand-over is still running."""
-    ready = [i for i in instances if i.phase is InstancePhase.READY]
+    ready = [i for i in instances if i.phase is InstanceState.READY]
     load = {i.instance_id: i.num_ongoing_requests for i in ready}
     plan = []
     for source in sorted(ready, key=lambda i: i.instance_id):

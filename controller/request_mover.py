@@ -25,8 +25,9 @@ from controller.cluster_node import ClusterNode
 from controller.controller_config import ControllerConfig
 from controller.controller_errors import InvalidMigrationError, MigrationConflictError, UnknownInstanceError
 from controller.instance_manager import InstanceManager
-from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.managed_instance import ManagedInstance
 from controller.migration_policy import choose_destination
+from wire import InstanceState
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ class RequestMover:
             raise UnknownInstanceError(instance_id)
         if to_node is not None and to_node not in self._nodes:
             raise LookupError(f"no node {to_node!r}; nodes: {sorted(self._nodes)}")
-        if source.phase is InstancePhase.LOADING or source.handle is None:
+        if source.phase is InstanceState.LOADING or source.handle is None:
             raise MigrationConflictError(f"instance {instance_id} is still loading: it has no request to migrate")
         return await self._migrate_off(source, [request_id] if request_id is not None else None,
                                        to_node=to_node, to_instance=to_instance, method=method)

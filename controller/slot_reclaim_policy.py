@@ -36,9 +36,10 @@ import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.managed_instance import ManagedInstance
 from controller.migration_policy import choose_destination
 from controller.placement_policy import NodeEstimate, PlacementDecision
+from wire import InstanceState
 
 __all__ = ["SlotReclaimCosts", "SlotReclaimPlan", "plan_slot_reclaim"]
 
@@ -112,7 +113,7 @@ def _victims(node: NodeEstimate, model_id: str, num_slots: int, instances: Seque
     """(victim, destination) pairs on `node`, fewest requests first."""
     pairs = []
     for victim in instances:
-        if (victim.node_id != node.node_id or victim.model_id == model_id or victim.phase is not InstancePhase.READY
+        if (victim.node_id != node.node_id or victim.model_id == model_id or victim.phase is not InstanceState.READY
                 or node.num_free_slots + victim.num_worker_slots < num_slots
                 or (node.free_memory_bytes is not None
                     and node.free_memory_bytes + victim.memory_bytes < node.memory_bytes)):
@@ -128,7 +129,7 @@ def plan_slot_reclaim(model_id: str, decision: PlacementDecision, instances: Seq
                       ) -> tuple[SlotReclaimPlan | None, str]:
     """(a plan, "") or (None, why not). `decision` is placement's for `model_id` (its estimates
     rank full nodes too); `instances` every instance the controller knows."""
-    if any(i.model_id == model_id and i.phase is InstancePhase.READY for i in instances):
+    if any(i.model_id == model_id and i.phase is InstanceState.READY for i in instances):
         return None, f"{model_id} already has a ready instance: it scales out where there is room"
     with_room = [e for e in decision.estimates if e.has_room]
     alternative = min((e.ready_s for e in with_room), default=None)

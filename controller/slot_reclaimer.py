@@ -30,11 +30,11 @@ from typing import Any
 
 from controller.controller_config import ControllerConfig
 from controller.instance_manager import InstanceManager
-from controller.managed_instance import InstancePhase
 from controller.model_state import ModelState
 from controller.placement_policy import NodeView, PlacementDecision, place
 from controller.request_mover import RequestMover
 from controller.slot_reclaim_policy import SlotReclaimPlan, plan_slot_reclaim
+from wire import InstanceState
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class SlotReclaimer:
                 return dataclasses.replace(decision, reason=f"{decision.reason}; no slot to reclaim: {why}")
             return decision
         victim = self._instances.get(plan.victim_instance_id)
-        if victim is None or victim.phase is not InstancePhase.READY:
+        if victim is None or victim.phase is not InstanceState.READY:
             return decision  # raced with a stop: the next tick plans again
         self._instances.begin_stop(victim, f"slot reclaimed for {model_id}", self.config.drain_timeout_s)
         if plan.num_requests and victim.handle is not None:

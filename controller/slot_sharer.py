@@ -47,7 +47,7 @@ from controller.cluster_node import ClusterNode, dram_can_take, node_view, nodes
 from controller.controller_config import ControllerConfig
 from controller.eviction_policy import EvictionCandidate, choose_eviction, eviction_score
 from controller.instance_manager import InstanceManager
-from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.managed_instance import ManagedInstance
 from controller.migration_policy import choose_destination
 from controller.model_state import ModelState
 from controller.placement_policy import NodeView, PlacementDecision, estimate_node, place
@@ -55,6 +55,7 @@ from controller.preemption_policy import PreemptionCandidate, choose_preemption
 from controller.request_mover import RequestMover
 from controller.slot_outlook import SlotHolder, SlotOutlook
 from controller.slot_queue_policy import WaitingModel, order_waiting
+from wire import InstanceState
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class SlotSharer:
         waiting = []
         for model in self._models.values():
             queued = self._queued(model, now)
-            if queued and not any(i.phase is InstancePhase.LOADING for i in self._instances.live(model.model_id)):
+            if queued and not any(i.phase is InstanceState.LOADING for i in self._instances.live(model.model_id)):
                 policy = model.spec.autoscaling
                 waiting.append(WaitingModel(model_id=model.model_id, priority=policy.priority,
                                             oldest_wait_s=model.oldest_wait_s(now, ttl_s), num_queued_requests=queued,
@@ -280,11 +281,11 @@ class SlotSharer:
                                    newest_wait_s=model.newest_wait_s(now, ttl_s),
                                    ttft_slo_s=model.spec.autoscaling.ttft_slo_s if settings.deadline_eviction else None)
         victims = [self._instances.get(c.instance_id) for c in eviction.victims]
-        if not victims or any(v is None or v.phase not in (InstancePhase.READY, InstancePhase.ASLEEP)
+        if not victims or any(v is None or v.phase not in (InstanceState.READY, InstanceState.ASLEEP)
                               for v in victims):
             return dataclasses.replace(decision, reason=f"{decision.reason}; {eviction.reason}")
         for victim in victims:
-            asleep = victim.phase is InstancePhase.ASLEEP
+            asleep = victim.phase is InstanceState.ASLEEP
             self._instances.begin_stop(victim, f"evicted for {model_id} ({'asleep' if asleep else 'idle'})",
                                        self.config.drain_timeout_s, recycle=True)
             if not asleep:  # a sleeper is no longer one of its model's instances: nothing to shrink
@@ -321,7 +322,7 @@ class SlotSharer:
             newest_wait_s=model.newest_wait_s(now, ttl_s),
             ttft_slo_s=policy.ttft_slo_s if settings.deadline_preemption else None)
         victim = choice.victim and self._instances.get(choice.victim.instance_id)
-        if victim is None or victim.phase is not InstancePhase.READY:
+        if victim is None or victim.phase is not InstanceState.READY:
             return dataclasses.replace(decision, reason=f"{decision.reason}; {choice.reason}")
         self._instances.begin_stop(victim, f"preempted for {model.model_id} ({choice.action})",
                                    self.config.drain_timeout_s, recycle=True)
@@ -345,10 +346,10 @@ class SlotSharer:
         """Where `model_id` stands for its waiting requests (see `controller.slot_outlook`)."""
         live = self._instances.live(model_id)
         holders = tuple(h for h, _ in self._holders_with_scores(now))
-        if any(i.phase is InstancePhase.READY for i in live):
+        if any(i.phase is InstanceState.READY for i in live):
             return SlotOutlook(model_id=model_id, status="ready", estimate_s=0.0,
                                reason="an instance is ready; requests wait for room on it", holders=holders)
-        loading = [i for i in live if i.phase is InstancePhase.LOADING]
+        loading = [i for i in live if i.phase is InstanceState.LOADING]
         overhead_s = self.start_overhead_s()
         if loading:
             # Placement's read estimate plus a start's measured fixed cost (the same calibrated
@@ -503,7 +504,7 @@ class SlotSharer:
             candidates.append(EvictionCandidate(
                 instance_id=instance.instance_id, model_id=instance.model_id, node_id=instance.node_id,
                 num_worker_slots=instance.num_worker_slots, memory_bytes=instance.held_memory_bytes,
-                ready=instance.phase is InstancePhase.READY, asleep=instance.phase is InstancePhase.ASLEEP,
+                ready=instance.phase is InstanceState.READY, asleep=instance.phase is InstanceState.ASLEEP,
                 holds_slot=instance.holds_slot,
                 num_ongoing_requests=instance.num_ongoing_requests, num_queued_requests=self._queued(model, now),
                 idle_s=self._idle_s(instance, model, now),
@@ -524,7 +525,7 @@ class SlotSharer:
             destination, _ = choose_destination(instance, instances, draining)
             candidates.append(PreemptionCandidate(
                 instance_id=instance.instance_id, model_id=instance.model_id, node_id=instance.node_id,
-                num_worker_slots=instance.num_worker_slots, ready=instance.phase is InstancePhase.READY,
+                num_worker_slots=instance.num_worker_slots, ready=instance.phase is InstanceState.READY,
                 num_ongoing_requests=instance.num_ongoing_requests,
                 ready_for_s=now - instance.ready_s if instance.ready_s is not None else 0.0,
                 priority=model.spec.autoscaling.priority,

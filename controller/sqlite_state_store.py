@@ -293,7 +293,7 @@ class SqliteStateStore(StateStore):
             conn.execute(
                 "INSERT OR REPLACE INTO workers (instance_id, model_id, node_id, actor_name, state) "
                 "VALUES (?, ?, ?, ?, ?)",
-                (record.instance_id, record.model_id, record.node_id, record.actor_name, record.state),
+                (record.instance_id, record.model_id, record.node_id, record.actor_name, record.state.value),
             )
 
     def get_worker(self, instance_id: str) -> WorkerRecord | None:

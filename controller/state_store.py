@@ -34,10 +34,14 @@ from types import TracebackType
 
 from controller.model_spec import ModelSpec, parse_model_id, validate_name
 from controller.tenant_quota import TenantQuota
+from wire import InstanceState
 
 SCHEMA_VERSION = 1
 DEFAULT_SQLITE_FILE = "state.sqlite3"
-WORKER_STATES = ("starting", "ready", "asleep", "draining", "stopping")
+# The phases the controller records (`ManagedInstance.phase`); the store keeps their values.
+WORKER_STATES = (InstanceState.LOADING, InstanceState.READY, InstanceState.ASLEEP, InstanceState.STOPPING)
+# Read as LOADING: what stores written before the one spelling (wire.InstanceState) call it.
+_LEGACY_LOADING = "starting"
 _API_KEY_RE = re.compile(r"thaw_([0-9a-f]{16})_([A-Za-z0-9_-]{43})")
 
 
@@ -54,7 +58,7 @@ class WorkerRecord:
     model_id: str
     node_id: str
     actor_name: str
-    state: str = "starting"
+    state: InstanceState = InstanceState.LOADING
 
     def __post_init__(self) -> None:
         for name in ("instance_id", "node_id", "actor_name"):
@@ -62,13 +66,15 @@ class WorkerRecord:
             if not isinstance(value, str) or not value:
                 raise ValueError(f"{name} must be a non-empty string, got {value!r}")
         parse_model_id(self.model_id)
-        if self.state not in WORKER_STATES:
-            raise ValueError(f"state must be one of {', '.join(WORKER_STATES)}, got {self.state!r}")
+        state = InstanceState.LOADING if self.state == _LEGACY_LOADING else self.state
+        if state not in WORKER_STATES:
+            raise ValueError(f"state must be one of {', '.join(s.value for s in WORKER_STATES)}, got {self.state!r}")
+        object.__setattr__(self, "state", InstanceState(state))  # a stored value read back: the enum
 
     def to_dict(self) -> dict[str, str]:
         return {
             "instance_id": self.instance_id, "model_id": self.model_id, "node_id": self.node_id,
-            "actor_name": self.actor_name, "state": self.state,
+            "actor_name": self.actor_name, "state": self.state.value,
         }
 
 

@@ -23,7 +23,8 @@ import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
-from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.managed_instance import ManagedInstance
+from wire import InstanceState
 
 __all__ = ["LoadPath", "PeerStreamSettings", "choose_load_path", "choose_stream_source"]
 
@@ -81,7 +82,7 @@ def choose_stream_source(model_id: str, node_id: str, instances: Iterable[Manage
     same = [i for i in instances if i.model_id == model_id]
     if not same:
         return None, f"no instance of {model_id} is running"
-    ready = [i for i in same if i.phase is InstancePhase.READY and i.node_id not in draining_node_ids]
+    ready = [i for i in same if i.phase is InstanceState.READY and i.node_id not in draining_node_ids]
     if not ready:
         states = sorted({i.phase.value for i in same})
         return None, f"no ready instance of {model_id} to stream from (only {', '.join(states)} ones)"

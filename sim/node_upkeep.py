@@ -24,8 +24,8 @@ Off (no spares, no promotion) it costs nothing: the cluster's scale runs never c
 """
 
 from __future__ import annotations
+from wire import InstanceState
 
-from sim.sim_instance import InstancePhase
 
 __all__ = ["NodeUpkeep"]
 
@@ -105,7 +105,7 @@ class NodeUpkeep:
         for instance in self.cluster.instances.values():
             if instance.node_index != node.index:
                 continue
-            if instance.phase == InstancePhase.LOADING:
+            if instance.phase == InstanceState.LOADING:
                 return False
             if instance.ready_s is not None and now - instance.ready_s < settle_s - 1e-9:
                 return False
@@ -132,7 +132,7 @@ class NodeUpkeep:
         wanted = set(self._wanted[node.index])
         self._wanted[node.index].clear()
         for instance in cluster.instances.values():
-            if instance.node_index == node.index and instance.phase == InstancePhase.READY \
+            if instance.node_index == node.index and instance.phase == InstanceState.READY \
                     and instance.tier in _SSD_READ_TIERS:
                 wanted.add(instance.model_index)
         promoting = self._promoting[node.index]

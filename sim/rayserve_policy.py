@@ -25,7 +25,7 @@ from __future__ import annotations
 from controller import place_locality_blind
 from sim.node_views import NodeViews
 from sim.policies import PolicySettings, SimPolicy
-from sim.sim_instance import InstancePhase
+from wire import InstanceState
 
 __all__ = ["RAY_SERVE_DOWNSCALE_DELAY_S", "RAY_SERVE_UPSCALE_DELAY_S", "RayServePolicy"]
 
@@ -99,7 +99,7 @@ class RayServePolicy(SimPolicy):
         live = list(state.instances)
         extra = len(live) - self._target[state.index]
         if extra > 0:
-            live.sort(key=lambda i: (i.phase == InstancePhase.READY, i.num_ongoing, -i.started_s))
+            live.sort(key=lambda i: (i.phase == InstanceState.READY, i.num_ongoing, -i.started_s))
             for instance in live[:extra]:
                 cluster.stop_instance(instance)
             return

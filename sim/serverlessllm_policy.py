@@ -22,7 +22,7 @@ from __future__ import annotations
 from controller import place
 from sim.node_views import NodeViews, sim_tier
 from sim.policies import PolicySettings, SimPolicy
-from sim.sim_instance import InstancePhase
+from wire import InstanceState
 
 __all__ = ["ServerlessLLMPolicy"]
 
@@ -62,7 +62,7 @@ class ServerlessLLMPolicy(SimPolicy):
         move = self._moves.pop(instance.index, None)
         if move is not None:
             victim, waiting_index, node_index = move
-            if victim.phase == InstancePhase.READY:
+            if victim.phase == InstanceState.READY:
                 self.cluster.migrate(victim, instance, token_based=True)
                 self._counts["locality_migrations"] += 1
                 waiting = self.cluster.models[waiting_index]
@@ -82,7 +82,7 @@ class ServerlessLLMPolicy(SimPolicy):
             for instance in list(state.instances):
                 if len(state.instances) <= wanted:
                     break
-                if instance.num_ongoing == 0 and instance.phase == InstancePhase.READY:
+                if instance.num_ongoing == 0 and instance.phase == InstanceState.READY:
                     idle_since = max(instance.idle_since_s or now, state.last_request_s or 0.0)
                     if now - idle_since >= keep_alive:
                         cluster.stop_instance(instance)
@@ -117,7 +117,7 @@ class ServerlessLLMPolicy(SimPolicy):
                 continue
             node = self.views.node_of(estimate.node_id)
             victims = sorted((i for i in cluster.instances.values() if i.node_index == node.index
-                              and i.phase == InstancePhase.READY and i.num_slots >= state.num_slots
+                              and i.phase == InstanceState.READY and i.num_slots >= state.num_slots
                               and i.model_index != state.index),
                              key=lambda i: (i.num_ongoing, i.index))
             for victim in victims:

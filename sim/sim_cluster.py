@@ -44,8 +44,9 @@ from dataclasses import dataclass
 
 from sim.event_loop import EventLoop
 from sim.node_upkeep import NodeUpkeep
-from sim.sim_instance import Flight, InstancePhase, SimInstance
+from sim.sim_instance import Flight, SimInstance
 from sim.tier_cache import TierCache
+from wire import InstanceState
 
 __all__ = ["ClusterSpec", "SimCluster", "SimModelState", "SimNode", "COLD_START_TIERS"]
 
@@ -169,7 +170,7 @@ class SimModelState:
         return self.model.model_id
 
     def ready_instances(self) -> list[SimInstance]:
-        return [i for i in self.instances if i.phase == InstancePhase.READY]
+        return [i for i in self.instances if i.phase == InstanceState.READY]
 
     def oldest_wait_s(self, now: float) -> float:
         """As a gateway reports it: the longest any queued request has waited, a re-queued one
@@ -266,7 +267,7 @@ class SimCluster:
 
     def _route(self, state: SimModelState, now: float) -> None:
         queue = state.queue
-        ready = InstancePhase.READY
+        ready = InstanceState.READY
         while queue:
             best = None
             fewest = self.spec.max_batch  # an instance with room has fewer in flight
@@ -287,7 +288,7 @@ class SimCluster:
         state = self.models[flight.model_index]
         state.num_ongoing -= 1
         state.last_request_s = now
-        if instance.phase == InstancePhase.STOPPING:
+        if instance.phase == InstanceState.STOPPING:
             if instance.num_ongoing == 0:
                 self._wind_down(instance, now)
         else:
@@ -415,7 +416,7 @@ class SimCluster:
         now = self.loop.now
         instance.load_event = None
         self.models[instance.model_index].num_loading -= 1
-        instance.phase = InstancePhase.READY
+        instance.phase = InstanceState.READY
         instance.ready_s = now
         instance.idle_since_s = now
         state = self.models[instance.model_index]
@@ -435,13 +436,13 @@ class SimCluster:
 
     def stop_instance(self, instance: SimInstance) -> None:
         """Stop: at once when it has no request (or is still loading), else once they finish."""
-        if instance.phase == InstancePhase.STOPPING:
+        if instance.phase == InstanceState.STOPPING:
             return
         state = self.models[instance.model_index]
         state.instances.remove(instance)
-        if instance.phase == InstancePhase.LOADING:
+        if instance.phase == InstanceState.LOADING:
             state.num_loading -= 1
-        instance.phase = InstancePhase.STOPPING
+        instance.phase = InstanceState.STOPPING
         if instance.num_ongoing == 0:
             self._wind_down(instance, self.loop.now)
 

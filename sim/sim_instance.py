@@ -1,4 +1,5 @@
-"""One simulated model instance: its phase, and its continuous batch advanced in aggregate.
+"""One simulated model instance: its phase (a `wire.InstanceState`: LOADING, READY or STOPPING),
+and its continuous batch advanced in aggregate.
 
 Requests are never simulated token by token. An instance keeps a *token clock*: the number of
 decode steps its batch has taken (`tokens_done`), advancing at one step per `step_s`, where
@@ -24,13 +25,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
-__all__ = ["Flight", "InstancePhase", "SimInstance"]
+from wire import InstanceState
 
-
-class InstancePhase:
-    LOADING = "loading"
-    READY = "ready"
-    STOPPING = "stopping"
+__all__ = ["Flight", "SimInstance"]
 
 
 class Flight:
@@ -79,7 +76,7 @@ class SimInstance:
         self.node_index = node_index
         self.num_slots = num_slots
         self.tier = tier
-        self.phase = InstancePhase.LOADING
+        self.phase = InstanceState.LOADING
         self.started_s = started_s
         self.ready_s: float | None = None
         self.stream_source: str | None = None
@@ -107,7 +104,7 @@ class SimInstance:
 
     @property
     def has_room(self) -> bool:
-        return self.phase == InstancePhase.READY and self.num_ongoing < self.max_batch
+        return self.phase == InstanceState.READY and self.num_ongoing < self.max_batch
 
     def flights(self) -> list[Flight]:
         return [f for _, _, f in self._heap]

@@ -55,14 +55,14 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from controller import (AutoscaleState, AutoscalingPolicy, EvictionCandidate, InstancePhase as ControllerPhase,
+from controller import (AutoscaleState, AutoscalingPolicy, EvictionCandidate,
                         LoadSnapshot, ManagedInstance, PeerStreamSettings, PlacementDecision, PreemptionCandidate,
                         SlotReclaimCosts, SlotSharingSettings, UsageMeter, WaitingModel, choose_destination,
                         choose_eviction, choose_load_path, choose_preemption, decide, desired_instances, keep_alive_for,
                         order_waiting, place, plan_slot_reclaim)
 from sim.node_views import NodeViews, sim_tier
 from sim.policies import THAW_SHARING, PolicySettings, SimPolicy, ThawAutoscaling
-from sim.sim_instance import InstancePhase
+from wire import InstanceState
 
 __all__ = ["ThawPolicy"]
 
@@ -316,7 +316,7 @@ class ThawPolicy(SimPolicy):
             self._holds.pop(state.index, None)  # no longer needed (`SlotSharer.forget`)
         if missing < 0:
             # The controller's stop order: loading first, then the least busy, then the newest.
-            live.sort(key=lambda i: (i.phase == InstancePhase.READY, i.num_ongoing, -i.started_s))
+            live.sort(key=lambda i: (i.phase == InstanceState.READY, i.num_ongoing, -i.started_s))
             for instance in live[:-missing]:
                 self.cluster.stop_instance(instance)
             return
@@ -351,7 +351,7 @@ class ThawPolicy(SimPolicy):
         node = self.views.node_of(decision.node_id)
         tier = decision.tier
         source = None
-        ready = [i for i in state.instances if i.phase == InstancePhase.READY]
+        ready = [i for i in state.instances if i.phase == InstanceState.READY]
         if ready:
             path = choose_load_path(state.model_id, node.node_id, weight_bytes, tier, decision.estimate_s,
                                     [self._managed(i, state, now) for i in state.instances], (),
@@ -367,7 +367,7 @@ class ThawPolicy(SimPolicy):
 
     def _managed(self, instance, state, now: float) -> ManagedInstance:
         node_id = self.cluster.nodes[instance.node_index].node_id
-        phase = ControllerPhase.READY if instance.phase == InstancePhase.READY else ControllerPhase.LOADING
+        phase = InstanceState.READY if instance.phase == InstanceState.READY else InstanceState.LOADING
         return ManagedInstance(instance_id=instance.instance_id, model_id=state.model_id, node_id=node_id,
                                ray_node_id=node_id, actor_name=instance.instance_id,
                                num_worker_slots=instance.num_slots, repository_name=state.model_id, phase=phase,
@@ -412,7 +412,7 @@ class ThawPolicy(SimPolicy):
     def _idle_candidates(self) -> list:
         found, stale = [], []
         for index, instance in self._idle.items():
-            if instance.phase != InstancePhase.READY or instance.num_ongoing:
+            if instance.phase != InstanceState.READY or instance.num_ongoing:
                 stale.append(index)
                 continue
             found.append(instance)
@@ -476,12 +476,12 @@ class ThawPolicy(SimPolicy):
         whose model has another ready instance to take their requests (up to
         `NUM_BUSY_CANDIDATES` such models, and their siblings); the victim's requests KV-migrated,
         it stops, and the freed slot is placed on (or held) as after an eviction."""
-        if self.reclaim_costs is None or any(i.phase == InstancePhase.READY for i in state.instances):
+        if self.reclaim_costs is None or any(i.phase == InstanceState.READY for i in state.instances):
             return None  # a model already served scales out where there is room (the policy's guard)
         cluster = self.cluster
         owners: dict[int, list] = {}
         for instance in cluster.instances.values():
-            if instance.phase == InstancePhase.READY and instance.model_index != state.index \
+            if instance.phase == InstanceState.READY and instance.model_index != state.index \
                     and instance.node_index >= 0:
                 owners.setdefault(instance.model_index, []).append(instance)
         siblings = [group for group in owners.values() if len(group) >= 2][:NUM_BUSY_CANDIDATES]
@@ -511,7 +511,7 @@ class ThawPolicy(SimPolicy):
         cluster = self.cluster
         busy = []
         for instance in cluster.instances.values():
-            if instance.phase == InstancePhase.READY and instance.num_ongoing and instance.model_index != state.index \
+            if instance.phase == InstanceState.READY and instance.num_ongoing and instance.model_index != state.index \
                     and instance.node_index >= 0:
                 busy.append(instance)
                 if len(busy) >= NUM_BUSY_CANDIDATES:

@@ -28,8 +28,9 @@ Public API:
   (controller -> gateway).
 - `GatewayMetricsSnapshot`: one gateway replica's per-request series, relayed to its peers so any
   replica's ``/metrics`` covers them all (gateway -> controller -> gateway).
-- `InstanceStats`, `InstanceLoad`, `InstanceState`: what a worker reports about itself -- its load
-  now, how its model was loaded, its lifecycle state (worker -> controller).
+- `InstanceStats`, `InstanceLoad`: what a worker reports about itself -- its load now and how its
+  model was loaded (worker -> controller); `InstanceState`, where an instance is in its life, the
+  one spelling of the worker, the controller (and its state store) and the simulator.
 - `ModelRecord`, `InstanceLoadRecord`: a deployed model as the gateway needs it, with when it
   was deployed (controller -> gateway).
 - `RequestSnapshot`: a request's state without its KV (source worker -> migration driver ->
@@ -55,7 +56,8 @@ from wire.engine_gauges import EngineGauges
 from wire.gateway_metrics_snapshot import GatewayMetricsSnapshot
 from wire.hosted_instance import HostedInstance, is_hosted, is_slot_host
 from wire.instance_route import InstanceRoute
-from wire.instance_stats import InstanceLoad, InstanceState, InstanceStats
+from wire.instance_state import InstanceState
+from wire.instance_stats import InstanceLoad, InstanceStats
 from wire.migration_outcome import MigrationMethod, MigrationOutcome, MigrationStatus
 from wire.model_record import InstanceLoadRecord, ModelRecord
 from wire.ray_calls import (ActorGoneError, ActorUnreachableError, call, is_ours, ray_errors_translated, stream,

@@ -13,24 +13,16 @@ controller's summary of it for the gateway (tier and load time only).
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
+from wire.instance_state import InstanceState
 from wire.wire_record import WireRecord, check_count, check_name, check_optional_seconds, check_seconds
 
-__all__ = ["InstanceLoad", "InstanceState", "InstanceStats"]
+__all__ = ["InstanceLoad", "InstanceStats", "REPORTED_STATES"]
 
-
-class InstanceState(str, enum.Enum):
-    """Where an instance is in its life; a str so it prints and serialises as its value."""
-
-    SPARE = "spare"  # a pre-started worker process with no model yet (see worker.InstanceWorkerActor)
-    LOADING = "loading"  # the actor exists, the model is still being read
-    READY = "ready"  # serving
-    ASLEEP = "asleep"  # loaded, its KV pool released: takes no request until woken (see worker.InstanceWorker.sleep)
-    FAILED = "failed"  # the load failed or the engine thread died; the actor should be replaced
-    STOPPED = "stopped"  # shut down on purpose; takes no new requests
+# What a worker says about itself; STOPPING is the controller's own view (see wire.instance_state).
+REPORTED_STATES = tuple(s for s in InstanceState if s is not InstanceState.STOPPING)
 
 
 @dataclass(frozen=True)
@@ -144,11 +136,11 @@ def _check_text(record: str, field: str, value: object) -> None:
 
 
 def _check_state(record: str, field: str, value: object) -> InstanceState:
-    """An `InstanceState`, or its value as the dict form carries it."""
-    if isinstance(value, InstanceState):
-        return value
-    try:
-        return InstanceState(value)
-    except ValueError:
-        raise ValueError(f"{record}.{field} must be one of {', '.join(repr(s.value) for s in InstanceState)}, "
-                         f"got {value!r}") from None
+    """One of the states a worker reports (`REPORTED_STATES`), or its value as the dict form
+    carries it."""
+    state = value if isinstance(value, InstanceState) else next(
+        (s for s in InstanceState if isinstance(value, str) and value == s.value), None)
+    if state not in REPORTED_STATES:
+        raise ValueError(f"{record}.{field} must be one of {', '.join(repr(s.value) for s in REPORTED_STATES)}, "
+                         f"got {value.value if isinstance(value, InstanceState) else value!r}")
+    return state

@@ -10,6 +10,7 @@ from controller.cluster_node import ClusterNode, PlannedNode, RayNodeInfo, kind_
 from controller.ray_cluster_client import accelerator_kind, live_ray_nodes
 from tests.controller.fake_cluster import FakeCluster
 from tests.controller.test_controller import SPLIT, Harness, spec
+from wire import InstanceState
 
 CPU = ClusterNode("cpu0", "r-cpu", num_slots=2)
 ONE_GPU = ClusterNode("gpu1", "r-gpu1", num_slots=1, num_gpus=1, accelerator="H200")
@@ -81,29 +82,29 @@ def test_the_controller_places_each_model_on_its_kind_and_refuses_a_model_withou
 
 def test_the_worker_memory_budget_is_a_cpu_nodes_and_counts_every_instance_until_it_is_gone(tmp_path):
     from controller.cluster_node import free_memory_bytes
-    from controller.managed_instance import InstancePhase, ManagedInstance
+    from controller.managed_instance import ManagedInstance
     from tests.controller.test_controller import make_config
 
     config = make_config(tmp_path, worker_memory_bytes=10_000)
 
-    def held(instance_id: str, node_id: str, memory: int, phase=InstancePhase.READY) -> ManagedInstance:
+    def held(instance_id: str, node_id: str, memory: int, phase=InstanceState.READY) -> ManagedInstance:
         return ManagedInstance(instance_id, "acme/m", node_id, "r", f"w-{instance_id}", 1, "acme--m",
                                phase=phase, memory_bytes=memory)
 
-    instances = [held("a", "cpu0", 3_000), held("b", "cpu0", 2_000, InstancePhase.STOPPING), held("c", "x", 9_000)]
+    instances = [held("a", "cpu0", 3_000), held("b", "cpu0", 2_000, InstanceState.STOPPING), held("c", "x", 9_000)]
     assert free_memory_bytes(CPU, instances, config) == 5_000  # a stopping instance holds its share
     assert free_memory_bytes(ONE_GPU, instances, config) is None  # device memory: not this budget
     assert free_memory_bytes(ClusterNode("cpu0", "r", 2, draining=True), instances, config) == 0
     assert free_memory_bytes(CPU, instances, make_config(tmp_path)) is None  # no budget configured
     # An asleep instance holds its weights alone (its KV pool's part freed) and no slot.
-    sleeper = held("d", "cpu0", 3_000, InstancePhase.ASLEEP)
+    sleeper = held("d", "cpu0", 3_000, InstanceState.ASLEEP)
     sleeper.kv_memory_bytes = 2_500
     assert free_memory_bytes(CPU, instances + [sleeper], config) == 4_500
     from controller.cluster_node import num_used_slots
     assert num_used_slots("cpu0", instances + [sleeper]) == 2
     # A sleeper being stopped (evicted, or its node without room to wake it) does not allocate its
     # KV pool again on its way out: still its weights alone, and no slot, until it is gone.
-    sleeper.phase, sleeper.asleep_s = InstancePhase.STOPPING, 12.0
+    sleeper.phase, sleeper.asleep_s = InstanceState.STOPPING, 12.0
     assert free_memory_bytes(CPU, instances + [sleeper], config) == 4_500
     assert num_used_slots("cpu0", instances + [sleeper]) == 2
     sleeper.asleep_s = None  # an awake instance stopping holds its whole share
@@ -145,11 +146,11 @@ def test_a_node_s_own_worker_memory_budget_wins_over_the_platform_s(tmp_path):
 def test_the_loader_wait_counts_only_loads_from_disk_or_the_repository():
     """A load from the DRAM tier does not hold up the node's disk and network path (issue 39)."""
     from controller.cluster_node import loader_wait_s
-    from controller.managed_instance import InstancePhase, ManagedInstance
+    from controller.managed_instance import ManagedInstance
 
     def loading(instance_id: str, tier: str | None, estimate_s: float, node_id: str = "n0") -> ManagedInstance:
         return ManagedInstance(instance_id, "acme/m", node_id, "r", f"w-{instance_id}", 1, "acme--m",
-                               phase=InstancePhase.LOADING, tier=tier, estimate_s=estimate_s, started_s=100.0)
+                               phase=InstanceState.LOADING, tier=tier, estimate_s=estimate_s, started_s=100.0)
 
     instances = [loading("fetch", "ssd", 60.0), loading("warm", "dram", 2.0), loading("adopted", None, 5.0),
                  loading("elsewhere", "ssd", 30.0, node_id="n1")]

@@ -24,6 +24,7 @@ from controller.model_spec import ModelSpec
 from controller.routing_table import Route
 from storage import RepositoryConfig
 from tests.controller.fake_cluster import FakeCluster
+from wire import InstanceState
 
 MODEL_BYTES = 1_000_000
 RAY_NODE = "a" * 56
@@ -118,7 +119,7 @@ class Harness:
     def routes(self, model_id: str) -> list[str]:
         return [route["instance_id"] for route in self.controller._routing.snapshot()[1].get(model_id, [])]
 
-    def records(self) -> dict[str, str]:
+    def records(self) -> dict[str, InstanceState]:
         with open_state_store(self.config.state_location) as store:
             return {record.instance_id: record.state for record in store.list_workers()}
 
@@ -179,7 +180,7 @@ def test_cold_start_on_demand_then_ready_enters_the_routing_table(tmp_path):
             assert (instance["state"], instance["node_id"], instance["tier"]) == ("loading", NODE, "ssd")
             assert model["last_placement"]["node_id"] == NODE
             assert model["last_placement"]["estimates"][0]["tier"] == "repository"
-            assert h.records() == {instance["instance_id"]: "starting"}
+            assert h.records() == {instance["instance_id"]: InstanceState.LOADING}
             assert h.routes("acme/m1") == []  # loading instances are not routed
             [worker] = h.cluster.live_workers()
             assert worker.model_dir == f"/fake/{NODE}/ssd/acme--m1" and worker.ray_node_id == RAY_NODE
@@ -505,7 +506,7 @@ def test_restart_adopts_live_workers_and_starts_no_duplicates(tmp_path, store_lo
             assert [m["name"] for m in second.controller.list_models()] == ["m1", "m2"]  # specs intact
             assert second.routes("acme/m1") == [ready.instance_id]  # adopted, serving at once
             assert cluster.killed_workers == [orphan.actor_name]
-            assert second.records() == {ready.instance_id: "ready", loading.instance_id: "starting"}
+            assert second.records() == {ready.instance_id: InstanceState.READY, loading.instance_id: InstanceState.LOADING}
             started = cluster.num_started_workers
             loading.finish_loading()
             await settle()

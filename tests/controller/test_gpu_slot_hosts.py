@@ -14,11 +14,12 @@ import pytest
 
 from controller.cluster_node import ClusterNode, PlannedNode, RayNodeInfo, free_memory_bytes, plan_nodes
 from controller.eviction_policy import EvictionCandidate
-from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.managed_instance import ManagedInstance
 from controller.spare_pool import SparePool
 from tests.controller.fake_cluster import FakeCluster
 from tests.controller.test_controller import RAY_NODE, Harness, eventually, make_config, spec
 from tests.controller.test_eviction_policy import evict, idle
+from wire import InstanceState
 
 GIB = 1 << 30
 GPU_NODE = ClusterNode("gpu1", "r-gpu1", num_slots=5, num_gpus=1, accelerator="H200")
@@ -42,17 +43,17 @@ def test_a_gpu_sleeper_holds_no_device_memory_but_keeps_its_place(tmp_path):
     config = make_config(tmp_path, models_per_process=5, gpu_memory_bytes=40 * GIB)
     no_budget = make_config(tmp_path)
 
-    def instance(instance_id: str, memory: int, kv: int, phase=InstancePhase.READY, **fields) -> ManagedInstance:
+    def instance(instance_id: str, memory: int, kv: int, phase=InstanceState.READY, **fields) -> ManagedInstance:
         return ManagedInstance(instance_id, "acme/m", "gpu1", "r-gpu1", "host", 1, "acme--m", phase=phase,
                                memory_bytes=memory, kv_memory_bytes=kv, sleeps_to_host=True, **fields)
 
     awake = instance("awake", 18 * GIB, 2 * GIB)
-    sleeper = instance("sleeper", 18 * GIB, 2 * GIB, InstancePhase.ASLEEP)
+    sleeper = instance("sleeper", 18 * GIB, 2 * GIB, InstanceState.ASLEEP)
     assert free_memory_bytes(GPU_NODE, [awake, sleeper], config) == 22 * GIB  # the sleeper's weights: host memory
     assert free_memory_bytes(GPU_NODE, [awake], no_budget) is None  # no GPU budget: slots alone
     assert (sleeper.held_memory_bytes, sleeper.wake_memory_bytes, sleeper.holds_slot) == (0, 18 * GIB, True)
     assert (awake.held_memory_bytes, awake.wake_memory_bytes, awake.holds_slot) == (18 * GIB, 0, True)
-    cpu_sleeper = ManagedInstance("cpu", "acme/m", "cpu0", "r", "w", 1, "acme--m", phase=InstancePhase.ASLEEP,
+    cpu_sleeper = ManagedInstance("cpu", "acme/m", "cpu0", "r", "w", 1, "acme--m", phase=InstanceState.ASLEEP,
                                   memory_bytes=3 * GIB, kv_memory_bytes=GIB)
     assert (cpu_sleeper.held_memory_bytes, cpu_sleeper.wake_memory_bytes, cpu_sleeper.holds_slot) == (
         2 * GIB, GIB, False)  # the CPU form: weights kept, no slot

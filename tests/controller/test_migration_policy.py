@@ -3,11 +3,12 @@ the least loaded (ties by id); and what an operator is told when there is none."
 
 from __future__ import annotations
 
-from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.managed_instance import ManagedInstance
 from controller.migration_policy import choose_destination
+from wire import InstanceState
 
 
-def instance(instance_id: str, node_id: str, *, model_id: str = "acme/m1", phase=InstancePhase.READY,
+def instance(instance_id: str, node_id: str, *, model_id: str = "acme/m1", phase=InstanceState.READY,
              load: int = 0) -> ManagedInstance:
     return ManagedInstance(instance_id, model_id, node_id, "ray", f"thaw-worker-{instance_id}", 1, "acme--m1",
                            phase=phase, num_ongoing_requests=load)
@@ -15,7 +16,7 @@ def instance(instance_id: str, node_id: str, *, model_id: str = "acme/m1", phase
 
 SOURCE = instance("src", "n0")
 OTHERS = [SOURCE, instance("busy", "n1", load=5), instance("calm", "n2", load=1), instance("tie", "n2", load=1),
-          instance("loading", "n3", phase=InstancePhase.LOADING), instance("stopping", "n3", phase=InstancePhase.STOPPING),
+          instance("loading", "n3", phase=InstanceState.LOADING), instance("stopping", "n3", phase=InstanceState.STOPPING),
           instance("alien", "n3", model_id="acme/m2"), instance("drained", "n4")]
 
 

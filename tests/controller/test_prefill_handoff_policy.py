@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.managed_instance import ManagedInstance
 from controller.prefill_handoff_policy import PrefillHandoff, plan_prefill_handoffs
+from wire import InstanceState
 
 
-def inst(instance_id, *, model="acme/m1", node="n1", phase=InstancePhase.READY, resident=True, ongoing=0,
+def inst(instance_id, *, model="acme/m1", node="n1", phase=InstanceState.READY, resident=True, ongoing=0,
          waiting=()):
     return ManagedInstance(instance_id=instance_id, model_id=model, node_id=node, ray_node_id="r", actor_name=instance_id,
                            num_worker_slots=1, repository_name="m1", phase=phase, weights_resident=resident,
@@ -22,9 +23,9 @@ def test_each_waiting_prompt_goes_to_the_least_busy_loaded_instance_of_its_model
 
 def test_no_helper_that_is_saturated_loading_streamed_draining_or_of_another_model():
     new = inst("i9", resident=False, waiting=("a",))
-    others = [inst("busy", ongoing=4), inst("loading", phase=InstancePhase.LOADING),
+    others = [inst("busy", ongoing=4), inst("loading", phase=InstanceState.LOADING),
               inst("streamed", resident=False), inst("draining", node="nd"), inst("other", model="acme/m2"),
-              inst("stopping", phase=InstancePhase.STOPPING)]
+              inst("stopping", phase=InstanceState.STOPPING)]
     assert plan_prefill_handoffs([new, *others], saturated_requests=4, draining_node_ids={"nd"}) == []
 
 

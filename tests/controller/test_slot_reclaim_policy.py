@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.managed_instance import ManagedInstance
 from controller.placement_policy import NodeView, TierBandwidths, place
 from controller.slot_reclaim_policy import SlotReclaimCosts, plan_slot_reclaim
+from wire import InstanceState
 
 GB = 10**9
 RATES = TierBandwidths(repository_bytes_per_s=0.2e9, ssd_bytes_per_s=1e9, dram_bytes_per_s=8e9)
@@ -15,7 +16,7 @@ COSTS = SlotReclaimCosts(migrate_s_per_request=0.3, stop_s=0.5, min_gain_s=1.0)
 COLD = "acme/cold"
 
 
-def instance(instance_id: str, node_id: str, model_id: str = "acme/hot", *, phase=InstancePhase.READY,
+def instance(instance_id: str, node_id: str, model_id: str = "acme/hot", *, phase=InstanceState.READY,
              load: int = 0, slots: int = 1) -> ManagedInstance:
     return ManagedInstance(instance_id, model_id, node_id, "ray", f"w-{instance_id}", slots, model_id.replace("/", "--"),
                            phase=phase, num_ongoing_requests=load)
@@ -83,8 +84,8 @@ def test_declines_when_the_saving_is_below_the_margin():
     # the only instance of its model: emptying it would leave acme/hot unserved
     ([instance("a", "n0")], "no instance whose requests another instance of its model can take"),
     # the other copy is still loading, or stopping: no destination
-    ([instance("a", "n0"), instance("l", "n2", phase=InstancePhase.LOADING)], "no instance whose requests"),
-    ([instance("a", "n0", phase=InstancePhase.STOPPING), instance("c", "n2")], "no instance whose requests"),
+    ([instance("a", "n0"), instance("l", "n2", phase=InstanceState.LOADING)], "no instance whose requests"),
+    ([instance("a", "n0", phase=InstanceState.STOPPING), instance("c", "n2")], "no instance whose requests"),
     # the other copy is on a draining node
     ([instance("a", "n0"), instance("c", "n3")], "no instance whose requests"),
 ])

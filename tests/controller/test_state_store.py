@@ -23,6 +23,7 @@ from controller.redis_state_store import RedisStateStore
 from controller.sqlite_state_store import SqliteStateStore
 from controller.state_store import SCHEMA_VERSION
 from tests.controller.redis_server import RedisServer, _free_port, find_redis_server
+from wire import InstanceState
 
 
 def _spec(model_id: str, max_instances: int = 1) -> ModelSpec:
@@ -177,19 +178,28 @@ def test_deploy_times_are_kept_until_the_model_is_deleted(store, store_location)
 
 
 def test_worker_registry(store):
-    store.put_worker(_worker("i-2", "acme/llama", "starting"))
+    store.put_worker(_worker("i-2", "acme/llama", InstanceState.LOADING))
     store.put_worker(_worker("i-1", "acme/llama"))
     store.put_worker(_worker("i-3", "acme/gemma"))
-    assert store.get_worker("i-2") == _worker("i-2", "acme/llama", "starting")
+    assert store.get_worker("i-2") == _worker("i-2", "acme/llama", InstanceState.LOADING)
+    assert store.get_worker("i-2").state is InstanceState.LOADING  # read back as the enum, not its value
     assert store.get_worker("i-9") is None
     assert [w.instance_id for w in store.list_workers()] == ["i-1", "i-2", "i-3"]
     assert [w.instance_id for w in store.list_workers(model_id="acme/llama")] == ["i-1", "i-2"]
 
-    store.put_worker(_worker("i-2", "acme/llama", "ready"))
-    assert store.get_worker("i-2").state == "ready"
+    store.put_worker(_worker("i-2", "acme/llama", "ready"))  # a stored value is taken as the enum
+    assert store.get_worker("i-2").state is InstanceState.READY
     assert store.delete_worker("i-2") is True
     assert store.delete_worker("i-2") is False
     assert [w.instance_id for w in store.list_workers()] == ["i-1", "i-3"]
+
+
+def test_worker_states_are_the_controllers_phases_and_the_old_spelling_reads_as_loading():
+    assert _worker("i-1", state="starting").state is InstanceState.LOADING  # as stores before wire's enum wrote it
+    assert _worker("i-1", state="stopping").to_dict()["state"] == "stopping"
+    for bad in ("draining", "spare", "failed", InstanceState.STOPPED, 3, None):
+        with pytest.raises(ValueError, match="state must be one of loading, ready, asleep, stopping"):
+            _worker("i-1", state=bad)
 
 
 def test_everything_survives_a_restart(store_location):

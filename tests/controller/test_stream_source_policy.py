@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from controller.managed_instance import InstancePhase, ManagedInstance
+from controller.managed_instance import ManagedInstance
 from controller.stream_source_policy import choose_load_path, choose_stream_source
+from wire import InstanceState
 
 MODEL = "acme/m1"
 
 
-def instance(instance_id: str, node_id: str, *, model_id: str = MODEL, phase=InstancePhase.READY,
+def instance(instance_id: str, node_id: str, *, model_id: str = MODEL, phase=InstanceState.READY,
              load: int = 0, resident: bool = True) -> ManagedInstance:
     return ManagedInstance(instance_id, model_id, node_id, "ray", f"w-{instance_id}", 1, "acme--m1",
                            phase=phase, num_ongoing_requests=load, weights_resident=resident)
@@ -25,7 +26,7 @@ def source(instances, node="n0", draining=(), saturated=8):
 
 def test_the_least_busy_ready_peer_then_the_same_node_then_the_id():
     peers = [instance("busy", "n1", load=5), instance("decode-light", "n2", load=1), instance("idle-far", "n3"),
-             instance("idle-near", "n0"), instance("loading", "n0", phase=InstancePhase.LOADING)]
+             instance("idle-near", "n0"), instance("loading", "n0", phase=InstanceState.LOADING)]
     assert source(peers) == ("idle-near", "")
     assert source(peers, node="n9") == ("idle-far", "")
     assert source(peers[:2]) == ("decode-light", "")
@@ -34,7 +35,7 @@ def test_the_least_busy_ready_peer_then_the_same_node_then_the_id():
 @pytest.mark.parametrize("instances, why", [
     ([], "no instance of acme/m1 is running"),
     ([instance("x", "n1", model_id="acme/other")], "no instance of acme/m1 is running"),
-    ([instance("l", "n1", phase=InstancePhase.LOADING), instance("s", "n2", phase=InstancePhase.STOPPING)],
+    ([instance("l", "n1", phase=InstanceState.LOADING), instance("s", "n2", phase=InstanceState.STOPPING)],
      "no ready instance of acme/m1 to stream from (only loading, stopping ones)"),
     ([instance("d", "n4")], "no ready instance of acme/m1 to stream from (only ready ones)"),
     ([instance("hot", "n1", load=8)], "every ready instance of acme/m1 is saturated (>= 8 ongoing requests)"),

@@ -13,6 +13,7 @@ import pytest
 
 import worker
 from wire import InstanceLoad, InstanceLoadRecord, InstanceState, InstanceStats, WireRecord
+from wire.instance_stats import REPORTED_STATES
 
 LOAD = InstanceLoad(instance_id="i1", model_id="acme/m1", model_dir="/nodes/n0/dram/m1", load_s=1.25,
                     weights_load_s=0.75, weights_read="safetensors: 1 file(s), 2.0 MB", num_kv_blocks=64,
@@ -73,9 +74,13 @@ def test_pickling_goes_through_the_tagged_dict_so_another_version_is_refused_on_
 
 def test_state_is_normalised_to_the_enum_and_every_state_round_trips():
     assert InstanceStats.from_dict({**STATS.to_dict(), "state": "failed"}).state is InstanceState.FAILED
-    for state in InstanceState:
+    for state in REPORTED_STATES:
         stats = dataclasses.replace(LOADING, state=state)
         assert stats.to_dict()["state"] == state.value and InstanceStats.from_dict(stats.to_dict()).state is state
+    # STOPPING is the controller's view of an instance it stopped; no worker reports it.
+    assert set(InstanceState) - set(REPORTED_STATES) == {InstanceState.STOPPING}
+    with pytest.raises(ValueError, match="instance_stats.state must be one of 'spare', .*, got 'stopping'"):
+        dataclasses.replace(LOADING, state=InstanceState.STOPPING)
 
 
 def test_a_replaced_report_is_checked_again_as_migration_does_with_its_count():
