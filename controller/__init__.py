@@ -68,7 +68,8 @@ from controller.placement_policy import (
     place_locality_blind,
 )
 from controller.routing_table import Route, RoutingTable
-from controller.state_store import ApiKeyRecord, StateStore, StateStoreError, WorkerRecord, new_api_key, open_state_store
+from controller.state_location import open_state_store
+from controller.state_store import ApiKeyRecord, StateStore, StateStoreError, WorkerRecord, new_api_key
 from controller.slot_outlook import SlotHolder, SlotOutlook
 from controller.tenant_quota import TenantQuota, instances_over_quota, queued_over_quota
 

@@ -86,7 +86,8 @@ from controller.slot_sharer import SlotSharer
 from controller.usage_meter import UsageMeter
 from controller.routing_table import Route, RoutingTable
 from controller.spare_pool import SparePool
-from controller.state_store import StateStore, open_state_store
+from controller.state_location import open_state_store
+from controller.state_store import StateStore
 from controller.tenant_quota import instances_over_quota
 from storage import ModelRepository, open_repository
 from wire import DeployProgress, EngineGauges, InstanceLoadRecord, InstanceState, ModelRecord

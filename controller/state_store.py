@@ -9,7 +9,7 @@ What is kept (everything the controller cannot rebuild from the cluster):
   controller can find the named actors still alive and adopt them instead of starting
   duplicates (the live report always wins over this record; it only says where to look).
 
-`open_state_store` picks the backend from a URL: a plain path or ``sqlite:///path`` for the
+`controller.state_location.open_state_store` picks the backend from a URL: a plain path or ``sqlite:///path`` for the
 embedded default, ``redis://host:port/db`` (or ``rediss://``) for a cluster. Both backends
 implement the same small set of record operations; the API-key scheme lives here, once.
 
@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import re
 import secrets
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
 
 from controller.model_spec import ModelSpec, parse_model_id, validate_name
@@ -37,7 +35,6 @@ from controller.tenant_quota import TenantQuota
 from wire import InstanceState
 
 SCHEMA_VERSION = 1
-DEFAULT_SQLITE_FILE = "state.sqlite3"
 # The phases the controller records (`ManagedInstance.phase`); the store keeps their values.
 WORKER_STATES = (InstanceState.LOADING, InstanceState.READY, InstanceState.ASLEEP, InstanceState.STOPPING)
 # Read as LOADING: what stores written before the one spelling (wire.InstanceState) call it.
@@ -269,38 +266,3 @@ def check_desired_instances(num_instances: int) -> int:
 def redact_url(url: str) -> str:
     """The URL without its password, for error messages and logs."""
     return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
-
-
-def open_state_store(location: str | os.PathLike[str]) -> StateStore:
-    """Open (creating if needed) the state store at `location`.
-
-    - ``redis://[:password@]host:port/db`` or ``rediss://...``: a Redis server, which must be
-      reachable now (checked with a PING; a warning is logged if it persists nothing); optional
-      ``?prefix=NAME`` namespaces the keys (default ``thaw``) so two platforms can share one server.
-    - ``sqlite:///abs/path.sqlite3`` (everything after ``sqlite://`` is the path) or a plain path:
-      a SQLite file. A path to an existing directory, or ending in a separator, means
-      ``<dir>/state.sqlite3`` (the state directory); missing parent directories are created.
-    """
-    text = os.fspath(location)
-    if not isinstance(text, str) or not text.strip():
-        raise StateStoreError(f"state store location must be a path or URL, got {location!r}")
-    scheme = text.split("://", 1)[0].lower() if "://" in text else None
-    if scheme in ("redis", "rediss"):
-        from controller.redis_state_store import RedisStateStore
-
-        return RedisStateStore.from_url(text)
-    if scheme not in (None, "sqlite"):
-        raise StateStoreError(
-            f"unsupported state store URL {redact_url(text)!r}: use a directory or file path, "
-            "sqlite:///path, or redis://host:port/db"
-        )
-    path_text = text[len("sqlite://"):] if scheme == "sqlite" else text
-    if not path_text:
-        raise StateStoreError(f"no path in {text!r}; write sqlite:///path/to/state.sqlite3")
-    path = Path(path_text).expanduser()
-    if path.is_dir() or path_text.endswith(("/", os.sep)):
-        path = path / DEFAULT_SQLITE_FILE
-    from controller.sqlite_state_store import SqliteStateStore
-
-    return SqliteStateStore(path)
-

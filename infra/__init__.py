@@ -10,6 +10,14 @@ replica imports the app it serves), by the tests, and by the benchmarks (`bench/
 `Platform` from a `PlatformConfig`).
 """
 
-from infra.cli import main
-
 __all__ = ["main"]
+
+
+def __getattr__(name: str):
+    """`main` on first use (PEP 562): importing the package does not import the CLI, so
+    ``python -m infra.cli`` runs it once, without runpy's warning that it was imported already."""
+    if name == "main":
+        from infra.cli import main
+
+        return main
+    raise AttributeError(f"module 'infra' has no attribute {name!r}")

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import anyio
 
 from infra.gateway_backend import GenerationChunk, QueueProgress
-from infra.gateway_stream import GenerationStream
+from infra.generation_stream import GenerationStream
 
 __all__ = ["ChoiceItem", "ChoiceStreams"]
 

@@ -15,13 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from infra.cli_admin import AdminCommandError
+from infra.cli_errors import AdminCommandError, UsageError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-
-
-class UsageError(Exception):
-    """Bad input from the command line: exit status 2."""
 
 
 def _cmd_demo_model(args: argparse.Namespace) -> int:

@@ -25,16 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from infra.admin_client import AdminApiError, AdminClient, AdminUnreachable, resolve_endpoint
+from infra.cli_errors import AdminCommandError, UsageError
 from infra.platform_config import default_state_dir
 from wire import DeployProgress
-
-
-class AdminCommandError(Exception):
-    """A failed admin call, with the exit status it means (2 bad input, 1 otherwise)."""
-
-    def __init__(self, message: str, exit_status: int) -> None:
-        super().__init__(message)
-        self.exit_status = exit_status
 
 
 def _run(args: argparse.Namespace, action: Callable[[AdminClient], Coroutine[Any, Any, Any]]) -> Any:
@@ -99,8 +92,6 @@ def _rate(bytes_per_s: float | None) -> str:
 
 def _specs_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
     from controller import SpecError, load_model_specs, model_spec_from_arguments
-
-    from infra.cli import UsageError
 
     try:
         if args.file is None:
@@ -239,8 +230,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_scale(args: argparse.Namespace) -> int:
-    from infra.cli import UsageError
-
     if args.min is None and args.max is None:
         raise UsageError("give --min and/or --max")
     result = _run(args, lambda client: client.scale(args.model, args.min, args.max))
@@ -454,8 +443,6 @@ def cmd_tenants(args: argparse.Namespace) -> int:
                         [(t["tenant"], _limit_cell(t.get("max_instances")), _limit_cell(t.get("max_queued_requests")))
                          for t in tenants], "no tenants")
     elif action == "quota":
-        from infra.cli import UsageError
-
         quota = {name: getattr(args, name) for name in ("max_instances", "max_queued_requests") if hasattr(args, name)}
         if not quota:
             raise UsageError("give --max-instances and/or --max-queued-requests (a number, or none for no limit)")

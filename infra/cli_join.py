@@ -29,13 +29,13 @@ import threading
 import time
 from pathlib import Path
 
+from infra.cli_errors import UsageError
+
 _NODE_ID_RE = re.compile(r"--node_id=([0-9a-f]{56})")
 _RESOURCE_RE = re.compile(r"[A-Za-z][A-Za-z0-9_.\-/]{0,99}")
 
 
 def _ray_start_argv(args: argparse.Namespace) -> list[str]:
-    from infra.cli import UsageError
-
     argv = [str(Path(sys.executable).parent / "ray"), "start", "--address", args.address, "--block",
             "--disable-usage-stats"]
     if args.num_cpus is not None:
@@ -105,7 +105,6 @@ def _drain(url: str, key: str, node_id: str, timeout_s: float) -> str:
 def node_environment(args: argparse.Namespace) -> dict[str, str]:
     """The environment entries carrying this node's own store settings (`storage.NodeSettings`)
     to every Ray process it starts; raises `UsageError` for a bad flag."""
-    from infra.cli import UsageError
     from storage.node_settings import NodeSettings
 
     try:

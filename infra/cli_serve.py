@@ -17,6 +17,7 @@ import sys
 import threading
 from pathlib import Path
 
+from infra.cli_errors import UsageError
 from infra.platform_config import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_PORT, GIB, HTTP_PROXY_LOCATIONS, STATE_STORE_ENV,
                                    PlatformConfig, default_state_dir)
 
@@ -49,8 +50,6 @@ def shared_slot_defaults(worker_slots: int | None, worker_memory_gb: float | Non
 
 
 def _config_from_args(args: argparse.Namespace) -> PlatformConfig:
-    from infra.cli import UsageError
-
     # Checked here so the message names the flag the user typed, not the derived byte count.
     if args.spare_workers < 0:
         raise UsageError(f"--spare-workers must be 0 or more (spare worker processes per node), got {args.spare_workers}")

@@ -51,7 +51,8 @@ from infra.gateway_backend import GatewayBackend, ModelCard
 from infra.gateway_body_limit import DEFAULT_BODY_TIMEOUT_S, BodyLimit
 from infra.gateway_metrics import UNKNOWN_MODEL, GatewayMetrics
 from infra.choice_streams import ChoiceStreams
-from infra.gateway_stream import GenerationResponse, GenerationStream, Renderer, RequestInfo
+from infra.gateway_stream import GenerationResponse, Renderer
+from infra.generation_stream import GenerationStream, RequestInfo
 from infra.openai_errors import OpenAIError, bad_request, install_error_handlers, model_forbidden, model_not_found
 from infra.openai_protocol import COMPLETION_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest
 from infra.openai_renderers import ChatRenderer, CompletionRenderer

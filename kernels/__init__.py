@@ -25,7 +25,8 @@ from kernels.attention_metadata import AttentionMetadata
 from kernels.cpu_fused_ops import fused_add_rms_norm, fused_rms_norm, fused_rope, fused_silu_and_mul
 from kernels.cpu_linear import PrepackedLinear, cpu_prepack_unavailable_reason, prepack_linear_layers
 from kernels.reference import ReferenceAttentionBackend
-from kernels.select import get_attention_backend, prepare_cpu_kernels, triton_interpreter_enabled
+from kernels.select import get_attention_backend, prepare_cpu_kernels
+from kernels.triton_interpreter import triton_interpreter_enabled
 
 __all__ = [
     "AttentionBackend", "AttentionMetadata", "PrepackedLinear", "ReferenceAttentionBackend",

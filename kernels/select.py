@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
 from kernels.attention_backend import AttentionBackend
 from kernels.reference import ReferenceAttentionBackend
+from kernels.triton_interpreter import triton_interpreter_enabled
 
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("reference", "cpu", "triton")
-
-
-def triton_interpreter_enabled() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def get_attention_backend(device: torch.device | str, prefer: str | None = None) -> AttentionBackend:

@@ -29,8 +29,8 @@ import triton.language as tl
 
 from kernels.attention_backend import check_gqa_heads, check_softcap
 from kernels.attention_metadata import AttentionMetadata
-from kernels.select import triton_interpreter_enabled
 from kernels.triton_decode import capped_scores, paged_decode_attention, score_scales
+from kernels.triton_interpreter import triton_interpreter_enabled
 
 
 @triton.jit

@@ -45,7 +45,8 @@ from migration.migrate import migrate_request, migrate_requests
 from migration.migration_endpoint import MigrationEndpoint
 from wire.migration_outcome import MigrationMethod, MigrationOutcome, MigrationStatus
 from migration.parking_endpoint import PARKED, ParkedRequest, ParkingEndpoint, replay
-from migration.prefill_handoff import PartialPrefillPayload, hand_over_prefill
+from migration.partial_prefill_payload import PartialPrefillPayload
+from migration.prefill_handoff import hand_over_prefill
 from migration.ray_endpoint import RayEndpoint
 from migration.stream_idle_timeout import DEFAULT_STREAM_IDLE_TIMEOUT_S, StreamIdleTimeout
 from migration.token_migration import TokenMigrationConfig, migrate_by_tokens

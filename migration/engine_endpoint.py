@@ -47,7 +47,7 @@ import torch
 
 from migration.kv_transport import InProcessKVTransport, KVPayload, KVTransport
 from migration.lease_book import DEFAULT_LEASE_S, LeaseBook
-from migration.prefill_handoff import PartialPrefillPayload
+from migration.partial_prefill_payload import PartialPrefillPayload
 from worker import (AsyncEngine, Engine, RequestOutput, RequestProgress, RequestSnapshot, UnknownRequestError,
                     checkpoint_identity)
 from worker import engine_migration as hooks

@@ -45,7 +45,7 @@ from typing import Any
 from migration.engine_endpoint import EngineEndpoint
 from migration.kv_transport import KVPayload, KVTransport, RayObjectKVTransport
 from migration.lease_book import DEFAULT_LEASE_S
-from migration.prefill_handoff import PartialPrefillPayload
+from migration.partial_prefill_payload import PartialPrefillPayload
 from wire import InstanceState, InstanceStats
 from worker import (
     EngineConfig, GenerationChunk, InstanceWorkerActor, InvalidRequestError, PeerWeights,

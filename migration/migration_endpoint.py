@@ -21,14 +21,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from typing import TYPE_CHECKING
-
 from migration.kv_transport import KVPayload
 from migration.lease_book import DEFAULT_LEASE_S
+from migration.partial_prefill_payload import PartialPrefillPayload
 from worker import RequestSnapshot
-
-if TYPE_CHECKING:  # prefill_handoff imports this module
-    from migration.prefill_handoff import PartialPrefillPayload
 
 __all__ = ["MigrationEndpoint"]
 

@@ -24,29 +24,11 @@ queues the request again, where a new pass prefills it from the start -- slower,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
-
-from migration.kv_transport import KVPayload
 from migration.migration_attempt import MigrationAttempt
 from migration.migration_endpoint import MigrationEndpoint
 from wire.migration_outcome import MigrationMethod, MigrationOutcome
-from worker import RequestSnapshot
 
-__all__ = ["PartialPrefillPayload", "hand_over_prefill"]
-
-
-@dataclass(frozen=True)
-class PartialPrefillPayload:
-    """`worker.layer_handoff.PartialPrefill` on its way: the KV as a transport payload.
-
-    hidden: [T, H] the state entering layer ``next_layer`` (None: the pass had not started)."""
-
-    snapshot: RequestSnapshot
-    next_layer: int
-    hidden: torch.Tensor | None
-    kv: KVPayload  # [min(next_layer, N), 2, n, block_size, Hkv, D]
+__all__ = ["hand_over_prefill"]
 
 
 async def hand_over_prefill(source: MigrationEndpoint, helper: MigrationEndpoint,

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from migration.kv_transport import KVPayload
 from migration.lease_book import DEFAULT_LEASE_S
-from migration.prefill_handoff import PartialPrefillPayload
+from migration.partial_prefill_payload import PartialPrefillPayload
 from wire import call
 from worker import RequestSnapshot
 

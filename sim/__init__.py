@@ -14,8 +14,8 @@ Public API (everything else in this folder is private to it):
   (explicit_workload.py).
 - `SimConfig`, `SimResult`, `run_simulation`: one run of one policy (simulator.py), on an
   `EventLoop` (event_loop.py) driving a `SimCluster` of `ClusterSpec` shape (sim_cluster.py).
-- `POLICY_NAMES`, `PolicySettings`, `SimPolicy`, `make_policy`: the compared policies (policies.py;
-  thaw_policy.py calls the controller's policy functions unchanged).
+- `POLICY_NAMES`, `PolicySettings`, `SimPolicy`, `make_policy`: the compared policies (policies.py,
+  policy_factory.py; thaw_policy.py calls the controller's policy functions unchanged).
 - `result_line`, `format_table`, `write_report`: JSON lines, table and plots (report.py);
   `add_simulate_command`: the `thaw simulate` subcommand (cli.py).
 """
@@ -27,7 +27,8 @@ from sim.explicit_workload import explicit_workload
 from sim.hardware_profile import HardwareProfile, ModelTiming
 from sim.profile_cost_model import ProfileCostModel
 from sim.event_loop import EventLoop
-from sim.policies import POLICY_NAMES, PolicySettings, SimPolicy, make_policy
+from sim.policies import POLICY_NAMES, PolicySettings, SimPolicy
+from sim.policy_factory import make_policy
 from sim.report import format_table, result_line, write_report
 from sim.sim_cluster import ClusterSpec, SimCluster
 from sim.simulator import SimConfig, SimResult, run_simulation

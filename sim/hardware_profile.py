@@ -4,9 +4,9 @@ costs) with a `ModelTiming` per model (its engine's prefill and decode costs the
 The GPU cost model (`sim.cost_model`) derives times from datasheets and a roofline; a profile
 instead carries numbers measured on the hardware a real run used, so the simulator can replay
 that run and be compared with it (bench/sim_fidelity.py measures one on the 2-slot CPU node of
-bench/multimodel.py). Every field is a plain number; `cost_model()` turns the profile into what
-`SimCluster` asks of a cost model (`sim.profile_cost_model`), `cluster_spec()` into its node shape,
-`sim_models()` into its catalog.
+bench/multimodel.py). Every field is a plain number; `sim.profile_cost_model.ProfileCostModel`
+turns the profile into what `SimCluster` asks of a cost model, `cluster_spec()` into its node
+shape, `sim_models()` into its catalog.
 
 Start costs follow the platform's spare-worker pool (`controller.spare_pool`): a start on a warm
 spare costs `spare_start_s` beyond reading the weights, one that must start a worker process
@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from sim.sim_cluster import ClusterSpec
 from sim.sim_models import SimModel
 
 __all__ = ["HardwareProfile", "ModelTiming"]
@@ -160,8 +161,6 @@ class HardwareProfile:
 
     def cluster_spec(self, num_nodes: int = 1):
         """`SimCluster`'s hardware: `num_nodes` of this node."""
-        from sim.sim_cluster import ClusterSpec
-
         return ClusterSpec(num_nodes=num_nodes, gpus_per_node=self.num_slots, dram_bytes_per_node=self.dram_bytes,
                            ssd_bytes_per_node=self.ssd_bytes, max_batch=self.max_batch,
                            start_overhead_s=self.spare_start_s, spare_workers_per_node=self.spare_workers,
@@ -169,9 +168,3 @@ class HardwareProfile:
                            settle_s=self.settle_s, promote_on_settle=True,
                            request_overhead_s=self.request_overhead_s, stop_s=self.stop_s,
                            recycle_s=self.recycle_s)
-
-    def cost_model(self):
-        """The cost model `SimCluster` calls, from these measurements (`ProfileCostModel`)."""
-        from sim.profile_cost_model import ProfileCostModel
-
-        return ProfileCostModel(self)

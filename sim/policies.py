@@ -1,4 +1,5 @@
-"""The policies a simulation compares: the `SimPolicy` interface and the registry of the four.
+"""The policies a simulation compares: the `SimPolicy` interface, their settings and their names
+(`sim.policy_factory.make_policy` builds one by name).
 
 A policy is the controller of a simulated cluster. The cluster calls it back when something
 happens to a model (a request queued, demand changed, an instance ready, idle or gone) and the
@@ -23,7 +24,7 @@ import heapq
 import math
 from dataclasses import dataclass
 
-__all__ = ["POLICY_NAMES", "PolicySettings", "SimPolicy", "THAW_SHARING", "ThawAutoscaling", "make_policy"]
+__all__ = ["POLICY_NAMES", "PolicySettings", "SimPolicy", "THAW_SHARING", "ThawAutoscaling"]
 
 POLICY_NAMES = ("thaw", "serverlessllm", "rayserve", "unbounded")
 
@@ -204,29 +205,3 @@ class SimPolicy:
     def describe(self) -> dict[str, object]:
         """Policy-specific settings for the result (what a run was configured with)."""
         return {}
-
-
-def make_policy(name: str, settings: PolicySettings, *, thaw_sharing=None,
-                thaw_max_wait_before_preempt_s: float | None = None, thaw_autoscaling=None,
-                thaw_activity_at_ticks: bool = False, thaw_spec: ThawAutoscaling | None = None,
-                thaw_slot_reclaim: bool = True, thaw_slot_sharing: bool = True) -> SimPolicy:
-    """The policy called `name` (one of `POLICY_NAMES`). `thaw_sharing` (a controller
-    `SlotSharingSettings`), `thaw_max_wait_before_preempt_s`, `thaw_autoscaling` (a whole
-    controller `AutoscalingPolicy`), `thaw_activity_at_ticks`, `thaw_spec` (a `ThawAutoscaling`)
-    `thaw_slot_reclaim` and `thaw_slot_sharing` configure Thaw's policy only (None / False / True /
-    True: the controller's defaults, activity known at once)."""
-    if name == "thaw":
-        from sim.thaw_policy import ThawPolicy
-        return ThawPolicy(settings, sharing=thaw_sharing, max_wait_before_preempt_s=thaw_max_wait_before_preempt_s,
-                          autoscaling=thaw_autoscaling, activity_at_ticks=thaw_activity_at_ticks,
-                          spec=thaw_spec, slot_reclaim=thaw_slot_reclaim, slot_sharing=thaw_slot_sharing)
-    if name == "serverlessllm":
-        from sim.serverlessllm_policy import ServerlessLLMPolicy
-        return ServerlessLLMPolicy(settings)
-    if name == "rayserve":
-        from sim.rayserve_policy import RayServePolicy
-        return RayServePolicy(settings)
-    if name == "unbounded":
-        from sim.unbounded_policy import UnboundedPolicy
-        return UnboundedPolicy(settings)
-    raise ValueError(f"unknown policy {name!r}: choose one of {', '.join(POLICY_NAMES)}")

@@ -24,7 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from sim.event_loop import EventLoop
-from sim.policies import POLICY_NAMES, PolicySettings, ThawAutoscaling, make_policy
+from sim.hardware_profile import HardwareProfile
+from sim.policies import POLICY_NAMES, PolicySettings, ThawAutoscaling
+from sim.policy_factory import make_policy
+from sim.profile_cost_model import ProfileCostModel
 from sim.sim_cluster import COLD_START_TIERS, ClusterSpec, SimCluster
 from sim.tick_scheduler import TickScheduler
 
@@ -183,7 +186,6 @@ class SimConfig:
             raise ValueError(f"SimConfig.real_controller_timing must be True or False, "
                              f"got {self.real_controller_timing!r}")
         if self.hardware is not None:
-            from sim.hardware_profile import HardwareProfile
             if not isinstance(self.hardware, HardwareProfile):
                 raise ValueError(f"SimConfig.hardware must be a HardwareProfile or None, "
                                  f"got {type(self.hardware).__name__}")
@@ -294,7 +296,7 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
     started_cpu = time.process_time()
     if cost is None:
         from sim.cost_model import default_cost_model
-        cost = default_cost_model() if config.hardware is None else config.hardware.cost_model()
+        cost = default_cost_model() if config.hardware is None else ProfileCostModel(config.hardware)
     if models is None:
         from sim.sim_models import model_catalog
         models = model_catalog(config.num_models, config.seed) if config.hardware is None \

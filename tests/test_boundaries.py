@@ -1,4 +1,5 @@
-"""No module reaches into another module's underscore attributes (STYLE.md rule 12).
+"""No module reaches into another module's underscore attributes (STYLE.md rule 12), and no
+package's modules import each other in a cycle (issue 40; see the section at the end).
 
 Walks the AST of every source file under the project's folders (not the tests) and fails on:
 
@@ -191,3 +192,101 @@ def test_every_exception_is_still_needed():
     found = {(file, expr) for path in _source_files() for file, _, expr in _violations(path)}
     stale = sorted(set(ALLOWED) - found)
     assert stale == [], f"these ALLOWED entries no longer match anything; remove them: {stale}"
+
+
+# --- no import cycle inside a package ----------------------------------------------------------
+#
+# Every import statement counts, wherever it is: at module level, inside a function (a cycle
+# hidden behind a function-level import is still a cycle: the two modules cannot be read or
+# loaded apart) and under ``if TYPE_CHECKING`` (a cycle in the types is one in the design). Two
+# modules that need each other get a third that both import (an interface, a record, a factory).
+
+
+def _module_names(root: Path, files: list[Path]) -> dict[str, Path]:
+    names = {}
+    for path in files:
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def _imported_modules(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of `modules` that `path` (module `module`) imports anywhere in its body."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package, `level - 1` packages up
+                anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            if base in modules:
+                found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules)
+    found.discard(module)
+    return found
+
+
+def _cycles(modules: dict[str, Path]) -> list[list[str]]:
+    """The import cycles among `modules` inside each top-level package (Tarjan's strongly connected
+    components of more than one module), each sorted, in order."""
+    graph = {m: {d for d in _imported_modules(m, p, modules) if d.split(".")[0] == m.split(".")[0]}
+             for m, p in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"p/__init__.py": "", "p/a.py": "from p.b import B", "p/b.py": "import os"}, []),
+    ({"p/__init__.py": "", "p/a.py": "from p.b import B", "p/b.py": "def f():\n    from p.a import A"},
+     [["p.a", "p.b"]]),
+    ({"p/__init__.py": "", "p/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from p import b",
+      "p/b.py": "from .a import A"}, [["p.a", "p.b"]]),
+    ({"p/__init__.py": "from p.a import A", "p/a.py": "from p import helper"}, [["p", "p.a"]]),
+    ({"p/__init__.py": "", "p/a.py": "from q.b import B", "q/__init__.py": "", "q/b.py": "from p.a import A"}, []),
+])
+def test_the_cycle_check_finds_exactly_the_cycles_inside_a_package(tmp_path, files, expected):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert _cycles(_module_names(tmp_path, sorted(tmp_path.rglob("*.py")))) == expected
+
+
+def test_no_import_cycle_inside_a_package():
+    cycles = _cycles(_module_names(ROOT, _source_files()))
+    assert cycles == [], (
+        "these modules import each other (counting imports inside functions and under TYPE_CHECKING); "
+        "move what both need into a module they both import:\n" + "\n".join(" <-> ".join(c) for c in cycles))

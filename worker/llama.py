@@ -10,15 +10,15 @@ Modules are created on the ``meta`` device and their weights assigned (gpt-fast'
 so a model is never initialised only to be overwritten.
 
 Weights may also arrive while the model already runs (BlitzScale's layer-wise start): with a
-`LayerGate` in ``layer_gate``, each piece of the forward pass first asks the gate for its layer
-(-1 the embedding, k decoder layer k, N the final norm and head), which blocks until that layer
-is resident. Without a gate that is one None check per layer. The pieces (`embed`,
+`LayerWait` (the loader's `LayerGate`) in ``layer_gate``, each piece of the forward pass first
+asks the gate for its layer (-1 the embedding, k decoder layer k, N the final norm and head),
+which blocks until that layer is resident. Without a gate that is one None check per layer. The pieces (`embed`,
 `decoder_layer`, `final_norm`) are public so a runner can also advance a batch one layer at a time.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -38,8 +38,14 @@ from worker.rotary_embedding import (
     rope_cos_sin,
 )
 
-if TYPE_CHECKING:
-    from worker.layer_gate import LayerGate
+
+
+class LayerWait(Protocol):
+    """What the forward pass asks of weights still arriving (`worker.layer_gate.LayerGate` is
+    one): `ensure(k)` returns once layer k (-1 the embedding, N the final norm and head) is
+    resident. A protocol here, so the model does not import the loader's gate."""
+
+    def ensure(self, layer: int) -> None: ...
 
 
 class RMSNorm(nn.Module):
@@ -156,7 +162,7 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         # Set while weights are still arriving (see the module docstring); None once all are in.
-        self.layer_gate: LayerGate | None = None
+        self.layer_gate: LayerWait | None = None
         self.register_buffer(
             "inv_freq",  # [D/2]; longrope: [2, D/2], its short and long sets
             inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling),

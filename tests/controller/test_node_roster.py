@@ -11,7 +11,7 @@ from controller import RayNodeInfo
 from controller.cluster_node import ClusterNode
 from controller.instance_manager import InstanceManager
 from controller.node_roster import NodeRoster
-from controller.state_store import open_state_store
+from controller.state_location import open_state_store
 from tests.controller.fake_cluster import FakeCluster
 from tests.controller.test_controller import make_config
 

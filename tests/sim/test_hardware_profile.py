@@ -80,7 +80,7 @@ def test_profile_gives_the_catalog_the_node_and_the_timing_of_each_model():
 
 
 def test_profile_cost_model_answers_from_the_measurements():
-    cost = CPU_NODE.cost_model()
+    cost = ProfileCostModel(CPU_NODE)
     assert isinstance(cost, ProfileCostModel) and cost.engine_start_s == 0.3
     tiny, medium = CPU_NODE.sim_models()
     assert cost.load_s(185_000_000, "dram") == 185_000_000 / 8e9

@@ -10,7 +10,8 @@ import pytest
 
 from sim.cost_model import H100, default_cost_model
 from sim.event_loop import EventLoop
-from sim.policies import PolicySettings, ThawAutoscaling, make_policy
+from sim.policies import PolicySettings, ThawAutoscaling
+from sim.policy_factory import make_policy
 from sim.sim_cluster import ClusterSpec, SimCluster
 from sim.sim_models import SimModel
 from sim.tick_scheduler import TickScheduler
