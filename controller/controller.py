@@ -54,7 +54,6 @@ same state adopts the workers still alive, by name, and starts nothing twice.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections import deque
@@ -70,14 +69,14 @@ from controller.deploy_jobs import DeployJob, DeployJobs
 from controller.upload_area import UploadArea
 from controller.controller_status import hosts_to_dict, node_to_dict, placement_to_dict, scale_to_dict
 from controller.instance_manager import InstanceManager, stop_order
+from controller.instance_sleep import InstanceSleep
 from controller.managed_instance import ManagedInstance
 from controller.engine_settings import engine_config_for, instance_kv_bytes, instance_memory_bytes
-from controller.host_sleep_policy import HostSleeper, SleeperRoom, room_for_sleeper
 from controller.model_registry import ModelRegistry
 from controller.model_spec import ModelSpec
 from controller.model_state import ModelState
 from controller.node_roster import NodeRoster
-from controller.placement_policy import PlacementDecision, place
+from controller.placement_policy import NodeView, PlacementDecision, place
 from controller.prefill_helper import PrefillHelper
 from controller.request_mover import RequestMover
 from controller.slot_outlook import SlotOutlook
@@ -124,21 +123,24 @@ class Controller:
                                           before_ready=lambda instance: self._sharer.before_ready(instance),
                                           spares=self._spares if config.spare_workers_per_node else None)
         self._roster = NodeRoster(config, cluster, self._nodes, self._instances, clock=clock)
-        self._mover = RequestMover(config, cluster, self._instances, self._nodes, record=self._record,
-                                   wall_clock=wall_clock, is_closed=lambda: self._closed)
         self._num_ticks = 0
         self._last_tick_errors: list[str] = []
         self._background: set[asyncio.Task[None]] = set()  # drains moving requests off, DRAM promotions
+        self._mover = RequestMover(config, cluster, self._instances, self._nodes, record=self._record,
+                                   wall_clock=wall_clock, is_closed=lambda: self._closed,
+                                   background=self._background, wake=self._wake.set)
         self._copies = CheckpointCopies(config, cluster, self._instances, self._nodes, self._models,
                                         record=self._record, wall_clock=wall_clock, background=self._background)
-        self._reclaimer = SlotReclaimer(config, self._instances, self._mover, draining_nodes=self._draining_nodes,
+        draining = self._mover.draining_node_ids
+        self._reclaimer = SlotReclaimer(config, self._instances, self._mover, draining_nodes=draining,
                                         record=self._record, wall_clock=wall_clock, background=self._background)
         self._sharer = SlotSharer(config, cluster, self._instances, self._nodes, self._models, self._mover,
-                                  draining_nodes=self._draining_nodes, shrink=self._shrink_after_eviction,
+                                  draining_nodes=draining, shrink=self._shrink_after_eviction,
                                   keep_in_dram=self._copies.keep_in_dram, record=self._record,
                                   wall_clock=wall_clock, background=self._background)
-        self._helper = PrefillHelper(config, cluster, self._instances, draining_nodes=self._draining_nodes,
+        self._helper = PrefillHelper(config, cluster, self._instances, draining_nodes=draining,
                                      record=self._record, wall_clock=wall_clock, background=self._background)
+        self._sleep = InstanceSleep(config, self._instances, self._nodes, views=self._views)
         self._uploads = UploadArea(config.state_dir / "uploads", clock=wall_clock)
         self._registry = ModelRegistry(self._store, self._repository, self._models, lock=self._tick_lock,
                                        invalidate_copies=self._invalidate_copies,
@@ -517,21 +519,10 @@ class Controller:
             self._sharer.forget(model.model_id, "no longer needed: the model has its instances")
         if missing < 0:
             for instance in sorted(live, key=stop_order)[:-missing]:
-                reason = f"scaling down to {model.num_desired_instances}"
-                room = self._sleeper_room(instance) if self._may_sleep(instance) else None
-                if room is not None and room.fits:
-                    for sleeper_id in room.dropped:  # the longest asleep, out of host memory
-                        sleeper = self._instances.get(sleeper_id)
-                        if sleeper is not None:
-                            self._instances.begin_stop(sleeper, room.reason, 0.0, recycle=True)
-                    kept = "its weights moved to host memory" if instance.sleeps_to_host else "its weights kept"
-                    self._instances.begin_sleep(instance, f"{reason}; asleep rather than stopped, {kept}")
-                else:
-                    why = f"{reason}; not asleep: {room.reason}" if room is not None else reason
-                    self._instances.begin_stop(instance, why, self.config.drain_timeout_s, recycle=True)
+                self._sleep.scale_down(instance, f"scaling down to {model.num_desired_instances}")
             return
         if missing > 0:
-            missing -= self._wake_sleepers(model, missing)
+            missing -= self._sleep.wake(model, missing, now)
         if missing == 0 or now < model.next_start_s:
             return
         if model.num_bytes is None:
@@ -541,56 +532,12 @@ class Controller:
             if self._models.get(model.model_id) is not model or not self._place_and_start(model, now):
                 break
 
-    def _sleeper_room(self, instance: ManagedInstance) -> SleeperRoom:
-        """Whether `instance` may sleep beside its node's sleepers: always where its weights stay in
-        its process; on a GPU (`sleeps_to_host`), as `room_for_sleeper` says of the node's host
-        memory for sleepers (`ControllerConfig.sleep_host_bytes_per_gpu` per GPU)."""
-        node = self._nodes.get(instance.node_id)
-        if not instance.sleeps_to_host or node is None:
-            return SleeperRoom(True, (), "its weights stay in its process")
-        sleepers = [HostSleeper(i.instance_id, i.memory_bytes - i.kv_memory_bytes, i.asleep_s or 0.0)
-                    for i in self._instances.all()
-                    if i.node_id == node.node_id and i.phase is InstanceState.ASLEEP and i.sleeps_to_host]
-        return room_for_sleeper(instance.instance_id, instance.memory_bytes - instance.kv_memory_bytes, sleepers,
-                                self.config.sleep_host_bytes_per_gpu * node.num_gpus)
-
-    def _may_sleep(self, instance: ManagedInstance) -> bool:
-        """An instance scaling down sleeps instead of stopping where its node shares a worker memory
-        budget (`ControllerConfig.sleep_idle_instances`), it is ready and idle, and its node is not draining."""
-        node = self._nodes.get(instance.node_id)
-        return (self.config.sleep_idle_instances and node is not None and not node.draining
-                and has_worker_memory_budget(node, self.config) and instance.phase is InstanceState.READY
-                and instance.num_ongoing_requests == 0 and instance.handle is not None)
-
-    def _wake_sleepers(self, model: ModelState, wanted: int) -> int:
-        """Wakes up to `wanted` of the model's sleeping instances whose node has the memory for
-        their KV pools again; a sleeper whose node has not is stopped (its weights' memory freed,
-        its process kept warm) so that placement may put the model anywhere. Returns how many woke."""
-        sleepers = self._instances.asleep(model.model_id)
-        if not sleepers:
-            return 0
-        woken, now, instances = 0, self._clock(), self._instances.all()
-        nodes = [self._nodes[n] for n in sorted({i.node_id for i in sleepers}) if n in self._nodes]
-        views = {v.node_id: v for v in self._sharer.hold_reserved(self._reclaimer.hold_reserved(
+    def _views(self, model: ModelState, nodes: list[ClusterNode], now: float) -> list[NodeView]:
+        """Placement's view of `nodes` for `model`: what other models' held slots leave there."""
+        instances = self._instances.all()
+        return self._sharer.hold_reserved(self._reclaimer.hold_reserved(
             [node_view(node, model.repository_name, instances, self.config, now) for node in nodes], model.model_id),
-            model.model_id)}  # what other models' held slots leave
-        for instance in sleepers:
-            if woken == wanted:
-                break
-            view = views.get(instance.node_id)
-            memory = instance.wake_memory_bytes  # its KV pool (and its weights, asleep in host memory)
-            slots = 0 if instance.holds_slot else instance.num_worker_slots  # a GPU sleeper keeps its slot
-            if view is None or view.free_memory_bytes is None or view.free_memory_bytes < memory \
-                    or view.num_free_slots < slots:
-                what = "its weights and KV pool" if instance.sleeps_to_host else "its KV pool"
-                self._instances.begin_stop(instance, f"wanted again, but its node has no slot or no memory for "
-                                           f"{what} now", 0.0, recycle=True)
-                continue
-            self._instances.begin_wake(instance, f"{model.model_id} has demand again")
-            views[instance.node_id] = dataclasses.replace(  # what the next sleeper there is left
-                view, free_memory_bytes=view.free_memory_bytes - memory, num_free_slots=view.num_free_slots - slots)
-            woken += 1
-        return woken
+            model.model_id)
 
     def _place_and_start(self, model: ModelState, now: float) -> bool:
         """Choose a node and start one instance there; False if no node has room, or the model's
@@ -608,9 +555,7 @@ class Controller:
         memory = 0
         if any(has_worker_memory_budget(node, self.config) for node in nodes):
             memory = instance_memory_bytes(spec, model.num_bytes, self.config)
-        views = self._sharer.hold_reserved(self._reclaimer.hold_reserved(
-            [node_view(node, model.repository_name, instances, self.config, now) for node in nodes], model.model_id),
-            model.model_id)
+        views = self._views(model, nodes, now)
         decision = (place(model.num_bytes, views, num_slots, memory) if views else
                     PlacementDecision(None, None, None, (), wrong_kind or "no node with a connected store yet"))
         # Free slot (and memory), else idle instances evicted until it fits, else requests migrated
@@ -679,33 +624,11 @@ class Controller:
         (or after `drain_timeout_s`). Held in memory only: a restarted controller places on the
         node again."""
         self._check_open()
-        node = self._nodes.get(node_id)
-        if node is None:
-            raise LookupError(f"no node {node_id!r}; nodes: {sorted(self._nodes)}")
-        node.draining = True
-        stopping = [i for i in self._instances.all() if i.node_id == node_id and i.phase is not InstanceState.STOPPING]
-        for instance in stopping:
-            had_requests = instance.phase is InstanceState.READY
-            self._instances.begin_stop(instance, f"node {node_id} draining", self.config.drain_timeout_s)
-            if migrate and had_requests:
-                task = asyncio.get_running_loop().create_task(self._mover.move_off(instance))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
-        self._wake.set()
-        return {"node_id": node_id, "stopping": sorted(i.instance_id for i in stopping),
-                "migrating": migrate and any(i.handle is not None for i in stopping)}
+        return self._mover.drain_node(node_id, migrate)
 
     def undrain_node(self, node_id: str) -> dict[str, Any]:
         """Let placement use a drained node again."""
-        node = self._nodes.get(node_id)
-        if node is None:
-            raise LookupError(f"no node {node_id!r}; nodes: {sorted(self._nodes)}")
-        node.draining = False
-        self._wake.set()
-        return {"node_id": node_id, "draining": False}
-
-    def _draining_nodes(self) -> set[str]:
-        return {node_id for node_id, node in self._nodes.items() if node.draining}
+        return self._mover.undrain_node(node_id)
 
     def status(self) -> dict[str, Any]:
         """Everything ``thaw status`` shows: models, instances, nodes, recent decisions."""

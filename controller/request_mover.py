@@ -1,6 +1,8 @@
 """Moving running requests between instances on the controller's behalf: `RequestMover`.
 
-What ``thaw migrate`` and a node drain ask of the controller. `migrate` checks the call (each
+What ``thaw migrate`` and a node drain ask of the controller. `drain_node` takes a node out of
+placement (`draining_node_ids`, which every placing collaborator reads) and stops its instances,
+moving their requests off first; `undrain_node` gives it back. `migrate` checks the call (each
 bad field named), picks a destination with the pure `choose_destination` policy (a named
 instance, the least loaded on a node, or the least loaded anywhere, never on a draining node)
 and has the cluster live-migrate the requests; each migration is recorded as a decision, so it
@@ -10,7 +12,7 @@ deadline passes. A request that cannot move keeps running on its source, whole (
 protocols are abort-safe), so nothing here can lose one.
 
 Split out of `controller.Controller`, which owns the state this reads (instances, nodes) and
-forwards its ``migrate`` and ``drain_node`` here.
+forwards its ``migrate``, ``drain_node`` and ``undrain_node`` here.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ class RequestMover:
 
     def __init__(self, config: ControllerConfig, cluster: ClusterClient, instances: InstanceManager,
                  nodes: Mapping[str, ClusterNode], *, record: Callable[[dict[str, Any]], None],
-                 wall_clock: Callable[[], float], is_closed: Callable[[], bool]) -> None:
+                 wall_clock: Callable[[], float], is_closed: Callable[[], bool],
+                 background: set[asyncio.Task[None]], wake: Callable[[], None]) -> None:
         self.config = config
         self._cluster = cluster
         self._instances = instances
@@ -57,6 +60,38 @@ class RequestMover:
         self._record = record
         self._wall_clock = wall_clock
         self._is_closed = is_closed
+        self._background = background  # the controller's, cancelled at its shutdown
+        self._wake = wake
+
+    def drain_node(self, node_id: str, migrate: bool = True) -> dict[str, Any]:
+        """`Controller.drain_node` (its docstring says what a drain does)."""
+        node = self._nodes.get(node_id)
+        if node is None:
+            raise LookupError(f"no node {node_id!r}; nodes: {sorted(self._nodes)}")
+        node.draining = True
+        stopping = [i for i in self._instances.all() if i.node_id == node_id and i.phase is not InstanceState.STOPPING]
+        for instance in stopping:
+            had_requests = instance.phase is InstanceState.READY
+            self._instances.begin_stop(instance, f"node {node_id} draining", self.config.drain_timeout_s)
+            if migrate and had_requests:
+                task = asyncio.get_running_loop().create_task(self.move_off(instance))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+        self._wake()
+        return {"node_id": node_id, "stopping": sorted(i.instance_id for i in stopping),
+                "migrating": migrate and any(i.handle is not None for i in stopping)}
+
+    def undrain_node(self, node_id: str) -> dict[str, Any]:
+        """Let placement use a drained node again."""
+        node = self._nodes.get(node_id)
+        if node is None:
+            raise LookupError(f"no node {node_id!r}; nodes: {sorted(self._nodes)}")
+        node.draining = False
+        self._wake()
+        return {"node_id": node_id, "draining": False}
+
+    def draining_node_ids(self) -> set[str]:
+        return {node_id for node_id, node in self._nodes.items() if node.draining}
 
     async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
                       to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
@@ -82,8 +117,7 @@ class RequestMover:
     async def _migrate_off(self, source: ManagedInstance, request_ids: list[str] | None, *, to_node: str | None = None,
                            to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
         """Moves the requests (None: all of them) off `source`; see `migrate`."""
-        draining = {node_id for node_id, node in self._nodes.items() if node.draining}
-        dest, why = choose_destination(source, self._instances.all(), draining, to_node=to_node,
+        dest, why = choose_destination(source, self._instances.all(), self.draining_node_ids(), to_node=to_node,
                                        to_instance=to_instance)
         if dest is None:
             raise MigrationConflictError(f"cannot migrate off instance {source.instance_id}: {why}")
