@@ -10,9 +10,9 @@ thread for asyncio callers. ``requests`` is also the public surface that moving 
 another engine is built on (pause, snapshot, adopt, retire, KV blocks in and out:
 `worker.engine_migration`, `worker.layer_handoff`).
 
-Validation happens in `prepare_request`, before a request touches shared state, so a bad
-request fails alone with a message naming the problem and the other requests in the batch
-never notice. What can still go wrong for one request after that (its sampling, its stop
+Validation happens at admission (`worker.request_admission`, through `prepare_request`), before
+a request touches shared state, so a bad request fails alone with a message naming the problem
+and the other requests in the batch never notice. What can still go wrong for one request after that (its sampling, its stop
 handling, its detokenizing) fails that request alone too: it finishes with reason "error" and
 the cause in its output's ``error``, and the engine keeps serving the others. Only a failure of
 the batch itself (the forward pass) escapes `step`; `request_ids_in_step` then names the
@@ -48,7 +48,6 @@ copies them back and builds the pool again. Asleep, it refuses requests (`enqueu
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from pathlib import Path
@@ -60,7 +59,6 @@ from kernels.cpu_linear import cpu_prepack_unavailable_reason
 from loader import LayerReadiness
 from worker.block_manager import BlockManager
 from worker.checkpoint import load_model
-from worker.checkpoint_identity import checkpoint_identity
 from worker.engine_config import EngineConfig
 from worker.generation_defaults import read_eos_ids, read_generation_defaults
 from worker.host_weights import HostWeights
@@ -69,10 +67,10 @@ from worker.model_config import ModelConfig
 from worker.model_family import build_model
 from worker.model_runner import ModelRunner, kv_bytes_per_block
 from worker.prefix_hasher import PrefixHasher
+from worker.request_admission import RequestAdmission
 from worker.request_lifecycle import RequestLifecycle, request_output
 from worker.request_output import Completion, RequestOutput
 from worker.reserved_memory import ReservedMemory
-from worker.rotary_embedding import needs_rope_lengths
 from worker.sampler import RawLogprobs, Sampler
 from wire.sampling_params import SamplingParams
 from worker.scheduler import Scheduler
@@ -150,9 +148,9 @@ class Engine:
             raise ValueError(
                 f"kv_cache_bytes={config.kv_cache_bytes} is smaller than one KV block ({block_bytes} bytes)"
             )
-        self.block_manager = BlockManager(num_blocks, config.block_size, prefix_hasher=(
-            _prefix_hasher(self.model_dir, self.model_config, config.block_size) if config.enable_prefix_caching
-            else None))
+        hasher = (PrefixHasher.for_model(self.model_dir, self.model_config, config.block_size)
+                  if config.enable_prefix_caching else None)
+        self.block_manager = BlockManager(num_blocks, config.block_size, prefix_hasher=hasher)
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=config.max_num_seqs,
@@ -173,6 +171,11 @@ class Engine:
         # Grammars for requests with structured_output; its grammar engine is built by the first one.
         self.structured_output = StructuredOutputManager(self.tokenizer, self.model_config.vocab_size,
                                                          overlap=config.overlap_structured_output)
+        self.admission = RequestAdmission(
+            self.tokenizer, self.model_config, max_model_len=self.max_model_len,
+            capacity_tokens=self.block_manager.capacity_tokens, device=self.device,
+            generation_defaults=self.generation_defaults, structured_output=self.structured_output,
+            weights_error=lambda: self.weights_error)
         self._in_step: tuple[str, ...] = ()  # requests of the forward pass under way (see request_ids_in_step)
         self._asleep = False  # the KV pool released (`sleep`)
         # Chosen once: whether sleeping also moves the weights to host memory (`sleep_frees_weights`).
@@ -181,7 +184,6 @@ class Engine:
             offload = self.device.type == "cuda"
         self._host_weights = (HostWeights(model, self.device, pin_memory=self.device.type == "cuda")
                               if offload else None)
-        self._next_id = itertools.count()
         self._zigzag: ZigzagPrefill | None = None
         if self._gate is not None:
             if config.zigzag_prefill:
@@ -253,74 +255,21 @@ class Engine:
         return self.prepare_tokens(self.tokenize_prompt(prompt), params, request_id)
 
     def tokenize_prompt(self, prompt: Prompt) -> list[int]:
-        """The prompt's token ids, checked alone: well formed, ids in the vocabulary, and room for
-        it plus one output token in the context and the KV pool. Raises `InvalidRequestError`,
-        which is then the prompt's fault. Touches no engine state (thread-safe; long prompts are
-        best tokenized off an event loop)."""
-        if self.weights_error is not None:
-            raise LayerLoadError(f"this engine cannot serve: its weights failed to load: {self.weights_error}")
-        prompt_ids = self._tokenize(prompt)
-        if len(prompt_ids) >= self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt is {len(prompt_ids)} tokens but the model's context is {self.max_model_len} tokens "
-                "(including at least one output token); shorten the prompt"
-            )
-        self._check_kv_room(len(prompt_ids), 1)
-        return prompt_ids
+        """`RequestAdmission.tokenize_prompt`: the prompt's ids, checked alone (thread-safe)."""
+        return self.admission.tokenize_prompt(prompt)
 
     def prepare_tokens(self, prompt_ids: list[int], params: SamplingParams | None = None,
                        request_id: str | None = None) -> Sequence:
-        """A request from ids `tokenize_prompt` returned: checks that prompt + ``max_tokens`` fit
-        the KV pool (else `InvalidRequestError`, then ``max_tokens``'s fault) and builds its
-        `Sequence`. Touches no engine state (thread-safe)."""
-        if self.weights_error is not None:
-            raise LayerLoadError(f"this engine cannot serve: its weights failed to load: {self.weights_error}")
-        params = SamplingParams() if params is None else params
-        if not isinstance(params, SamplingParams):
-            raise InvalidRequestError(f"params must be SamplingParams, got {type(params).__name__}")
-        if params.model_defaults:  # fields the client left out: the model's generation_config.json fills them
-            params = params.with_model_defaults(self.generation_defaults)
-        self.check_params(params)
-        self._check_kv_room(len(prompt_ids), params.max_tokens)
-        generator = torch.Generator(device=self.device)
-        if params.seed is not None:
-            generator.manual_seed(params.seed)
-        else:
-            generator.seed()
-        return Sequence(
-            request_id=request_id if request_id is not None else f"req-{next(self._next_id)}",
-            prompt_token_ids=prompt_ids,
-            params=params,
-            max_model_len=self.max_model_len,
-            generator=generator,
-        )
+        """`RequestAdmission.prepare_tokens`: the request's `Sequence` (thread-safe)."""
+        return self.admission.prepare_tokens(prompt_ids, params, request_id)
 
     def check_params(self, params: SamplingParams) -> None:
-        """The checks of `params` that need the model (`SamplingParams` checks the rest itself):
-        ``logit_bias`` names tokens of the vocabulary, and `check_structured_output`. Raises
-        `InvalidRequestError` naming the field."""
-        vocab = self.model_config.vocab_size
-        bad = [token_id for token_id, _ in params.logit_bias if token_id >= vocab]
-        if bad:
-            raise InvalidRequestError(f"logit_bias token ids must be in [0, {vocab}) (this model's vocabulary), "
-                                      f"got {bad[:5]}")
-        self.check_structured_output(params)
+        """`RequestAdmission.check_params`: the checks of `params` that need the model."""
+        self.admission.check_params(params)
 
     def check_structured_output(self, params: SamplingParams) -> None:
-        """Compiles ``structured_output`` (cached for the request's steps), if any; raises
-        `InvalidRequestError` ("structured_output: ..." and what to change) if this model cannot
-        enforce it. Thread-safe; the first structured request builds the grammar engine (about a
-        second for a 128k-token vocabulary)."""
-        if params.structured_output is not None:
-            self.structured_output.check(params.structured_output)
-
-    def _check_kv_room(self, num_prompt_tokens: int, max_tokens: int) -> None:
-        needed = min(num_prompt_tokens + max_tokens, self.max_model_len)
-        if needed > self.block_manager.capacity_tokens:
-            raise InvalidRequestError(
-                f"request needs up to {needed} KV-cache slots (prompt + max_tokens) but this instance's cache "
-                f"holds {self.block_manager.capacity_tokens}; lower max_tokens or shorten the prompt"
-            )
+        """`RequestAdmission.check_structured_output` (thread-safe)."""
+        self.admission.check_structured_output(params)
 
     def enqueue(self, seq: Sequence) -> None:
         """Admits a prepared request to the scheduler's queue."""
@@ -336,22 +285,6 @@ class Engine:
         seq = self.prepare_request(prompt, params, request_id)
         self.enqueue(seq)
         return seq.request_id
-
-    def _tokenize(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str) and not prompt:
-            raise InvalidRequestError("prompt must not be empty")
-        try:
-            ids = self.tokenizer.encode_prompt(prompt)
-        except ValueError as exc:  # a chat the template refused, or a prompt of no known form
-            raise InvalidRequestError(str(exc)) from exc
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):  # token ids
-            vocab = self.model_config.vocab_size
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise InvalidRequestError(f"prompt token ids must be in [0, {vocab}), got {bad[:5]}")
-        if not ids:
-            raise InvalidRequestError("prompt must not be empty")
-        return ids
 
     # ---- running ---------------------------------------------------------------------------
 
@@ -657,13 +590,4 @@ class Engine:
             )
             for seq in seqs
         ]
-
-
-def _prefix_hasher(model_dir: Path, config: ModelConfig, block_size: int) -> PrefixHasher:
-    """Names this engine's KV blocks for prefix caching: by the checkpoint and the KV dtype, and for
-    longrope by whether a prompt is past the original context (see `worker.prefix_hasher`)."""
-    scaling = config.rope_scaling
-    return PrefixHasher(f"{checkpoint_identity(model_dir)}/{config.torch_dtype}", block_size,
-                        long_prompt_tokens=scaling.original_max_position_embeddings
-                        if needs_rope_lengths(scaling) else None)
 

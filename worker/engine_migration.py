@@ -340,11 +340,11 @@ def _check_fits(engine: Engine, snapshot: RequestSnapshot) -> None:
             f"request {snapshot.request_id!r} has no token left to generate here "
             f"({snapshot.num_tokens} tokens, context {engine.max_model_len})"
         )
-    needed = min(snapshot.num_prompt_tokens + snapshot.params.max_tokens, engine.max_model_len)
-    if needed > engine.block_manager.capacity_tokens:
+    needed = engine.admission.kv_shortfall(snapshot.num_prompt_tokens, snapshot.params.max_tokens)
+    if needed is not None:
         raise MigrationRefusedError(
             f"request needs up to {needed} KV-cache slots but this instance's cache holds "
-            f"{engine.block_manager.capacity_tokens}"
+            f"{engine.admission.capacity_tokens}"
         )
     if snapshot.generator_state is not None and snapshot.generator_device_type != engine.device.type:
         raise MigrationRefusedError(
