@@ -16,10 +16,9 @@ makes it so, one instance at a time, without ever blocking a reconcile tick:
   running instance of the model would deliver the weights sooner than the node's tier
   (`controller.stream_source_policy`), the new worker takes them from that instance's stream
   instead and is READY as soon as its engine exists (it computes with the layers it has); the
-  checkpoint is pinned on its node meanwhile and handed over as the stream's fallback. Instances
-  started together from one peer share one chain stream (`controller.stream_chains`). A stream
-  (or a peer's refusal) is an event ("load_path"); every instance's path and its reason are part
-  of it in ``thaw status``.
+  checkpoint is pinned on its node meanwhile and handed over as the stream's fallback
+  (`controller.weight_sources`). A stream (or a peer's refusal) is an event ("load_path"); every
+  instance's path and its reason are part of it in ``thaw status``.
 - `begin_stop`: out of the routing table at once; the instance finishes its open requests (up
   to a drain timeout), then shuts down, and its record goes. A request still open at the
   shutdown (past the timeout, or routed there as the stop began) ends "suspended", and the
@@ -47,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
@@ -64,10 +62,8 @@ from controller.model_spec import ModelSpec
 from controller.model_state import ModelState
 from controller.placement_policy import pin_tier
 from controller.spare_pool import SparePool
-from controller.stream_chains import StreamChains
-from controller.stream_source_policy import LoadPath, choose_load_path
 from controller.state_store import StateStore, WorkerRecord
-from storage import TierFullError
+from controller.weight_sources import WeightSources
 from wire import EngineGauges, HostedInstance, InstanceState, is_hosted
 
 logger = logging.getLogger(__name__)
@@ -108,7 +104,7 @@ class InstanceManager:
         self._sleep_tasks: dict[str, asyncio.Task] = {}
         # "sleeps", "wakes", and "fresh_workers" (instances that started a process, no spare warm) so far
         self.counts: collections.Counter[str] = collections.Counter()
-        self._chains = StreamChains(self._stream_from)
+        self._weights = WeightSources(config, cluster, self.get, self._event)
 
     # --- queries -----------------------------------------------------------------------------
 
@@ -175,13 +171,8 @@ class InstanceManager:
             estimate_s=estimate_s, started_s=now, handle=handle, from_spare=spare is not None,
             hosted=is_hosted(handle), reserves_cpus=spare is None, memory_bytes=memory_bytes,
             kv_memory_bytes=kv_memory_bytes, sleeps_to_host=node.num_gpus > 0)
-        settings = self.config.peer_stream
-        if settings is not None and tier is not None and estimate_s is not None:
-            instance.load_path = choose_load_path(
-                model.model_id, node.node_id, model.num_bytes, tier, estimate_s, self.all(), draining_node_ids,
-                link_bytes_per_s=settings.link_bytes_per_s, saturated_requests=settings.saturated_requests)
-            if instance.load_path.kind == "stream":  # a tier load is the placement decision's own story
-                self._chains.join(instance.load_path.source_instance_id, instance_id)
+        if tier is not None and estimate_s is not None:
+            self._weights.choose_path(instance, model, tier, estimate_s, self.all(), draining_node_ids)
         self._store.put_worker(self._worker_record(instance))  # before the actor: see the module docstring
         self._instances[instance_id] = instance
         self.counts["fresh_workers"] += int(spare is None)
@@ -222,9 +213,9 @@ class InstanceManager:
     async def _start(self, instance: ManagedInstance, model: ModelState, node: ClusterNode,
                      checkpoint_tier: str) -> None:
         try:
-            peer, path = await self._open_stream(instance), None
+            peer, path = await self._weights.open_stream(instance), None
             if peer is None:
-                path, instance.tier = await self._pin_checkpoint(node, model.repository_name, checkpoint_tier)
+                path, instance.tier = await self._weights.pin_checkpoint(node, model.repository_name, checkpoint_tier)
             if instance.phase is not InstanceState.LOADING:
                 return  # stopped while the checkpoint arrived: no actor to start
             spec = model.spec
@@ -251,71 +242,8 @@ class InstanceManager:
                 await self._start_failed(instance, exc)
             return
         if peer is not None:
-            self._spawn(self._supply_fallback(instance, model, node, checkpoint_tier))
+            self._spawn(self._weights.supply_fallback(instance, model, node, checkpoint_tier))
         await self._await_ready(instance)
-
-    async def _open_stream(self, instance: ManagedInstance) -> Any | None:
-        """The ticket of a stream from the peer `instance.load_path` chose; None (and the load path
-        switched to the tier, saying why) when there is none or the peer cannot stream now."""
-        path, settings = instance.load_path, self.config.peer_stream
-        if path is None or path.kind != "stream" or settings is None:
-            return None
-        source = self._instances.get(path.source_instance_id)
-        try:
-            if instance.phase is not InstanceState.LOADING:
-                self._chains.leave(instance.instance_id)
-                return None
-            if source is None or source.phase is not InstanceState.READY or source.handle is None:
-                self._chains.leave(instance.instance_id)
-                raise RuntimeError("it is no longer ready")
-            ticket, rank, length = await self._chains.ticket(instance.instance_id, source.handle)
-            if length > 1:
-                instance.load_path = dataclasses.replace(path, reason=f"{path.reason}; receiver {rank} of a chain "
-                                                                      f"of {length} (each forwards to the next)")
-            logger.info("%s: %s takes its weights by %s", instance.model_id, instance.instance_id,
-                        instance.load_path.reason)
-            self._event("load_path", instance, instance.load_path.reason)
-            return ticket
-        except Exception as exc:  # noqa: BLE001 - the tier is the fallback whatever the peer said
-            reason = f"{path.tier}: streaming from {path.source_instance_id} refused ({exc})"
-            instance.load_path = LoadPath("tier", path.tier, instance.estimate_s or 0.0, None, reason)
-            logger.info("%s: instance %s loads from its node: %s", instance.model_id, instance.instance_id, reason)
-            self._event("load_path", instance, reason)
-            return None
-
-    async def _stream_from(self, source_handle: Any, num_receivers: int) -> Any:
-        settings = self.config.peer_stream
-        assert settings is not None  # no instance joins a chain without it
-        return await self._cluster.stream_weights(source_handle, num_receivers, settings.stream_config(),
-                                                  self.config.report_timeout_s)
-
-    async def _supply_fallback(self, instance: ManagedInstance, model: ModelState, node: ClusterNode,
-                               checkpoint_tier: str) -> None:
-        """Brings the checkpoint to the streamed instance's node while the stream runs (pinned like
-        any instance's, in the tier decided at its start) and hands the worker its path: what it
-        reads if the peer dies, and what it streams from once it is a source itself."""
-        try:
-            path, instance.tier = await self._pin_checkpoint(node, model.repository_name, checkpoint_tier)
-            if instance.phase is InstanceState.STOPPING or instance.handle is None:
-                return
-            await self._cluster.supply_fallback(instance.handle, path, self.config.report_timeout_s)
-        except Exception as exc:  # noqa: BLE001 - the stream may still complete; the log says what is missing
-            logger.warning("%s: instance %s has no node copy to fall back on: %s", instance.model_id,
-                           instance.instance_id, exc)
-            self._event("fallback_unavailable", instance, f"{type(exc).__name__}: {exc}")
-
-    async def _pin_checkpoint(self, node: ClusterNode, name: str, tier: str) -> tuple[str, str]:
-        """(local path, tier) of the model on the node, pinned in `tier` (decided at the start);
-        SSD instead only when the store refuses DRAM as full."""
-        if node.store is None:
-            raise RuntimeError(f"node {node.node_id} has no connected store")
-        try:
-            return await self._cluster.pin_checkpoint(node.store, name, tier, self.config.load_timeout_s), tier
-        except TierFullError as exc:
-            if tier != "dram":
-                raise
-            logger.info("node %s: DRAM cannot take %s (%s); reading it from SSD", node.node_id, name, exc)
-            return await self._cluster.pin_checkpoint(node.store, name, "ssd", self.config.load_timeout_s), "ssd"
 
     async def _await_ready(self, instance: ManagedInstance) -> None:
         try:
