@@ -109,7 +109,8 @@ class ManagedInstance:
     def kv_pool_freed(self) -> bool:
         """Asleep, or stopping from asleep (`asleep_s` stays set until it wakes): its worker freed
         the KV pool and does not allocate it again on its way out."""
-        return self.phase is InstanceState.ASLEEP or (self.phase is InstanceState.STOPPING and self.asleep_s is not None)
+        phase = self.phase
+        return phase is InstanceState.ASLEEP or (phase is InstanceState.STOPPING and self.asleep_s is not None)
 
     @property
     def held_memory_bytes(self) -> int:

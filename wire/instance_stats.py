@@ -4,8 +4,8 @@ loaded, and its load right now (worker -> controller).
 The controller's reconcile loop and its routing table are built from these reports, so they are
 wire records, defined here once and read by both sides: `InstanceLoad` is the worker's answer to
 ``ready()``, fixed once the model is in memory; `InstanceStats` is a snapshot taken on request
-(``stats()``) -- the controller never keeps one longer than its next report; `InstanceState` is
-the answer to ``health()`` and the state inside a snapshot. None of them holds prompt text.
+(``stats()``) -- the controller never keeps one longer than its next report; its state (a
+`wire.InstanceState` among `REPORTED_STATES`) is also the answer to ``health()``. None of them holds prompt text.
 
 `InstanceLoad` is the worker's full account of a load; `wire.InstanceLoadRecord` is the
 controller's summary of it for the gateway (tier and load time only).
@@ -138,8 +138,10 @@ def _check_text(record: str, field: str, value: object) -> None:
 def _check_state(record: str, field: str, value: object) -> InstanceState:
     """One of the states a worker reports (`REPORTED_STATES`), or its value as the dict form
     carries it."""
-    state = value if isinstance(value, InstanceState) else next(
-        (s for s in InstanceState if isinstance(value, str) and value == s.value), None)
+    try:
+        state = InstanceState(value)
+    except ValueError:
+        state = None
     if state not in REPORTED_STATES:
         raise ValueError(f"{record}.{field} must be one of {', '.join(repr(s.value) for s in REPORTED_STATES)}, "
                          f"got {value.value if isinstance(value, InstanceState) else value!r}")

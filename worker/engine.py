@@ -12,9 +12,9 @@ another engine is built on (pause, snapshot, adopt, retire, KV blocks in and out
 
 Validation happens at admission (`worker.request_admission`, through `prepare_request`), before
 a request touches shared state, so a bad request fails alone with a message naming the problem
-and the other requests in the batch never notice. What can still go wrong for one request after that (its sampling, its stop
-handling, its detokenizing) fails that request alone too: it finishes with reason "error" and
-the cause in its output's ``error``, and the engine keeps serving the others. Only a failure of
+and the other requests in the batch never notice. What can still go wrong for one request after
+that (its sampling, its stop handling, its detokenizing) fails that request alone too: it
+finishes with reason "error" and the cause in its output's ``error``, and the engine keeps serving the others. Only a failure of
 the batch itself (the forward pass) escapes `step`; `request_ids_in_step` then names the
 requests that were in it, the only ones that can have caused it.
 

@@ -36,7 +36,8 @@ class RequestAdmission:
     fields a request leaves out."""
 
     def __init__(self, tokenizer: Tokenizer, model_config: ModelConfig, *, max_model_len: int, capacity_tokens: int,
-                 device: torch.device, generation_defaults: Mapping[str, float | int], structured_output: StructuredOutputManager,
+                 device: torch.device, generation_defaults: Mapping[str, float | int],
+                 structured_output: StructuredOutputManager,
                  weights_error: Callable[[], LayerLoadError | None]) -> None:
         self.tokenizer = tokenizer
         self.model_config = model_config

@@ -506,7 +506,8 @@ def test_restart_adopts_live_workers_and_starts_no_duplicates(tmp_path, store_lo
             assert [m["name"] for m in second.controller.list_models()] == ["m1", "m2"]  # specs intact
             assert second.routes("acme/m1") == [ready.instance_id]  # adopted, serving at once
             assert cluster.killed_workers == [orphan.actor_name]
-            assert second.records() == {ready.instance_id: InstanceState.READY, loading.instance_id: InstanceState.LOADING}
+            assert second.records() == {ready.instance_id: InstanceState.READY,
+                                        loading.instance_id: InstanceState.LOADING}
             started = cluster.num_started_workers
             loading.finish_loading()
             await settle()

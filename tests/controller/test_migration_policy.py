@@ -16,7 +16,8 @@ def instance(instance_id: str, node_id: str, *, model_id: str = "acme/m1", phase
 
 SOURCE = instance("src", "n0")
 OTHERS = [SOURCE, instance("busy", "n1", load=5), instance("calm", "n2", load=1), instance("tie", "n2", load=1),
-          instance("loading", "n3", phase=InstanceState.LOADING), instance("stopping", "n3", phase=InstanceState.STOPPING),
+          instance("loading", "n3", phase=InstanceState.LOADING),
+          instance("stopping", "n3", phase=InstanceState.STOPPING),
           instance("alien", "n3", model_id="acme/m2"), instance("drained", "n4")]
 
 
