@@ -31,7 +31,7 @@ from typing import Protocol
 import anyio
 from pydantic import BaseModel
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from infra.choice_streams import ChoiceItem, ChoiceStreams
 from infra.gateway_backend import BackendError, GenerationChunk, InvalidRequest, QueueProgress
@@ -45,6 +45,15 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first", 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                 (b"x-accel-buffering", b"no")]
 _DONE = b"data: [DONE]\n\n"
+
+
+class _ClientGone(Exception):
+    """A write to the client failed (ASGI 2.4 servers raise an `OSError` on a closed connection).
+
+    Only a failed *write* means the client left. The backend's own errors are reported to the
+    client in-band, including a `TimeoutError` (an `OSError` too) from a call the backend makes.
+    Before this class, such an error cut its stream as if the client had left (issue 44's cut
+    stream)."""
 
 
 class Renderer(Protocol):
@@ -110,10 +119,16 @@ class GenerationResponse(Response):
                     left = True
                     task_group.cancel_scope.cancel()
 
+            async def write(message: Message) -> None:
+                try:
+                    await send(message)
+                except OSError as exc:
+                    raise _ClientGone(str(exc)) from exc
+
             task_group.start_soon(watch_disconnect)
             try:
-                await self._respond(send)
-            except OSError as exc:  # ASGI 2.4 servers raise on writes to a closed connection
+                await self._respond(write)
+            except _ClientGone as exc:
                 logger.info("client of %s gone: a write failed: %s", self._stream.request_id, exc)
                 left = True
             except BaseException as exc:
@@ -163,7 +178,7 @@ class GenerationResponse(Response):
                 usage = _total_usage(lasts)  # type: ignore[arg-type]
                 await send({"type": "http.response.body", "body": _sse(self._renderers[0].usage_object(usage)),
                             "more_body": True})
-        except OSError:
+        except _ClientGone:
             raise
         except Exception as exc:  # noqa: BLE001 - the status line is out: report in-band, as OpenAI does
             error = self._error_for(exc)

@@ -22,7 +22,7 @@ its client's stream going on as if no migration had been tried; the import is ca
 blocks freed. A driver that comes back late finds its release refused and undoes the rest.
 
 Every snapshot this source hands out names its checkpoint (`worker.checkpoint_identity`,
-computed once per endpoint), and this destination refuses one taken on
+the engine's, read when it loaded), and this destination refuses one taken on
 another checkpoint: a model deployed again under the same name never mixes weights in one output.
 
 ``request_progress`` says where a request stands (queued, running, frozen) for a client whose
@@ -48,8 +48,7 @@ import torch
 from migration.kv_transport import InProcessKVTransport, KVPayload, KVTransport
 from migration.lease_book import DEFAULT_LEASE_S, LeaseBook
 from migration.partial_prefill_payload import PartialPrefillPayload
-from worker import (AsyncEngine, Engine, RequestOutput, RequestProgress, RequestSnapshot, UnknownRequestError,
-                    checkpoint_identity)
+from worker import AsyncEngine, Engine, RequestOutput, RequestProgress, RequestSnapshot, UnknownRequestError
 from worker import engine_migration as hooks
 from worker import layer_handoff
 
@@ -65,9 +64,9 @@ DEFAULT_MAX_KV_BYTES_PER_STEP = 4 << 20
 class EngineEndpoint:
     """`MigrationEndpoint` over an in-process `AsyncEngine` (see the module docstring).
 
-    ``checkpoint_id``: the engine's checkpoint identity, if the caller knows it; else it is computed
-    here from ``Engine.model_dir`` (reads its small files: build the endpoint off the event loop, or
-    pass it). ``clock``: monotonic seconds, for the leases."""
+    ``checkpoint_id``: the checkpoint identity requests are stamped and checked with; by default
+    the engine's own (`Engine.checkpoint_id`, read when it loaded: the model dir may be gone by
+    now). ``clock``: monotonic seconds, for the leases."""
 
     def __init__(self, async_engine: AsyncEngine, transport: KVTransport | None = None,
                  instance_id: str = "local", max_handoffs: int = 4096,
@@ -86,7 +85,7 @@ class EngineEndpoint:
         self._max_handoffs = max_handoffs
         self._handoffs: OrderedDict[str, str] = OrderedDict()  # request id -> destination instance id
         self._adopted: dict[str, AsyncIterator[RequestOutput]] = {}  # imported, not yet attached
-        self.checkpoint_id = checkpoint_id or checkpoint_identity(async_engine.engine.model_dir)
+        self.checkpoint_id = checkpoint_id or async_engine.engine.checkpoint_id
         self._clock = clock
         self._frozen = LeaseBook()  # source: requests frozen for a migration, not released yet
         self._importing = LeaseBook()  # destination: imports begun, not committed yet

@@ -49,7 +49,7 @@ from migration.partial_prefill_payload import PartialPrefillPayload
 from wire import InstanceState, InstanceStats
 from worker import (
     EngineConfig, GenerationChunk, InstanceWorkerActor, InvalidRequestError, PeerWeights,
-    RequestProgress, RequestSnapshot, RequestState, SamplingParams, checkpoint_identity, worker_actor_options,
+    RequestProgress, RequestSnapshot, RequestState, SamplingParams, worker_actor_options,
 )
 
 Prompt = str | list  # text, token ids, or chat messages: what ``generate`` takes
@@ -76,11 +76,10 @@ class MigratableInstanceActor(InstanceWorkerActor):
             worker = self._model_worker()  # a spare has nothing to migrate: SpareWorkerError
             # The instance's running engine (waits for the load; raises like ``generate``).
             async_engine = await worker.serving_engine()
-            # The checkpoint's identity reads the model dir's small files: off the event loop.
-            checkpoint_id = await asyncio.to_thread(checkpoint_identity, async_engine.engine.model_dir)
             if self._endpoint is None:  # another call may have built it while this one waited
-                self._endpoint = EngineEndpoint(async_engine, self._transport, worker.instance_id,
-                                                checkpoint_id=checkpoint_id)
+                # The checkpoint's identity is the engine's, read at its load: the model dir
+                # itself may be gone by now (a restarted node store empties its DRAM tier).
+                self._endpoint = EngineEndpoint(async_engine, self._transport, worker.instance_id)
         return self._endpoint
 
     # ---- the endpoint (see MigrationEndpoint) --------------------------------------------------

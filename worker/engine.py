@@ -59,6 +59,7 @@ from kernels.cpu_linear import cpu_prepack_unavailable_reason
 from loader import LayerReadiness
 from worker.block_manager import BlockManager
 from worker.checkpoint import load_model
+from worker.checkpoint_identity import checkpoint_identity
 from worker.engine_config import EngineConfig
 from worker.generation_defaults import read_eos_ids, read_generation_defaults
 from worker.host_weights import HostWeights
@@ -101,6 +102,9 @@ class Engine:
         if not self.model_dir.is_dir():
             raise FileNotFoundError(f"model directory not found: {self.model_dir}")
         self.model_config = ModelConfig.from_model_dir(self.model_dir, dtype=config.dtype)
+        # Read once, now, while the checkpoint's files are certain to be there: a running engine never
+        # reads its model dir again (a restarted node store empties its DRAM tier, issue 44).
+        self.checkpoint_id = checkpoint_identity(self.model_dir)
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -148,7 +152,7 @@ class Engine:
             raise ValueError(
                 f"kv_cache_bytes={config.kv_cache_bytes} is smaller than one KV block ({block_bytes} bytes)"
             )
-        hasher = (PrefixHasher.for_model(self.model_dir, self.model_config, config.block_size)
+        hasher = (PrefixHasher.for_model(self.checkpoint_id, self.model_config, config.block_size)
                   if config.enable_prefix_caching else None)
         self.block_manager = BlockManager(num_blocks, config.block_size, prefix_hasher=hasher)
         self.scheduler = Scheduler(

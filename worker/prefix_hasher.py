@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from pathlib import Path
 
 import xxhash
 
-from worker.checkpoint_identity import checkpoint_identity
 from worker.model_config import ModelConfig
 from worker.rotary_embedding import needs_rope_lengths
 
@@ -54,11 +52,12 @@ class PrefixHasher:
         self._pack = struct.Struct(f"<{block_size}q").pack
 
     @classmethod
-    def for_model(cls, model_dir: Path, config: ModelConfig, block_size: int) -> PrefixHasher:
-        """Names an engine's KV blocks for prefix caching: by the checkpoint and the KV dtype, and
-        for longrope by whether a prompt is past the original context."""
+    def for_model(cls, checkpoint_id: str, config: ModelConfig, block_size: int) -> PrefixHasher:
+        """Names an engine's KV blocks for prefix caching: by the checkpoint (its
+        `worker.checkpoint_identity`) and the KV dtype, and for longrope by whether a prompt is
+        past the original context."""
         scaling = config.rope_scaling
-        return cls(f"{checkpoint_identity(model_dir)}/{config.torch_dtype}", block_size,
+        return cls(f"{checkpoint_id}/{config.torch_dtype}", block_size,
                    long_prompt_tokens=scaling.original_max_position_embeddings if needs_rope_lengths(scaling) else None)
 
     def root(self, num_prompt_tokens: int) -> bytes:

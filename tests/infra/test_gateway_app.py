@@ -101,6 +101,8 @@ class ScriptedBackend:
             for i, word in enumerate(words):
                 if text == "fail midway" and i == 1:
                     raise BackendUnavailable("the instance was lost")
+                if text == "timeout midway" and i == 1:  # e.g. a call to an unreachable actor
+                    raise TimeoutError("a call the backend made timed out")
                 if text == "endless" and i == 1:
                     self.waiting_event().set()
                     await asyncio.Event().wait()

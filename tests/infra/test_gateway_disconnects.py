@@ -209,3 +209,21 @@ def test_a_failing_receive_channel_is_not_a_disconnect_and_the_stream_completes(
     texts = [json.loads(m["body"].removeprefix(b"data: "))["choices"][0]["text"] for m in sent[1:-1]
              if m["body"].startswith(b"data: {")]
     assert "".join(texts) == "Hello!" and backend.aborts == []
+
+
+def test_a_timeout_inside_the_backend_is_reported_in_band_not_taken_for_a_client_that_left(app, backend, metrics):
+    """A `TimeoutError` is an `OSError`, as is the error an ASGI server raises on a write to a closed
+    connection. Only a failed write means the client left: a timeout from the backend's own calls
+    (an unreachable actor) must end the stream with an error event and ``[DONE]``, counted as the
+    error it is, not cut it mid-body and count a 499 (issue 44's cut stream in the chaos test)."""
+    sent = asyncio.run(drive(app, "/v1/completions", {"model": "acme/m", "prompt": "timeout midway", "stream": True}))
+    assert sent[0]["status"] == 200
+    assert sent[-1]["more_body"] is False and sent[-1]["body"] == b"data: [DONE]\n\n"
+    events = [json.loads(m["body"].removeprefix(b"data: ")) for m in sent[1:-1] if m["body"].startswith(b"data: {")]
+    assert events[0]["choices"][0]["text"] == "Hel"
+    assert events[-1]["error"]["type"] == "server_error"
+    assert "timed out" not in json.dumps(events[-1])  # no internal exception text reaches the client
+    counted = [line for line in metrics.render()[0].decode().splitlines()
+               if line.startswith("thaw_gateway_requests_total{")]
+    assert len(counted) == 1 and 'status="500"' in counted[0], counted
+    assert backend.closed == [backend.calls[0][1]]

@@ -282,3 +282,38 @@ def test_an_instance_shut_down_ends_its_own_and_its_recovered_streams_suspended(
         # reach the client as a truncated answer.
         assert chunks[-1].finish_reason == "suspended" and all(c.finish_reason is None for c in chunks[:-1])
         assert chunks[-1].num_completion_tokens < expected[-1].num_completion_tokens
+
+
+def test_an_instance_whose_checkpoint_dir_is_gone_after_its_load_still_takes_a_recovery(instances, model_dir,
+                                                                                         tmp_path):
+    """A restarted node store empties its DRAM tier, where running instances loaded from: an
+    instance must not need its model dir once loaded. Its first migration call (here a recovery)
+    used to read the checkpoint's identity from the dir then, and failed with FileNotFoundError
+    (issue 44's chaos failure: a worker and the controller killed after the node store was)."""
+    import shutil
+
+    copy = tmp_path / "dram-tier-copy"
+    shutil.copytree(model_dir, copy)
+    survivor = start("inst-dirless", copy)
+    ray.get(survivor.ready.remote(), timeout=120)
+    shutil.rmtree(copy)
+    greedy = {"temperature": 0.0, "max_tokens": 40, "ignore_eos": True}
+
+    async def resolve(instance_id):
+        return survivor
+
+    async def main():
+        expected = [c async for c in follow_generation(instances["inst-a"], "whole", PROMPT, greedy, resolve=resolve)]
+        sent = [t for c in expected[:10] for t in c.token_ids]  # what the client had when its instance died
+        rest = [c async for c in follow_generation(survivor, "recovered-dirless", PROMPT, greedy, resolve=resolve,
+                                                   sent_token_ids=sent)]
+        return expected, sent, rest
+
+    try:
+        expected, sent, rest = asyncio.run(asyncio.wait_for(main(), 120))
+        tokens = [t for c in expected for t in c.token_ids]
+        assert len(sent) == 10 and rest[-1].finish_reason == "length"
+        assert sent + [t for c in rest for t in c.token_ids] == tokens  # greedy: exactly the unbroken output
+        assert idle(survivor)
+    finally:
+        stop_instance_worker(survivor)
