@@ -13,8 +13,11 @@ issue 44's to find the library at fault; until then this keeps the status honest
 failed test still exits 1).
 """
 
+import importlib.util
 import os
+import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +26,50 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# Two xdist workers (README's test command: ``-n 2``). The end-to-end tests (marked slow or
+# multinode: each starts a platform or a Ray cluster sized for the whole machine) run one after
+# another, all on one worker, as one work unit; every other module is a unit of its own, shared
+# out between the two workers. xdist's own ``--dist loadgroup`` would do this from marks, but with
+# pytest 9.2 it no longer groups (it renames `Item._nodeid`, which pytest 9.2 no longer reads).
+# So the scheduler groups by file: a test file that marks anything slow or multinode is end-to-end.
+END_TO_END = "end-to-end"
+_END_TO_END_MARK = re.compile(r"\bmark\.(slow|multinode)\b")
+
+
+def end_to_end_files(tests_dir: Path) -> frozenset[str]:
+    """The test files (paths relative to the rootdir, as in node ids) that mark a test slow or multinode."""
+    root = tests_dir.parent
+    return frozenset(path.relative_to(root).as_posix() for path in tests_dir.rglob("test_*.py")
+                     if _END_TO_END_MARK.search(path.read_text()))
+
+
+if importlib.util.find_spec("xdist") is not None:  # the hook exists only where xdist does
+    def pytest_xdist_make_scheduler(config, log):
+        from xdist.scheduler import LoadScopeScheduling
+
+        files = end_to_end_files(Path(__file__).parent)
+
+        class EndToEndInOneUnit(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                module = nodeid.split("::", 1)[0]
+                return END_TO_END if module in files else module
+
+            def _assign_work_unit(self, node) -> None:
+                if END_TO_END in self.workqueue:  # the longest unit by far: handed out first
+                    self.workqueue.move_to_end(END_TO_END, last=False)
+                super()._assign_work_unit(node)
+
+        return EndToEndInOneUnit(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
+    files = end_to_end_files(Path(__file__).parent)
+    missed = sorted({item.nodeid.split("::", 1)[0] for item in items
+                     if ("slow" in item.keywords or "multinode" in item.keywords)
+                     and item.nodeid.split("::", 1)[0] not in files})
+    if missed:  # marked some other way (a shared mark object): the scheduler would run them in parallel
+        raise pytest.UsageError(f"end-to-end tests in files the xdist scheduler does not see as such: {missed}; "
+                                "mark them with pytest.mark.slow (or multinode) in the file itself")
     if torch.cuda.is_available():
         return
     skip_cuda = pytest.mark.skip(reason="needs a CUDA device")

@@ -227,3 +227,34 @@ def test_a_timeout_inside_the_backend_is_reported_in_band_not_taken_for_a_client
                if line.startswith("thaw_gateway_requests_total{")]
     assert len(counted) == 1 and 'status="500"' in counted[0], counted
     assert backend.closed == [backend.calls[0][1]]
+
+
+def test_a_failed_write_is_a_client_that_left_and_aborts_the_request(app, backend, metrics):
+    """The other side of the rule above: an ASGI 2.4 server raises an `OSError` on a write to a closed
+    connection (uvicorn drops it silently; both are covered), and that does mean the client left."""
+    async def main():
+        raw = json.dumps({"model": "acme/m", "prompt": "three chunks", "stream": True}).encode()
+        delivered = False
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": raw, "more_body": False}
+            await asyncio.Event().wait()  # the server never reports the disconnect
+            raise AssertionError("unreachable")
+
+        async def send(message: dict) -> None:
+            if after_first_event(sent):
+                raise ConnectionResetError("the client closed the connection")
+            sent.append(message)
+
+        await asyncio.wait_for(app(request_scope("/v1/completions", raw), receive, send), DEADLINE_S)
+        return sent
+
+    sent = asyncio.run(main())
+    (_, request_id, _, _), = backend.calls
+    assert sent[0]["status"] == 200 and all(m.get("more_body", True) for m in sent[1:])
+    assert backend.aborts == [("acme/m", request_id)] and backend.closed == [request_id]
+    assert b'status="499"' in metrics.render()[0]
