@@ -20,7 +20,10 @@ re-fetches. `load_checkpoint` wraps all of it, retrying once. `pin` keeps an ent
 pressure. `report()` is the snapshot placement uses: holdings per tier and measured bandwidths.
 
 Everything in shared memory is removed by `close()`, on garbage collection, at interpreter exit,
-and -- after a hard kill -- by the next store of the same platform on the node (`ShmDirectory`).
+and -- after a hard kill -- by the next store to start on the node, of any Thaw platform
+(`ShmDirectory`'s sweep of every ``thaw-`` directory whose owner is certainly dead): a platform
+whose nodes never come back (torn down with ``ray stop``, or a test's throwaway cluster) would
+otherwise keep its DRAM tier in RAM until reboot (issue 44).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from storage.checkpoint_tier import CheckpointTier, EntryMissingError
 from storage.model_name import validate_model_name
 from storage.model_repository import ModelRepository
 from storage.shm_directory import ShmDirectory
-from storage.store_config import NodeStoreConfig
+from storage.store_config import SHM_DIR_PREFIX, NodeStoreConfig
 from storage.store_report import TIER_NAMES, BandwidthReport, NodeStoreReport, TierReport
 
 # What a damaged cached checkpoint raises when read: the entry is dropped and fetched again.
@@ -76,7 +79,7 @@ class NodeStore:
         self._shm: ShmDirectory | None = None
         self.dram: CheckpointTier | None = None
         if config.dram_capacity_bytes > 0:
-            self._shm = ShmDirectory(config.shm_root, config.shm_dir.name, sweep_prefix=config.shm_dir_prefix)
+            self._shm = ShmDirectory(config.shm_root, config.shm_dir.name, sweep_prefix=SHM_DIR_PREFIX)
         try:
             self.ssd = CheckpointTier("ssd", config.ssd_dir, config.ssd_capacity_bytes, persistent=True)
             if self._shm is not None:

@@ -11,8 +11,10 @@ stays in RAM until reboot. So the directory is owned:
 - `close()` removes it, and so does a `weakref.finalize` when the object is collected or the
   interpreter exits normally (atexit);
 - a process killed outright (SIGKILL, OOM) cannot clean up, so every new owner first sweeps the
-  directories of *its own platform* whose owner process is gone (checked on this boot and in this
-  pid namespace only -- a directory it cannot judge is left alone);
+  directories under its prefix (a node store's: every Thaw platform's, ``thaw-``) whose owner
+  process is gone (checked on this boot and in this pid namespace only -- a directory it cannot
+  judge is left alone). A dead owner's directory serves nobody; a running worker that loaded from
+  it no longer reads it;
 - it is the owner's only (0700, its owner record 0600): tmpfs is shared by every user of the
   node, and what the DRAM tier keeps in it is tenants' weights.
 """

@@ -6,6 +6,7 @@ files only their owner can read."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import threading
 import time
@@ -19,7 +20,7 @@ from storage import (InvalidModelNameError, LocalModelRepository, ModelNotFoundE
                      TierFullError)
 from storage.checkpoint_copy import checkpoint_bytes
 from tests.loader.hf_checkpoint_builder import llama_tensors
-from tests.storage.conftest import wait_until
+from tests.storage.conftest import SESSION_PLATFORM_ID, SHM_ROOT, wait_until
 
 WAIT_S = 30  # a guard so a bug fails the test instead of hanging it; never reached when correct
 MODELS = ("m0", "m1", "m2", "m3", "m4")
@@ -66,6 +67,28 @@ def assert_tensors(loaded, expected) -> None:
     assert sorted(loaded) == sorted(expected)
     for name, tensor in expected.items():
         assert torch.equal(loaded[name], tensor), name
+
+
+def test_a_starting_store_reclaims_the_dram_tier_a_dead_store_of_any_platform_left(store_config, repository):
+    """Issue 44: a platform whose nodes never come back (every multinode test run's, one torn down
+    with ``ray stop``) left its DRAM tier in /dev/shm until reboot; the next store to start on the
+    node, of any platform, reclaims it -- never a directory whose owner may be alive."""
+    import json
+
+    from storage.shm_directory import OWNER_FILE, owner_record
+
+    dead = SHM_ROOT / f"thaw-{SESSION_PLATFORM_ID}gone.node1"
+    alive = SHM_ROOT / f"thaw-{SESSION_PLATFORM_ID}live.node1"
+    for path, owner in ((dead, owner_record() | {"pid": 2**22 + 7}), (alive, owner_record())):
+        path.mkdir(mode=0o700)
+        (path / OWNER_FILE).write_text(json.dumps(owner))
+        (path / "weights.bin").write_bytes(b"x" * 4096)
+    try:
+        with NodeStore(store_config(), repository):
+            assert not dead.exists() and alive.is_dir()
+    finally:
+        for path in (dead, alive):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def test_ssd_miss_downloads_and_converts_once(store_config, repository, expected_tensors):

@@ -1,6 +1,6 @@
 """Owned shared-memory directories: exclusive, removed on close and on collection, and reclaimed
-after a hard kill by the next owner of the same platform -- but never a directory whose owner
-might still be alive."""
+after a hard kill by the next owner under its prefix (a node store's covers every Thaw platform)
+-- but never a directory whose owner might still be alive."""
 
 from __future__ import annotations
 
@@ -54,32 +54,35 @@ def test_missing_root_is_clear(tmp_path):
         ShmDirectory(tmp_path / "nope", "x")
 
 
-def test_killed_owner_is_reclaimed_by_the_next_store_of_the_platform(prefix):
+def test_killed_owner_is_reclaimed_by_the_next_owner_under_its_prefix(prefix, tmp_path):
+    # A root of its own: node stores that other tests start meanwhile sweep /dev/shm's dead
+    # directories of every platform, and would reclaim this one before the test looks.
+    root = tmp_path
     child = subprocess.Popen(
         [sys.executable, "-c",
          "import importlib.util, sys, pathlib\n"
          f"spec = importlib.util.spec_from_file_location('shm_directory', {str(MODULE)!r})\n"
          "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
-         f"shm = mod.ShmDirectory(pathlib.Path({str(SHM_ROOT)!r}), {prefix + 'dead'!r})\n"
+         f"shm = mod.ShmDirectory(pathlib.Path({str(root)!r}), {prefix + 'dead'!r})\n"
          "(shm.path / 'weights.bin').write_bytes(b'x' * 65536)\n"
          "print('ready', flush=True)\n"
          "sys.stdin.readline()\n"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
-        dead_dir = SHM_ROOT / (prefix + "dead")
+        dead_dir = root / (prefix + "dead")
         assert dead_dir.is_dir()
         assert not owner_is_gone(json.loads((dead_dir / OWNER_FILE).read_text()))  # alive: untouchable
-        assert sweep_stale(SHM_ROOT, prefix) == []
+        assert sweep_stale(root, prefix) == []
     finally:
         child.send_signal(signal.SIGKILL)  # no atexit, no finalizer: the memory stays behind
         child.wait(WAIT_S)
     assert dead_dir.is_dir()
-    other_platform = ShmDirectory(SHM_ROOT, f"thaw-{SESSION_PLATFORM_ID}-other.n", sweep_prefix=prefix + "x")
+    other_prefix = ShmDirectory(root, f"thaw-{SESSION_PLATFORM_ID}-other.n", sweep_prefix=prefix + "x")
     assert dead_dir.is_dir()  # another prefix: not its business
-    other_platform.close()
-    successor = ShmDirectory(SHM_ROOT, prefix + "alive", sweep_prefix=prefix)
-    assert successor.swept == [dead_dir] and not dead_dir.exists()
+    other_prefix.close()
+    successor = ShmDirectory(root, "thaw-another-platform.n", sweep_prefix="thaw-")
+    assert successor.swept == [dead_dir] and not dead_dir.exists()  # a node store's prefix: every platform's
     successor.close()
 
 
