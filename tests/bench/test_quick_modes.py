@@ -145,3 +145,21 @@ def test_deploy_benchmark_quick():
     assert "checking" in figures["stages_s"]
 
 
+# Serial (slow): its request must still be running when the migration starts, which a loaded
+# core can delay past the quick mode's 256 tokens (seen when it ran beside the end-to-end tests).
+@pytest.mark.slow
+def test_migration_benchmark_quick():
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "migration.py"), "--quick"],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    # One line per (method, context length); every migrated client got exactly the unmigrated output.
+    assert sorted((line["method"], line["context_tokens"]) for line in lines) == sorted(
+        (method, length) for method in ("tokens", "kv", "restart") for length in (16, 64))
+    for line in lines:
+        assert line["bench"] == "migration" and line["mode"] == "quick"
+        assert line["output_matches"] is True, line
+        assert line["pause_ms"] > 0 and line["normal_gap_ms"] > 0
+        assert line["ratio_to_normal_gap"] == pytest.approx(line["pause_ms"] / line["normal_gap_ms"], rel=0.02)
+    kv = [line for line in lines if line["method"] == "kv"]
+    assert all(line["blocks_copied"][0] > 0 and line["tokens_recomputed_after_stop"] == [0] for line in kv)
