@@ -76,6 +76,30 @@ async def drive(app, path: str, body: dict, leave_when=lambda sent: False,
     return sent
 
 
+async def call_with_channels(app, body: dict, after_body, on_send=None) -> list[dict]:
+    """One request through the ASGI app whose server-side channels the test scripts: ``receive``
+    delivers the body, then awaits ``after_body()``; ``on_send(sent)`` runs before each message is
+    recorded (it may raise, as a server's write does). Returns what was sent."""
+    raw = json.dumps(body).encode()
+    delivered = False
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        return await after_body()
+
+    async def send(message: dict) -> None:
+        if on_send is not None:
+            on_send(sent)
+        sent.append(message)
+
+    await asyncio.wait_for(app(request_scope("/v1/completions", raw), receive, send), DEADLINE_S)
+    return sent
+
+
 def after_first_event(sent: list[dict]) -> bool:
     return any(m["type"] == "http.response.body" and m.get("body") for m in sent)
 
@@ -185,23 +209,11 @@ def test_a_failing_receive_channel_is_not_a_disconnect_and_the_stream_completes(
     """Ray Serve's replica-side ``receive`` raises when its call to the proxy fails (under load, or
     as the cluster loses a process); that says nothing about the client. Seen in the chaos test as
     a stream cut mid-body (no final chunk): the stream must go on to its end instead."""
+    async def failing_receive() -> dict:
+        raise RuntimeError("the proxy's receive_asgi_messages call failed")
+
     async def main():
-        raw = json.dumps({"model": "acme/m", "prompt": "queued", "stream": True}).encode()
-        delivered = False
-        sent: list[dict] = []
-
-        async def receive() -> dict:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": raw, "more_body": False}
-            raise RuntimeError("the proxy's receive_asgi_messages call failed")
-
-        async def send(message: dict) -> None:
-            sent.append(message)
-
-        await asyncio.wait_for(app(request_scope("/v1/completions", raw), receive, send), DEADLINE_S)
-        return sent
+        return await call_with_channels(app, {"model": "acme/m", "prompt": "queued", "stream": True}, failing_receive)
 
     sent = asyncio.run(main())
     assert sent[0]["status"] == 200
@@ -232,26 +244,17 @@ def test_a_timeout_inside_the_backend_is_reported_in_band_not_taken_for_a_client
 def test_a_failed_write_is_a_client_that_left_and_aborts_the_request(app, backend, metrics):
     """The other side of the rule above: an ASGI 2.4 server raises an `OSError` on a write to a closed
     connection (uvicorn drops it silently; both are covered), and that does mean the client left."""
+    async def never_disconnects() -> dict:
+        await asyncio.Event().wait()  # the server never reports the disconnect
+        raise AssertionError("unreachable")
+
+    def write_fails_after_first_event(sent: list[dict]) -> None:
+        if after_first_event(sent):
+            raise ConnectionResetError("the client closed the connection")
+
     async def main():
-        raw = json.dumps({"model": "acme/m", "prompt": "three chunks", "stream": True}).encode()
-        delivered = False
-        sent: list[dict] = []
-
-        async def receive() -> dict:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": raw, "more_body": False}
-            await asyncio.Event().wait()  # the server never reports the disconnect
-            raise AssertionError("unreachable")
-
-        async def send(message: dict) -> None:
-            if after_first_event(sent):
-                raise ConnectionResetError("the client closed the connection")
-            sent.append(message)
-
-        await asyncio.wait_for(app(request_scope("/v1/completions", raw), receive, send), DEADLINE_S)
-        return sent
+        return await call_with_channels(app, {"model": "acme/m", "prompt": "three chunks", "stream": True},
+                                        never_disconnects, write_fails_after_first_event)
 
     sent = asyncio.run(main())
     (_, request_id, _, _), = backend.calls
