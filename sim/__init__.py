@@ -30,7 +30,8 @@ from sim.event_loop import EventLoop
 from sim.policies import POLICY_NAMES, PolicySettings, SimPolicy
 from sim.policy_factory import make_policy
 from sim.report import format_table, result_line, write_report
-from sim.sim_cluster import ClusterSpec, SimCluster
+from sim.cluster_spec import ClusterSpec
+from sim.sim_cluster import SimCluster
 from sim.simulator import SimConfig, SimResult, run_simulation
 from sim.workload import (SimRequest, WorkloadConfig, WorkloadSummary, expected_requests_per_hour, generate_workload,
                           model_services, summarize_workload)

@@ -3,7 +3,7 @@
     thaw simulate --models N --nodes N --gpus-per-node N --hours H [--trace DIR] --policy NAME|all
                   [--seed S] [--staged ssd|dram] [--json] [--out DIR] [--quick] [--workers N]
                   [--thaw-min-idle-s S] [--thaw-min-run-s S] [--thaw-no-preempt] [--thaw-preempt-after-wait] [--thaw-no-slot-reclaim]
-                  [--thaw-max-wait-before-preempt-s S] [--thaw-no-slot-sharing]
+                  [--thaw-max-wait-before-preempt-s S] [--thaw-no-slot-sharing] [--thaw-models-per-gpu N]
 
 A progress bar (tqdm) on stderr follows simulated time across the policies. With `--policy all`
 the policies run side by side in `--workers` processes (default: one per CPU core, at most one
@@ -82,6 +82,10 @@ def add_simulate_command(sub) -> None:
     p.add_argument("--thaw-no-slot-reclaim", action="store_true",
                    help="Thaw: never free a slot by migrating an instance's requests to a sibling (controller "
                         "slot_reclaim=None)")
+    p.add_argument("--thaw-models-per-gpu", type=int, default=1,
+                   help="Thaw: each GPU a slot host holding up to N models at once, as far as their weights and KV "
+                        "pools fit its memory, their decode steps taking turns (default 1: a GPU per model; the "
+                        "other policies always have one)")
     p.add_argument("--thaw-max-wait-before-preempt-s", type=float, default=None,
                    help="Thaw: the bounded wait before preempting (model spec default 5)")
     p.add_argument("--thaw-keep-alive-per-restart", type=float, default=spec.keep_alive_per_restart,
@@ -191,7 +195,8 @@ def run_simulate_command(args) -> int:
                              slo_ttft_s=args.slo_ttft_s, thaw_sharing=_thaw_sharing(args),
                              thaw_max_wait_before_preempt_s=args.thaw_max_wait_before_preempt_s,
                              thaw_spec=thaw_spec, thaw_slot_reclaim=not args.thaw_no_slot_reclaim,
-                             thaw_slot_sharing=not args.thaw_no_slot_sharing, staged_tier=args.staged)
+                             thaw_slot_sharing=not args.thaw_no_slot_sharing, staged_tier=args.staged,
+                             thaw_models_per_gpu=args.thaw_models_per_gpu)
                    for name in policies]  # all validated before any runs
         if args.workers is not None and args.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {args.workers}")

@@ -204,6 +204,13 @@ class CostModel:
                          f"{TP_DEGREES[-1]} x {gpu.name} ({gpu.hbm_bytes / 1e9:.0f} GB each); multi-node serving is "
                          f"not modelled: use a larger GPU kind or a smaller model")
 
+    def instance_memory_bytes(self, model: SimModel, gpu: GpuSpec, kv_pool_tokens: int) -> int:
+        """What one instance takes of each of its accelerators' memory on a slot host (`sim.sim_host`):
+        its weights and a KV pool of `kv_pool_tokens` tokens, both split over its tensor-parallel
+        degree."""
+        degree = self.accelerators_needed(model, gpu)
+        return math.ceil((model.weight_bytes + self._shape(model)[2] * kv_pool_tokens) / degree)
+
     # --- compute ---------------------------------------------------------------------------------
 
     @staticmethod

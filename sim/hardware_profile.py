@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sim.sim_cluster import ClusterSpec
+from sim.cluster_spec import ClusterSpec
 from sim.sim_models import SimModel
 
 __all__ = ["HardwareProfile", "ModelTiming"]

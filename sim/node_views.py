@@ -55,15 +55,18 @@ class NodeViews:
         self._idle_views: dict[tuple, NodeView] = {}
 
     def view(self, node, model_index: int, now: float, *, locality: bool = True) -> NodeView:
+        """The node for one model: its free slots are the cluster's `room` for it (on slot hosts,
+        the GPUs that fit its share, so placement's slot count is memory-aware)."""
         tiers = self.cluster.checkpoint_tiers(node, model_index) if locality else ()
+        free = self.cluster.room(node, model_index)
         wait_s = node.loader_wait_s(now)
         if wait_s:
-            return NodeView(node_id=node.node_id, num_free_slots=node.free_slots, bandwidths=self.bandwidths,
+            return NodeView(node_id=node.node_id, num_free_slots=free, bandwidths=self.bandwidths,
                             model_tiers=frozenset(tiers), loader_wait_s=wait_s)
-        key = (node.index, node.free_slots, tiers)  # an idle loader: the view is one of few, kept
+        key = (node.index, free, tiers)  # an idle loader: the view is one of few, kept
         view = self._idle_views.get(key)
         if view is None:
-            view = self._idle_views[key] = NodeView(node_id=node.node_id, num_free_slots=node.free_slots,
+            view = self._idle_views[key] = NodeView(node_id=node.node_id, num_free_slots=free,
                                                     bandwidths=self.bandwidths, model_tiers=frozenset(tiers))
         return view
 

@@ -15,6 +15,11 @@ What it models (and what a policy drives through its public methods):
   zig-zag: prompts run through the layers present while the rest arrive). After a load the
   checkpoint is kept in the node's SSD (when it came from the repository) and DRAM tiers,
   unless the policy keeps no node copies (Ray Serve reads the repository every time).
+- Slot hosts (`ClusterSpec.models_per_gpu` above 1, `sim.sim_host`): each GPU holds several
+  instances as far as their shares (weights and KV pool over their tensor-parallel degree) fit
+  its memory; an instance takes `num_slots` GPUs of one node, best fit; `room(node, model)` is
+  the GPUs its share fits and `slots_freed_for` what a stop adds to it, so the policies'
+  slot counts are memory-aware; co-resident decode steps take turns; a GPU is counted once.
 - Spare workers and DRAM promotion (`sim.node_upkeep`, off by default): a start without a warm
   spare pays `process_start_s` more, and with `promote_on_settle` the DRAM copy is made once the
   node has settled rather than at once (the controller's `SparePool` and `CheckpointCopies`).
@@ -29,7 +34,7 @@ What it models (and what a policy drives through its public methods):
 
 The cluster calls its policy back (`on_queued`, `on_demand`, `on_ready`, `on_idle`,
 `on_released`) so the policy keeps its own dirty set; it takes no decision itself. Accounting:
-accelerator-seconds (slots held x time, loading and idle included), cold starts by tier,
+accelerator-seconds (slots held x time, loading and idle included; on slot hosts, GPUs in use x time), cold starts by tier,
 evictions, migrations, and each request's TTFT (plus `request_overhead_s`, the path outside the
 instance).
 """
@@ -40,101 +45,30 @@ import heapq
 import math
 from array import array
 from collections import deque
-from dataclasses import dataclass
 
 from sim.event_loop import EventLoop
+from sim.cluster_spec import ClusterSpec
 from sim.node_upkeep import NodeUpkeep
+from sim.sim_host import SimHost, best_fit, others_s, reshare
 from sim.sim_instance import Flight, SimInstance
 from sim.tier_cache import TierCache
 from wire import InstanceState
 
-__all__ = ["ClusterSpec", "SimCluster", "SimModelState", "SimNode", "COLD_START_TIERS"]
+__all__ = ["SimCluster", "SimModelState", "SimNode", "COLD_START_TIERS"]
 
 GIB = 1 << 30
 COLD_START_TIERS = ("gpu", "remote", "dram", "ssd", "s3")
 _QUEUED_TIERS = frozenset({"ssd", "s3"})  # loads that share the node's disk/NIC loader
 
 
-def _count(name: str, value: object, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"ClusterSpec.{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-@dataclass(frozen=True, kw_only=True)
-class ClusterSpec:
-    """The simulated hardware.
-
-    Fields:
-        num_nodes / gpus_per_node: the cluster's shape (one slot per GPU).
-        dram_bytes_per_node / ssd_bytes_per_node: each node's checkpoint cache budgets (0: none).
-        max_batch: requests one instance serves at once (vLLM's max_num_seqs, scaled down to
-            what a KV cache of a few GB holds for the traces' prompt lengths).
-        start_overhead_s: fixed cost of a start beyond the weight read (engine build, CUDA graphs);
-            on a pre-started worker when the node keeps spares.
-        stream_serve_fraction: share of a peer stream's time after which the new instance serves.
-        spare_workers_per_node / process_start_s / spare_warm_s / settle_s / promote_on_settle:
-            the nodes' spare workers and DRAM promotion (`sim.node_upkeep`): a start with no warm
-            spare costs `process_start_s` more. The defaults (no spares, no cost for a process,
-            DRAM copied at once) are the cluster-scale model's.
-        request_overhead_s: latency each first token carries beyond the instance (client and
-            gateway), added to every TTFT.
-        stop_s / recycle_s: how long a stopped instance holds its slot after its last request
-            (its worker being stopped; `recycle_s` when its worker goes back to the spare pool
-            instead). 0: the slot is free at once (the cluster-scale model).
-        queue_timeout_s: a request no instance has taken this long after it arrived fails, as
-            the gateway fails it after the model spec's ``queue_timeout_s`` (it leaves the queue
-            and is never served). None: requests wait as long as it takes (the cluster-scale
-            model, whose figures count a late first token as a miss instead).
-    """
-
-    num_nodes: int
-    gpus_per_node: int
-    dram_bytes_per_node: int = 512 * GIB
-    ssd_bytes_per_node: int = 4096 * GIB
-    max_batch: int = 64
-    start_overhead_s: float = 0.0
-    stream_serve_fraction: float = 0.5
-    spare_workers_per_node: int = 0
-    process_start_s: float = 0.0
-    spare_warm_s: float = 0.0
-    settle_s: float = 0.0
-    promote_on_settle: bool = False
-    request_overhead_s: float = 0.0
-    stop_s: float = 0.0
-    recycle_s: float = 0.0
-    queue_timeout_s: float | None = None
-
-    def __post_init__(self) -> None:
-        _count("num_nodes", self.num_nodes, 1)
-        _count("gpus_per_node", self.gpus_per_node, 1)
-        _count("dram_bytes_per_node", self.dram_bytes_per_node, 0)
-        _count("ssd_bytes_per_node", self.ssd_bytes_per_node, 0)
-        _count("max_batch", self.max_batch, 1)
-        if not isinstance(self.start_overhead_s, (int, float)) or not math.isfinite(self.start_overhead_s) \
-                or self.start_overhead_s < 0:
-            raise ValueError(f"ClusterSpec.start_overhead_s must be a finite number >= 0, got {self.start_overhead_s!r}")
-        if not isinstance(self.stream_serve_fraction, (int, float)) or not 0 < self.stream_serve_fraction <= 1:
-            raise ValueError(f"ClusterSpec.stream_serve_fraction must be in (0, 1], got {self.stream_serve_fraction!r}")
-        _count("spare_workers_per_node", self.spare_workers_per_node, 0)
-        for name in ("process_start_s", "spare_warm_s", "settle_s", "request_overhead_s", "stop_s", "recycle_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"ClusterSpec.{name} must be a finite number >= 0, got {value!r}")
-        if self.queue_timeout_s is not None and (isinstance(self.queue_timeout_s, bool)
-                                                 or not isinstance(self.queue_timeout_s, (int, float))
-                                                 or not math.isfinite(self.queue_timeout_s)
-                                                 or self.queue_timeout_s <= 0):
-            raise ValueError(f"ClusterSpec.queue_timeout_s must be a finite number > 0 or None, "
-                             f"got {self.queue_timeout_s!r}")
-        if not isinstance(self.promote_on_settle, bool):
-            raise ValueError(f"ClusterSpec.promote_on_settle must be True or False, got {self.promote_on_settle!r}")
-
-
 class SimNode:
-    __slots__ = ("index", "node_id", "num_slots", "free_slots", "dram", "ssd", "loader_free_s")
+    """One node. `free_slots`: its free GPUs; on slot hosts (`hosts` not None) its GPUs with a
+    free place, whatever their memory (`SimCluster.room` says what fits one model)."""
 
-    def __init__(self, index: int, num_slots: int, dram_bytes: int, ssd_bytes: int) -> None:
+    __slots__ = ("index", "node_id", "num_slots", "free_slots", "dram", "ssd", "loader_free_s", "hosts")
+
+    def __init__(self, index: int, num_slots: int, dram_bytes: int, ssd_bytes: int,
+                 hosts: list[SimHost] | None = None) -> None:
         self.index = index
         self.node_id = f"node-{index:05d}"
         self.num_slots = num_slots
@@ -142,6 +76,7 @@ class SimNode:
         self.dram = TierCache(dram_bytes)
         self.ssd = TierCache(ssd_bytes)
         self.loader_free_s = 0.0
+        self.hosts = hosts
 
     def loader_wait_s(self, now: float) -> float:
         return self.loader_free_s - now if self.loader_free_s > now else 0.0
@@ -151,12 +86,13 @@ class SimModelState:
     """One model in the cluster: its queue and its live (loading or ready) instances."""
 
     __slots__ = ("index", "model", "num_slots", "queue", "instances", "num_ongoing", "last_request_s",
-                 "num_requests", "costs", "num_loading")
+                 "num_requests", "costs", "num_loading", "host_bytes")
 
-    def __init__(self, index: int, model, num_slots: int, costs) -> None:
+    def __init__(self, index: int, model, num_slots: int, costs, host_bytes: int = 0) -> None:
         self.index = index
         self.model = model
         self.num_slots = num_slots
+        self.host_bytes = host_bytes  # on slot hosts: what an instance takes of each of its GPUs
         self.costs = costs  # its `InstanceCosts`, shared by its instances
         self.num_loading = 0  # of `instances`, those still LOADING
         self.queue: deque[Flight] = deque()
@@ -200,10 +136,14 @@ class SimCluster:
         self.cost = cost
         self.gpu = gpu
         self.loop = loop
-        self.nodes = [SimNode(i, spec.gpus_per_node, spec.dram_bytes_per_node, spec.ssd_bytes_per_node)
+        hosts = spec.slot_hosts
+        self.nodes = [SimNode(i, spec.gpus_per_node, spec.dram_bytes_per_node, spec.ssd_bytes_per_node,
+                              [SimHost(g, spec.gpu_memory_bytes, spec.models_per_gpu)
+                               for g in range(spec.gpus_per_node)] if hosts else None)
                       for i in range(spec.num_nodes)]
         self.models = [SimModelState(i, m, cost.accelerators_needed(m, gpu),
-                                     cost.instance_costs(m, gpu, memoise=memoise_costs)) for i, m in enumerate(models)]
+                                     cost.instance_costs(m, gpu, memoise=memoise_costs),
+                                     self._host_bytes(m, cost, gpu) if hosts else 0) for i, m in enumerate(models)]
         self.model_index = {m.model_id: i for i, m in enumerate(models)}
         self.instances: dict[int, SimInstance] = {}  # index -> live or stopping instance
         self.policy = None
@@ -224,6 +164,17 @@ class SimCluster:
         self._free_buckets[spec.gpus_per_node].update(range(spec.num_nodes))
         self._copies: dict[int, set[int]] = {}
         self.upkeep = NodeUpkeep(self)
+
+    def _host_bytes(self, model, cost, gpu) -> int:
+        if gpu is None or not hasattr(cost, "instance_memory_bytes"):
+            raise ValueError("slot hosts (ClusterSpec.models_per_gpu > 1) are modelled on a GPU kind's memory: "
+                             "run them with a GPU cost model, not a measured CPU profile")
+        share = cost.instance_memory_bytes(model, gpu, self.spec.kv_pool_tokens)
+        if share > self.spec.gpu_memory_bytes:
+            raise ValueError(f"model {model.model_id} takes {share / GIB:.1f} GiB of each of its GPUs (weights and a "
+                             f"{self.spec.kv_pool_tokens}-token KV pool), more than the slot host's "
+                             f"{self.spec.gpu_memory_bytes / GIB:.1f} GiB: lower kv_pool_tokens")
+        return share
 
     def attach(self, policy) -> None:
         self.policy = policy
@@ -318,6 +269,50 @@ class SimCluster:
         """Nodes with the model's checkpoint in DRAM or SSD, by index."""
         return [self.nodes[i] for i in sorted(self._copies.get(model_index, ()))]
 
+    def room(self, node: SimNode, model_index: int) -> int:
+        """The slots the node has for one more instance of the model (it needs `num_slots`): its
+        free GPUs, or on slot hosts its GPUs with a free place and the memory for the model's share."""
+        if node.hosts is None:
+            return node.free_slots
+        share = self.models[model_index].host_bytes
+        return sum(1 for host in node.hosts if host.fits(share))
+
+    def slots_freed_for(self, instance: SimInstance, model_index: int) -> int:
+        """What stopping `instance` adds to `room(its node, model_index)`: its slots, or on slot
+        hosts those of its GPUs that the model's share does not fit now and would once it left."""
+        if not instance.hosts:
+            return instance.num_slots
+        share = self.models[model_index].host_bytes
+        mine = self.models[instance.model_index].host_bytes
+        return sum(1 for host in instance.hosts if not host.fits(share) and host.fits_once_gone(share, mine))
+
+    def _host(self, instance: SimInstance, node: SimNode, now: float) -> None:
+        """Put a starting instance on the node's slot hosts (`sim.sim_host.best_fit`)."""
+        share = self.models[instance.model_index].host_bytes
+        instance.hosts = best_fit(node.hosts, share, instance.num_slots)
+        for host in instance.hosts:
+            if host.take(instance, share, now):
+                self.num_used_slots += 1
+        instance.others_s = others_s(instance)
+        instance.on_step = lambda changed, at: reshare(changed.hosts, changed, at)
+        self._refresh_free(node)
+
+    def _unhost(self, instance: SimInstance, node: SimNode, now: float) -> None:
+        share = self.models[instance.model_index].host_bytes
+        hosts, instance.hosts, instance.on_step = instance.hosts, (), None
+        for host in hosts:
+            used_s = host.give_back(instance, share, now)
+            if used_s is not None:
+                self.accelerator_s += used_s
+                self.num_used_slots -= 1
+        reshare(hosts, instance, now)
+        self._refresh_free(node)
+
+    def _refresh_free(self, node: SimNode) -> None:
+        free = sum(1 for host in node.hosts if host.free_places)
+        self.num_free_slots += free - node.free_slots
+        self._set_free(node, free)
+
     def _set_free(self, node: SimNode, free_slots: int) -> None:
         self._free_buckets[node.free_slots].discard(node.index)
         node.free_slots = free_slots
@@ -369,13 +364,16 @@ class SimCluster:
             node_index, load_s, tier = -1, 0.0, "gpu"
         else:
             node = self.nodes[node_index]
-            if node.free_slots < state.num_slots:
-                raise ValueError(f"{node.node_id} has {node.free_slots} free slots, {state.model_id} needs "
-                                 f"{state.num_slots}")
-            self._set_free(node, node.free_slots - state.num_slots)
-            self.num_free_slots -= state.num_slots
-            from_spare = self.upkeep.take_spare(node)
-            overhead_s = self.spec.start_overhead_s + (0.0 if from_spare else self.spec.process_start_s)
+            if self.room(node, model_index) < state.num_slots:
+                raise ValueError(f"{node.node_id} has room for {self.room(node, model_index)} of the "
+                                 f"{state.num_slots} slots {state.model_id} needs")
+            if node.hosts is None:
+                self._set_free(node, node.free_slots - state.num_slots)
+                self.num_free_slots -= state.num_slots
+                from_spare = self.upkeep.take_spare(node)
+                overhead_s = self.spec.start_overhead_s + (0.0 if from_spare else self.spec.process_start_s)
+            else:  # a slot host is a warm process: the model's engine start alone
+                overhead_s = self.spec.start_overhead_s
             if stream_from is not None:
                 tier = "gpu" if stream_from.node_index == node_index else "remote"
                 stream_s = self.cost.load_s(weight_bytes, tier)
@@ -392,7 +390,8 @@ class SimCluster:
                 elif tier == "ssd":
                     node.ssd.touch(model_index)
             load_s += overhead_s
-        self.num_used_slots += state.num_slots
+        if node_index < 0 or self.nodes[node_index].hosts is None:
+            self.num_used_slots += state.num_slots  # on slot hosts: counted by GPU (`_host`)
         if node_index >= 0:  # the unbounded cluster's instances are warm by assumption
             self.cold_starts[tier] += 1
         self._next_instance += 1
@@ -403,6 +402,8 @@ class SimCluster:
         instance.stream_source = stream_from.instance_id if stream_from is not None else None
         instance.from_spare = from_spare
         instance.resident_s = resident_s if stream_from is not None else now + load_s
+        if node_index >= 0 and self.nodes[node_index].hosts is not None:
+            self._host(instance, self.nodes[node_index], now)
         self.instances[instance.index] = instance
         state.instances.append(instance)
         state.num_loading += 1
@@ -533,6 +534,10 @@ class SimCluster:
         if self.instances.pop(instance.index, None) is None:
             return  # already gone (several of its requests finished in one step)
         instance.stop()
+        if instance.hosts:
+            self._unhost(instance, self.nodes[instance.node_index], now)
+            self.policy.on_released(instance)
+            return
         self.accelerator_s += (now - instance.started_s) * instance.num_slots
         self.num_used_slots -= instance.num_slots
         if instance.node_index >= 0:
@@ -545,4 +550,9 @@ class SimCluster:
     def close(self, now: float) -> None:
         """End of the run: the slots still held count until now."""
         for instance in self.instances.values():
-            self.accelerator_s += (now - instance.started_s) * instance.num_slots
+            if not instance.hosts:  # on slot hosts a GPU is counted while anything is on it
+                self.accelerator_s += (now - instance.started_s) * instance.num_slots
+        for node in self.nodes:
+            for host in node.hosts or ():
+                if host.occupied_since_s is not None:
+                    self.accelerator_s += now - host.occupied_since_s

@@ -16,6 +16,11 @@ clock stands still (the batch waits for them), a stated simplification of chunke
 which would interleave them. A request resumed after a suspension or a token-based migration
 prefills its prompt plus the tokens it had generated (its KV is recomputed).
 
+On a slot host (`sim.sim_host`) the instance's step is its own plus its co-residents' own steps
+(`others_s`: their turns come between its steps); when its own step changes it tells the cluster
+(`on_step`), which gives each neighbour its new share (`share`: the clock advanced at the old rate
+first). One model per GPU, `others_s` stays 0 and the figures are the same floats as without it.
+
 A request's TTFT is recorded once, at its first token ever; a request suspended before its first
 token came out has none yet and gets it where it resumes.
 """
@@ -65,7 +70,8 @@ class SimInstance:
     __slots__ = ("instance_id", "index", "model_index", "node_index", "num_slots", "tier", "phase", "started_s",
                  "ready_s", "stream_source", "max_batch", "_loop", "_costs", "_on_finish",
                  "_heap", "num_ongoing", "_sequence", "tokens_done", "_clock_s", "resume_s", "step_s", "_context_sum",
-                 "_next_event", "load_event", "busy_since_s", "idle_since_s", "resident_s", "from_spare", "recycle")
+                 "_next_event", "load_event", "busy_since_s", "idle_since_s", "resident_s", "from_spare", "recycle",
+                 "own_step_s", "others_s", "on_step", "hosts")
 
     def __init__(self, *, instance_id: str, index: int, model_index: int, node_index: int, num_slots: int,
                  tier: str, started_s: float, max_batch: int, loop, costs,
@@ -99,6 +105,12 @@ class SimInstance:
         self.resident_s = started_s  # when every layer is in (a streamed instance serves before)
         self.from_spare = False  # it started on a spare worker (`sim.node_upkeep`)
         self.recycle = False  # stopped to give its slot away: a spare's process goes back to the pool
+        # On a slot host (`sim.sim_host`): its own step, its co-residents' (whose turns its step
+        # waits for), the cluster's callback when its own step changes, and the hosts it is on.
+        self.own_step_s = 0.0
+        self.others_s = 0.0
+        self.on_step: Callable[["SimInstance", float], None] | None = None
+        self.hosts: tuple = ()
 
     # --- queries -----------------------------------------------------------------------------
 
@@ -123,13 +135,31 @@ class SimInstance:
             self._next_event = None
         if not self._heap:
             self.step_s = 0.0
+            self._own_step(0.0, now)
             return
         n = len(self._heap)
-        self.step_s = self._costs.decode_step_s(n, self._context_sum / n)
+        own = self._costs.decode_step_s(n, self._context_sum / n)
+        self.step_s = own + self.others_s if self.others_s else own
+        self._own_step(own, now)
         left = self._heap[0][0] - self.tokens_done
         start = now if now > self.resume_s else self.resume_s
         at = start + (left * self.step_s if left > 0 else 0.0)
         self._next_event = self._loop.schedule(at, self._finish_due, priority=1)
+
+    def _own_step(self, own_s: float, now: float) -> None:
+        if own_s != self.own_step_s:
+            self.own_step_s = own_s
+            if self.on_step is not None:
+                self.on_step(self, now)  # its co-residents' steps now wait for a different turn
+
+    def share(self, now: float, others_s: float) -> None:
+        """Its co-residents' steps now take `others_s` per turn of its own (`sim.sim_host`): the
+        clock so far at the old rate, from now at the new one."""
+        if others_s == self.others_s:
+            return
+        self._advance(now)
+        self.others_s = others_s
+        self._reschedule(now)
 
     def _finish_due(self) -> None:
         now = self._loop.now

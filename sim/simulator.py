@@ -28,7 +28,8 @@ from sim.hardware_profile import HardwareProfile
 from sim.policies import POLICY_NAMES, PolicySettings, ThawAutoscaling
 from sim.policy_factory import make_policy
 from sim.profile_cost_model import ProfileCostModel
-from sim.sim_cluster import COLD_START_TIERS, ClusterSpec, SimCluster
+from sim.cluster_spec import ClusterSpec
+from sim.sim_cluster import COLD_START_TIERS, SimCluster
 from sim.tick_scheduler import TickScheduler
 
 __all__ = ["SimConfig", "SimResult", "run_simulation"]
@@ -96,6 +97,12 @@ class SimConfig:
             cluster that has served the catalog before, so no request waits for a first fetch from
             the repository (the density figure's set-up); None: the repository alone holds them. Policies that keep no node copies
             (Ray-Serve-like, unbounded) read the repository all the same.
+        thaw_models_per_gpu: Thaw's GPUs as slot hosts (`ClusterSpec.models_per_gpu`): each holds up
+            to this many models at once as far as their weights and KV pools fit its memory
+            (`gpu_memory_utilization` of it), their decode steps taking turns, as the controller's
+            ``models_per_process`` with ``gpu_memory_bytes``; 1: a GPU per model. The other policies
+            always have a GPU per model (neither ServerlessLLM nor Ray Serve shares a GPU's memory
+            between models).
         hardware: a measured `HardwareProfile` (`sim.hardware_profile`): the nodes, the catalog
             and the costs all come from it, replacing `gpu`, `gpus_per_node`, `dram_gib_per_node`,
             `ssd_gib_per_node` and `max_batch` (then `num_models` must be its model count).
@@ -130,6 +137,7 @@ class SimConfig:
     real_controller_timing: bool = False
     staged_tier: str | None = None
     queue_timeout_s: float | None = None
+    thaw_models_per_gpu: int = 1
     hardware: object = None
 
     def __post_init__(self) -> None:
@@ -185,6 +193,10 @@ class SimConfig:
         if not isinstance(self.real_controller_timing, bool):
             raise ValueError(f"SimConfig.real_controller_timing must be True or False, "
                              f"got {self.real_controller_timing!r}")
+        _int("thaw_models_per_gpu", self.thaw_models_per_gpu, 1)
+        if self.hardware is not None and self.thaw_models_per_gpu > 1:
+            raise ValueError("SimConfig.thaw_models_per_gpu shares a GPU's memory: it needs a GPU kind, "
+                             "not a measured hardware profile")
         if self.hardware is not None:
             if not isinstance(self.hardware, HardwareProfile):
                 raise ValueError(f"SimConfig.hardware must be a HardwareProfile or None, "
@@ -193,13 +205,18 @@ class SimConfig:
                 raise ValueError(f"SimConfig.num_models ({self.num_models}) must be the hardware profile's model "
                                  f"count ({len(self.hardware.models)})")
 
-    def cluster_spec(self, start_overhead_s: float) -> ClusterSpec:
+    def cluster_spec(self, start_overhead_s: float, gpu_memory_bytes: int | None = None) -> ClusterSpec:
+        """The run's cluster; `gpu_memory_bytes`: what a slot host's instances may take of a GPU
+        (used when Thaw's GPUs are slot hosts, `thaw_models_per_gpu`)."""
         if self.hardware is not None:
             return dataclasses.replace(self.hardware.cluster_spec(self.num_nodes), queue_timeout_s=self.queue_timeout_s)
+        hosts = self.policy == "thaw" and self.thaw_models_per_gpu > 1
         return ClusterSpec(num_nodes=self.num_nodes, gpus_per_node=self.gpus_per_node,
                            dram_bytes_per_node=self.dram_gib_per_node * GIB,
                            ssd_bytes_per_node=self.ssd_gib_per_node * GIB, max_batch=self.max_batch,
-                           start_overhead_s=start_overhead_s, queue_timeout_s=self.queue_timeout_s)
+                           start_overhead_s=start_overhead_s, queue_timeout_s=self.queue_timeout_s,
+                           models_per_gpu=self.thaw_models_per_gpu if hosts else 1,
+                           gpu_memory_bytes=gpu_memory_bytes if hosts else None)
 
     def policy_settings(self) -> PolicySettings:
         return PolicySettings(target_ongoing_requests=self.target_ongoing_requests,
@@ -308,7 +325,8 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
             source=config.source, requests_per_model_per_hour=config.requests_per_model_per_hour), models)
     gpu = _gpu(config.gpu) if config.hardware is None else None  # a profile is its own hardware
     loop = EventLoop()
-    cluster = SimCluster(config.cluster_spec(cost.engine_start_s), models, cost, gpu, loop,
+    gpu_memory = int(gpu.hbm_bytes * cost.gpu_memory_utilization) if gpu is not None else None
+    cluster = SimCluster(config.cluster_spec(cost.engine_start_s, gpu_memory), models, cost, gpu, loop,
                          memoise_costs=memoise_costs)
     policy = make_policy(config.policy, config.policy_settings(), thaw_sharing=config.thaw_sharing,
                          thaw_max_wait_before_preempt_s=config.thaw_max_wait_before_preempt_s,

@@ -152,7 +152,8 @@ class ThawPolicy(SimPolicy):
                 "min_keep_alive_s": self.autoscaling.min_keep_alive_s,
                 "max_keep_alive_s": self.autoscaling.max_keep_alive_s,
                 "upscale_delay_s": self.autoscaling.upscale_delay_s,
-                "downscale_delay_s": self.autoscaling.downscale_delay_s}
+                "downscale_delay_s": self.autoscaling.downscale_delay_s,
+                "models_per_gpu": self.cluster.spec.models_per_gpu if self.cluster is not None else 1}
         if self.sharing is None:
             return {"slot_sharing": False, **spec}
         eviction = self.sharing.eviction
@@ -332,7 +333,7 @@ class ThawPolicy(SimPolicy):
         held = self._holds.get(state.index)
         if held is not None:  # a slot is being freed for it there: wait for it, then take it
             node = cluster.nodes[held]
-            if node.free_slots < state.num_slots:
+            if cluster.room(node, state.index) < state.num_slots:
                 return False
             del self._holds[state.index]
             views = [self.views.view(node, state.index, now)]
@@ -365,12 +366,15 @@ class ThawPolicy(SimPolicy):
         cluster.start_instance(state.index, node.index, sim_tier(tier), stream_from=source)
         return True
 
-    def _managed(self, instance, state, now: float) -> ManagedInstance:
+    def _managed(self, instance, state, now: float, num_slots: int | None = None) -> ManagedInstance:
+        """`instance` as the controller's record; `num_slots`: the slots it would free for the
+        model a slot is sought for (`SimCluster.slots_freed_for`), else its own."""
         node_id = self.cluster.nodes[instance.node_index].node_id
         phase = InstanceState.READY if instance.phase == InstanceState.READY else InstanceState.LOADING
         return ManagedInstance(instance_id=instance.instance_id, model_id=state.model_id, node_id=node_id,
                                ray_node_id=node_id, actor_name=instance.instance_id,
-                               num_worker_slots=instance.num_slots, repository_name=state.model_id, phase=phase,
+                               num_worker_slots=instance.num_slots if num_slots is None else num_slots,
+                               repository_name=state.model_id, phase=phase,
                                started_s=instance.started_s, ready_s=instance.ready_s,
                                num_ongoing_requests=instance.num_ongoing,
                                weights_resident=instance.resident_s <= now)
@@ -435,10 +439,13 @@ class ThawPolicy(SimPolicy):
         return "repository", overhead + weight_bytes / rates.repository_bytes_per_s
 
     def _evict_for(self, state, now: float) -> PlacementDecision | None:
-        idle = self._idle_candidates()
+        cluster = self.cluster
+        # On slot hosts an idle instance makes room only where its GPUs would then fit the model.
+        found = self._idle_candidates()
+        freed = {i.index: cluster.slots_freed_for(i, state.index) for i in found}
+        idle = [i for i in found if freed[i.index]]
         if not idle:
             return None
-        cluster = self.cluster
         candidates = []
         for instance in idle:
             owner = cluster.models[instance.model_index]
@@ -446,7 +453,7 @@ class ThawPolicy(SimPolicy):
             since = max(t for t in (self._seen_s(owner.last_request_s), instance.ready_s) if t is not None)
             candidates.append(EvictionCandidate(
                 instance_id=instance.instance_id, model_id=owner.model_id,
-                node_id=cluster.nodes[instance.node_index].node_id, num_worker_slots=instance.num_slots,
+                node_id=cluster.nodes[instance.node_index].node_id, num_worker_slots=freed[instance.index],
                 ready=True, num_ongoing_requests=0, num_queued_requests=len(owner.queue),
                 idle_s=max(0.0, now - since), num_model_instances=len(owner.instances),
                 min_instances=self.autoscaling.min_instances, priority=self.autoscaling.priority,
@@ -488,7 +495,8 @@ class ThawPolicy(SimPolicy):
         if not siblings:
             return None
         by_id = {instance.instance_id: instance for group in siblings for instance in group}
-        managed = [self._managed(instance, cluster.models[instance.model_index], now) for instance in by_id.values()]
+        managed = [self._managed(instance, cluster.models[instance.model_index], now,
+                                 cluster.slots_freed_for(instance, state.index)) for instance in by_id.values()]
         decision = self._place_among(state, by_id.values(), now)
         if decision.placed:
             return decision
@@ -512,7 +520,7 @@ class ThawPolicy(SimPolicy):
         busy = []
         for instance in cluster.instances.values():
             if instance.phase == InstanceState.READY and instance.num_ongoing and instance.model_index != state.index \
-                    and instance.node_index >= 0:
+                    and instance.node_index >= 0 and cluster.slots_freed_for(instance, state.index):
                 busy.append(instance)
                 if len(busy) >= NUM_BUSY_CANDIDATES:
                     break
@@ -529,7 +537,8 @@ class ThawPolicy(SimPolicy):
                                                           if i.instance_id == destination.instance_id)
             candidates.append(PreemptionCandidate(
                 instance_id=instance.instance_id, model_id=owner.model_id,
-                node_id=cluster.nodes[instance.node_index].node_id, num_worker_slots=instance.num_slots,
+                node_id=cluster.nodes[instance.node_index].node_id,
+                num_worker_slots=cluster.slots_freed_for(instance, state.index),
                 ready=True, num_ongoing_requests=instance.num_ongoing, ready_for_s=now - instance.ready_s,
                 priority=self.autoscaling.priority,
                 destination_instance_id=destination.instance_id if destination is not None else None))

@@ -28,7 +28,8 @@ def test_density_quick_prints_one_line_whose_figures_follow_from_its_attainments
     assert len(lines) == 1, lines
     line = json.loads(lines[0])
     assert line["bench"] == "density" and line["mode"] == "quick" and line["threshold"] == 0.99
-    assert sorted(line["policies"]) == ["rayserve", "serverlessllm", "thaw"]
+    assert sorted(line["policies"]) == ["rayserve", "serverlessllm", "thaw", "thaw_slot_hosts"]
+    assert line["models_per_gpu"] == 8
     for policy, figures in line["policies"].items():
         attainment = {int(n): v for n, v in figures["slo_attainment"].items()}
         assert sorted(attainment) == line["grid"] and all(len(v) == len(line["seeds"]) for v in attainment.values())
@@ -36,4 +37,6 @@ def test_density_quick_prints_one_line_whose_figures_follow_from_its_attainments
         assert figures["max_models"] == max_models(attainment, 0.99)
         assert line["models_per_accelerator"][policy] == round(figures["max_models"] / line["accelerators"], 3)
     peer = line["models_per_accelerator"]["serverlessllm"]
-    assert line["ratio_to_serverlessllm"] == (round(line["models_per_accelerator"]["thaw"] / peer, 3) if peer else None)
+    ours = line["models_per_accelerator"]["thaw_slot_hosts"]  # Thaw with its GPUs as slot hosts is "ours"
+    assert line["ratio_to_serverlessllm"] == (round(ours / peer, 3) if peer else None)
+    assert line["ratio_to_anchor"] == round(ours / line["anchor_models_per_gpu"], 3)

@@ -12,7 +12,8 @@ from sim.cost_model import H100, default_cost_model
 from sim.event_loop import EventLoop
 from sim.policies import PolicySettings, ThawAutoscaling
 from sim.policy_factory import make_policy
-from sim.sim_cluster import ClusterSpec, SimCluster
+from sim.cluster_spec import ClusterSpec
+from sim.sim_cluster import SimCluster
 from sim.sim_models import SimModel
 from sim.tick_scheduler import TickScheduler
 

@@ -99,7 +99,7 @@ def test_config_takes_the_profile_and_the_spec_or_says_why_not():
     ("promote_on_settle", 1, "ClusterSpec.promote_on_settle must be True or False, got 1"),
 ])
 def test_cluster_spec_refuses_bad_node_upkeep_fields(field, value, message):
-    from sim.sim_cluster import ClusterSpec
+    from sim.cluster_spec import ClusterSpec
 
     with pytest.raises(ValueError) as raised:
         ClusterSpec(num_nodes=1, gpus_per_node=1, **{field: value})

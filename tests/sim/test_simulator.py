@@ -131,6 +131,27 @@ def test_thaw_simulate_no_slot_sharing_reaches_thaws_policy(capsys):
         SimConfig(num_models=1, num_nodes=1, thaw_slot_sharing="no")
 
 
+def test_thaw_simulate_models_per_gpu_makes_thaws_gpus_slot_hosts_and_leaves_the_peers_alone(capsys):
+    def run(*flags: str) -> dict[str, dict]:
+        assert main(["simulate", "--quick", "--policy", "all", "--json", "--workers", "1", *flags]) == 0
+        return {line["policy"]: line for line in map(json.loads, capsys.readouterr().out.splitlines())
+                if line}
+
+    alone, hosts = run(), run("--thaw-models-per-gpu", "8")
+    assert alone["thaw"]["settings"]["models_per_gpu"] == 1 and hosts["thaw"]["settings"]["models_per_gpu"] == 8
+    # Models share GPUs: fewer accelerator-seconds, and no eviction is needed for the first few.
+    assert hosts["thaw"]["accelerator_s"] < alone["thaw"]["accelerator_s"]
+    assert hosts["thaw"]["evictions"] < alone["thaw"]["evictions"]
+    assert hosts["thaw"]["num_served"] == hosts["thaw"]["num_requests"]
+    def figures(line: dict) -> dict:  # what was simulated, not how long the simulation took
+        return {k: v for k, v in line.items() if k not in ("cpu_s", "wall_s") and not k.startswith("decision_")}
+
+    for peer in ("serverlessllm", "rayserve", "unbounded"):
+        assert figures(hosts[peer]) == figures(alone[peer])
+    assert main(["simulate", "--quick", "--thaw-models-per-gpu", "0"]) == 2
+    assert "thaw_models_per_gpu must be an integer >= 1, got 0" in capsys.readouterr().err
+
+
 def test_staged_checkpoints_spare_every_first_fetch_for_the_policies_that_keep_node_copies(capsys):
     """`staged_tier`: every node starts with every checkpoint on its SSD (and with "dram" in its
     DRAM as far as it fits), so Thaw and ServerlessLLM-like never read the repository; Ray-Serve-like,
