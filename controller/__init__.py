@@ -107,6 +107,8 @@ _LAZY = {
     "choose_load_path": "controller.stream_source_policy",
     "ManagedInstance": "controller.managed_instance",
     "UsageMeter": "controller.usage_meter",
+    "HostSleeper": "controller.host_sleep_policy",
+    "room_for_sleeper": "controller.host_sleep_policy",
 }
 
 
@@ -132,5 +134,5 @@ __all__ = [
     "desired_instances", "keep_alive_for", "EvictionCandidate", "choose_eviction", "PreemptionCandidate", "choose_preemption",
     "SlotReclaimCosts", "plan_slot_reclaim",
     "WaitingModel", "order_waiting", "PeerStreamSettings", "choose_load_path", "ManagedInstance",
-    "UsageMeter",
+    "UsageMeter", "HostSleeper", "room_for_sleeper",
 ]

@@ -3,7 +3,7 @@
     thaw simulate --models N --nodes N --gpus-per-node N --hours H [--trace DIR] --policy NAME|all
                   [--seed S] [--staged ssd|dram] [--json] [--out DIR] [--quick] [--workers N]
                   [--thaw-min-idle-s S] [--thaw-min-run-s S] [--thaw-no-preempt] [--thaw-preempt-after-wait] [--thaw-no-slot-reclaim]
-                  [--thaw-max-wait-before-preempt-s S] [--thaw-no-slot-sharing] [--thaw-models-per-gpu N]
+                  [--thaw-max-wait-before-preempt-s S] [--thaw-no-slot-sharing] [--thaw-models-per-gpu N] [--thaw-no-sleep]
 
 A progress bar (tqdm) on stderr follows simulated time across the policies. With `--policy all`
 the policies run side by side in `--workers` processes (default: one per CPU core, at most one
@@ -86,6 +86,9 @@ def add_simulate_command(sub) -> None:
                    help="Thaw: each GPU a slot host holding up to N models at once, as far as their weights and KV "
                         "pools fit its memory, their decode steps taking turns (default 1: a GPU per model; the "
                         "other policies always have one)")
+    p.add_argument("--thaw-no-sleep", action="store_true",
+                   help="Thaw, on slot hosts: an idle instance scaled down stops instead of sleeping (its weights in "
+                        "host memory, woken over the link), as the controller's sleep_idle_instances=False")
     p.add_argument("--thaw-max-wait-before-preempt-s", type=float, default=None,
                    help="Thaw: the bounded wait before preempting (model spec default 5)")
     p.add_argument("--thaw-keep-alive-per-restart", type=float, default=spec.keep_alive_per_restart,
@@ -196,7 +199,7 @@ def run_simulate_command(args) -> int:
                              thaw_max_wait_before_preempt_s=args.thaw_max_wait_before_preempt_s,
                              thaw_spec=thaw_spec, thaw_slot_reclaim=not args.thaw_no_slot_reclaim,
                              thaw_slot_sharing=not args.thaw_no_slot_sharing, staged_tier=args.staged,
-                             thaw_models_per_gpu=args.thaw_models_per_gpu)
+                             thaw_models_per_gpu=args.thaw_models_per_gpu, thaw_sleep=not args.thaw_no_sleep)
                    for name in policies]  # all validated before any runs
         if args.workers is not None and args.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {args.workers}")

@@ -48,6 +48,9 @@ class ClusterSpec:
             `models_per_gpu` above 1).
         kv_pool_tokens: each instance's KV pool on a slot host, in tokens (the default: 64
             sequences of 512).
+        sleep_bytes_per_gpu: the pinned host memory per GPU that a node's sleepers may hold (their
+            weights; None: `gpu_memory_bytes`, the controller's default for
+            ``gpu_sleep_memory_bytes``).
     """
 
     num_nodes: int
@@ -69,10 +72,15 @@ class ClusterSpec:
     models_per_gpu: int = 1
     gpu_memory_bytes: int | None = None
     kv_pool_tokens: int = 64 * 512
+    sleep_bytes_per_gpu: int | None = None
 
     @property
     def slot_hosts(self) -> bool:
         return self.models_per_gpu > 1
+
+    @property
+    def sleep_capacity_per_gpu(self) -> int:
+        return self.sleep_bytes_per_gpu if self.sleep_bytes_per_gpu is not None else (self.gpu_memory_bytes or 0)
 
     def __post_init__(self) -> None:
         _count("num_nodes", self.num_nodes, 1)
@@ -100,6 +108,8 @@ class ClusterSpec:
             raise ValueError(f"ClusterSpec.promote_on_settle must be True or False, got {self.promote_on_settle!r}")
         _count("models_per_gpu", self.models_per_gpu, 1)
         _count("kv_pool_tokens", self.kv_pool_tokens, 1)
+        if self.sleep_bytes_per_gpu is not None:
+            _count("sleep_bytes_per_gpu", self.sleep_bytes_per_gpu, 0)
         if self.gpu_memory_bytes is not None:
             _count("gpu_memory_bytes", self.gpu_memory_bytes, 1)
         elif self.slot_hosts:

@@ -96,6 +96,10 @@ class CostModel:
     # The PCIe Gen5 x16 link itself measured 52.7 GB/s pinned (64 GB/s spec); the loader's
     # reader threads, not the link, are the limit.
     dram_Bps: float = 15.8e9
+    # A sleeper's wake on a slot host (`sim.sim_host`): its weights, kept in pinned host memory,
+    # copied back over its GPU's PCIe Gen5 x16 link, at the 52.7 GB/s measured pinned in the same
+    # run; no loader and no engine start (the engine was kept).
+    host_link_Bps: float = 52.7e9
     # "ssd": the node's NVMe tier, page cache dropped, same run (1.52 GB/s; 1.77 later).
     ssd_Bps: float = 1.52e9
     # "remote": streamed from a peer on another node. 100 Gb/s RDMA per GPU, the low end of the
@@ -210,6 +214,11 @@ class CostModel:
         degree."""
         degree = self.accelerators_needed(model, gpu)
         return math.ceil((model.weight_bytes + self._shape(model)[2] * kv_pool_tokens) / degree)
+
+    def wake_s(self, model: SimModel, gpu: GpuSpec) -> float:
+        """Seconds for an instance asleep on a slot host to serve again: each of its accelerators
+        copies its share of the weights back from pinned host memory over its own link."""
+        return model.weight_bytes / self.accelerators_needed(model, gpu) / self.host_link_Bps
 
     # --- compute ---------------------------------------------------------------------------------
 

@@ -72,7 +72,7 @@ class NodeViews:
 
     def candidate_nodes(self, model_index: int, extra: Iterable = (), *, locality: bool = True) -> list:
         state = self.cluster.models[model_index]
-        nodes = {n.index: n for n in self.cluster.nodes_with_room(state.num_slots, self.num_empty)}
+        nodes = {n.index: n for n in self.cluster.nodes_with_room(state.num_slots, self.num_empty, model_index)}
         if locality:
             nodes.update((n.index, n) for n in self.cluster.nodes_holding(model_index))
         nodes.update((n.index, n) for n in extra)

@@ -18,16 +18,17 @@ __all__ = ["make_policy"]
 def make_policy(name: str, settings: PolicySettings, *, thaw_sharing=None,
                 thaw_max_wait_before_preempt_s: float | None = None, thaw_autoscaling=None,
                 thaw_activity_at_ticks: bool = False, thaw_spec: ThawAutoscaling | None = None,
-                thaw_slot_reclaim: bool = True, thaw_slot_sharing: bool = True) -> SimPolicy:
+                thaw_slot_reclaim: bool = True, thaw_slot_sharing: bool = True, thaw_sleep: bool = True) -> SimPolicy:
     """The policy called `name` (one of `POLICY_NAMES`). `thaw_sharing` (a controller
     `SlotSharingSettings`), `thaw_max_wait_before_preempt_s`, `thaw_autoscaling` (a whole
     controller `AutoscalingPolicy`), `thaw_activity_at_ticks`, `thaw_spec` (a `ThawAutoscaling`)
-    `thaw_slot_reclaim` and `thaw_slot_sharing` configure Thaw's policy only (None / False / True /
-    True: the controller's defaults, activity known at once)."""
+    `thaw_slot_reclaim`, `thaw_slot_sharing` and `thaw_sleep` configure Thaw's policy only (None /
+    False / True / True / True: the controller's defaults, activity known at once)."""
     if name == "thaw":
         return ThawPolicy(settings, sharing=thaw_sharing, max_wait_before_preempt_s=thaw_max_wait_before_preempt_s,
                           autoscaling=thaw_autoscaling, activity_at_ticks=thaw_activity_at_ticks,
-                          spec=thaw_spec, slot_reclaim=thaw_slot_reclaim, slot_sharing=thaw_slot_sharing)
+                          spec=thaw_spec, slot_reclaim=thaw_slot_reclaim, slot_sharing=thaw_slot_sharing,
+                          sleep=thaw_sleep)
     if name == "serverlessllm":
         return ServerlessLLMPolicy(settings)
     if name == "rayserve":

@@ -15,11 +15,11 @@ What it models (and what a policy drives through its public methods):
   zig-zag: prompts run through the layers present while the rest arrive). After a load the
   checkpoint is kept in the node's SSD (when it came from the repository) and DRAM tiers,
   unless the policy keeps no node copies (Ray Serve reads the repository every time).
-- Slot hosts (`ClusterSpec.models_per_gpu` above 1, `sim.sim_host`): each GPU holds several
-  instances as far as their shares (weights and KV pool over their tensor-parallel degree) fit
-  its memory; an instance takes `num_slots` GPUs of one node, best fit; `room(node, model)` is
-  the GPUs its share fits and `slots_freed_for` what a stop adds to it, so the policies'
-  slot counts are memory-aware; co-resident decode steps take turns; a GPU is counted once.
+- Slot hosts (`ClusterSpec.models_per_gpu` above 1, `sim.slot_hosts`): each GPU holds several
+  instances as far as their weights and KV pools fit its memory; `room(node, model)` and
+  `slots_freed_for` count a GPU as room only where the model's share fits, so the policies' slot
+  counts are memory-aware; co-resident decode steps take turns; an idle instance may `sleep`
+  (keeping its places, none of the GPU's memory) and `wake`; a GPU is counted once.
 - Spare workers and DRAM promotion (`sim.node_upkeep`, off by default): a start without a warm
   spare pays `process_start_s` more, and with `promote_on_settle` the DRAM copy is made once the
   node has settled rather than at once (the controller's `SparePool` and `CheckpointCopies`).
@@ -49,7 +49,8 @@ from collections import deque
 from sim.event_loop import EventLoop
 from sim.cluster_spec import ClusterSpec
 from sim.node_upkeep import NodeUpkeep
-from sim.sim_host import SimHost, best_fit, others_s, reshare
+from sim.sim_host import SimHost
+from sim.slot_hosts import SlotHosts
 from sim.sim_instance import Flight, SimInstance
 from sim.tier_cache import TierCache
 from wire import InstanceState
@@ -65,7 +66,7 @@ class SimNode:
     """One node. `free_slots`: its free GPUs; on slot hosts (`hosts` not None) its GPUs with a
     free place, whatever their memory (`SimCluster.room` says what fits one model)."""
 
-    __slots__ = ("index", "node_id", "num_slots", "free_slots", "dram", "ssd", "loader_free_s", "hosts")
+    __slots__ = ("index", "node_id", "num_slots", "free_slots", "dram", "ssd", "loader_free_s", "hosts", "sleepers")
 
     def __init__(self, index: int, num_slots: int, dram_bytes: int, ssd_bytes: int,
                  hosts: list[SimHost] | None = None) -> None:
@@ -77,6 +78,7 @@ class SimNode:
         self.ssd = TierCache(ssd_bytes)
         self.loader_free_s = 0.0
         self.hosts = hosts
+        self.sleepers: dict[int, SimInstance] = {}  # on its slot hosts, by index, longest asleep first
 
     def loader_wait_s(self, now: float) -> float:
         return self.loader_free_s - now if self.loader_free_s > now else 0.0
@@ -86,13 +88,13 @@ class SimModelState:
     """One model in the cluster: its queue and its live (loading or ready) instances."""
 
     __slots__ = ("index", "model", "num_slots", "queue", "instances", "num_ongoing", "last_request_s",
-                 "num_requests", "costs", "num_loading", "host_bytes")
+                 "num_requests", "costs", "num_loading", "sleepers")
 
-    def __init__(self, index: int, model, num_slots: int, costs, host_bytes: int = 0) -> None:
+    def __init__(self, index: int, model, num_slots: int, costs) -> None:
         self.index = index
         self.model = model
         self.num_slots = num_slots
-        self.host_bytes = host_bytes  # on slot hosts: what an instance takes of each of its GPUs
+        self.sleepers: list[SimInstance] = []  # asleep on slot hosts, in the order they fell asleep
         self.costs = costs  # its `InstanceCosts`, shared by its instances
         self.num_loading = 0  # of `instances`, those still LOADING
         self.queue: deque[Flight] = deque()
@@ -142,21 +144,23 @@ class SimCluster:
                                for g in range(spec.gpus_per_node)] if hosts else None)
                       for i in range(spec.num_nodes)]
         self.models = [SimModelState(i, m, cost.accelerators_needed(m, gpu),
-                                     cost.instance_costs(m, gpu, memoise=memoise_costs),
-                                     self._host_bytes(m, cost, gpu) if hosts else 0) for i, m in enumerate(models)]
+                                     cost.instance_costs(m, gpu, memoise=memoise_costs)) for i, m in enumerate(models)]
+        self.hosts = SlotHosts(spec, self.models, cost, gpu) if hosts else None
         self.model_index = {m.model_id: i for i, m in enumerate(models)}
         self.instances: dict[int, SimInstance] = {}  # index -> live or stopping instance
         self.policy = None
         self.keep_copies = True
         self.num_free_slots = spec.num_nodes * spec.gpus_per_node
-        self.num_used_slots = 0
+        self._used_slots = 0  # slots held by instances off slot hosts
         self.ttft_s = array("d", [math.nan]) * num_requests
         self.finish_s = array("d", [math.nan]) * num_requests
-        self.accelerator_s = 0.0
+        self._accelerator_s = 0.0  # of instances off slot hosts (the hosts count their GPUs)
         self.cold_starts = dict.fromkeys(COLD_START_TIERS, 0)
         self.counts = {"evictions": 0, "migrations": 0, "requests_migrated": 0, "preemptions": 0,
                        "requests_suspended": 0, "dram_cache_evictions": 0, "ssd_cache_evictions": 0,
                        "requests_timed_out": 0}
+        if hosts:
+            self.counts.update(sleeps=0, wakes=0)
         self.num_finished = 0  # requests served to their last token (timed-out ones are counted apart)
         self._next_instance = 0
         # Indexes for placement at scale: nodes by free slot count, and the nodes holding a copy.
@@ -165,16 +169,14 @@ class SimCluster:
         self._copies: dict[int, set[int]] = {}
         self.upkeep = NodeUpkeep(self)
 
-    def _host_bytes(self, model, cost, gpu) -> int:
-        if gpu is None or not hasattr(cost, "instance_memory_bytes"):
-            raise ValueError("slot hosts (ClusterSpec.models_per_gpu > 1) are modelled on a GPU kind's memory: "
-                             "run them with a GPU cost model, not a measured CPU profile")
-        share = cost.instance_memory_bytes(model, gpu, self.spec.kv_pool_tokens)
-        if share > self.spec.gpu_memory_bytes:
-            raise ValueError(f"model {model.model_id} takes {share / GIB:.1f} GiB of each of its GPUs (weights and a "
-                             f"{self.spec.kv_pool_tokens}-token KV pool), more than the slot host's "
-                             f"{self.spec.gpu_memory_bytes / GIB:.1f} GiB: lower kv_pool_tokens")
-        return share
+    @property
+    def num_used_slots(self) -> int:
+        """Slots held now (on slot hosts: GPUs with an awake instance)."""
+        return self._used_slots + (self.hosts.num_in_use if self.hosts is not None else 0)
+
+    @property
+    def accelerator_s(self) -> float:
+        return self._accelerator_s + (self.hosts.accelerator_s if self.hosts is not None else 0.0)
 
     def attach(self, policy) -> None:
         self.policy = policy
@@ -252,8 +254,12 @@ class SimCluster:
 
     # --- instances ---------------------------------------------------------------------------
 
-    def nodes_with_room(self, num_slots: int, limit: int) -> list[SimNode]:
-        """Up to `limit` nodes with at least `num_slots` free, emptiest first (then lowest index)."""
+    def nodes_with_room(self, num_slots: int, limit: int, model_index: int | None = None) -> list[SimNode]:
+        """Up to `limit` nodes with at least `num_slots` free, emptiest first (then lowest index).
+        On slot hosts, for `model_index`: the nodes whose roomiest GPU fits its share, free loaders
+        first (`SlotHosts.nodes_with_room`; a GPU's free place says nothing of its memory)."""
+        if self.hosts is not None and model_index is not None:
+            return self.hosts.nodes_with_room(self.nodes, model_index, limit, self.loop.now)
         found: list[SimNode] = []
         for free in range(self.spec.gpus_per_node, num_slots - 1, -1):
             bucket = self._free_buckets[free]
@@ -272,44 +278,15 @@ class SimCluster:
     def room(self, node: SimNode, model_index: int) -> int:
         """The slots the node has for one more instance of the model (it needs `num_slots`): its
         free GPUs, or on slot hosts its GPUs with a free place and the memory for the model's share."""
-        if node.hosts is None:
-            return node.free_slots
-        share = self.models[model_index].host_bytes
-        return sum(1 for host in node.hosts if host.fits(share))
+        return node.free_slots if node.hosts is None else self.hosts.room(node, model_index)
 
     def slots_freed_for(self, instance: SimInstance, model_index: int) -> int:
         """What stopping `instance` adds to `room(its node, model_index)`: its slots, or on slot
         hosts those of its GPUs that the model's share does not fit now and would once it left."""
-        if not instance.hosts:
-            return instance.num_slots
-        share = self.models[model_index].host_bytes
-        mine = self.models[instance.model_index].host_bytes
-        return sum(1 for host in instance.hosts if not host.fits(share) and host.fits_once_gone(share, mine))
-
-    def _host(self, instance: SimInstance, node: SimNode, now: float) -> None:
-        """Put a starting instance on the node's slot hosts (`sim.sim_host.best_fit`)."""
-        share = self.models[instance.model_index].host_bytes
-        instance.hosts = best_fit(node.hosts, share, instance.num_slots)
-        for host in instance.hosts:
-            if host.take(instance, share, now):
-                self.num_used_slots += 1
-        instance.others_s = others_s(instance)
-        instance.on_step = lambda changed, at: reshare(changed.hosts, changed, at)
-        self._refresh_free(node)
-
-    def _unhost(self, instance: SimInstance, node: SimNode, now: float) -> None:
-        share = self.models[instance.model_index].host_bytes
-        hosts, instance.hosts, instance.on_step = instance.hosts, (), None
-        for host in hosts:
-            used_s = host.give_back(instance, share, now)
-            if used_s is not None:
-                self.accelerator_s += used_s
-                self.num_used_slots -= 1
-        reshare(hosts, instance, now)
-        self._refresh_free(node)
+        return self.hosts.freed_for(instance, model_index) if instance.hosts else instance.num_slots
 
     def _refresh_free(self, node: SimNode) -> None:
-        free = sum(1 for host in node.hosts if host.free_places)
+        free = self.hosts.free_slots(node)
         self.num_free_slots += free - node.free_slots
         self._set_free(node, free)
 
@@ -391,7 +368,7 @@ class SimCluster:
                     node.ssd.touch(model_index)
             load_s += overhead_s
         if node_index < 0 or self.nodes[node_index].hosts is None:
-            self.num_used_slots += state.num_slots  # on slot hosts: counted by GPU (`_host`)
+            self._used_slots += state.num_slots  # on slot hosts: counted by GPU (`SlotHosts`)
         if node_index >= 0:  # the unbounded cluster's instances are warm by assumption
             self.cold_starts[tier] += 1
         self._next_instance += 1
@@ -403,7 +380,8 @@ class SimCluster:
         instance.from_spare = from_spare
         instance.resident_s = resident_s if stream_from is not None else now + load_s
         if node_index >= 0 and self.nodes[node_index].hosts is not None:
-            self._host(instance, self.nodes[node_index], now)
+            self.hosts.place(instance, self.nodes[node_index], now)
+            self._refresh_free(self.nodes[node_index])
         self.instances[instance.index] = instance
         state.instances.append(instance)
         state.num_loading += 1
@@ -421,7 +399,7 @@ class SimCluster:
         instance.ready_s = now
         instance.idle_since_s = now
         state = self.models[instance.model_index]
-        if instance.node_index >= 0 and self.keep_copies:
+        if instance.node_index >= 0 and self.keep_copies and instance.tier != "host":  # a wake reads no tier
             node = self.nodes[instance.node_index]
             nbytes = state.model.weight_bytes
             if instance.tier == "s3":
@@ -440,7 +418,11 @@ class SimCluster:
         if instance.phase == InstanceState.STOPPING:
             return
         state = self.models[instance.model_index]
-        state.instances.remove(instance)
+        if instance.phase == InstanceState.ASLEEP:
+            state.sleepers.remove(instance)
+            del self.nodes[instance.node_index].sleepers[instance.index]
+        else:
+            state.instances.remove(instance)
         if instance.phase == InstanceState.LOADING:
             state.num_loading -= 1
         instance.phase = InstanceState.STOPPING
@@ -461,6 +443,35 @@ class SimCluster:
 
     def _released_later(self, instance: SimInstance) -> None:
         self._release(instance, self.loop.now)
+
+    def sleep(self, instance: SimInstance) -> None:
+        """An idle ready instance on slot hosts sleeps: its GPUs' memory is free, its places kept
+        (its weights in host memory), and it serves nothing until it `wake`s."""
+        if not instance.hosts or instance.phase != InstanceState.READY or instance.num_ongoing:
+            raise ValueError(f"{instance.instance_id} cannot sleep: only an idle ready instance on a slot host can")
+        state = self.models[instance.model_index]
+        state.instances.remove(instance)
+        state.sleepers.append(instance)
+        self.nodes[instance.node_index].sleepers[instance.index] = instance
+        instance.phase = InstanceState.ASLEEP
+        self.hosts.sleep(instance, self.loop.now)
+        self.counts["sleeps"] += 1
+
+    def wake(self, instance: SimInstance) -> None:
+        """A sleeper whose GPUs have the memory for it again serves once its weights are back."""
+        if instance.phase != InstanceState.ASLEEP or not self.hosts.can_wake(instance):
+            raise ValueError(f"{instance.instance_id} cannot wake: it is not asleep, or its GPUs lack the memory")
+        now = self.loop.now
+        state = self.models[instance.model_index]
+        state.sleepers.remove(instance)
+        del self.nodes[instance.node_index].sleepers[instance.index]
+        state.instances.append(instance)
+        state.num_loading += 1
+        instance.phase = InstanceState.LOADING
+        instance.tier = "host"
+        instance.resident_s = now + self.hosts.wake(instance, now)
+        instance.load_event = self.loop.schedule(instance.resident_s, self._ready, instance, priority=0)
+        self.counts["wakes"] += 1
 
     def evict(self, instance: SimInstance) -> None:
         """Stop an idle instance for another model (counted as an eviction)."""
@@ -535,11 +546,12 @@ class SimCluster:
             return  # already gone (several of its requests finished in one step)
         instance.stop()
         if instance.hosts:
-            self._unhost(instance, self.nodes[instance.node_index], now)
+            self.hosts.remove(instance, now)
+            self._refresh_free(self.nodes[instance.node_index])
             self.policy.on_released(instance)
             return
-        self.accelerator_s += (now - instance.started_s) * instance.num_slots
-        self.num_used_slots -= instance.num_slots
+        self._accelerator_s += (now - instance.started_s) * instance.num_slots
+        self._used_slots -= instance.num_slots
         if instance.node_index >= 0:
             node = self.nodes[instance.node_index]
             self._set_free(node, node.free_slots + instance.num_slots)
@@ -551,8 +563,6 @@ class SimCluster:
         """End of the run: the slots still held count until now."""
         for instance in self.instances.values():
             if not instance.hosts:  # on slot hosts a GPU is counted while anything is on it
-                self.accelerator_s += (now - instance.started_s) * instance.num_slots
-        for node in self.nodes:
-            for host in node.hosts or ():
-                if host.occupied_since_s is not None:
-                    self.accelerator_s += now - host.occupied_since_s
+                self._accelerator_s += (now - instance.started_s) * instance.num_slots
+        if self.hosts is not None:
+            self._accelerator_s += self.hosts.close(self.nodes, now)

@@ -8,8 +8,10 @@ plus its KV pool / k (`CostModel.instance_memory_bytes`).
 Co-resident instances with work take turns at their decode steps (the worker's `StepTurns`:
 token-level time sharing, one step at a time on the device, as Aegaeon does), so each one's step
 lasts its own step plus the steps of the other busy instances on its hosts
-(`SimInstance.share`). A stated simplification: a prefill holds up only its own instance's
-decode, not its neighbours' (optimistic for them by the share of GPU time prefills take).
+(`SimInstance.share`). A prefill takes the GPU whole: prefills on one host run one after
+another (`prefill_until_s`), and each holds up its neighbours' decode for its length
+(`SimInstance.hold`; the token clock loses that time at once rather than when the prefill runs,
+which is the same count of tokens once it has ended).
 
 Accounting: a host is in use (one accelerator-second per second) while any instance is on it,
 however many; an instance's own slots are not counted apart, so two models on one GPU cost one
@@ -18,20 +20,24 @@ GPU's time.
 
 from __future__ import annotations
 
-__all__ = ["SimHost", "best_fit", "neighbours", "others_s", "reshare"]
+__all__ = ["SimHost", "best_fit", "neighbours", "others_s", "prefill_taken", "reshare"]
 
 
 class SimHost:
-    """One GPU's memory and places; the cluster alone changes it (`SimCluster`)."""
+    """One GPU's memory and places; the cluster alone changes it (`SimCluster`). An instance asleep
+    on it keeps its place and holds none of its memory (its weights wait in host memory)."""
 
-    __slots__ = ("index", "free_bytes", "free_places", "instances", "occupied_since_s")
+    __slots__ = ("index", "free_bytes", "free_places", "instances", "num_awake", "occupied_since_s",
+                 "prefill_until_s")
 
     def __init__(self, index: int, memory_bytes: int, places: int) -> None:
         self.index = index  # the GPU's index on its node
         self.free_bytes = memory_bytes
         self.free_places = places
-        self.instances: list = []  # the SimInstances on it, in arrival order
-        self.occupied_since_s: float | None = None  # since when an instance has been on it
+        self.instances: list = []  # the SimInstances on it (asleep ones too), in arrival order
+        self.num_awake = 0
+        self.occupied_since_s: float | None = None  # since when an awake instance has been on it
+        self.prefill_until_s = 0.0  # when the last prefill begun on it ends
 
     def fits(self, share_bytes: int) -> bool:
         return self.free_places > 0 and self.free_bytes >= share_bytes
@@ -42,25 +48,36 @@ class SimHost:
         return self.free_bytes + leaving_bytes >= share_bytes
 
     def take(self, instance, share_bytes: int, now: float) -> bool:
-        """Put `instance` here; True when the host was empty (it is in use from now)."""
-        self.free_bytes -= share_bytes
+        """Put `instance` here, awake; True when no awake instance was (the GPU is in use from now)."""
         self.free_places -= 1
         self.instances.append(instance)
+        return self.rouse(share_bytes, now)
+
+    def rouse(self, share_bytes: int, now: float) -> bool:
+        """An instance here takes `share_bytes` and works (started, or woken); True as `take`."""
+        self.free_bytes -= share_bytes
+        self.num_awake += 1
         if self.occupied_since_s is None:
             self.occupied_since_s = now
             return True
         return False
 
-    def give_back(self, instance, share_bytes: int, now: float) -> float | None:
-        """`instance` leaves; the seconds the host was in use when it is now empty, else None."""
-        self.instances.remove(instance)
+    def doze(self, share_bytes: int, now: float) -> float | None:
+        """An awake instance here gives its `share_bytes` back (it sleeps, or leaves); the seconds
+        the GPU was in use when no awake instance is left, else None."""
         self.free_bytes += share_bytes
-        self.free_places += 1
-        if self.instances:
+        self.num_awake -= 1
+        if self.num_awake:
             return None
         used_s = now - self.occupied_since_s
         self.occupied_since_s = None
         return used_s
+
+    def give_back(self, instance, share_bytes: int, now: float, *, awake: bool = True) -> float | None:
+        """`instance` leaves, its place free (and its memory, when `awake`); as `doze`."""
+        self.instances.remove(instance)
+        self.free_places += 1
+        return self.doze(share_bytes, now) if awake else None
 
 
 def best_fit(hosts, share_bytes: int, count: int) -> tuple[SimHost, ...]:
@@ -89,3 +106,13 @@ def reshare(hosts, instance, now: float) -> None:
     """`instance`'s own step changed (or it left `hosts`): each neighbour's turn waits anew."""
     for neighbour in neighbours(hosts, instance):
         neighbour.share(now, others_s(neighbour))
+
+
+def prefill_taken(instance, now: float, prefill_s: float) -> None:
+    """`instance` began a prefill ending at its `resume_s`: its hosts are taken until then, and its
+    neighbours' decode stands still for `prefill_s`."""
+    for host in instance.hosts:
+        if instance.resume_s > host.prefill_until_s:
+            host.prefill_until_s = instance.resume_s
+    for neighbour in neighbours(instance.hosts, instance):
+        neighbour.hold(now, prefill_s)

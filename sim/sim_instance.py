@@ -71,7 +71,7 @@ class SimInstance:
                  "ready_s", "stream_source", "max_batch", "_loop", "_costs", "_on_finish",
                  "_heap", "num_ongoing", "_sequence", "tokens_done", "_clock_s", "resume_s", "step_s", "_context_sum",
                  "_next_event", "load_event", "busy_since_s", "idle_since_s", "resident_s", "from_spare", "recycle",
-                 "own_step_s", "others_s", "on_step", "hosts")
+                 "own_step_s", "others_s", "on_step", "on_prefill", "hosts", "asleep_s")
 
     def __init__(self, *, instance_id: str, index: int, model_index: int, node_index: int, num_slots: int,
                  tier: str, started_s: float, max_batch: int, loop, costs,
@@ -110,7 +110,9 @@ class SimInstance:
         self.own_step_s = 0.0
         self.others_s = 0.0
         self.on_step: Callable[["SimInstance", float], None] | None = None
+        self.on_prefill: Callable[["SimInstance", float, float], None] | None = None
         self.hosts: tuple = ()
+        self.asleep_s: float | None = None  # since when it sleeps (ASLEEP, or stopping from it)
 
     # --- queries -----------------------------------------------------------------------------
 
@@ -161,6 +163,15 @@ class SimInstance:
         self.others_s = others_s
         self._reschedule(now)
 
+    def hold(self, now: float, seconds: float) -> None:
+        """A co-resident's prefill takes the GPU for `seconds`: this instance's decode stands still
+        that long (its own prefills ended before that one began: they take the GPU in turn)."""
+        if not self._heap:
+            return
+        self._advance(now)
+        self.resume_s = (self.resume_s if self.resume_s > now else now) + seconds
+        self._reschedule(now)
+
     def _finish_due(self) -> None:
         now = self._loop.now
         self._next_event = None
@@ -186,7 +197,13 @@ class SimInstance:
         if flight.needs_prefill:
             prompt = flight.input_tokens + flight.generated_tokens
             start = now if now > self.resume_s else self.resume_s
-            self.resume_s = start + self._costs.prefill_s(prompt)
+            for host in self.hosts:  # on a slot host a prefill takes the GPU after the ones before it
+                if host.prefill_until_s > start:
+                    start = host.prefill_until_s
+            prefill_s = self._costs.prefill_s(prompt)
+            self.resume_s = start + prefill_s
+            if self.on_prefill is not None:
+                self.on_prefill(self, now, prefill_s)
             flight.prefill_end_s = self.resume_s
             if flight.first_token_s is None:
                 flight.first_token_s = self.resume_s

@@ -103,6 +103,9 @@ class SimConfig:
             ``models_per_process`` with ``gpu_memory_bytes``; 1: a GPU per model. The other policies
             always have a GPU per model (neither ServerlessLLM nor Ray Serve shares a GPU's memory
             between models).
+        thaw_sleep: on slot hosts, an idle instance Thaw's policy scales down sleeps (its GPUs'
+            memory freed, its weights in pinned host memory, woken over the link) rather than
+            stopping, as the controller's ``sleep_idle_instances`` (its default); False: it stops.
         hardware: a measured `HardwareProfile` (`sim.hardware_profile`): the nodes, the catalog
             and the costs all come from it, replacing `gpu`, `gpus_per_node`, `dram_gib_per_node`,
             `ssd_gib_per_node` and `max_batch` (then `num_models` must be its model count).
@@ -138,6 +141,7 @@ class SimConfig:
     staged_tier: str | None = None
     queue_timeout_s: float | None = None
     thaw_models_per_gpu: int = 1
+    thaw_sleep: bool = True
     hardware: object = None
 
     def __post_init__(self) -> None:
@@ -194,6 +198,8 @@ class SimConfig:
             raise ValueError(f"SimConfig.real_controller_timing must be True or False, "
                              f"got {self.real_controller_timing!r}")
         _int("thaw_models_per_gpu", self.thaw_models_per_gpu, 1)
+        if not isinstance(self.thaw_sleep, bool):
+            raise ValueError(f"SimConfig.thaw_sleep must be True or False, got {self.thaw_sleep!r}")
         if self.hardware is not None and self.thaw_models_per_gpu > 1:
             raise ValueError("SimConfig.thaw_models_per_gpu shares a GPU's memory: it needs a GPU kind, "
                              "not a measured hardware profile")
@@ -334,7 +340,7 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
                          thaw_activity_at_ticks=config.real_controller_timing,
                          thaw_spec=config.thaw_spec if config.thaw_autoscaling is None else None,
                          thaw_slot_sharing=config.thaw_slot_sharing,
-                         thaw_slot_reclaim=config.thaw_slot_reclaim)
+                         thaw_slot_reclaim=config.thaw_slot_reclaim, thaw_sleep=config.thaw_sleep)
     decision_s: list[float] = []
 
     def on_tick(now: float) -> None:

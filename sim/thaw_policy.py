@@ -62,6 +62,7 @@ from controller import (AutoscaleState, AutoscalingPolicy, EvictionCandidate,
                         order_waiting, place, plan_slot_reclaim)
 from sim.node_views import NodeViews, sim_tier
 from sim.policies import THAW_SHARING, PolicySettings, SimPolicy, ThawAutoscaling
+from sim.thaw_sleep import eviction_candidate, scale_down, wake
 from wire import InstanceState
 
 __all__ = ["ThawPolicy"]
@@ -86,7 +87,8 @@ class ThawPolicy(SimPolicy):
     def __init__(self, settings: PolicySettings, *, sharing: SlotSharingSettings | None = None,
                  max_wait_before_preempt_s: float | None = None,
                  autoscaling: AutoscalingPolicy | None = None, activity_at_ticks: bool = False,
-                 spec: ThawAutoscaling | None = None, slot_reclaim: bool = True, slot_sharing: bool = True) -> None:
+                 spec: ThawAutoscaling | None = None, slot_reclaim: bool = True, slot_sharing: bool = True,
+                 sleep: bool = True) -> None:
         """`sharing` and `max_wait_before_preempt_s`: the controller config's `slot_sharing` and the
         model spec's bounded wait (None: the controller's defaults), so a setting is studied with
         the same code. `autoscaling`: every model's whole spec policy instead (a real deployment's,
@@ -97,7 +99,8 @@ class ThawPolicy(SimPolicy):
         the controller config's `slot_reclaim` on (its default costs) or off. `slot_sharing` False:
         the controller config's ``slot_sharing=None`` (``thaw serve --no-slot-sharing``): keep-alive
         is a hard lease, a waiting model never evicts or preempts and waits by age for a slot to
-        come free (`sharing` then must be None)."""
+        come free (`sharing` then must be None). `sleep`: the controller config's
+        `sleep_idle_instances` (on slot hosts only: elsewhere nothing sleeps)."""
         super().__init__(settings)
         self.activity_at_ticks = activity_at_ticks
         if autoscaling is not None:
@@ -117,6 +120,7 @@ class ThawPolicy(SimPolicy):
         self.sharing: SlotSharingSettings | None = (sharing if sharing is not None else THAW_SHARING) \
             if slot_sharing else None
         self.reclaim_costs = SlotReclaimCosts() if slot_reclaim else None  # `ControllerConfig.slot_reclaim`
+        self.sleep = sleep
         self.peer_stream: PeerStreamSettings | None = None
         self.views: NodeViews | None = None
         self._control: list[_ModelControl] = []
@@ -130,7 +134,7 @@ class ThawPolicy(SimPolicy):
         self._holds: dict[int, int] = {}
         self._no_room_s: float | None = None  # `SlotSharer`'s: when a model with queued requests found no free slot
         self._counts = {"stream_starts": 0, "evictions_chosen": 0, "slot_reclaims": 0, "preemptions_migrated": 0,
-                        "preemptions_suspended": 0}
+                        "preemptions_suspended": 0, "sleeps_chosen": 0}
 
     def attach(self, cluster, ticks) -> None:
         super().attach(cluster, ticks)
@@ -153,7 +157,8 @@ class ThawPolicy(SimPolicy):
                 "max_keep_alive_s": self.autoscaling.max_keep_alive_s,
                 "upscale_delay_s": self.autoscaling.upscale_delay_s,
                 "downscale_delay_s": self.autoscaling.downscale_delay_s,
-                "models_per_gpu": self.cluster.spec.models_per_gpu if self.cluster is not None else 1}
+                "models_per_gpu": self.cluster.spec.models_per_gpu if self.cluster is not None else 1,
+                "sleep_idle_instances": self.sleep}
         if self.sharing is None:
             return {"slot_sharing": False, **spec}
         eviction = self.sharing.eviction
@@ -319,8 +324,11 @@ class ThawPolicy(SimPolicy):
             # The controller's stop order: loading first, then the least busy, then the newest.
             live.sort(key=lambda i: (i.phase == InstanceState.READY, i.num_ongoing, -i.started_s))
             for instance in live[:-missing]:
-                self.cluster.stop_instance(instance)
+                if scale_down(self.cluster, instance, sleep=self.sleep) == "slept":
+                    self._counts["sleeps_chosen"] += 1
             return
+        if state.sleepers:  # sleepers wake before anything is placed (`InstanceSleep.wake`)
+            missing -= wake(self.cluster, state, missing)
         for _ in range(missing):
             if not self._place_and_start(state, now):
                 break
@@ -441,23 +449,34 @@ class ThawPolicy(SimPolicy):
     def _evict_for(self, state, now: float) -> PlacementDecision | None:
         cluster = self.cluster
         # On slot hosts an idle instance makes room only where its GPUs would then fit the model.
-        found = self._idle_candidates()
-        freed = {i.index: cluster.slots_freed_for(i, state.index) for i in found}
-        idle = [i for i in found if freed[i.index]]
-        if not idle:
-            return None
-        candidates = []
-        for instance in idle:
+        pool: dict[str, tuple[object, EvictionCandidate]] = {}  # instance id -> (instance, candidate)
+        for instance in self._idle_candidates():
+            freed = cluster.slots_freed_for(instance, state.index)
+            if not freed:
+                continue
             owner = cluster.models[instance.model_index]
             tier, reload_s = self._reload(instance, owner)
             since = max(t for t in (self._seen_s(owner.last_request_s), instance.ready_s) if t is not None)
-            candidates.append(EvictionCandidate(
+            pool[instance.instance_id] = (instance, EvictionCandidate(
                 instance_id=instance.instance_id, model_id=owner.model_id,
-                node_id=cluster.nodes[instance.node_index].node_id, num_worker_slots=freed[instance.index],
+                node_id=cluster.nodes[instance.node_index].node_id, num_worker_slots=freed,
                 ready=True, num_ongoing_requests=0, num_queued_requests=len(owner.queue),
                 idle_s=max(0.0, now - since), num_model_instances=len(owner.instances),
                 min_instances=self.autoscaling.min_instances, priority=self.autoscaling.priority,
                 frequency=self._control[owner.index].usage.value(now), reload_s=reload_s, reload_tier=tier))
+        sleepers = [s for node in cluster.nodes for s in node.sleepers.values()] if cluster.hosts is not None else []
+        for sleeper in sleepers[:NUM_IDLE_CANDIDATES]:  # they hold places; on a GPU, no memory
+            owner = cluster.models[sleeper.model_index]
+            tier, reload_s = self._reload(sleeper, owner)
+            candidate = eviction_candidate(cluster, sleeper, state.index, now, reload_s=reload_s, reload_tier=tier,
+                                           frequency=self._control[owner.index].usage.value(now),
+                                           priority=self.autoscaling.priority)
+            if candidate is not None:
+                pool[sleeper.instance_id] = (sleeper, candidate)
+        if not pool:
+            return None
+        idle = [instance for instance, _ in pool.values()]
+        candidates = [candidate for _, candidate in pool.values()]
         decision = self._place_among(state, idle, now)
         if decision.placed:
             return decision
@@ -469,12 +488,14 @@ class ThawPolicy(SimPolicy):
                                    ttft_slo_s=self.autoscaling.ttft_slo_s if self.sharing.deadline_eviction else None)
         if eviction.victim is None:
             return None
-        victim = idle[[c.instance_id for c in candidates].index(eviction.victim.instance_id)]
+        victim = pool[eviction.victim.instance_id][0]
         node = cluster.nodes[victim.node_index]
         owner = self._control[victim.model_index]
+        asleep = victim.phase == InstanceState.ASLEEP
         cluster.evict(victim)
-        owner.desired = max(self.autoscaling.min_instances, owner.desired - 1)  # `_shrink_after_eviction`
-        owner.autoscale = AutoscaleState()
+        if not asleep:  # a sleeper is none of its model's wanted instances already
+            owner.desired = max(self.autoscaling.min_instances, owner.desired - 1)  # `_shrink_after_eviction`
+            owner.autoscale = AutoscaleState()
         self._counts["evictions_chosen"] += 1
         return self._freed_for(state, node, now)
 

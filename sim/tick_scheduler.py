@@ -5,7 +5,8 @@ waiting. Ticking every `tick_s` of a simulated day whether or not anything chang
 86,400 policy passes for nothing, so the simulator ticks only when asked: `wake_now` (a request
 is queued: the gateway wakes the controller), `wake_next` (something changed: the next grid
 point), `wake_at(t)` (a policy's timer: a keep-alive or a scale delay running out). One event
-is pending at a time, at the earliest wanted time; asks during a tick go to the next grid
+is pending at a time, at the earliest wanted time (every later one is kept and comes in its
+turn); asks during a tick go to the next grid
 point, so a policy cannot loop at one instant. Tick events run after every other event at the
 same time (priority 2), so a tick sees the loads and finishes of its instant.
 
@@ -68,6 +69,12 @@ class TickScheduler:
         if self._event is not None:
             self._want(self._event.time_s)
             self._event.cancel()
+        elif self._wanted and self._wanted[0] < time_s:
+            # No event pending (asked during a tick), but an earlier time is still wanted: that
+            # one goes first, or it would wait behind `time_s` (a lost keep-alive timer).
+            self._want(time_s)
+            time_s = heapq.heappop(self._wanted)
+            self._wanted_set.discard(time_s)
         self._event = self._loop.schedule(time_s, self._tick, priority=TICK_PRIORITY)
 
     def _want(self, time_s: float) -> None:

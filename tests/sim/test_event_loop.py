@@ -77,6 +77,29 @@ def test_tick_scheduler_coalesces_wakes_and_defers_asks_made_during_a_tick():
     assert scheduler.num_ticks == 3
 
 
+def test_a_timer_asked_for_before_a_wake_now_still_ticks_when_a_later_one_is_asked_for_in_a_tick():
+    """A keep-alive timer (60 s), then a request (a tick now, which asks for the next grid point),
+    then in that tick a later timer (100 s): the 60 s tick must still come. (It was lost: the tick
+    at 41 s scheduled 100 s with 60 s still waiting behind the cancelled event.)"""
+    loop = EventLoop()
+    ticks = []
+
+    def on_tick(now):
+        ticks.append(now)
+        if now == 1.0:
+            scheduler.wake_at(60.0)  # a's keep-alive
+        if now == 40.0:
+            scheduler.wake_next()  # something changed: look again at the next grid point
+        if now == 41.0:
+            scheduler.wake_at(100.0)  # b's keep-alive
+
+    scheduler = TickScheduler(loop, 1.0, on_tick)
+    scheduler.wake_at(1.0)
+    loop.schedule(40.0, scheduler.wake_now)  # b's request: the gateway wakes the controller
+    loop.run()
+    assert ticks == [1.0, 40.0, 41.0, 60.0, 100.0]
+
+
 def test_a_feed_interleaves_with_the_heap_by_time_and_goes_first_at_equal_times():
     loop = EventLoop()
     seen = []

@@ -79,21 +79,42 @@ def test_a_second_model_joins_a_busy_gpu_instead_of_evicting_its_model():
                                                   abs=1e-9)
 
 
-def test_co_resident_decode_steps_take_turns():
-    """b decodes while a does on the same GPU: each of b's steps waits for one of a's. With a GPU
-    each (one model per GPU) b's steps are its own."""
-    finishes = {}
+def test_co_resident_decode_steps_take_turns_and_a_prefill_holds_the_neighbours_decode():
+    """b decodes while a does on the same GPU: each of b's steps waits for one of a's, and b's
+    prefill holds a's decode for its length. With a GPU each (one model per GPU) b's steps are its
+    own and a never waits for b."""
+    b_decode, a_finish = {}, {}
     for models_per_gpu, gpus in ((2, 1), (1, 2)):
         loop, cluster, _ = build([MODEL_A, MODEL_B], gpus=gpus, models_per_gpu=models_per_gpu)
         arrive(loop, cluster, 0.0, 0, 0, output_tokens=5000)  # a decodes all through b's request
         arrive(loop, cluster, 1.0, 1, 1, output_tokens=10)
         loop.run()
         assert cluster.finish_s[0] > cluster.finish_s[1]
-        finishes[models_per_gpu] = cluster.finish_s[1] - 1.0 - cluster.ttft_s[1]  # b's 9 decode steps
+        b_decode[models_per_gpu] = cluster.finish_s[1] - 1.0 - cluster.ttft_s[1]  # b's 9 decode steps
+        a_finish[models_per_gpu] = cluster.finish_s[0]
     step_a = COST.decode_step_s(MODEL_A, H100, 1, PROMPT + 5000 / 2)
     step_b = COST.decode_step_s(MODEL_B, H100, 1, PROMPT + 10 / 2)
-    assert finishes[1] == pytest.approx(9 * step_b, rel=1e-9)
-    assert finishes[2] == pytest.approx(9 * (step_b + step_a), rel=1e-9)
+    assert b_decode[1] == pytest.approx(9 * step_b, rel=1e-9)
+    assert b_decode[2] == pytest.approx(9 * (step_b + step_a), rel=1e-9)
+    # a lost b's prefill and one of b's steps for each of the 9 it took its turn for.
+    assert a_finish[2] - a_finish[1] == pytest.approx(prefill_s(MODEL_B) + 9 * step_b, rel=1e-6)
+
+
+def test_prefills_on_one_gpu_take_it_one_after_another():
+    """a and b resident on one GPU, a request for each at the same moment: b's prefill begins when
+    a's has ended. With a GPU each they run at once."""
+    ttft = {}
+    for models_per_gpu, gpus in ((2, 1), (1, 2)):
+        loop, cluster, _ = build([MODEL_A, MODEL_B], gpus=gpus, models_per_gpu=models_per_gpu)
+        arrive(loop, cluster, 0.0, 0, 0, output_tokens=1)  # both loaded and idle by 30 s, within the keep-alive
+        arrive(loop, cluster, 0.0, 1, 1, output_tokens=1)
+        arrive(loop, cluster, 30.0, 2, 0, output_tokens=1)
+        arrive(loop, cluster, 30.0, 3, 1, output_tokens=1)
+        loop.run()
+        assert cluster.cold_starts["dram"] == 2  # the requests at 30 s found their instances warm
+        ttft[models_per_gpu] = (cluster.ttft_s[2], cluster.ttft_s[3])
+    assert ttft[1] == pytest.approx((prefill_s(MODEL_A), prefill_s(MODEL_B)), abs=1e-9)
+    assert ttft[2] == pytest.approx((prefill_s(MODEL_A), prefill_s(MODEL_A) + prefill_s(MODEL_B)), abs=1e-9)
 
 
 def test_a_model_evicts_an_idle_one_only_where_that_frees_the_memory_it_needs():
@@ -123,3 +144,108 @@ def test_slot_host_settings_are_checked_with_what_to_change():
     assert config.cluster_spec(0.0, 72 << 30).models_per_gpu == 8
     peer = SimConfig(num_models=2, num_nodes=1, thaw_models_per_gpu=8, policy="serverlessllm")
     assert peer.cluster_spec(0.0, 72 << 30).models_per_gpu == 1
+
+
+def build_sleeping(models, *, sleep=True, **spec):
+    loop = EventLoop()
+    fields = dict(num_nodes=1, gpus_per_node=1, start_overhead_s=0.0, models_per_gpu=2, gpu_memory_bytes=TWO_PER_GPU)
+    cluster = SimCluster(ClusterSpec(**{**fields, **spec}), models, COST, H100, loop)
+    policy = make_policy("thaw", PolicySettings(), thaw_sleep=sleep)
+    ticks = TickScheduler(loop, 1.0, policy.tick)
+    cluster.attach(policy)
+    policy.attach(cluster, ticks)
+    for index in range(len(models)):
+        cluster.preload(0, index, "dram")
+    return loop, cluster, policy
+
+
+def test_an_idle_instance_past_its_keep_alive_sleeps_and_its_next_request_wakes_it_over_the_link():
+    wake_s = MODEL_A.weight_bytes / COST.host_link_Bps
+    assert COST.wake_s(MODEL_A, H100) == pytest.approx(wake_s)
+    for sleep, ttft in ((True, wake_s), (False, COST.load_s(MODEL_A.weight_bytes, "dram"))):
+        loop, cluster, policy = build_sleeping([MODEL_A], sleep=sleep)
+        arrive(loop, cluster, 0.0, 0, 0, output_tokens=1)
+        arrive(loop, cluster, 100.0, 1, 0, output_tokens=1)  # past the 60 s keep-alive
+        loop.run()
+        assert cluster.ttft_s[1] == pytest.approx(ttft + prefill_s(), abs=1e-9)
+        # It slept after each request's keep-alive, and woke for the second.
+        assert (cluster.counts["sleeps"], cluster.counts["wakes"]) == ((2, 1) if sleep else (0, 0))
+        assert cluster.cold_starts["dram"] == (1 if sleep else 2)  # a wake is no cold start
+        assert policy.describe()["sleep_idle_instances"] is sleep
+
+
+def test_a_sleeper_holds_its_place_not_its_memory_and_a_gpu_of_sleepers_is_not_in_use():
+    loop, cluster, _ = build_sleeping([MODEL_A, MODEL_B, MODEL_C])
+    node = cluster.nodes[0]
+    arrive(loop, cluster, 0.0, 0, 0, output_tokens=1)
+    arrive(loop, cluster, 0.0, 1, 1, output_tokens=1)
+    loop.run(until_s=1.0)
+    assert cluster.room(node, 2) == 0 and cluster.num_used_slots == 1  # both on GPU 0: its memory is taken
+    loop.run(until_s=100.0)  # both asleep since their keep-alive ran out (~61 s)
+    [a], [b] = cluster.models[0].sleepers, cluster.models[1].sleepers
+    assert cluster.room(node, 2) == 0  # their memory is free, but both places are taken
+    assert cluster.slots_freed_for(a, 2) == 1  # evicting a sleeper frees its place, and c fits then
+    assert cluster.num_used_slots == 0  # a GPU holding only sleepers is not in use
+    with pytest.raises(ValueError, match="only an idle ready instance on a slot host can"):
+        cluster.sleep(b)
+    cluster.close(500.0)
+    assert 60.0 < cluster.accelerator_s < 62.5  # in use until they slept, not until the end
+
+
+def test_a_waiting_model_evicts_a_sleeper_for_its_place_before_an_idle_instance():
+    """a sleeps, b is awake and idle, both places of the GPU taken: c evicts the sleeper (every
+    sleeper goes before an awake instance), and b keeps serving."""
+    loop, cluster, _ = build_sleeping([MODEL_A, MODEL_B, MODEL_C])
+    arrive(loop, cluster, 0.0, 0, 0, output_tokens=1)
+    arrive(loop, cluster, 0.0, 1, 1, output_tokens=1)
+    arrive(loop, cluster, 65.0, 2, 1, output_tokens=1)  # keeps b awake past a's keep-alive
+    arrive(loop, cluster, 90.0, 3, 2, output_tokens=1)
+    loop.run(until_s=100.0)
+    assert cluster.counts["sleeps"] >= 1 and cluster.counts["evictions"] == 1
+    assert cluster.ttft_s[3] == pytest.approx(COST.load_s(MODEL_C.weight_bytes, "dram") + prefill_s(MODEL_C), abs=1e-9)
+    assert not cluster.models[0].sleepers and not cluster.models[0].instances  # a's sleeper was the one evicted
+    assert [i.phase.name for i in cluster.models[1].instances] == ["READY"]
+
+
+def test_a_sleeper_whose_gpu_has_no_memory_for_it_is_stopped_and_its_model_placed_anew():
+    """a and b on GPU 0 (three places, memory for two); a sleeps; c takes the memory a gave back
+    there; a's model wanted again cannot wake on GPU 0, so its sleeper is stopped and a new
+    instance is loaded on GPU 1 (the controller's rule: placement may then put it anywhere)."""
+    loop, cluster, _ = build_sleeping([MODEL_A, MODEL_B, MODEL_C], gpus_per_node=2, models_per_gpu=3)
+    arrive(loop, cluster, 0.0, 0, 0, output_tokens=1)
+    arrive(loop, cluster, 0.0, 1, 1, output_tokens=1)
+    arrive(loop, cluster, 50.0, 2, 1, output_tokens=1)  # b stays awake past a's keep-alive
+    arrive(loop, cluster, 70.0, 3, 2, output_tokens=1)
+    arrive(loop, cluster, 80.0, 4, 0, output_tokens=1)
+    loop.run(until_s=75.0)
+    [a] = cluster.models[0].sleepers
+    [c] = cluster.models[2].instances
+    assert [h.index for h in a.hosts] == [0] and [h.index for h in c.hosts] == [0]  # best fit: beside b
+    assert not cluster.hosts.can_wake(a)
+    loop.run(until_s=85.0)
+    [again] = cluster.models[0].instances
+    assert [h.index for h in again.hosts] == [1] and cluster.counts["wakes"] == 0
+    assert a.index not in cluster.instances and not cluster.models[0].sleepers
+    assert cluster.ttft_s[4] == pytest.approx(COST.load_s(MODEL_A.weight_bytes, "dram") + prefill_s(), abs=1e-9)
+
+
+def test_the_host_memory_for_sleepers_drops_the_longest_asleep_first():
+    """Host memory for one sleeper per node (`controller.room_for_sleeper` decides): b falling
+    asleep after a stops a; with less than one model's weights, nothing sleeps."""
+    from sim.thaw_sleep import scale_down
+
+    loop, cluster, _ = build_sleeping([MODEL_A, MODEL_B], sleep_bytes_per_gpu=MODEL_A.weight_bytes)
+    arrive(loop, cluster, 0.0, 0, 0, output_tokens=1)
+    arrive(loop, cluster, 0.0, 1, 1, output_tokens=1)
+    loop.run(until_s=1.0)  # both loaded, served and idle
+    [a], [b] = cluster.models[0].instances, cluster.models[1].instances
+    assert scale_down(cluster, a, sleep=True) == "slept"
+    assert list(cluster.nodes[0].sleepers.values()) == [a]
+    assert scale_down(cluster, b, sleep=True) == "slept"
+    assert list(cluster.nodes[0].sleepers.values()) == [b] and a.index not in cluster.instances
+
+    loop, cluster, _ = build_sleeping([MODEL_A], sleep_bytes_per_gpu=MODEL_A.weight_bytes - 1)
+    arrive(loop, cluster, 0.0, 0, 0, output_tokens=1)
+    loop.run(until_s=1.0)
+    [a] = cluster.models[0].instances
+    assert scale_down(cluster, a, sleep=True) == "stopped" and not cluster.nodes[0].sleepers

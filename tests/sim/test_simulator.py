@@ -93,7 +93,7 @@ def test_thaws_slot_sharing_settings_come_from_the_config():
                                 "ttft_slo_s": 5.0, "min_run_s": 2.0,
                                 "slot_reclaim": True, "max_wait_before_preempt_s": 5.0, "keep_alive_s": 60.0, "keep_alive_per_restart": 30.0,
                                 "min_keep_alive_s": 10.0, "max_keep_alive_s": 180.0, "upscale_delay_s": 0.0,
-                                "downscale_delay_s": 600.0}
+                                "downscale_delay_s": 600.0, "models_per_gpu": 1, "sleep_idle_instances": True}
     with pytest.raises(ValueError, match="ThawAutoscaling.keep_alive_per_restart must be a finite number > 0 or None"):
         ThawAutoscaling(keep_alive_per_restart=0)
     with pytest.raises(ValueError, match="ThawAutoscaling.downscale_delay_s must be a finite number >= 0 or None"):
