@@ -5,7 +5,8 @@ What it models (and what a policy drives through its public methods):
 - Nodes: `gpus_per_node` slots each, a DRAM and an SSD checkpoint cache (`TierCache`, LRU, byte
   budgets) and one loader. A load from the SSD or the repository (S3) queues on the node's
   loader (they share the disk and the NIC); a load from DRAM (over each GPU's own PCIe link) or a
-  peer's stream does not.
+  peer's stream does not. Starts of one model on one node while its repository fetch is in
+  flight share that fetch (the node store's single flight) and are ready when it lands.
 - Instances (`SimInstance`): a model needing k accelerators (`cost.accelerators_needed`) takes k
   slots of one node from the moment it starts (LOADING) until it is gone. A load from tier T
   takes `cost.load_s(weight_bytes, T)` plus the node loader's wait plus `start_overhead_s`. A
@@ -66,7 +67,8 @@ class SimNode:
     """One node. `free_slots`: its free GPUs; on slot hosts (`hosts` not None) its GPUs with a
     free place, whatever their memory (`SimCluster.room` says what fits one model)."""
 
-    __slots__ = ("index", "node_id", "num_slots", "free_slots", "dram", "ssd", "loader_free_s", "hosts", "sleepers")
+    __slots__ = ("index", "node_id", "num_slots", "free_slots", "dram", "ssd", "loader_free_s", "hosts", "sleepers",
+                 "fetches")
 
     def __init__(self, index: int, num_slots: int, dram_bytes: int, ssd_bytes: int,
                  hosts: list[SimHost] | None = None) -> None:
@@ -79,6 +81,7 @@ class SimNode:
         self.loader_free_s = 0.0
         self.hosts = hosts
         self.sleepers: dict[int, SimInstance] = {}  # on its slot hosts, by index, longest asleep first
+        self.fetches: dict[int, float] = {}  # model index -> when its repository fetch in flight here ends
 
     def loader_wait_s(self, now: float) -> float:
         return self.loader_free_s - now if self.loader_free_s > now else 0.0
@@ -173,6 +176,11 @@ class SimCluster:
     def num_used_slots(self) -> int:
         """Slots held now (on slot hosts: GPUs with an awake instance)."""
         return self._used_slots + (self.hosts.num_in_use if self.hosts is not None else 0)
+
+    @property
+    def num_awake_instances(self) -> int:
+        """Instances not asleep (a sleeper holds host memory and a place, no accelerator time)."""
+        return len(self.instances) - sum(len(node.sleepers) for node in self.nodes)
 
     @property
     def accelerator_s(self) -> float:
@@ -356,12 +364,16 @@ class SimCluster:
                 stream_s = self.cost.load_s(weight_bytes, tier)
                 resident_s = now + stream_s + overhead_s
                 load_s = stream_s * self.spec.stream_serve_fraction
+            elif tier == "s3" and self.keep_copies and node.fetches.get(model_index, 0.0) > now:
+                load_s = node.fetches[model_index] - now  # the node store's single flight: one fetch
             else:
                 load_s = self.cost.load_s(weight_bytes, tier)
                 if tier in _QUEUED_TIERS:
                     wait_s = node.loader_wait_s(now)
                     node.loader_free_s = now + wait_s + load_s
                     load_s += wait_s
+                    if tier == "s3" and self.keep_copies:
+                        node.fetches[model_index] = now + load_s
                 if tier == "dram":
                     node.dram.touch(model_index)
                 elif tier == "ssd":

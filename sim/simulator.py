@@ -4,7 +4,7 @@ It wires the parts together: the model catalog (`sim.sim_models`), the workload
 (`sim.workload`, fed to the event loop one arrival at a time, so a day of millions of requests
 never sits in memory), the cost model (`sim.cost_model`), the cluster (`sim.sim_cluster`), one
 policy (`sim.policies`) and the tick scheduler. The run goes on past the last arrival until every
-request has finished and every instance is gone (or `drain_limit_s` more), so each policy pays
+request has finished and every instance is gone or asleep (or `drain_limit_s` more), so each policy pays
 for its own tail (a keep-alive, a downscale delay) in accelerator-seconds.
 
 Measured besides the simulated figures: the wall time of each controller tick (the policy's
@@ -366,7 +366,7 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
         samples.append((now, cluster.num_used_slots))
         if progress is not None:
             progress(min(now, horizon_s), horizon_s)
-        if not feeder.done or cluster.instances or cluster.num_done < feeder.num_requests:
+        if not feeder.done or cluster.num_awake_instances or cluster.num_done < feeder.num_requests:
             loop.schedule(now + config.sample_s, sample, priority=3)
 
     loop.schedule(0.0, sample, priority=3)

@@ -250,14 +250,20 @@ class ThawPolicy(SimPolicy):
     # --- the tick ----------------------------------------------------------------------------
 
     def _stale(self, index: int, now: float) -> bool:
-        """A timer of an idle model with one instance wanted is stale when a request came since
-        it was set (a later timer is set for it): decide would hold the model steady."""
+        """A timer of an idle model with one instance wanted is stale when its keep-alive has not
+        run out yet: decide would hold the model steady. It is moved to when it does: a request
+        came since it was set, or the keep-alive grew meanwhile (the floor while slots are
+        contended), and without a timer then the instance would never be looked at again."""
         state = self.cluster.models[index]
         control = self._control[index]
         if state.queue or state.num_ongoing or control.desired != 1 or control.autoscale.wish_direction \
                 or state.last_request_s is None:
             return False
-        return self._seen_s(state.last_request_s) + self._keep_alive_s(control) > now + 1e-9
+        due_s = self._seen_s(state.last_request_s) + self._keep_alive_s(control)
+        if due_s > now + 1e-9:
+            self.wake_model_at(index, due_s)
+            return True
+        return False
 
     def tick(self, now: float) -> None:
         cluster = self.cluster
