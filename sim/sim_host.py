@@ -11,11 +11,13 @@ lasts its own step plus the steps of the other busy instances on its hosts
 (`SimInstance.share`). A prefill takes the GPU whole: prefills on one host run one after
 another (`prefill_until_s`), and each holds up its neighbours' decode for its length
 (`SimInstance.hold`; the token clock loses that time at once rather than when the prefill runs,
-which is the same count of tokens once it has ended).
+which is the same count of tokens once it has ended). An instance's decode turn still counts for
+its neighbours while its own prefill holds its decode: pessimistic for them, by at most that
+prefill's share of their steps.
 
-Accounting: a host is in use (one accelerator-second per second) while any instance is on it,
-however many; an instance's own slots are not counted apart, so two models on one GPU cost one
-GPU's time.
+Accounting: a host is in use (one accelerator-second per second) while an awake instance is on
+it, however many; an instance's own slots are not counted apart, so two models on one GPU cost
+one GPU's time, and a GPU holding only sleepers costs none.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ __all__ = ["SimHost", "best_fit", "neighbours", "others_s", "prefill_taken", "re
 
 
 class SimHost:
-    """One GPU's memory and places; the cluster alone changes it (`SimCluster`). An instance asleep
-    on it keeps its place and holds none of its memory (its weights wait in host memory)."""
+    """One GPU's memory and places; only the cluster's `SlotHosts` changes it. An instance asleep on
+    it keeps its place and holds none of its memory (its weights wait in host memory)."""
 
     __slots__ = ("index", "free_bytes", "free_places", "instances", "num_awake", "occupied_since_s",
                  "prefill_until_s")
