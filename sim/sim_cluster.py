@@ -294,7 +294,7 @@ class SimCluster:
         return self.hosts.freed_for(instance, model_index) if instance.hosts else instance.num_slots
 
     def _refresh_free(self, node: SimNode) -> None:
-        free = self.hosts.free_slots(node)
+        free = self.hosts.refresh(node)
         self.num_free_slots += free - node.free_slots
         self._set_free(node, free)
 
@@ -467,6 +467,7 @@ class SimCluster:
         self.nodes[instance.node_index].sleepers[instance.index] = instance
         instance.phase = InstanceState.ASLEEP
         self.hosts.sleep(instance, self.loop.now)
+        self._refresh_free(self.nodes[instance.node_index])
         self.counts["sleeps"] += 1
 
     def wake(self, instance: SimInstance) -> None:
@@ -482,6 +483,7 @@ class SimCluster:
         instance.phase = InstanceState.LOADING
         instance.tier = "host"
         instance.resident_s = now + self.hosts.wake(instance, now)
+        self._refresh_free(self.nodes[instance.node_index])
         instance.load_event = self.loop.schedule(instance.resident_s, self._ready, instance, priority=0)
         self.counts["wakes"] += 1
 

@@ -30,7 +30,7 @@ class SimHost:
     it keeps its place and holds none of its memory (its weights wait in host memory)."""
 
     __slots__ = ("index", "free_bytes", "free_places", "instances", "num_awake", "occupied_since_s",
-                 "prefill_until_s")
+                 "prefill_until_s", "steps_s")
 
     def __init__(self, index: int, memory_bytes: int, places: int) -> None:
         self.index = index  # the GPU's index on its node
@@ -40,6 +40,7 @@ class SimHost:
         self.num_awake = 0
         self.occupied_since_s: float | None = None  # since when an awake instance has been on it
         self.prefill_until_s = 0.0  # when the last prefill begun on it ends
+        self.steps_s = 0.0  # its instances' own decode steps, summed (`reshare` keeps it)
 
     def fits(self, share_bytes: int) -> bool:
         return self.free_places > 0 and self.free_bytes >= share_bytes
@@ -100,12 +101,17 @@ def neighbours(hosts, instance) -> list:
 
 
 def others_s(instance) -> float:
-    """The steps `instance`'s turn waits for: its co-residents' own decode steps."""
+    """The steps `instance`'s turn waits for: its co-residents' own decode steps (on one GPU, its
+    host's sum less its own; across several, each co-resident once)."""
+    if len(instance.hosts) == 1:
+        return instance.hosts[0].steps_s - instance.own_step_s
     return sum(other.own_step_s for other in neighbours(instance.hosts, instance))
 
 
 def reshare(hosts, instance, now: float) -> None:
     """`instance`'s own step changed (or it left `hosts`): each neighbour's turn waits anew."""
+    for host in hosts:
+        host.steps_s = sum(other.own_step_s for other in host.instances)
     for neighbour in neighbours(hosts, instance):
         neighbour.share(now, others_s(neighbour))
 

@@ -48,6 +48,7 @@ class SlotHosts:
                                  f"{spec.gpu_memory_bytes / GIB:.1f} GiB: lower kv_pool_tokens")
             self.share_bytes.append(share)
             self.wake_s.append(cost.wake_s(state.model, gpu))
+        self._roomiest: dict[int, int] = {}  # node index -> free bytes of its roomiest GPU with a place
         self.accelerator_s = 0.0  # GPU-seconds in use, of GPUs no longer in use
         self.num_in_use = 0  # GPUs with an awake instance now
         self.sleep_capacity_bytes = spec.sleep_capacity_per_gpu * spec.gpus_per_node  # per node
@@ -72,19 +73,15 @@ class SlotHosts:
         is then the loader a repository fetch waits for, not their free GPUs (for a model on k
         GPUs a candidate, not a promise: `room` says how many fit)."""
         share = self.share_bytes[model_index]
-        keys = []
-        for node in nodes:
-            roomiest = self._roomiest(node)
-            if roomiest >= share:
-                keys.append((node.loader_wait_s(now), -roomiest, node.index))
+        roomiest = self._roomiest
+        keys = [(node.loader_wait_s(now), -roomiest.get(node.index, self.spec.gpu_memory_bytes), node.index)
+                for node in nodes if roomiest.get(node.index, self.spec.gpu_memory_bytes) >= share]
         return [nodes[key[2]] for key in heapq.nsmallest(limit, keys)]
 
-    @staticmethod
-    def _roomiest(node) -> int:
-        return max((host.free_bytes for host in node.hosts if host.free_places), default=-1)
-
-    def free_slots(self, node) -> int:
-        """The node's GPUs with a free place (the cluster's coarse index of nodes with room)."""
+    def refresh(self, node) -> int:
+        """After a change on `node`'s GPUs: its roomiest GPU remembered, and its GPUs with a free
+        place returned (the cluster's coarse index of nodes with room)."""
+        self._roomiest[node.index] = max((h.free_bytes for h in node.hosts if h.free_places), default=-1)
         return sum(1 for host in node.hosts if host.free_places)
 
     # --- starts and stops ----------------------------------------------------------------------
