@@ -21,7 +21,8 @@ class ClusterSpec:
     """The simulated hardware.
 
     Fields:
-        num_nodes / gpus_per_node: the cluster's shape (one slot per GPU).
+        num_nodes / gpus_per_node: the cluster's shape (one slot per GPU, or a slot host per GPU
+            with `models_per_gpu` above 1).
         dram_bytes_per_node / ssd_bytes_per_node: each node's checkpoint cache budgets (0: none).
         max_batch: requests one instance serves at once (vLLM's max_num_seqs, scaled down to
             what a KV cache of a few GB holds for the traces' prompt lengths).

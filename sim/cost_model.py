@@ -213,7 +213,11 @@ class CostModel:
         its weights and a KV pool of `kv_pool_tokens` tokens, both split over its tensor-parallel
         degree."""
         degree = self.accelerators_needed(model, gpu)
-        return math.ceil((model.weight_bytes + self._shape(model)[2] * kv_pool_tokens) / degree)
+        return math.ceil((model.weight_bytes + self.kv_bytes_per_token(model) * kv_pool_tokens) / degree)
+
+    def kv_bytes_per_token(self, model: SimModel) -> int:
+        """One token's KV cache over all layers (the model's own figure, else Llama-3-8B's per parameter)."""
+        return self._shape(model)[2]
 
     def wake_s(self, model: SimModel, gpu: GpuSpec) -> float:
         """Seconds for an instance asleep on a slot host to serve again: each of its accelerators

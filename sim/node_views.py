@@ -8,7 +8,8 @@ from another only by its free slots and its loader's wait; the view set is there
 - every node holding the model in DRAM or SSD (those are the only ones a locality-aware
   placement can prefer for the tier),
 - the `num_empty` emptiest nodes with room for it (placement's pick among the rest is one of
-  them, up to ties on the node id and loader waits beyond that many nodes),
+  them, up to ties on the node id and loader waits beyond that many nodes; on slot hosts the
+  nodes whose roomiest GPU fits it, free loaders first: `SlotHosts.nodes_with_room`),
 - and any nodes a caller adds (the nodes of eviction or preemption candidates, whose estimates
   the slot-sharing policies need).
 

@@ -137,22 +137,23 @@ class SimInstance:
             self._next_event = None
         if not self._heap:
             self.step_s = 0.0
-            self._own_step(0.0, now)
+            if self.own_step_s:
+                self._own_step(0.0, now)
             return
         n = len(self._heap)
         own = self._costs.decode_step_s(n, self._context_sum / n)
         self.step_s = own + self.others_s if self.others_s else own
-        self._own_step(own, now)
+        if own != self.own_step_s:
+            self._own_step(own, now)
         left = self._heap[0][0] - self.tokens_done
         start = now if now > self.resume_s else self.resume_s
         at = start + (left * self.step_s if left > 0 else 0.0)
         self._next_event = self._loop.schedule(at, self._finish_due, priority=1)
 
     def _own_step(self, own_s: float, now: float) -> None:
-        if own_s != self.own_step_s:
-            self.own_step_s = own_s
-            if self.on_step is not None:
-                self.on_step(self, now)  # its co-residents' steps now wait for a different turn
+        self.own_step_s = own_s
+        if self.on_step is not None:
+            self.on_step(self, now)  # its co-residents' steps now wait for a different turn
 
     def share(self, now: float, others_s: float) -> None:
         """Its co-residents' steps now take `others_s` per turn of its own (`sim.sim_host`): the

@@ -8,7 +8,9 @@ at as its load), the same steps as `Controller._autoscale_model` and
 1. `decide(AutoscalingPolicy, LoadSnapshot, AutoscaleState, now)` with the model's desired count,
    its ongoing and queued requests and its last request time;
 2. converge: extra instances stopped (loading first, then the least busy, then the newest: the
-   controller's stop order); missing ones placed with `place` over `NodeView`s (`sim.node_views`);
+   controller's stop order), or on slot hosts put to sleep (`sim.thaw_sleep`, the steps of the
+   controller's `InstanceSleep`); missing ones woken from sleep first, the rest placed with
+   `place` over `NodeView`s (`sim.node_views`);
 3. no free slot and requests queued: `choose_eviction` over the idle instances (`EvictionSettings`
    of the default `SlotSharingSettings`; frequency from a `UsageMeter` per model, as the
    controller's; with the waiting model's deadline and its oldest and newest waits, so a model whose
@@ -53,6 +55,7 @@ whole spec `AutoscalingPolicy` in `thaw_autoscaling` to replay a real deployment
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 from controller import (AutoscaleState, AutoscalingPolicy, EvictionCandidate,
@@ -470,8 +473,8 @@ class ThawPolicy(SimPolicy):
                 idle_s=max(0.0, now - since), num_model_instances=len(owner.instances),
                 min_instances=self.autoscaling.min_instances, priority=self.autoscaling.priority,
                 frequency=self._control[owner.index].usage.value(now), reload_s=reload_s, reload_tier=tier))
-        sleepers = [s for node in cluster.nodes for s in node.sleepers.values()] if cluster.hosts is not None else []
-        for sleeper in sleepers[:NUM_IDLE_CANDIDATES]:  # they hold places; on a GPU, no memory
+        sleepers = (s for node in cluster.nodes for s in node.sleepers.values()) if cluster.hosts is not None else ()
+        for sleeper in itertools.islice(sleepers, NUM_IDLE_CANDIDATES):  # they hold places; on a GPU, no memory
             owner = cluster.models[sleeper.model_index]
             tier, reload_s = self._reload(sleeper, owner)
             candidate = eviction_candidate(cluster, sleeper, state.index, now, reload_s=reload_s, reload_tier=tier,

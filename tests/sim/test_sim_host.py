@@ -23,24 +23,26 @@ SHARE = COST.instance_memory_bytes(MODEL_A, H100, ClusterSpec(num_nodes=1, gpus_
 TWO_PER_GPU = 2 * SHARE + SHARE // 2  # room for two 2 GB models and their KV pools, not three
 
 
-def build(models, *, gpus=1, models_per_gpu=4, gpu_memory_bytes=TWO_PER_GPU, policy="thaw"):
+def build(models, *, gpus=1, models_per_gpu=4, gpu_memory_bytes=TWO_PER_GPU, sleep=True, **spec):
+    """One node of `gpus` slot hosts (one model per GPU with `models_per_gpu` 1), Thaw's policy,
+    every checkpoint in the node's DRAM; `spec`: more `ClusterSpec` fields."""
     loop = EventLoop()
     spec = ClusterSpec(num_nodes=1, gpus_per_node=gpus, start_overhead_s=0.0, models_per_gpu=models_per_gpu,
-                       gpu_memory_bytes=gpu_memory_bytes if models_per_gpu > 1 else None)
+                       gpu_memory_bytes=gpu_memory_bytes if models_per_gpu > 1 else None, **spec)
     cluster = SimCluster(spec, models, COST, H100, loop)
-    chosen = make_policy(policy, PolicySettings())
-    ticks = TickScheduler(loop, 1.0, chosen.tick)
-    cluster.attach(chosen)
-    chosen.attach(cluster, ticks)
+    policy = make_policy("thaw", PolicySettings(), thaw_sleep=sleep)
+    ticks = TickScheduler(loop, 1.0, policy.tick)
+    cluster.attach(policy)
+    policy.attach(cluster, ticks)
     for index in range(len(models)):
         cluster.preload(0, index, "dram")
-    return loop, cluster, chosen
+    return loop, cluster, policy
 
 
 def test_an_instance_takes_its_weights_and_kv_pool_of_a_gpu_best_fit_and_a_gpu_counts_once():
     loop, cluster, _ = build([MODEL_A, MODEL_B, MODEL_C], gpus=2)
     node = cluster.nodes[0]
-    assert SHARE == MODEL_A.weight_bytes + COST._shape(MODEL_A)[2] * 64 * 512  # weights + a 32,768-token pool
+    assert SHARE == MODEL_A.weight_bytes + COST.kv_bytes_per_token(MODEL_A) * 64 * 512  # weights + a 32,768-token pool
     a = cluster.start_instance(0, 0, "dram")
     b = cluster.start_instance(1, 0, "dram")
     # b goes where a is (the fullest GPU that fits it), keeping GPU 1 whole for a larger model.
@@ -146,24 +148,11 @@ def test_slot_host_settings_are_checked_with_what_to_change():
     assert peer.cluster_spec(0.0, 72 << 30).models_per_gpu == 1
 
 
-def build_sleeping(models, *, sleep=True, **spec):
-    loop = EventLoop()
-    fields = dict(num_nodes=1, gpus_per_node=1, start_overhead_s=0.0, models_per_gpu=2, gpu_memory_bytes=TWO_PER_GPU)
-    cluster = SimCluster(ClusterSpec(**{**fields, **spec}), models, COST, H100, loop)
-    policy = make_policy("thaw", PolicySettings(), thaw_sleep=sleep)
-    ticks = TickScheduler(loop, 1.0, policy.tick)
-    cluster.attach(policy)
-    policy.attach(cluster, ticks)
-    for index in range(len(models)):
-        cluster.preload(0, index, "dram")
-    return loop, cluster, policy
-
-
 def test_an_idle_instance_past_its_keep_alive_sleeps_and_its_next_request_wakes_it_over_the_link():
     wake_s = MODEL_A.weight_bytes / COST.host_link_Bps
     assert COST.wake_s(MODEL_A, H100) == pytest.approx(wake_s)
     for sleep, ttft in ((True, wake_s), (False, COST.load_s(MODEL_A.weight_bytes, "dram"))):
-        loop, cluster, policy = build_sleeping([MODEL_A], sleep=sleep)
+        loop, cluster, policy = build([MODEL_A], models_per_gpu=2, sleep=sleep)
         arrive(loop, cluster, 0.0, 0, 0, output_tokens=1)
         arrive(loop, cluster, 100.0, 1, 0, output_tokens=1)  # past the 60 s keep-alive
         loop.run()
@@ -175,7 +164,7 @@ def test_an_idle_instance_past_its_keep_alive_sleeps_and_its_next_request_wakes_
 
 
 def test_a_sleeper_holds_its_place_not_its_memory_and_a_gpu_of_sleepers_is_not_in_use():
-    loop, cluster, _ = build_sleeping([MODEL_A, MODEL_B, MODEL_C])
+    loop, cluster, _ = build([MODEL_A, MODEL_B, MODEL_C], models_per_gpu=2)
     node = cluster.nodes[0]
     arrive(loop, cluster, 0.0, 0, 0, output_tokens=1)
     arrive(loop, cluster, 0.0, 1, 1, output_tokens=1)
@@ -195,7 +184,7 @@ def test_a_sleeper_holds_its_place_not_its_memory_and_a_gpu_of_sleepers_is_not_i
 def test_a_waiting_model_evicts_a_sleeper_for_its_place_before_an_idle_instance():
     """a sleeps, b is awake and idle, both places of the GPU taken: c evicts the sleeper (every
     sleeper goes before an awake instance), and b keeps serving."""
-    loop, cluster, _ = build_sleeping([MODEL_A, MODEL_B, MODEL_C])
+    loop, cluster, _ = build([MODEL_A, MODEL_B, MODEL_C], models_per_gpu=2)
     arrive(loop, cluster, 0.0, 0, 0, output_tokens=1)
     arrive(loop, cluster, 0.0, 1, 1, output_tokens=1)
     arrive(loop, cluster, 65.0, 2, 1, output_tokens=1)  # keeps b awake past a's keep-alive
@@ -211,7 +200,7 @@ def test_a_sleeper_whose_gpu_has_no_memory_for_it_is_stopped_and_its_model_place
     """a and b on GPU 0 (three places, memory for two); a sleeps; c takes the memory a gave back
     there; a's model wanted again cannot wake on GPU 0, so its sleeper is stopped and a new
     instance is loaded on GPU 1 (the controller's rule: placement may then put it anywhere)."""
-    loop, cluster, _ = build_sleeping([MODEL_A, MODEL_B, MODEL_C], gpus_per_node=2, models_per_gpu=3)
+    loop, cluster, _ = build([MODEL_A, MODEL_B, MODEL_C], gpus=2, models_per_gpu=3)
     arrive(loop, cluster, 0.0, 0, 0, output_tokens=1)
     arrive(loop, cluster, 0.0, 1, 1, output_tokens=1)
     arrive(loop, cluster, 50.0, 2, 1, output_tokens=1)  # b stays awake past a's keep-alive
@@ -234,7 +223,7 @@ def test_the_host_memory_for_sleepers_drops_the_longest_asleep_first():
     asleep after a stops a; with less than one model's weights, nothing sleeps."""
     from sim.thaw_sleep import scale_down
 
-    loop, cluster, _ = build_sleeping([MODEL_A, MODEL_B], sleep_bytes_per_gpu=MODEL_A.weight_bytes)
+    loop, cluster, _ = build([MODEL_A, MODEL_B], models_per_gpu=2, sleep_bytes_per_gpu=MODEL_A.weight_bytes)
     arrive(loop, cluster, 0.0, 0, 0, output_tokens=1)
     arrive(loop, cluster, 0.0, 1, 1, output_tokens=1)
     loop.run(until_s=1.0)  # both loaded, served and idle
@@ -244,7 +233,7 @@ def test_the_host_memory_for_sleepers_drops_the_longest_asleep_first():
     assert scale_down(cluster, b, sleep=True) == "slept"
     assert list(cluster.nodes[0].sleepers.values()) == [b] and a.index not in cluster.instances
 
-    loop, cluster, _ = build_sleeping([MODEL_A], sleep_bytes_per_gpu=MODEL_A.weight_bytes - 1)
+    loop, cluster, _ = build([MODEL_A], models_per_gpu=2, sleep_bytes_per_gpu=MODEL_A.weight_bytes - 1)
     arrive(loop, cluster, 0.0, 0, 0, output_tokens=1)
     loop.run(until_s=1.0)
     [a] = cluster.models[0].instances
