@@ -251,7 +251,8 @@ class SlotSharer:
               now: float, memory_bytes: int = 0) -> PlacementDecision | None:
         """Placement's decision for one more instance of `model`, or one restricted to the node a
         slot is held on for it, or None: wait, a slot is being freed (idle instances evicted until
-        the instance's `memory_bytes` fit the node's worker memory budget, where it has one)."""
+        the instance's `memory_bytes` fit the node's worker memory budget, where it has one; or an
+        instance stopping anyway frees room for it, `_being_freed`)."""
         model_id = model.model_id
         hold = self._holds.get(model_id)
         if hold is not None:
@@ -272,6 +273,8 @@ class SlotSharer:
         if not any(e.num_free_slots >= num_slots for e in decision.estimates):
             self._no_room_s = now  # short of slots, not of a memory budget: there an idle model sleeps
         load_s, free, free_memory = self._targets(decision)
+        if self._being_freed(load_s, free, free_memory, num_slots, memory_bytes) is not None:
+            return None
         settings = self.config.slot_sharing
         ttl_s = self.config.queue_report_ttl_s
         eviction = choose_eviction(model_id, self._eviction_candidates(now), load_s_by_node=load_s,
@@ -397,6 +400,26 @@ class SlotSharer:
         return until_preempt + load_s + (position - 1) * (max(settings.min_run_s, load_s) + load_s)
 
     # --- internals ---------------------------------------------------------------------------
+
+    def _being_freed(self, load_s: dict[str, float], free: dict[str, int], free_memory: dict[str, int],
+                     num_slots: int, memory_bytes: int) -> ManagedInstance | None:
+        """An instance already stopping with no request left (a scale-down, a model deleted), on a
+        node the waiting model may go to, whose slots and memory make room for it there once it is
+        gone, and not being freed for another model: the waiting model takes that room in a moment,
+        so evicting another model's warm instance (or migrating, or preempting) would cost a reload
+        for nothing. A stop with requests still draining may take `drain_timeout_s`: not waited for."""
+        held = {i for h in self._holds.values() for i in (h.victim_instance_id, *h.more_victim_ids)}
+        for instance in self._instances.all():
+            node_id = instance.node_id
+            if instance.phase is not InstanceState.STOPPING or instance.num_ongoing_requests \
+                    or not instance.holds_slot or node_id not in load_s or instance.instance_id in held:
+                continue
+            if free.get(node_id, 0) + instance.num_worker_slots < num_slots:
+                continue
+            budget = free_memory.get(node_id)
+            if budget is None or budget + instance.held_memory_bytes >= memory_bytes:
+                return instance
+        return None
 
     def _hold(self, model_id: str, kind: str, victim: ManagedInstance, num_slots: int, load_s: float,
               now: float, memory_bytes: int = 0, more_victim_ids: tuple[str, ...] = ()) -> None:

@@ -161,6 +161,7 @@ class FakeCluster(ClusterClient):
         self.model_bytes: dict[str, int] = {}
         self.streams: list[tuple[str, int]] = []  # (source instance id, receivers) per stream_weights
         self.pin_gate: asyncio.Event | None = None  # set by a test: pins wait for it
+        self.stop_gate: asyncio.Event | None = None  # set by a test: stops and releases wait for it
         self.node_settings: dict[str, NodeSettings] = {}  # Ray node id -> its own settings (`thaw join`)
 
     async def list_nodes(self) -> list[RayNodeInfo]:
@@ -323,6 +324,8 @@ class FakeCluster(ClusterClient):
 
     async def stop_worker(self, handle: FakeWorker, timeout_s: float) -> None:
         handle = self._resolve(handle)
+        if self.stop_gate is not None:
+            await self.stop_gate.wait()
         if handle.alive and handle.state != "spare":
             self.stopped_workers.append(handle.instance_id)
         handle.alive, handle.state = False, "stopped"
@@ -350,6 +353,8 @@ class FakeCluster(ClusterClient):
     async def release_worker(self, handle: FakeWorker, timeout_s: float) -> None:
         """The worker lets its model go and is a spare again (the real one shuts its engine down)."""
         handle = self._resolve(handle)
+        if self.stop_gate is not None:
+            await self.stop_gate.wait()
         if not handle.alive:
             raise ActorGoneError(f"{handle.actor_name} is dead")
         self.released_workers.append(handle.instance_id)

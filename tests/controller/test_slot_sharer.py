@@ -559,3 +559,36 @@ def test_while_slots_are_contended_an_idle_instance_is_kept_at_least_contended_k
             await eventually(lambda: h.cluster.stopped_workers == [a_worker.instance_id], "a scaled to zero")
 
     asyncio.run(scenario())
+
+
+def test_a_waiting_model_takes_the_slot_a_scale_down_frees_instead_of_evicting_another_instance(tmp_path):
+    """The flake seen in CI (tests/controller/test_controller_integration.py): a model scaled down
+    2 -> 1, and while that instance stopped, a waiting model evicted the other one, so the
+    scaled-down model went to zero by eviction, not after its keep-alive, and a slot sat free."""
+    async def scenario():
+        async with Harness(tmp_path, cpu_worker_slots_per_node=2) as h:
+            a = await deploy(h, "a", 1, max_instances=2, target_ongoing_requests=1, keep_alive_s=60.0)
+            b = await deploy(h, "b", 2, keep_alive_s=60.0)
+            h.controller.notify_demand(a, 2)
+            await h.tick()
+            await h.tick()
+            assert len(h.routes(a)) == 2
+            h.controller.notify_demand(a, 0)
+            h.cluster.stop_gate = asyncio.Event()  # the scaled-down instance stays stopping
+            await h.tick(1.0)
+            assert h.controller.get_model(a)["last_scale"]["reason"].startswith("scale down 2 -> 1:")
+            [kept] = h.routes(a)
+
+            h.controller.notify_demand(b, 1, "gw", 0.0)
+            await h.tick(1.0)
+            await h.tick(1.0)
+            assert kinds(h, "eviction") == [] and h.routes(a) == [kept] and h.routes(b) == []
+            assert h.controller.get_model(a)["num_desired_instances"] == 1
+
+            h.cluster.stop_gate.set()
+            await eventually(lambda: len(h.cluster.live_workers()) == 1, "the scaled-down worker stopped")
+            h.controller.notify_demand(b, 1, "gw", 2.0)
+            await h.tick()
+            assert len(h.routes(b)) == 1 and h.routes(a) == [kept] and kinds(h, "eviction") == []
+
+    asyncio.run(scenario())
