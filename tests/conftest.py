@@ -31,9 +31,24 @@ if not torch.cuda.is_available():
 # another, all on one worker, as one work unit; every other module is a unit of its own, shared
 # out between the two workers. xdist's own ``--dist loadgroup`` would do this from marks, but with
 # pytest 9.2 it no longer groups (it renames `Item._nodeid`, which pytest 9.2 no longer reads).
-# So the scheduler groups by file: a test file that marks anything slow or multinode is end-to-end.
+# So the scheduler groups by file: a test file that marks anything slow or multinode is end-to-end,
+# but for the tests named in BESIDE_END_TO_END.
 END_TO_END = "end-to-end"
 _END_TO_END_MARK = re.compile(r"\bmark\.(slow|multinode)\b")
+# Slow tests that start no platform, Ray or server (a benchmark's --quick run in one process, an
+# engine checked against transformers with interpreted Triton kernels): each is a unit of its own,
+# run beside the end-to-end unit as the unit modules are. The end-to-end unit is the suite's
+# critical path (the other worker had run everything else 15 minutes before it ended), and these
+# ~4 minutes of it need no machine of their own. A name here that the suite does not collect is
+# an error (`pytest_collection_modifyitems`), so the list cannot go stale.
+BESIDE_END_TO_END = frozenset({
+    "tests/bench/test_quick_modes.py::test_engine_benchmark_quick",
+    "tests/bench/test_quick_modes.py::test_loader_benchmark_quick",
+    "tests/bench/test_quick_modes.py::test_scaleout_benchmark_quick",
+    "tests/bench/test_quick_modes.py::test_migration_benchmark_quick",
+    "tests/worker/test_engine_vs_transformers.py::test_greedy_matches_transformers_with_triton_kernels",
+    "tests/worker/test_gemma.py::test_greedy_matches_transformers_with_triton_kernels",
+})
 
 
 def end_to_end_files(tests_dir: Path) -> frozenset[str]:
@@ -52,6 +67,9 @@ if importlib.util.find_spec("xdist") is not None:  # the hook exists only where 
         class EndToEndInOneUnit(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
                 module = nodeid.split("::", 1)[0]
+                test = nodeid.split("[", 1)[0]  # a parametrised test's cases share its entry
+                if test in BESIDE_END_TO_END:
+                    return test
                 return END_TO_END if module in files else module
 
             def _assign_work_unit(self, node) -> None:
@@ -62,6 +80,7 @@ if importlib.util.find_spec("xdist") is not None:  # the hook exists only where 
         return EndToEndInOneUnit(config, log)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -k / -m deselect: the stale-name check sees every collected test
 def pytest_collection_modifyitems(config, items):
     files = end_to_end_files(Path(__file__).parent)
     missed = sorted({item.nodeid.split("::", 1)[0] for item in items
@@ -70,6 +89,11 @@ def pytest_collection_modifyitems(config, items):
     if missed:  # marked some other way (a shared mark object): the scheduler would run them in parallel
         raise pytest.UsageError(f"end-to-end tests in files the xdist scheduler does not see as such: {missed}; "
                                 "mark them with pytest.mark.slow (or multinode) in the file itself")
+    collected_files = {item.nodeid.split("::", 1)[0] for item in items}
+    stale = sorted(name for name in BESIDE_END_TO_END if name.split("::", 1)[0] in collected_files
+                   and not any(item.nodeid.split("[", 1)[0] == name for item in items))
+    if stale:
+        raise pytest.UsageError(f"tests/conftest.py BESIDE_END_TO_END names tests that do not exist: {stale}")
     if torch.cuda.is_available():
         return
     skip_cuda = pytest.mark.skip(reason="needs a CUDA device")
