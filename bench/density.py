@@ -10,8 +10,8 @@ far as their weights and KV pools fit its memory, their decode steps taking turn
 Ray-Serve-like (the same policies `thaw simulate --policy all` compares; neither peer shares a
 GPU's memory between models).
 
-Every node starts with every checkpoint on its SSD and, as far as they fit, in its DRAM
-(`SimConfig.staged_tier`, ``thaw simulate --staged dram``): the cluster has served the catalog
+Every node starts with every checkpoint on its SSD and, as far as they fit, the most requested
+first, in its DRAM (`SimConfig.staged_tier`, ``thaw simulate --staged dram``): the cluster has served the catalog
 before, so what is measured is sharing slots, not a model's first fetch from the repository
 (which every policy pays alike and which alone keeps a 15-minute contended run far below 0.99;
 BENCHMARKS.md). Ray-Serve-like reads the repository on every start all the same, as Ray Serve does.

@@ -79,6 +79,7 @@ def node_to_dict(node: ClusterNode, instances: Sequence[ManagedInstance], config
         "store_connected": node.store is not None, "report_error": node.report_error,
         "reported_at": report.reported_at if report is not None else None,
         "num_fetches": report.num_fetches if report is not None else 0,
+        "num_fetches_waiting": report.num_fetches_waiting if report is not None else 0,
         "tiers": tiers, "measured_bandwidth": measured,
         "effective_bandwidth": dataclasses.asdict(effective_bandwidth(report, config)),
         "placement_bytes_per_s": used,

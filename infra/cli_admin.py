@@ -279,9 +279,11 @@ def print_status(status: dict[str, Any]) -> None:
                 "  no instances (every model is scaled to zero)")
     nodes = status.get("nodes", [])
     print("\nNODES")
-    print_table(("NODE", "KIND", "FREE/SLOTS", "WORKER MEMORY", "DRAINING", "DRAM", "SSD", "RATES dram/ssd/repository"),
+    print_table(("NODE", "KIND", "FREE/SLOTS", "WORKER MEMORY", "DRAINING", "DRAM", "SSD", "RATES dram/ssd/repository",
+                 "FETCHES WAITING"),
                 [(n["node_id"], _node_kind(n), f"{n['num_free_slots']}/{n['num_slots']}", _worker_memory(n),
-                  "yes" if n.get("draining") else "no", _tier_usage(n, "dram"), _tier_usage(n, "ssd"), _rates(n))
+                  "yes" if n.get("draining") else "no", _tier_usage(n, "dram"), _tier_usage(n, "ssd"), _rates(n),
+                  n.get("num_fetches_waiting", 0))
                  for n in nodes], "  no nodes")
     hosts = status.get("hosts") or []
     if hosts:

@@ -52,6 +52,9 @@ class ClusterSpec:
         sleep_bytes_per_gpu: the pinned host memory per GPU that a node's sleepers may hold (their
             weights; None: `gpu_memory_bytes`, the controller's default for
             ``gpu_sleep_memory_bytes``).
+        concurrent_loads: a node's loads from its SSD and the repository in flight at once,
+            sharing its read path evenly, the rest waiting in arrival order (`sim.node_loader`).
+            1: one at a time, as the node store fetches (``NodeStoreConfig.max_concurrent_fetches``).
     """
 
     num_nodes: int
@@ -74,6 +77,7 @@ class ClusterSpec:
     gpu_memory_bytes: int | None = None
     kv_pool_tokens: int = 64 * 512
     sleep_bytes_per_gpu: int | None = None
+    concurrent_loads: int = 1
 
     @property
     def slot_hosts(self) -> bool:
@@ -109,6 +113,7 @@ class ClusterSpec:
             raise ValueError(f"ClusterSpec.promote_on_settle must be True or False, got {self.promote_on_settle!r}")
         _count("models_per_gpu", self.models_per_gpu, 1)
         _count("kv_pool_tokens", self.kv_pool_tokens, 1)
+        _count("concurrent_loads", self.concurrent_loads, 1)
         if self.sleep_bytes_per_gpu is not None:
             _count("sleep_bytes_per_gpu", self.sleep_bytes_per_gpu, 0)
         if self.gpu_memory_bytes is not None:

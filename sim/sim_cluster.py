@@ -52,6 +52,7 @@ from sim.cluster_spec import ClusterSpec
 from sim.node_upkeep import NodeUpkeep
 from sim.sim_host import SimHost
 from sim.slot_hosts import SlotHosts
+from sim.node_loader import LoaderJob, join, node_loader
 from sim.sim_instance import Flight, SimInstance
 from sim.tier_cache import TierCache
 from wire import InstanceState
@@ -60,17 +61,17 @@ __all__ = ["SimCluster", "SimModelState", "SimNode", "COLD_START_TIERS"]
 
 GIB = 1 << 30
 COLD_START_TIERS = ("gpu", "remote", "dram", "ssd", "s3")
-_QUEUED_TIERS = frozenset({"ssd", "s3"})  # loads that share the node's disk/NIC loader
+_SHARED_TIERS = frozenset({"ssd", "s3"})  # loads that share the node's disk/NIC path (`NodeLoader`)
 
 
 class SimNode:
     """One node. `free_slots`: its free GPUs; on slot hosts (`hosts` not None) its GPUs with a
     free place, whatever their memory (`SimCluster.room` says what fits one model)."""
 
-    __slots__ = ("index", "node_id", "num_slots", "free_slots", "dram", "ssd", "loader_free_s", "hosts", "sleepers",
+    __slots__ = ("index", "node_id", "num_slots", "free_slots", "dram", "ssd", "loader", "hosts", "sleepers",
                  "fetches")
 
-    def __init__(self, index: int, num_slots: int, dram_bytes: int, ssd_bytes: int,
+    def __init__(self, index: int, num_slots: int, dram_bytes: int, ssd_bytes: int, loader,
                  hosts: list[SimHost] | None = None) -> None:
         self.index = index
         self.node_id = f"node-{index:05d}"
@@ -78,13 +79,15 @@ class SimNode:
         self.free_slots = num_slots
         self.dram = TierCache(dram_bytes)
         self.ssd = TierCache(ssd_bytes)
-        self.loader_free_s = 0.0
+        self.loader = loader  # its SSD and repository reads (`sim.node_loader`)
         self.hosts = hosts
         self.sleepers: dict[int, SimInstance] = {}  # on its slot hosts, by index, longest asleep first
-        self.fetches: dict[int, float] = {}  # model index -> when its repository fetch in flight here ends
+        self.fetches: dict[int, LoaderJob] = {}  # model index -> its last repository fetch here (in flight until end_s)
 
     def loader_wait_s(self, now: float) -> float:
-        return self.loader_free_s - now if self.loader_free_s > now else 0.0
+        """What the node's loads from SSD and repository have left: a new one's wait, as the
+        controller estimates it (`QueuedLoader.backlog_s`, `SharedLoader.backlog_s`)."""
+        return self.loader.backlog_s(now)
 
 
 class SimModelState:
@@ -143,6 +146,7 @@ class SimCluster:
         self.loop = loop
         hosts = spec.slot_hosts
         self.nodes = [SimNode(i, spec.gpus_per_node, spec.dram_bytes_per_node, spec.ssd_bytes_per_node,
+                              node_loader(loop, spec.concurrent_loads),
                               [SimHost(g, spec.gpu_memory_bytes, spec.models_per_gpu)
                                for g in range(spec.gpus_per_node)] if hosts else None)
                       for i in range(spec.num_nodes)]
@@ -322,6 +326,27 @@ class SimCluster:
         self._keep_copy(node, node.dram if tier == "dram" else node.ssd, model_index,
                         self.models[model_index].model.weight_bytes, f"{tier}_cache_evictions")
 
+    def stage(self, node_index: int, model_indices: list[int], tier: str) -> list[int]:
+        """Before the run, fill a node's "dram" or "ssd" tier with the first of `model_indices`
+        that fit, in that order, none evicting another (the order is what the cluster served most,
+        `sim.simulator`'s staging); the first ends most recently used, so the run's own copies
+        evict the last first. Returns the models staged."""
+        if tier not in ("dram", "ssd"):
+            raise ValueError(f"a node keeps checkpoints in 'dram' or 'ssd', not {tier!r}")
+        node = self.nodes[node_index]
+        cache = node.dram if tier == "dram" else node.ssd
+        room = cache.capacity_bytes - cache.used_bytes
+        chosen = []
+        for model_index in model_indices:
+            num_bytes = self.models[model_index].model.weight_bytes
+            if 0 < num_bytes <= room and model_index not in cache:
+                chosen.append(model_index)
+                room -= num_bytes
+        for model_index in reversed(chosen):
+            self._keep_copy(node, cache, model_index, self.models[model_index].model.weight_bytes,
+                            f"{tier}_cache_evictions")
+        return chosen
+
     def keep_dram_copy(self, node: SimNode, model_index: int) -> None:
         """A copy of the model lands in the node's DRAM tier (a promotion, `sim.node_upkeep`)."""
         self._keep_copy(node, node.dram, model_index, self.models[model_index].model.weight_bytes,
@@ -345,6 +370,7 @@ class SimCluster:
         weight_bytes = state.model.weight_bytes
         resident_s = now
         from_spare = False
+        job = None  # the node loader's load this instance waits for, if any
         if node_index is None:
             node_index, load_s, tier = -1, 0.0, "gpu"
         else:
@@ -364,21 +390,25 @@ class SimCluster:
                 stream_s = self.cost.load_s(weight_bytes, tier)
                 resident_s = now + stream_s + overhead_s
                 load_s = stream_s * self.spec.stream_serve_fraction
-            elif tier == "s3" and self.keep_copies and node.fetches.get(model_index, 0.0) > now:
-                load_s = node.fetches[model_index] - now  # the node store's single flight: one fetch
+            elif tier == "s3" and self.keep_copies and model_index in node.fetches \
+                    and node.fetches[model_index].end_s > now:  # the node store's single flight: one fetch
+                job = node.fetches[model_index]
+                if job.delay_s is not None:  # a queued fetch: its end is known
+                    load_s, job = job.end_s - now, None
             else:
                 load_s = self.cost.load_s(weight_bytes, tier)
-                if tier in _QUEUED_TIERS:
-                    wait_s = node.loader_wait_s(now)
-                    node.loader_free_s = now + wait_s + load_s
-                    load_s += wait_s
+                if tier in _SHARED_TIERS:
+                    job = node.loader.start(load_s)
                     if tier == "s3" and self.keep_copies:
-                        node.fetches[model_index] = now + load_s
+                        node.fetches[model_index] = job
+                    if job.delay_s is not None:
+                        load_s, job = job.delay_s, None
                 if tier == "dram":
                     node.dram.touch(model_index)
                 elif tier == "ssd":
                     node.ssd.touch(model_index)
-            load_s += overhead_s
+            if job is None:
+                load_s += overhead_s
         if node_index < 0 or self.nodes[node_index].hosts is None:
             self._used_slots += state.num_slots  # on slot hosts: counted by GPU (`SlotHosts`)
         if node_index >= 0:  # the unbounded cluster's instances are warm by assumption
@@ -390,18 +420,32 @@ class SimCluster:
                                costs=state.costs, on_finish=self._finished)
         instance.stream_source = stream_from.instance_id if stream_from is not None else None
         instance.from_spare = from_spare
-        instance.resident_s = resident_s if stream_from is not None else now + load_s
+        instance.resident_s = resident_s if stream_from is not None else math.inf if job is not None else now + load_s
         if node_index >= 0 and self.nodes[node_index].hosts is not None:
             self.hosts.place(instance, self.nodes[node_index], now)
             self._refresh_free(self.nodes[node_index])
         self.instances[instance.index] = instance
         state.instances.append(instance)
         state.num_loading += 1
-        if load_s == 0.0:
+        if job is not None:
+            join(job, self._loaded, instance, overhead_s)
+        elif load_s == 0.0:
             self._ready(instance)
         else:
             instance.load_event = self.loop.schedule(now + load_s, self._ready, instance, priority=0)
         return instance
+
+    def _loaded(self, instance: SimInstance, overhead_s: float) -> None:
+        """A shared loader has read the instance's checkpoint: its engine starts (`overhead_s`),
+        unless it was stopped meanwhile."""
+        if instance.phase != InstanceState.LOADING:
+            return
+        now = self.loop.now
+        instance.resident_s = now + overhead_s
+        if overhead_s <= 0.0:
+            self._ready(instance)
+        else:
+            instance.load_event = self.loop.schedule(now + overhead_s, self._ready, instance, priority=0)
 
     def _ready(self, instance: SimInstance) -> None:
         now = self.loop.now

@@ -14,6 +14,7 @@ the scale simulated.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import time
@@ -93,10 +94,13 @@ class SimConfig:
             it after the spec's ``queue_timeout_s`` (`ClusterSpec.queue_timeout_s`; every policy
             alike). None: requests wait as long as it takes.
         staged_tier: "ssd" or "dram": every node's SSD holds every model's checkpoint when the run
-            starts, and with "dram" its DRAM too, each as far as it fits (catalog order), as on a
-            cluster that has served the catalog before, so no request waits for a first fetch from
-            the repository (the density figure's set-up); None: the repository alone holds them. Policies that keep no node copies
-            (Ray-Serve-like, unbounded) read the repository all the same.
+            starts, and with "dram" its DRAM too, each as far as it fits, as on a cluster that has
+            served the catalog before, so no request waits for a first fetch from the repository
+            (the density figure's set-up); None: the repository alone holds them. A tier too small
+            for all holds the most requested models first, by the generator's expected rates (what
+            a day of history gives; the counts of `requests` when they are given or replayed), as
+            its LRU would after serving them. Policies that keep no node copies (Ray-Serve-like,
+            unbounded) read the repository all the same.
         thaw_models_per_gpu: Thaw's GPUs as slot hosts (`ClusterSpec.models_per_gpu`): each holds up
             to this many models at once as far as their weights and KV pools fit its memory
             (`gpu_memory_utilization` of it), their decode steps taking turns, as the controller's
@@ -106,6 +110,8 @@ class SimConfig:
         thaw_sleep: on slot hosts, an idle instance Thaw's policy scales down sleeps (its GPUs'
             memory freed, its weights in pinned host memory, woken over the link) rather than
             stopping, as the controller's ``sleep_idle_instances`` (its default); False: it stops.
+        concurrent_loads: a node's loads from SSD and the repository in flight at once, sharing its
+            read path (`ClusterSpec.concurrent_loads`); 1: one at a time, as the node store fetches.
         hardware: a measured `HardwareProfile` (`sim.hardware_profile`): the nodes, the catalog
             and the costs all come from it, replacing `gpu`, `gpus_per_node`, `dram_gib_per_node`,
             `ssd_gib_per_node` and `max_batch` (then `num_models` must be its model count).
@@ -142,6 +148,7 @@ class SimConfig:
     queue_timeout_s: float | None = None
     thaw_models_per_gpu: int = 1
     thaw_sleep: bool = True
+    concurrent_loads: int = 1
     hardware: object = None
 
     def __post_init__(self) -> None:
@@ -198,6 +205,7 @@ class SimConfig:
             raise ValueError(f"SimConfig.real_controller_timing must be True or False, "
                              f"got {self.real_controller_timing!r}")
         _int("thaw_models_per_gpu", self.thaw_models_per_gpu, 1)
+        _int("concurrent_loads", self.concurrent_loads, 1)
         if not isinstance(self.thaw_sleep, bool):
             raise ValueError(f"SimConfig.thaw_sleep must be True or False, got {self.thaw_sleep!r}")
         if self.hardware is not None and self.thaw_models_per_gpu > 1:
@@ -215,13 +223,15 @@ class SimConfig:
         """The run's cluster; `gpu_memory_bytes`: what a slot host's instances may take of a GPU
         (used when Thaw's GPUs are slot hosts, `thaw_models_per_gpu`)."""
         if self.hardware is not None:
-            return dataclasses.replace(self.hardware.cluster_spec(self.num_nodes), queue_timeout_s=self.queue_timeout_s)
+            return dataclasses.replace(self.hardware.cluster_spec(self.num_nodes), queue_timeout_s=self.queue_timeout_s,
+                                       concurrent_loads=self.concurrent_loads)
         hosts = self.policy == "thaw" and self.thaw_models_per_gpu > 1
         return ClusterSpec(num_nodes=self.num_nodes, gpus_per_node=self.gpus_per_node,
                            dram_bytes_per_node=self.dram_gib_per_node * GIB,
                            ssd_bytes_per_node=self.ssd_gib_per_node * GIB, max_batch=self.max_batch,
                            start_overhead_s=start_overhead_s, queue_timeout_s=self.queue_timeout_s,
                            models_per_gpu=self.thaw_models_per_gpu if hosts else 1,
+                           concurrent_loads=self.concurrent_loads,
                            gpu_memory_bytes=gpu_memory_bytes if hosts else None)
 
     def policy_settings(self) -> PolicySettings:
@@ -324,11 +334,13 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
         from sim.sim_models import model_catalog
         models = model_catalog(config.num_models, config.seed) if config.hardware is None \
             else config.hardware.sim_models()
+    workload = None  # the generator's config, when the workload is generated here
     if requests is None:
         from sim.workload import WorkloadConfig, generate_workload
-        requests = generate_workload(WorkloadConfig(
-            num_models=config.num_models, hours=config.hours, seed=config.seed, trace_dir=config.trace_dir,
-            source=config.source, requests_per_model_per_hour=config.requests_per_model_per_hour), models)
+        workload = WorkloadConfig(num_models=config.num_models, hours=config.hours, seed=config.seed,
+                                  trace_dir=config.trace_dir, source=config.source,
+                                  requests_per_model_per_hour=config.requests_per_model_per_hour)
+        requests = generate_workload(workload, models)
     gpu = _gpu(config.gpu) if config.hardware is None else None  # a profile is its own hardware
     loop = EventLoop()
     gpu_memory = int(gpu.hbm_bytes * cost.gpu_memory_utilization) if gpu is not None else None
@@ -352,10 +364,17 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
     cluster.attach(policy)
     policy.attach(cluster, ticks)
     if config.staged_tier is not None and cluster.keep_copies:
+        rates = None
+        if workload is not None and workload.source != "azure_llm":
+            from sim.workload import expected_requests_per_hour
+            rates = expected_requests_per_hour(workload, models)
+        if rates is None:
+            requests = list(requests)
+            rates = collections.Counter(request.model_id for request in requests)
+        order = sorted(range(len(cluster.models)), key=lambda i: (-rates.get(cluster.models[i].model_id, 0.0), i))
         for node_index in range(len(cluster.nodes)):
             for tier in ("ssd", "dram") if config.staged_tier == "dram" else ("ssd",):
-                for model_index in range(len(cluster.models)):
-                    cluster.preload(node_index, model_index, tier)
+                cluster.stage(node_index, order, tier)
     feeder = _Feeder(cluster, requests)
     loop.feed(feeder.pull)
     horizon_s = config.hours * 3600.0

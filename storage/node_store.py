@@ -4,7 +4,8 @@
 
 - SSD miss: fetch the model's thaw checkpoint from the repository (parallel ranged reads, every
   file verified against the manifest's checksums) into the tier's staging area, then rename it
-  into place -- concurrent callers share the one fetch (`CheckpointTier` single flight). A
+  into place -- concurrent callers share the one fetch (`CheckpointTier` single flight), and
+  fetches of different models take turns, one at a time by default (`storage.fetch_queue`). A
   Hugging Face push was converted once, at push (`ModelRepository.push`), so the store only
   copies; a repository that holds a model in Hugging Face form only (pushed before that, or
   unreadable by the converter then) still works: the store converts it after the download,
@@ -43,6 +44,7 @@ from loader import (CheckpointFormatError, ChecksumMismatchError, HostMemoryPool
 from storage.bandwidth_calibration import calibrate_bandwidth
 from storage.checkpoint_copy import copy_checkpoint
 from storage.checkpoint_tier import CheckpointTier, EntryMissingError
+from storage.fetch_queue import FetchQueue
 from storage.model_name import validate_model_name
 from storage.model_repository import ModelRepository
 from storage.shm_directory import ShmDirectory
@@ -72,6 +74,7 @@ class NodeStore:
         self.config = config
         self.repository = repository
         self._lock = threading.Lock()
+        self._fetch_queue = FetchQueue(config.max_concurrent_fetches)  # one at a time by default: see its module
         self._num_fetches = 0
         self._num_conversions = 0
         self._converted_here: set[str] = set()  # models converted after a download (logged once each)
@@ -127,10 +130,15 @@ class NodeStore:
         return (lambda dest: self._fill_dram(model, dest)), (lambda: self._ssd_bytes(model))
 
     def _fill_ssd(self, model: str, dest: Path) -> None:
-        with self._lock:
-            self._num_fetches += 1
         download = dest.parent / "download"
-        result = self.repository.fetch(model, download, verify=self.config.verify_fetches, prefer_thaw=True)
+        asked_s = time.monotonic()
+        with self._fetch_queue.turn() as ahead:
+            if ahead:
+                logger.info("fetching %r from the repository after %.1f s behind %d fetch(es) ahead of it",
+                            model, time.monotonic() - asked_s, ahead)
+            with self._lock:
+                self._num_fetches += 1
+            result = self.repository.fetch(model, download, verify=self.config.verify_fetches, prefer_thaw=True)
         if result.kind == "thaw":
             os.rename(download, dest)
         else:  # Hugging Face form only: convert here (see the module docstring)
@@ -250,7 +258,8 @@ class NodeStore:
             return NodeStoreReport(platform_id=self.config.platform_id, node_id=self.config.node_id,
                                    tiers=(dram, self.ssd.report()), bandwidth=self._bandwidth,
                                    num_fetches=self._num_fetches, num_conversions=self._num_conversions,
-                                   reported_at=time.time(), worker_memory_bytes=self.config.worker_memory_bytes)
+                                   reported_at=time.time(), worker_memory_bytes=self.config.worker_memory_bytes,
+                                   num_fetches_waiting=self._fetch_queue.num_waiting)
 
     def close(self) -> None:
         """Release the DRAM tier (its shared memory is removed); the SSD cache stays for the next start."""

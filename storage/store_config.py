@@ -45,6 +45,9 @@ class NodeStoreConfig:
     convert_chunk_bytes: int | None = None  # checksum/read chunk of converted checkpoints; None: the loader's default
     copy_threads: int = 4  # threads promoting a checkpoint from SSD to DRAM
     verify_fetches: bool = True  # check every downloaded file's xxh3_64 against the repository manifest
+    # Repository fetches in flight at once; the rest wait in arrival order (`storage.fetch_queue`:
+    # one fetch keeps the network busy, and side by side every fetch ends later).
+    max_concurrent_fetches: int = 1
     # The node's own worker memory budget (`thaw join --worker-memory-gb`), which its reports carry
     # to the controller; the store itself holds no worker. None: the platform's budget.
     worker_memory_bytes: int | None = None
@@ -69,6 +72,7 @@ class NodeStoreConfig:
         if self.worker_memory_bytes is not None:
             self._check_int("worker_memory_bytes", 1)
         self._check_int("copy_threads", 1, 256)
+        self._check_int("max_concurrent_fetches", 1, 256)
         self._check_int("calibration_bytes", _ALIGNMENT_BYTES)
         if self.calibration_bytes % _ALIGNMENT_BYTES:
             raise ValueError(f"NodeStoreConfig.calibration_bytes {self.calibration_bytes} must be a multiple of "

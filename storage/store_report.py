@@ -96,6 +96,7 @@ class NodeStoreReport:
     num_conversions: int  # of which Hugging Face dirs converted to the thaw format
     reported_at: float
     worker_memory_bytes: int | None = None  # the node's own worker memory budget; None: the platform's
+    num_fetches_waiting: int = 0  # repository fetches queued behind those in flight (`storage.fetch_queue`)
 
     def tier(self, name: str) -> TierReport:
         for tier in self.tiers:

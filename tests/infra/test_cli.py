@@ -216,6 +216,17 @@ def test_status_shows_each_nodes_worker_memory(capsys):
     assert lines[lines.index(header) + 1][header.index("WORKER MEMORY"):].startswith("3.2 GB / 4.3 GB (2 inst., 1 asleep)")
 
 
+def test_status_shows_each_nodes_repository_fetches_waiting(capsys):
+    from infra.cli_admin import print_status
+
+    node = {"node_id": "n1", "num_gpus": 0, "num_free_slots": 2, "num_slots": 4, "draining": False, "tiers": [],
+            "num_fetches_waiting": 3}
+    print_status({"platform_id": "p", "namespace": "n", "models": [], "instances": [], "nodes": [node]})
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("NODE "))
+    assert lines[lines.index(header) + 1][header.index("FETCHES WAITING"):].strip() == "3"
+
+
 def test_serve_head_only_without_a_cluster_is_refused_before_starting_anything(tmp_path):
     result = thaw("serve", "--state", str(tmp_path / "state"), "--head-only", timeout=60)
     assert result.returncode == 2

@@ -210,3 +210,41 @@ def test_thaw_simulate_bad_sizes_exit_2_with_the_message(capsys):
     assert "--thaw-downscale-delay-s must be a finite number >= 0, got -1" in capsys.readouterr().err
     assert main(["simulate", "--quick", "--thaw-keep-alive-per-restart", "nan"]) == 2
     assert "--thaw-keep-alive-per-restart must be a finite number >= 0, got nan" in capsys.readouterr().err
+
+
+def test_a_staged_tier_too_small_for_the_catalog_holds_the_most_requested_models():
+    from sim.sim_models import SimModel
+    from sim.workload import SimRequest
+
+    gib = 1 << 30
+    models = [SimModel(model_id=name, family="llama", params_b=8.0, weight_bytes=16 * gib) for name in "abc"]
+    # "c" is the most requested, then "b"; the node's DRAM holds two of the three.
+    requests = [SimRequest(float(t), "c", 64, 4) for t in range(6)] + [SimRequest(100.0 + t, "b", 64, 4)
+                                                                       for t in range(3)]
+    requests.append(SimRequest(200.0, "a", 64, 4))
+    config = SimConfig(num_models=3, num_nodes=1, gpus_per_node=1, hours=0.1, policy="serverlessllm",
+                       staged_tier="dram", dram_gib_per_node=40, keep_alive_s=1.0)
+    result = run_simulation(config, models=models, requests=sorted(requests, key=lambda r: r.arrival_s))
+    # c and b start from DRAM, a (the least requested, not staged) from the SSD; no staged copy was evicted.
+    assert result.cold_starts_by_tier == {**result.cold_starts_by_tier, "dram": 2, "ssd": 1, "s3": 0}
+
+
+def test_staging_fills_a_tier_in_the_order_given_without_evicting():
+    from sim.cluster_spec import ClusterSpec
+    from sim.cost_model import H100, default_cost_model
+    from sim.event_loop import EventLoop
+    from sim.sim_cluster import SimCluster
+    from sim.sim_models import SimModel
+
+    gib = 1 << 30
+    models = [SimModel(model_id=f"m{i}", family="llama", params_b=b / 2, weight_bytes=b * gib)
+              for i, b in enumerate((16, 30, 8, 16))]
+    spec = ClusterSpec(num_nodes=1, gpus_per_node=1, dram_bytes_per_node=40 * gib)
+    cluster = SimCluster(spec, models, default_cost_model(), H100, EventLoop())
+    # m1 (30) first, m3 (16) does not fit the 10 left, m2 (8) does, m0 does not.
+    assert cluster.stage(0, [1, 3, 2, 0], "dram") == [1, 2]
+    assert cluster.checkpoint_tiers(cluster.nodes[0], 1) == ("dram",)
+    assert cluster.checkpoint_tiers(cluster.nodes[0], 3) == ()
+    assert cluster.counts["dram_cache_evictions"] == 0
+    with pytest.raises(ValueError, match="a node keeps checkpoints in 'dram' or 'ssd', not 'gpu'"):
+        cluster.stage(0, [0], "gpu")

@@ -438,3 +438,44 @@ def test_a_restart_makes_adopted_entries_the_owners_only(store_config, repositor
     with NodeStore(config, repository) as store:
         assert store.report().tier("ssd").models == ("m0",)
         assert _tree_modes(config.ssd_dir) == ({0o700}, {0o600})
+
+
+class PerModelGatedRepository(LocalModelRepository):
+    """Each model's fetch announces itself and waits for its own release."""
+
+    def __init__(self, root, models, **kwargs):
+        super().__init__(root, **kwargs)
+        self.started = {m: threading.Event() for m in models}
+        self.release = {m: threading.Event() for m in models}
+
+    def fetch(self, model, dest_dir, **kwargs):
+        self.started[model].set()
+        if not self.release[model].wait(WAIT_S):
+            raise TimeoutError("the test never released the fetch")
+        return super().fetch(model, dest_dir, **kwargs)
+
+
+@pytest.mark.parametrize("max_concurrent_fetches", [1, 2])
+def test_fetches_of_different_models_take_turns_in_arrival_order(store_config, repository, max_concurrent_fetches,
+                                                                  caplog):
+    gated = PerModelGatedRepository(repository.root, ("m0", "m1", "m2"), part_bytes=16384)
+    with NodeStore(store_config(max_concurrent_fetches=max_concurrent_fetches), gated) as store:
+        threads = []
+        for model in ("m0", "m1", "m2"):
+            threads.append(threading.Thread(target=store.ensure, args=(model, "ssd")))
+            threads[-1].start()
+            if model == "m0" or max_concurrent_fetches == 2 and model == "m1":
+                assert gated.started[model].wait(WAIT_S)
+            else:
+                waiting = len(threads) - max_concurrent_fetches
+                wait_until(lambda: store.report().num_fetches_waiting == waiting, f"{model} queued")
+        assert not gated.started["m2"].is_set()  # queued behind the fetches in flight
+        assert gated.started["m1"].is_set() == (max_concurrent_fetches == 2)
+        with caplog.at_level("INFO", logger="storage.node_store"):
+            for model in ("m0", "m1", "m2"):
+                gated.release[model].set()
+            for thread in threads:
+                thread.join(WAIT_S)
+        assert store.report().num_fetches == 3
+        assert sorted(entry.model for entry in store.report().tier("ssd").entries) == ["m0", "m1", "m2"]
+        assert any("fetching 'm2' from the repository after" in r.getMessage() for r in caplog.records)
