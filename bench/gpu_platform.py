@@ -61,13 +61,10 @@ weights' bytes; a run uses the repository's exact ones); writes and starts nothi
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import json
-import os
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -82,11 +79,13 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.coldstart import free_port, wait_for  # noqa: E402
-from bench.gpu_common import MEMORY_FS_TYPES, ROOT, cuda_missing_reason, disk_work_dir, emit, fs_type, log  # noqa: E402
+from bench.gpu_common import MEMORY_FS_TYPES, cuda_missing_reason, disk_work_dir, emit, fs_type, log  # noqa: E402
+from bench.gpu_platform_alternation import Alternation  # noqa: E402
+from bench.gpu_platform_setup import (ASLEEP, BENCH, COLD, DRAM, FULL, NUM_SMALL_BESIDE_BIG, QUICK,  # noqa: E402
+                                      REQUEST_DEADLINE_S, SMALL, PlatformMode)
 from bench.random_llama import is_published, num_weight_bytes, publish_random_llama  # noqa: E402
-from worker.demo_model import DemoModelConfig  # noqa: E402
+from bench.served_platform import ServedPlatform  # noqa: E402
 
-BENCH = "gpu_platform"
 GIB = 1 << 30
 TARGET_ASLEEP_S = 0.35
 TARGET_DRAM_S = 0.6
@@ -94,59 +93,11 @@ SERVERLESSLLM_LOAD_S = 0.678  # Llama-3.1-8B's load alone on an H100, as Serverl
 SERVERLESSLLM_PEER = ("ServerlessLLM: 0.678 s for Llama-3.1-8B's load alone on an H100 (reported, not "
                       "measured here; a load, not a request's first token)")
 TENANT = "bench"
-NUM_SMALL_BESIDE_BIG = 2  # the budget holds the 8B and this many 1Bs, not one more
 MODELS_PER_PROCESS = 5
 SHM_DIR = Path("/dev/shm")  # where node stores keep their DRAM tier (storage.NodeStoreConfig.shm_root)
 DEFAULT_MODEL_DIR = SHM_DIR / "thaw-gpu-platform"
 START_TIMEOUT_S = 300.0
-REQUEST_DEADLINE_S = 300.0  # also each spec's queue_timeout_s: a cold 8B start waits, it does not fail
-POLL_S = 0.2
-DRAM_COPY_TIMEOUT_S = 120.0
 DEFAULT_TIME_LIMIT_S = 450.0  # a lent GPU machine's run: one call of at most 600 s
-# Phases of the alternation (the "phase" of each try).
-COLD, SMALL, SETUP, ASLEEP, FILL, DRAM = "cold-fresh-host", "1b", "setup", "asleep", "fill", "dram"
-
-
-@dataclass(frozen=True)
-class PlatformMode:
-    """One mode's models and lifetimes (`FULL`: the issue's shapes; `QUICK`: a CPU smoke run)."""
-
-    name: str
-    big: DemoModelConfig
-    small: DemoModelConfig
-    kv_cache_bytes: int  # every instance's KV pool (the spec's kv_cache_bytes): exact arithmetic
-    prompt_tokens: int
-    max_tokens: int
-    repeats: int
-    # Short, so the 8B sleeps between tries, but past the node's settling (the controller's
-    # spare_refill_delay_s, 5 s) after its cold start, when the controller copies it into DRAM.
-    big_keep_alive_s: float
-    small_keep_alive_s: float  # long: the 1Bs stay resident, so the 8B is the one sleeper
-    judged: bool  # the issue's shapes: targets judged (on a GPU)
-    num_small: int = 4
-
-    def __post_init__(self) -> None:
-        if self.repeats < 1:
-            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
-        if self.num_small <= NUM_SMALL_BESIDE_BIG:
-            raise ValueError(f"num_small must exceed {NUM_SMALL_BESIDE_BIG}, or every model fits the budget")
-
-
-def _llama(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int, tied: bool,
-           seed: int, max_len: int) -> DemoModelConfig:
-    return DemoModelConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                           num_key_value_heads=kv_heads, intermediate_size=intermediate, vocab_size=vocab,
-                           tie_word_embeddings=tied, max_position_embeddings=max_len, dtype="bfloat16", seed=seed)
-
-
-FULL = PlatformMode("full", big=_llama(4096, 32, 32, 8, 14336, 128256, False, 0, 2048),
-                    small=_llama(2048, 16, 32, 8, 8192, 128256, True, 1, 2048), kv_cache_bytes=512 << 20,
-                    prompt_tokens=128, max_tokens=2, repeats=3, big_keep_alive_s=8.0, small_keep_alive_s=600.0,
-                    judged=True)
-QUICK = PlatformMode("quick", big=_llama(256, 4, 8, 2, 688, 4096, False, 0, 512),
-                     small=_llama(128, 2, 4, 2, 352, 4096, True, 1, 512), kv_cache_bytes=1 << 20,
-                     prompt_tokens=16, max_tokens=2, repeats=2, big_keep_alive_s=6.0, small_keep_alive_s=600.0,
-                     judged=False)
 
 
 # ---- the budget (pure) --------------------------------------------------------------------------
@@ -264,82 +215,7 @@ def sequence_checks(tries: list[dict[str, Any]], counts: dict[str, int], repeats
                 t.get("new_instance") and "dram" in (t.get("placed_tier"), t.get("tier")) for t in of[DRAM])}
 
 
-def big_instance(status: dict[str, Any], model_id: str) -> dict[str, Any] | None:
-    """The model's one instance that is not stopping (None: it has none)."""
-    mine = [i for i in status.get("instances", []) if i["model_id"] == model_id and i["state"] != "stopping"]
-    return mine[0] if mine else None
-
-
-def describe_try(before: dict[str, Any] | None, after: dict[str, Any] | None, wakes_moved: bool,
-                 placed_tier: str | None) -> dict[str, Any]:
-    """What answered a request, from the model's instance before and after it: the same one woken
-    (``woke``), or a new one (``new_instance``, with the tier placement chose and it loaded from)."""
-    new = after is not None and (before is None or before["instance_id"] != after["instance_id"])
-    return {"instance_id": after["instance_id"] if after else None, "state_before": before["state"] if before else None,
-            "woke": bool(before is not None and before["state"] == "asleep" and not new and wakes_moved),
-            "new_instance": new, "placed_tier": placed_tier if new else None,
-            "tier": after.get("tier") if new and after else None,
-            "load_s": after.get("load_s") if new and after else None}
-
-
-# ---- the platform, through its HTTP API ---------------------------------------------------------
-
-
-class ServedPlatform:
-    """``python -m infra.cli serve`` in a process group of its own, and its admin API."""
-
-    def __init__(self, command: list[str], url: str, log_path: Path) -> None:
-        self.command, self.url, self.log_path = command, url, log_path
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout_s: float) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-               "PYTHONUNBUFFERED": "1"}
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(self.command, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for(self._answers, "the platform's admin API", timeout_s, 0.5)
-
-    def _answers(self) -> bool:
-        from infra.admin_client import AdminUnreachable
-
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(f"thaw serve exited ({self.proc.returncode}); its log ends: {self.log_tail()}")
-        try:
-            self.status()
-        except AdminUnreachable:
-            return False
-        return True
-
-    def _call(self, name: str, *args: Any) -> Any:
-        from infra.admin_client import AdminClient
-
-        async def call() -> Any:
-            async with AdminClient(self.url, None, timeout_s=REQUEST_DEADLINE_S) as client:
-                return await getattr(client, name)(*args)
-
-        return asyncio.run(call())
-
-    def status(self) -> dict[str, Any]:
-        return self._call("status")
-
-    def deploy(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self._call("deploy", spec)
-
-    def log_tail(self, num_chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-num_chars:] if self.log_path.exists() else ""
-
-    def stop(self) -> None:
-        """SIGINT (``thaw serve`` stops the platform and its Ray cleanly), then the group killed."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
+# ---- the platform's command and the models' specs -----------------------------------------------
 
 
 def serve_command(on_gpu: bool, plan: BudgetPlan, port: int, state_dir: Path, repository: Path, ssd_gb: float,
@@ -359,151 +235,6 @@ def model_spec(name: str, repository: Path, mode: PlatformMode, on_gpu: bool, ke
             "resources": {"num_cpus": 1, "num_gpus": 1 if on_gpu else 0},
             "autoscaling": {"min_instances": 0, "max_instances": 1, "keep_alive_s": keep_alive_s,
                             "upscale_delay_s": 0.0, "downscale_delay_s": 0.0, "queue_timeout_s": REQUEST_DEADLINE_S}}
-
-
-# ---- the alternation ----------------------------------------------------------------------------
-
-
-class Alternation:
-    """The scripted requests, one at a time, and what the status said around each."""
-
-    def __init__(self, platform: ServedPlatform, mode: PlatformMode, big_id: str, small_ids: list[str],
-                 deadline: float) -> None:
-        import openai
-
-        self.platform, self.mode, self.big_id, self.small_ids = platform, mode, big_id, small_ids
-        self.deadline = deadline  # time.monotonic() past which the sequence stops where it is
-        self.dram_copy_timeout_s = DRAM_COPY_TIMEOUT_S
-        self.big_name = big_id.split("/")[1]  # also its repository name (deployed from <repository>/<name>)
-        self.client = openai.OpenAI(base_url=f"{platform.url}/v1", api_key="none", max_retries=0,
-                                    timeout=REQUEST_DEADLINE_S)
-        self.prompt = [3 + (i * 7919) % 997 for i in range(mode.prompt_tokens)]  # ids in the tokenizer's range
-        self.tries: list[dict[str, Any]] = []
-        self.max_used: dict[str, int] = {}  # node memory field -> the most seen in use
-        self.counts_at_start = self.counts(self.status())
-
-    def time_left(self, cap_s: float) -> float:
-        """`cap_s`, or less where the time limit is nearer; TimeoutError once it has passed."""
-        left_s = self.deadline - time.monotonic()
-        if left_s <= 0:
-            raise TimeoutError("the time limit (--time-limit-s) was reached")
-        return min(cap_s, left_s)
-
-    def status(self) -> dict[str, Any]:
-        status = self.platform.status()
-        for node in status.get("nodes", []):
-            for key, value in node.items():
-                if isinstance(value, dict) and "used_bytes" in value and "budget_bytes" in value:
-                    self.max_used[key] = max(self.max_used.get(key, 0), value["used_bytes"])
-        return status
-
-    @staticmethod
-    def counts(status: dict[str, Any]) -> dict[str, int]:
-        return dict(status.get("slot_sharing", {}).get("counts", {}))
-
-    def counts_delta(self, status: dict[str, Any]) -> dict[str, int]:
-        now = self.counts(status)
-        return {k: v - self.counts_at_start.get(k, 0) for k, v in now.items()}
-
-    def first_token(self, model_id: str) -> tuple[float | None, str | None]:
-        """(seconds from the call to the first streamed chunk, the failure or None)."""
-        import openai
-
-        start = time.perf_counter()
-        ttft_s, finish = None, None
-        try:
-            client = self.client.with_options(timeout=self.time_left(REQUEST_DEADLINE_S))
-            stream = client.completions.create(model=model_id, prompt=self.prompt, max_tokens=self.mode.max_tokens,
-                                                    temperature=0.0, stream=True, logprobs=0,
-                                                    extra_body={"ignore_eos": True})
-            for chunk in stream:
-                if chunk.choices:
-                    ttft_s = time.perf_counter() - start if ttft_s is None else ttft_s
-                    finish = chunk.choices[0].finish_reason or finish
-        except openai.OpenAIError as exc:
-            return ttft_s, f"{type(exc).__name__}: {str(exc)[:160]}"
-        if ttft_s is None:
-            return None, "no-output"
-        return (ttft_s, None) if finish in ("length", "stop") else (ttft_s, f"finish-{finish}")
-
-    def request(self, model_id: str, phase: str, **extra: Any) -> dict[str, Any]:
-        status = self.status()
-        before = big_instance(status, self.big_id)
-        hosts_before = status.get("hosts", [])
-        wakes, evictions = self.counts(status).get("wakes", 0), self.counts(status).get("evictions", 0)
-        ttft_s, failure = self.first_token(model_id)
-        status = self.status()
-        record: dict[str, Any] = {"phase": phase, "model_id": model_id, "ttft_s": ttft_s, "failure": failure, **extra}
-        if model_id == self.big_id:
-            after = big_instance(status, self.big_id)
-            placed = next((d.get("tier") for d in reversed(status.get("recent_decisions", []))
-                           if d.get("kind") == "placement" and after and d.get("instance_id") == after["instance_id"]),
-                          None)
-            record.update(describe_try(before, after, self.counts(status).get("wakes", 0) > wakes, placed))
-            record["evictions_during"] = self.counts(status).get("evictions", 0) - evictions
-            if phase == COLD:
-                record["host_was_empty"] = bool(hosts_before) and all(not h["instances"] for h in hosts_before)
-        self.tries.append(record)
-        shown = "failed: " + failure if failure else f"{ttft_s:.3f} s"
-        log(BENCH, f"{phase} {model_id}: {shown}" + "".join(
-            f", {k} {record[k]}" for k in ("woke", "new_instance", "placed_tier", "tier", "load_s", "evictions_during",
-                                           "sleeper_stopped_before", "in_dram_before") if k in record))
-        return record
-
-    def wait_big_asleep(self) -> None:
-        def asleep() -> bool:
-            instance = big_instance(self.status(), self.big_id)
-            if instance is None:
-                raise RuntimeError(f"{self.big_id} was stopped while idle instead of put to sleep")
-            return instance["state"] == "asleep"
-
-        wait_for(asleep, f"{self.big_id} to fall asleep", self.time_left(self.mode.big_keep_alive_s + 120.0), POLL_S)
-
-    def fill_until_big_stopped(self) -> bool:
-        """Asks the 1Bs in turn until the 8B's sleeper is stopped (True) or every 1B is resident
-        beside it and it still sleeps (False)."""
-        for _ in range(2):
-            for small_id in self.small_ids:
-                self.request(small_id, FILL)
-                if big_instance(self.status(), self.big_id) is None:
-                    return True
-            status = self.status()
-            resident = {i["model_id"] for i in status.get("instances", []) if i["state"] in ("ready", "loading")}
-            if resident >= set(self.small_ids):
-                return False
-        return big_instance(self.status(), self.big_id) is None
-
-    def in_dram(self) -> bool:
-        """Waits (bounded) for the 8B's checkpoint in a node's DRAM tier: the controller copies a
-        model there once the node has settled after its start; False if it did not show (later
-        waits are then short: a copy that did not come once is not waited for again)."""
-        def there() -> bool:
-            return any(e["model"] == self.big_name for n in self.status().get("nodes", []) for t in n.get("tiers", [])
-                       if t["tier"] == "dram" for e in t["entries"])
-        try:
-            return wait_for(there, f"{self.big_name} in the DRAM tier", self.time_left(self.dram_copy_timeout_s),
-                            POLL_S)
-        except TimeoutError as exc:
-            self.time_left(1.0)  # the time limit: the sequence stops
-            log(BENCH, f"going on without: {exc}")
-            self.dram_copy_timeout_s = POLL_S
-            return False
-
-    def run(self) -> None:
-        self.request(self.big_id, COLD)
-        self.in_dram()  # while the 8B is ready (its keep-alive outlasts the node's settling)
-        for small_id in self.small_ids:
-            self.request(small_id, SMALL)
-        self.request(self.big_id, SETUP)  # resident again, so its wakes find room
-        for _ in range(self.mode.repeats):
-            if big_instance(self.status(), self.big_id) is None:
-                self.request(self.big_id, SETUP)
-            self.wait_big_asleep()
-            self.request(self.big_id, ASLEEP)
-        for _ in range(self.mode.repeats):
-            self.wait_big_asleep()
-            stopped = self.fill_until_big_stopped()
-            self.request(self.big_id, DRAM, sleeper_stopped_before=stopped, in_dram_before=self.in_dram())
 
 
 # ---- the run ------------------------------------------------------------------------------------
@@ -574,7 +305,7 @@ def run(mode: PlatformMode, on_gpu: bool, model_dir: Path, state_dir: Path, serv
     port = free_port()
     platform = ServedPlatform(serve_command(on_gpu, plan, port, state_dir / "state", repository, ssd_gb, dram_gb,
                                             f"gpuplatform{uuid.uuid4().hex[:8]}"),
-                              f"http://127.0.0.1:{port}", serve_log)
+                              f"http://127.0.0.1:{port}", serve_log, REQUEST_DEADLINE_S)
     log(BENCH, f"starting: {shlex.join(platform.command)} (log: {platform.log_path})")
     error, alternation, start_s = None, None, None
     try:

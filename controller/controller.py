@@ -16,8 +16,8 @@ One tick (`reconcile_once`):
    a restart get their share of their node's budget once their model's size is read;
 3. autoscale, per model: `decide` on ongoing requests (summed over its workers) plus the
    requests the gateways report queued, against the model's desired count; the new count is
-   saved, then the instances are converged to it: missing ones placed (`place` over a
-   `NodeView` per node) and started, extra ones stopped, idle and loading ones first;
+   saved, then the instances are converged to it: missing ones placed (`InstancePlacer`: `place`
+   over a `NodeView` per node, slot sharing when none has room) and started, extra ones stopped, idle and loading ones first;
 4. pins and promotion (`CheckpointCopies`): a node store keeps pinned exactly the checkpoints its
    running instances came from, and a settled node copies into DRAM what was loaded from SSD;
 5. spares: each node's pool of model-less workers is refilled once the node has settled.
@@ -63,12 +63,13 @@ from typing import Any
 from controller.autoscale_policy import AutoscaleState, LoadSnapshot, decide
 from controller.cluster_client import ClusterClient
 from controller.checkpoint_copies import CheckpointCopies
-from controller.cluster_node import ClusterNode, has_worker_memory_budget, node_view, nodes_of_kind
+from controller.cluster_node import ClusterNode, has_worker_memory_budget
 from controller.controller_config import ControllerConfig
 from controller.deploy_jobs import DeployJob, DeployJobs
 from controller.upload_area import UploadArea
-from controller.controller_status import hosts_to_dict, node_to_dict, placement_to_dict, scale_to_dict
+from controller.controller_status import hosts_to_dict, model_to_dict, node_to_dict, scale_to_dict
 from controller.instance_manager import InstanceManager, stop_order
+from controller.instance_placer import InstancePlacer
 from controller.instance_sleep import InstanceSleep
 from controller.managed_instance import ManagedInstance
 from controller.engine_settings import engine_config_for, instance_kv_bytes, instance_memory_bytes
@@ -76,7 +77,6 @@ from controller.model_registry import ModelRegistry
 from controller.model_spec import ModelSpec
 from controller.model_state import ModelState
 from controller.node_roster import NodeRoster
-from controller.placement_policy import NodeView, PlacementDecision, place
 from controller.prefill_helper import PrefillHelper
 from controller.request_mover import RequestMover
 from controller.slot_outlook import SlotOutlook
@@ -87,7 +87,6 @@ from controller.routing_table import Route, RoutingTable
 from controller.spare_pool import SparePool
 from controller.state_location import open_state_store
 from controller.state_store import StateStore
-from controller.tenant_quota import instances_over_quota
 from storage import ModelRepository, open_repository
 from wire import DeployProgress, EngineGauges, InstanceLoadRecord, InstanceState, ModelRecord
 
@@ -140,7 +139,6 @@ class Controller:
                                   wall_clock=wall_clock, background=self._background)
         self._helper = PrefillHelper(config, cluster, self._instances, draining_nodes=draining,
                                      record=self._record, wall_clock=wall_clock, background=self._background)
-        self._sleep = InstanceSleep(config, self._instances, self._nodes, views=self._views)
         self._uploads = UploadArea(config.state_dir / "uploads", clock=wall_clock)
         self._registry = ModelRegistry(self._store, self._repository, self._models, lock=self._tick_lock,
                                        invalidate_copies=self._invalidate_copies,
@@ -148,6 +146,10 @@ class Controller:
                                        record=self._record, wall_clock=wall_clock, wake=self._wake.set,
                                        engine_config=lambda spec: engine_config_for(spec, config),
                                        uploads=self._uploads, downloads=config.state_dir / "downloads")
+        self._placer = InstancePlacer(config, self._instances, self._nodes, sharer=self._sharer,
+                                      reclaimer=self._reclaimer, quota=self._registry.quota, record=self._record,
+                                      wall_clock=wall_clock)
+        self._sleep = InstanceSleep(config, self._instances, self._nodes, views=self._placer.views)
         self._deploys = DeployJobs(wall_clock=wall_clock, clock=clock)
         self._closed = False
 
@@ -529,75 +531,8 @@ class Controller:
             name = model.repository_name
             model.num_bytes = await asyncio.to_thread(lambda: self._repository.describe(name).total_bytes)
         for _ in range(missing):
-            if self._models.get(model.model_id) is not model or not self._place_and_start(model, now):
+            if self._models.get(model.model_id) is not model or not self._placer.place_and_start(model, now):
                 break
-
-    def _views(self, model: ModelState, nodes: list[ClusterNode], now: float) -> list[NodeView]:
-        """Placement's view of `nodes` for `model`: what other models' held slots leave there."""
-        instances = self._instances.all()
-        return self._sharer.hold_reserved(self._reclaimer.hold_reserved(
-            [node_view(node, model.repository_name, instances, self.config, now) for node in nodes], model.model_id),
-            model.model_id)
-
-    def _place_and_start(self, model: ModelState, now: float) -> bool:
-        """Choose a node and start one instance there; False if no node has room, or the model's
-        tenant is at its ``max_instances`` quota."""
-        spec = model.spec
-        instances = self._instances.all()
-        num_tenant_instances = sum(i.serving and i.model_id.partition("/")[0] == spec.tenant for i in instances)
-        refusal = instances_over_quota(spec.tenant, self._registry.quota(spec.tenant), num_tenant_instances)
-        if refusal is not None:  # before any eviction or reclaim: a tenant at its quota does not grow
-            self._record_unplaced(model, PlacementDecision(None, None, None, (), refusal))
-            return False
-        connected = sorted((n for n in self._nodes.values() if n.store is not None), key=lambda n: n.node_id)
-        nodes, wrong_kind = nodes_of_kind(spec.resources.num_gpus, connected)  # GPU models on GPU nodes only
-        num_slots = spec.resources.num_worker_slots
-        memory = 0
-        if any(has_worker_memory_budget(node, self.config) for node in nodes):
-            memory = instance_memory_bytes(spec, model.num_bytes, self.config)
-        views = self._views(model, nodes, now)
-        decision = (place(model.num_bytes, views, num_slots, memory) if views else
-                    PlacementDecision(None, None, None, (), wrong_kind or "no node with a connected store yet"))
-        # Free slot (and memory), else idle instances evicted until it fits, else requests migrated
-        # off (a reclaim), else past the model's bounded wait a busy instance preempted; None: a
-        # slot is being freed.
-        decision = self._sharer.steer(model, decision, views, num_slots, now, memory)
-        if decision is not None:
-            decision = self._reclaimer.steer(model, decision, views, num_slots, now, memory)
-        if decision is not None:
-            decision = self._sharer.preempt(model, decision, num_slots, now, memory)
-        if decision is None:
-            return False
-        if not decision.placed:
-            self._record_unplaced(model, decision)
-            return False
-        refusal = self._instances.gpu_host_refusal(model, self._nodes[decision.node_id], memory)
-        if refusal is not None:  # a GPU shared by memory: the model waits for a warm host with room
-            self._record_unplaced(model, PlacementDecision(None, None, None, (), refusal))
-            return False
-        draining = {n.node_id for n in connected if n.draining}
-        chosen = next((v for v in views if v.node_id == decision.node_id), None)
-        if chosen is not None and model.num_bytes is not None:
-            model.restart_s = chosen.bandwidths.restart_s(model.num_bytes)
-        instance = self._instances.start(model, self._nodes[decision.node_id], decision.estimate_s, now,
-                                         tier=decision.tier, draining_node_ids=draining, memory_bytes=memory,
-                                         kv_memory_bytes=instance_kv_bytes(spec, self.config) if memory else 0)
-        model.last_placement = placement_to_dict(model.model_id, decision, self._wall_clock(), instance.instance_id)
-        self._record(model.last_placement)
-        logger.info("%s: starting %s: %s", model.model_id, instance.instance_id, decision.reason)
-        return True
-
-    def _record_unplaced(self, model: ModelState, decision: PlacementDecision) -> None:
-        """Keeps the latest refusal for ``thaw status``; logs and records it only when its first
-        clause changes: what follows it (why no idle instance could be evicted, how long the model
-        has waited of its preemption bound) changes every tick and would flood the log."""
-        unplaced = placement_to_dict(model.model_id, decision, self._wall_clock())
-        previous = model.last_placement
-        if previous is None or previous["node_id"] is not None or \
-                previous["reason"].split("; ")[0] != decision.reason.split("; ")[0]:
-            logger.info("%s: cannot place: %s", model.model_id, decision.reason)  # once, not every tick
-            self._record(unplaced)
-        model.last_placement = unplaced
 
     # --- operations --------------------------------------------------------------------------
 
@@ -634,18 +569,8 @@ class Controller:
         """Everything ``thaw status`` shows: models, instances, nodes, recent decisions."""
         now = self._clock()
         instances = self._instances.all()
-        models = []
-        for model_id, state in sorted(self._models.items()):
-            mine = [i for i in instances if i.model_id == model_id]
-            models.append({
-                "model_id": model_id, "num_desired_instances": state.num_desired_instances,
-                "num_ready_instances": sum(i.phase is InstanceState.READY for i in mine),
-                "num_loading_instances": sum(i.phase is InstanceState.LOADING for i in mine),
-                "num_ongoing_requests": sum(i.num_ongoing_requests for i in mine),
-                "num_queued_requests": state.num_queued_requests(now, self.config.queue_report_ttl_s),
-                "scale_reason": state.last_scale["reason"] if state.last_scale else None,
-                "placement_reason": state.last_placement["reason"] if state.last_placement else None,
-            })
+        models = [model_to_dict(state, [i for i in instances if i.model_id == model_id], now,
+                                self.config.queue_report_ttl_s) for model_id, state in sorted(self._models.items())]
         sharing = self._sharer.status(now)
         sharing["counts"] = self.slot_sharing_counts()  # the sharer's, with sleeps and wakes
         return {

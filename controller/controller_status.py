@@ -15,7 +15,9 @@ from controller.cluster_node import (ClusterNode, effective_bandwidth, free_memo
                                     num_used_slots, tier_bandwidths, used_memory_bytes, worker_memory_budget)
 from controller.controller_config import ControllerConfig
 from controller.managed_instance import ManagedInstance
+from controller.model_state import ModelState
 from controller.placement_policy import PlacementDecision
+from wire import InstanceState
 
 
 def scale_to_dict(model_id: str, previous: int, decision: ScaleDecision, at_s: float) -> dict[str, Any]:
@@ -54,6 +56,21 @@ def worker_memory_to_dict(node: ClusterNode, instances: Sequence[ManagedInstance
             "free_bytes": free_memory_bytes(node, mine, config),
             "instances": [{"instance_id": i.instance_id, "model_id": i.model_id, "state": i.phase.value,
                            "memory_bytes": i.held_memory_bytes} for i in mine]}
+
+
+def model_to_dict(state: ModelState, instances: Sequence[ManagedInstance], now: float,
+                  queue_report_ttl_s: float) -> dict[str, Any]:
+    """One model's line of ``thaw status``: desired against ready and loading, its load, and the
+    reasons of its last scale and placement decisions. `instances`: the model's own."""
+    return {
+        "model_id": state.model_id, "num_desired_instances": state.num_desired_instances,
+        "num_ready_instances": sum(i.phase is InstanceState.READY for i in instances),
+        "num_loading_instances": sum(i.phase is InstanceState.LOADING for i in instances),
+        "num_ongoing_requests": sum(i.num_ongoing_requests for i in instances),
+        "num_queued_requests": state.num_queued_requests(now, queue_report_ttl_s),
+        "scale_reason": state.last_scale["reason"] if state.last_scale else None,
+        "placement_reason": state.last_placement["reason"] if state.last_placement else None,
+    }
 
 
 def node_to_dict(node: ClusterNode, instances: Sequence[ManagedInstance], config: ControllerConfig) -> dict[str, Any]:

@@ -2,14 +2,13 @@
 bounded per-model queue for cold or saturated models.
 
 The request path must never wait on the controller for a warm model, so the backend keeps its
-own copy of the controller's routing table (ready instances per model, with a version) and of
-the deployed models' cards, kept fresh by a background task that long-polls ``routing_table``
-with the version it holds: the controller answers at once when the table changes (an instance
-became ready) and otherwise after a few seconds, and the model records are re-read with each
-answer. A request for a model with a ready instance below its concurrency cap goes straight to
-the least-loaded one (the gateway's own in-flight count first, the controller's last report as
-tie-break). A model name not in the copy is looked up at the controller once; a "not found" is
-remembered for ``unknown_model_ttl_s`` (`NegativeCache`), until a refresh lists the model.
+own copy of the controller's routing table (ready instances per model) and of the deployed
+models' cards, kept fresh by a background task that long-polls it (`RoutingTableFollower`: a
+change comes back at once). A request for a model with a ready instance below its concurrency
+cap goes straight to the least-loaded one (the gateway's own in-flight count first, the
+controller's last report as tie-break). A model name not in the copy is looked up at the
+controller once; a "not found" is remembered for ``unknown_model_ttl_s`` (`NegativeCache`),
+until a refresh lists the model.
 
 When no instance can take it (scaled to zero, or all at the cap), the request joins the model's
 FIFO queue, bounded by the spec's ``max_queued_requests`` and by its tenant's quota of the same
@@ -90,8 +89,9 @@ from infra.negative_cache import NegativeCache
 from infra.queue_outlooks import QueueOutlooks
 from infra.queue_ticket import QueueTicket, RequestPlace, prune_settled
 from infra.ray_backend_config import RayBackendConfig
+from infra.routing_table_follower import RoutingTableFollower, RoutingUpdate
 from infra.serving_cluster import InstanceGone, InstanceRoute, ServingCluster
-from wire import ChatPrompt, FinishReason, InvalidRequestError, ModelRecord, RequestFailedError, SamplingParams
+from wire import ChatPrompt, FinishReason, InvalidRequestError, RequestFailedError, SamplingParams
 
 __all__ = ["RayBackendConfig", "RayGatewayBackend", "model_info_from_record"]
 
@@ -111,11 +111,10 @@ class RayGatewayBackend:
         self._config = config or RayBackendConfig()
         self._metrics = metrics
         self._clock = clock
-        self._version = -1
+        self._follower = RoutingTableFollower(cluster, metrics, self._config.long_poll_s, clock)
         self._routes: dict[str, list[InstanceRoute]] = {}
         self._models: dict[str, ModelInfo] = {}
         self._models_loaded = False
-        self._quotas: dict[str, TenantQuota] = {}  # tenant -> quota, for the tenants with a limit
         self._picker = InstancePicker(self._config.max_ongoing_requests_per_instance,
                                       self._config.broken_instance_s, clock)
         self._queues: dict[str, deque[QueueTicket]] = {}
@@ -123,10 +122,7 @@ class RayGatewayBackend:
         self._reported: dict[str, tuple[int, float]] = {}  # model id -> (queue length, when) last told
         self._outlooks = QueueOutlooks(self._config.retry_after_s, self._config.max_retry_after_s)
         self._unknown = NegativeCache(self._config.unknown_model_ttl_s, clock=clock)  # names found not deployed
-        self._raw_table: Mapping[str, Any] | None = None
-        self._raw_records: list[ModelRecord] | None = None
         self._last_refresh_ok: float | None = None
-        self._last_exchange: float | None = None  # when this replica's metrics last went to its peers
         self._wake: asyncio.Event | None = None  # set: report demand now
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
@@ -353,7 +349,7 @@ class RayGatewayBackend:
                 f"(max_queued_requests){self._outlooks.reason(model_id)}; retry later",
                 self._outlooks.retry_after_s(model_id))
         tenant = info.card.owned_by
-        refusal = None if readmitted else queued_over_quota(tenant, self._quotas.get(tenant, TenantQuota()),
+        refusal = None if readmitted else queued_over_quota(tenant, self._follower.quotas.get(tenant, TenantQuota()),
                                                             self._num_queued(tenant))
         if refusal is not None:
             if not queue:
@@ -486,96 +482,38 @@ class RayGatewayBackend:
                 await asyncio.wait_for(self._wake.wait(), self._config.demand_report_interval_s if waiting else None)
 
     async def _refresh(self, timeout_s: float) -> None:
-        """One routing-table call (waiting up to `timeout_s` for a change), the model records,
-        the tenants' quotas and the controller's slot-sharing counters (for ``/metrics``)."""
-        version, table = await self._cluster.routing_table(self._version, timeout_s)
-        records = await self._cluster.list_models()
-        self._quotas = dict(await self._cluster.tenant_quotas())
-        if self._metrics is not None:
-            self._metrics.set_slot_decisions(await self._cluster.slot_sharing_counts())
-            self._metrics.set_engine_gauges(await self._cluster.engine_gauges())
-            await self._exchange_metrics()
+        """One poll of the routing table, waiting up to `timeout_s` for a change
+        (`RoutingTableFollower.poll`); applies a changed one, and counts its new instances as cold starts."""
+        update = await self._follower.poll(timeout_s)
         first = not self._models_loaded
-        appeared = self._apply(version, table or {}, records)
+        if update is not None:
+            self._apply(update)
         self._last_refresh_ok = self._clock()
         for model_id in list(self._queues):  # an instance skipped as broken may be usable again by now
             self._dispatch(model_id)
-        if appeared and not first and self._metrics is not None:
-            await self._record_cold_starts(appeared)
+        if update is not None and update.appeared and not first:
+            await self._follower.record_cold_starts(update.appeared)
 
-    async def _exchange_metrics(self) -> None:
-        """Hands this replica's per-request series to its peers through the controller and takes
-        theirs (`GatewayMetrics.snapshot`), at most once per ``long_poll_s``; a failure leaves the
-        peers' last series in place (metrics must not break routing)."""
-        assert self._metrics is not None
-        now = self._clock()
-        if self._last_exchange is not None and now - self._last_exchange < self._config.long_poll_s:
-            return
-        snapshot = self._metrics.snapshot()
-        if snapshot is None:
-            return
-        self._last_exchange = now
-        try:
-            self._metrics.set_peer_snapshots(await self._cluster.exchange_gateway_metrics(snapshot))
-        except Exception as exc:  # noqa: BLE001
-            logger.warning("exchanging metrics with the other gateway replicas failed: %s: %s", type(exc).__name__, exc)
-
-    async def _record_cold_starts(self, appeared: dict[str, set[str]]) -> None:
-        """Counts the instances that became ready since the last refresh as cold starts, by the
-        tier their checkpoint was read from (the controller's record says), with their load time.
-        Each gateway replica counts the starts it saw: with several replicas, take the max."""
-        assert self._metrics is not None
-        for model_id, instance_ids in appeared.items():
-            try:
-                record = await self._cluster.get_model(model_id)
-            except Exception as exc:  # noqa: BLE001 - metrics must not break routing
-                logger.warning("reading %s's instances for the cold-start metrics failed: %s", model_id, exc)
-                continue
-            for instance in record.instances if record is not None else ():
-                if instance.instance_id in instance_ids and instance.load_s is not None:
-                    self._metrics.record_cold_start(model_id, instance.tier or "unknown", instance.load_s)
-
-    def _apply(self, version: int, table: Mapping[str, list[Mapping[str, Any]]],
-               records: list[ModelRecord]) -> dict[str, set[str]]:
-        """Takes a new routing table and model list; hands new capacity to waiting requests.
-        Returns the instances that were not in the previous table, by model."""
-        # Compared by content, not only by version: a restarted controller counts from 0 again.
-        if self._models_loaded and version == self._version and table == self._raw_table \
-                and records == self._raw_records:
-            return {}
-        self._raw_table, self._raw_records = table, records
-        models = {}
-        for record in records:
-            try:
-                info = model_info_from_record(record)
-            except (KeyError, TypeError, ValueError) as exc:
-                logger.warning("skipping a model record the gateway cannot read: %s", exc)
-                continue
-            models[info.card.model_id] = info
-        routes = {model_id: [InstanceRoute.from_dict(entry) for entry in entries]
-                  for model_id, entries in table.items()}
-        live = {route.instance_id for entries in routes.values() for route in entries}
-        known = {route.instance_id for entries in self._routes.values() for route in entries}
-        appeared = {model_id: ids for model_id, entries in routes.items()
-                    if (ids := {r.instance_id for r in entries} - known)}
+    def _apply(self, update: RoutingUpdate) -> None:
+        """Takes a changed routing table and model list; hands new capacity to waiting requests."""
+        live = update.instance_ids()
         self._picker.keep_only(live)
         forget = getattr(self._cluster, "forget", None)
         if forget is not None:
             forget(live)
         if self._metrics is not None:
             for model_id in set(self._routes) | set(self._models):
-                if model_id not in models:
+                if model_id not in update.models:
                     self._metrics.forget_model(model_id)
-            for model_id in models:
-                self._metrics.set_instances(model_id, len(routes.get(model_id, ())))
-        self._version, self._routes, self._models, self._models_loaded = version, routes, models, True
-        self._unknown.discard(models)  # deployed after a miss: no longer unknown
+            for model_id in update.models:
+                self._metrics.set_instances(model_id, len(update.routes.get(model_id, ())))
+        self._routes, self._models, self._models_loaded = update.routes, dict(update.models), True
+        self._unknown.discard(update.models)  # deployed after a miss: no longer unknown
         for model_id in list(self._queues):
-            if model_id not in models:  # deleted while requests waited for it
+            if model_id not in update.models:  # deleted while requests waited for it
                 self._drop_model(model_id)
             else:
                 self._dispatch(model_id)
-        return appeared
 
     def _drop_model(self, model_id: str) -> None:
         """Forgets a deleted model and fails the requests waiting for it with `ModelNotFound`."""

@@ -3,8 +3,8 @@
 What it models (and what a policy drives through its public methods):
 
 - Nodes: `gpus_per_node` slots each, a DRAM and an SSD checkpoint cache (`TierCache`, LRU, byte
-  budgets) and one loader. A load from the SSD or the repository (S3) queues on the node's
-  loader (they share the disk and the NIC); a load from DRAM (over each GPU's own PCIe link) or a
+  budgets) and one loader (`SimNode`, `sim.node_loader`). A load from the SSD or the repository
+  (S3) queues on the node's loader (they share the disk and the NIC); a load from DRAM (over each GPU's own PCIe link) or a
   peer's stream does not. Starts of one model on one node while its repository fetch is in
   flight share that fetch (the node store's single flight) and are ready when it lands.
 - Instances (`SimInstance`): a model needing k accelerators (`cost.accelerators_needed`) takes k
@@ -45,92 +45,24 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
-from collections import deque
 
 from sim.event_loop import EventLoop
 from sim.cluster_spec import ClusterSpec
 from sim.node_upkeep import NodeUpkeep
 from sim.sim_host import SimHost
 from sim.slot_hosts import SlotHosts
-from sim.node_loader import LoaderJob, join, node_loader
+from sim.node_loader import join, node_loader
 from sim.sim_instance import Flight, SimInstance
+from sim.sim_model_state import SimModelState
+from sim.sim_node import SimNode
 from sim.tier_cache import TierCache
 from wire import InstanceState
 
-__all__ = ["SimCluster", "SimModelState", "SimNode", "COLD_START_TIERS"]
+__all__ = ["SimCluster", "COLD_START_TIERS"]
 
 GIB = 1 << 30
 COLD_START_TIERS = ("gpu", "remote", "dram", "ssd", "s3")
-_SHARED_TIERS = frozenset({"ssd", "s3"})  # loads that share the node's disk/NIC path (`NodeLoader`)
-
-
-class SimNode:
-    """One node. `free_slots`: its free GPUs; on slot hosts (`hosts` not None) its GPUs with a
-    free place, whatever their memory (`SimCluster.room` says what fits one model)."""
-
-    __slots__ = ("index", "node_id", "num_slots", "free_slots", "dram", "ssd", "loader", "hosts", "sleepers",
-                 "fetches")
-
-    def __init__(self, index: int, num_slots: int, dram_bytes: int, ssd_bytes: int, loader,
-                 hosts: list[SimHost] | None = None) -> None:
-        self.index = index
-        self.node_id = f"node-{index:05d}"
-        self.num_slots = num_slots
-        self.free_slots = num_slots
-        self.dram = TierCache(dram_bytes)
-        self.ssd = TierCache(ssd_bytes)
-        self.loader = loader  # its SSD and repository reads (`sim.node_loader`)
-        self.hosts = hosts
-        self.sleepers: dict[int, SimInstance] = {}  # on its slot hosts, by index, longest asleep first
-        self.fetches: dict[int, LoaderJob] = {}  # model index -> its last repository fetch here (in flight until end_s)
-
-    def loader_wait_s(self, now: float) -> float:
-        """What the node's loads from SSD and repository have left: a new one's wait, as the
-        controller estimates it (`QueuedLoader.backlog_s`, `SharedLoader.backlog_s`)."""
-        return self.loader.backlog_s(now)
-
-
-class SimModelState:
-    """One model in the cluster: its queue and its live (loading or ready) instances."""
-
-    __slots__ = ("index", "model", "num_slots", "queue", "instances", "num_ongoing", "last_request_s",
-                 "num_requests", "costs", "num_loading", "sleepers")
-
-    def __init__(self, index: int, model, num_slots: int, costs) -> None:
-        self.index = index
-        self.model = model
-        self.num_slots = num_slots
-        self.sleepers: list[SimInstance] = []  # asleep on slot hosts, in the order they fell asleep
-        self.costs = costs  # its `InstanceCosts`, shared by its instances
-        self.num_loading = 0  # of `instances`, those still LOADING
-        self.queue: deque[Flight] = deque()
-        self.instances: list[SimInstance] = []
-        self.num_ongoing = 0
-        self.last_request_s: float | None = None
-        self.num_requests = 0
-
-    @property
-    def model_id(self) -> str:
-        return self.model.model_id
-
-    def ready_instances(self) -> list[SimInstance]:
-        return [i for i in self.instances if i.phase == InstanceState.READY]
-
-    def oldest_wait_s(self, now: float) -> float:
-        """As a gateway reports it: the longest any queued request has waited, a re-queued one
-        from when it came back (the gateway's new ticket). Re-queued requests sit at the head and
-        new arrivals behind them in arrival order, so the scan stops at the first new arrival."""
-        oldest = None
-        for flight in self.queue:
-            if oldest is None or flight.queued_s < oldest:
-                oldest = flight.queued_s
-            if not flight.requeued:
-                break
-        return now - oldest if oldest is not None else 0.0
-
-    def newest_wait_s(self, now: float) -> float | None:
-        """As a gateway reports it: the shortest any queued request has waited (None: none waits)."""
-        return now - max(flight.queued_s for flight in self.queue) if self.queue else None
+_SHARED_TIERS = frozenset({"ssd", "s3"})  # loads that share the node's disk/NIC path (`sim.node_loader`)
 
 
 class SimCluster:

@@ -3,7 +3,7 @@
 Per tick, for each dirty model, in the controller's order (models waiting for a slot first,
 `order_waiting`: by deadline slack, a model's soonest time to ready over the nodes placement looks
 at as its load), the same steps as `Controller._autoscale_model` and
-`_place_and_start`, each a call into `controller`:
+`InstancePlacer.place_and_start`, each a call into `controller`:
 
 1. `decide(AutoscalingPolicy, LoadSnapshot, AutoscaleState, now)` with the model's desired count,
    its ongoing and queued requests and its last request time;

@@ -1,5 +1,6 @@
-"""No module reaches into another module's underscore attributes (STYLE.md rule 12), and no
-package's modules import each other in a cycle (issue 40; see the section at the end).
+"""No module reaches into another module's underscore attributes (STYLE.md rule 12), no
+package's modules import each other in a cycle, and no Python file (tests included) is over 600
+lines (issue 40; see the two sections at the end).
 
 Walks the AST of every source file under the project's folders (not the tests) and fails on:
 
@@ -290,3 +291,34 @@ def test_no_import_cycle_inside_a_package():
     assert cycles == [], (
         "these modules import each other (counting imports inside functions and under TYPE_CHECKING); "
         "move what both need into a module they both import:\n" + "\n".join(" <-> ".join(c) for c in cycles))
+
+
+# --- no file over 600 lines --------------------------------------------------------------------
+#
+# Issue 40: a file past 600 lines holds more than one abstraction; split it by responsibility
+# (a module named after each), not by line count. Tests count too: a test file mirrors one module.
+
+MAX_LINES = 600
+
+
+def _long_files(root: Path, paths: list[Path]) -> list[tuple[str, int]]:
+    found = []
+    for path in paths:
+        with path.open("rb") as f:
+            num_lines = sum(1 for _ in f)
+        if num_lines > MAX_LINES:
+            found.append((path.relative_to(root).as_posix(), num_lines))
+    return sorted(found)
+
+
+def test_the_length_check_counts_lines(tmp_path):
+    (tmp_path / "short.py").write_text("x = 1\n" * MAX_LINES)
+    (tmp_path / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    assert _long_files(tmp_path, sorted(tmp_path.glob("*.py"))) == [("long.py", MAX_LINES + 1)]
+
+
+def test_no_python_file_is_over_600_lines():
+    paths = _source_files() + sorted((ROOT / "tests").rglob("*.py"))
+    long = _long_files(ROOT, paths)
+    assert long == [], (f"these files are over {MAX_LINES} lines; split each by responsibility into modules "
+                        "named after their one abstraction:\n" + "\n".join(f"{f}: {n}" for f, n in long))

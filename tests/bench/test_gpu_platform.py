@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu_platform import (ASLEEP, COLD, DRAM, FILL, FULL, GIB, QUICK, SETUP, SMALL, big_instance, describe_try,
-                                main, model_spec, plan_budget, result_line, sequence_checks, serve_command)
+from bench.gpu_platform import GIB, main, model_spec, plan_budget, result_line, sequence_checks, serve_command
+from bench.gpu_platform_alternation import big_instance, describe_try
+from bench.gpu_platform_setup import ASLEEP, COLD, DRAM, FILL, FULL, QUICK, SETUP, SMALL
 from bench.random_llama import (is_published, num_weight_bytes, publish_random_llama, random_block, tile_offset,
                                 write_random_llama)
 from worker.demo_model import DemoModelConfig

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.engine import VllmPeer, choose_vllm_peer
+from bench.engine_vllm import VllmPeer, choose_vllm_peer
 from bench.isolated_venv import VenvUnavailable
 from bench.vllm_cpu_peer import (
     PeerFailed,

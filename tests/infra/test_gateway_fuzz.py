@@ -3,7 +3,7 @@
 The app is the real one (`build_gateway_app` with the admin router included) over
 `LocalEngineBackend` serving a tiny demo Llama (2 layers, a 64-token context, so even a fuzzed
 ``max_tokens`` ends within a few dozen CPU steps), a SQLite state store holding the keys, and
-test_admin_api's in-memory `FakeController`. schemathesis loads the schema from the app's own
+admin_api_server's in-memory `FakeController`. schemathesis loads the schema from the app's own
 ``/openapi.json`` and calls it in-process (ASGI): for each generation mode (positive: valid per
 the schema; negative: invalid) every operation gets a bounded, derandomized number of examples.
 
@@ -37,7 +37,7 @@ from infra.admin_api import build_admin_router
 from infra.admin_key import AdminKeyAuth, ensure_admin_key
 from infra.gateway_app import build_gateway_app
 from infra.local_engine_backend import LocalEngineBackend
-from tests.infra.test_admin_api import FakeController
+from tests.infra.admin_api_server import FakeController
 from worker import AsyncEngine, DemoModelConfig, Engine, EngineConfig, write_demo_model
 
 MODEL = "demo/tiny"

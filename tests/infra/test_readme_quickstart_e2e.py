@@ -93,8 +93,8 @@ def test_the_readme_quick_start_as_written(tmp_path):
 # bucket, hours of simulation), with the test that runs each.
 RUN_ELSEWHERE = {
     "serve": "this test's first command; tests/infra/test_platform_e2e.py",
-    "drain": "tests/infra/test_admin_api.py (the CLI), tests/infra/test_multinode.py (a real node)",
-    "migrate": "tests/infra/test_admin_api.py (the CLI), tests/infra/test_gateway_migration.py",
+    "drain": "tests/infra/test_admin_operations.py (the CLI), tests/infra/test_multinode.py (a real node)",
+    "migrate": "tests/infra/test_admin_operations.py (the CLI), tests/infra/test_gateway_migration.py",
     "simulate": "tests/sim/test_simulator.py (thaw simulate --quick; the full run is BENCHMARKS.md's)",
 }
 S3_SOURCE_TESTS = "tests/controller/test_model_registry.py (a deploy job from another bucket, against moto)"

@@ -309,7 +309,7 @@ def test_requests_migrated_past_the_destinations_batch_wait_in_the_queue():
 
 
 def test_a_models_oldest_wait_is_the_longest_any_queued_request_waited():
-    from sim.sim_cluster import SimModelState
+    from sim.sim_model_state import SimModelState
     from sim.sim_instance import Flight
 
     state = SimModelState(0, MODEL_A, 1, None)

@@ -2,7 +2,7 @@
 actor: its errors (ours, a library's, its death) and a stream left early.
 
 One tiny Ray for the module (one CPU, no dashboard), shut down after; the echo actor reserves no
-CPU. Every wait is a poll with a deadline.
+CPU. Every wait has a deadline.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 
 import pytest
 import ray
@@ -51,6 +50,7 @@ class Echo:
 
     def __init__(self) -> None:
         self.cancelled: list[str] = []
+        self.any_cancelled = asyncio.Event()
 
     def echo(self, value):
         return value
@@ -76,9 +76,12 @@ class Echo:
                 await asyncio.sleep(0.01 if i < 2 else 3600)  # past two chunks, only a cancel ends it
         except asyncio.CancelledError:
             self.cancelled.append(request_id)
+            self.any_cancelled.set()
             raise
 
-    def cancelled_ids(self) -> list[str]:
+    async def cancelled_ids(self) -> list[str]:
+        """The streams cancelled so far, once there is one."""
+        await self.any_cancelled.wait()
         return list(self.cancelled)
 
 
@@ -147,14 +150,14 @@ def test_leaving_a_stream_early_cancels_it_on_the_actor(echo):
         chunks = stream(echo.count.options(num_returns="streaming").remote("leaver", 10))
         async with contextlib.aclosing(chunks):
             taken = [await chunks.__anext__() for _ in range(3)]  # the third is followed by a long wait
-        return taken
+        try:
+            return taken, await call(echo.cancelled_ids.remote(), DEADLINE_S)
+        except TimeoutError:
+            pytest.fail(f"the actor's stream was not cancelled within {DEADLINE_S} s")
 
-    taken = asyncio.run(main())
+    taken, cancelled = asyncio.run(main())
     assert [c.token_ids for c in taken] == [(0,), (1,), (2,)]
-    deadline = time.monotonic() + DEADLINE_S
-    while ray.get(echo.cancelled_ids.remote(), timeout=DEADLINE_S) != ["leaver"]:
-        assert time.monotonic() < deadline, "the actor's stream was not cancelled"
-        time.sleep(0.05)
+    assert cancelled == ["leaver"]
 
 
 def test_a_dead_actor_is_actor_gone_for_calls_and_streams(local_ray):
