@@ -50,15 +50,14 @@ BESIDE_END_TO_END = frozenset({
     "tests/worker/test_gemma.py::test_greedy_matches_transformers_with_triton_kernels",
 })
 
-# Modules that must not run at the same time, each group one work unit (run one after another on
-# one worker). Side by side at -n 2, test_cli.py's tests make Ray lose test_ray_roundtrip.py's
-# stream cancel (the actor's generator is never cancelled: 3 of 3 runs of the two files at -n 2,
-# none of either alone or of the pair in one process; the cause is not found, issue 44). A file
-# named here that does not exist is an error, as above.
-ONE_UNIT = {
-    "tests/infra/test_cli.py": "cli-beside-ray-roundtrip",
-    "tests/wire/test_ray_roundtrip.py": "cli-beside-ray-roundtrip",
-}
+# Modules run inside the end-to-end unit although they mark nothing slow: there they run one after
+# another with the platform tests, late in the unit, once the other worker has run everything
+# else. `test_ray_roundtrip.py`'s stream-cancel test fails when other tests run beside it: at -n 2
+# beside `tests/infra/test_cli.py` 3 of 3 times, and in two full CI runs of 2026-12-03 (the second
+# with the two files in one unit of their own); alone it passed every run (the actor's generator is
+# never cancelled: Ray loses the cancel; the cause is not found, issue 44). A file named here that
+# does not exist is an error, as above.
+IN_END_TO_END = frozenset({"tests/wire/test_ray_roundtrip.py"})
 
 
 def end_to_end_files(tests_dir: Path) -> frozenset[str]:
@@ -80,9 +79,7 @@ if importlib.util.find_spec("xdist") is not None:  # the hook exists only where 
                 test = nodeid.split("[", 1)[0]  # a parametrised test's cases share its entry
                 if test in BESIDE_END_TO_END:
                     return test
-                if module in ONE_UNIT:
-                    return ONE_UNIT[module]
-                return END_TO_END if module in files else module
+                return END_TO_END if module in files or module in IN_END_TO_END else module
 
             def _assign_work_unit(self, node) -> None:
                 if END_TO_END in self.workqueue:  # the longest unit by far: handed out first
@@ -107,9 +104,9 @@ def pytest_collection_modifyitems(config, items):
     if stale:
         raise pytest.UsageError(f"tests/conftest.py BESIDE_END_TO_END names tests that do not exist: {stale}")
     root = Path(__file__).parent.parent
-    missing = sorted(name for name in ONE_UNIT if not (root / name).is_file())
+    missing = sorted(name for name in IN_END_TO_END if not (root / name).is_file())
     if missing:
-        raise pytest.UsageError(f"tests/conftest.py ONE_UNIT names test files that do not exist: {missing}")
+        raise pytest.UsageError(f"tests/conftest.py IN_END_TO_END names test files that do not exist: {missing}")
     if torch.cuda.is_available():
         return
     skip_cuda = pytest.mark.skip(reason="needs a CUDA device")
