@@ -447,8 +447,10 @@ class PerModelGatedRepository(LocalModelRepository):
         super().__init__(root, **kwargs)
         self.started = {m: threading.Event() for m in models}
         self.release = {m: threading.Event() for m in models}
+        self.order: list[str] = []  # the models in the order their fetches began
 
     def fetch(self, model, dest_dir, **kwargs):
+        self.order.append(model)
         self.started[model].set()
         if not self.release[model].wait(WAIT_S):
             raise TimeoutError("the test never released the fetch")
@@ -476,6 +478,6 @@ def test_fetches_of_different_models_take_turns_in_arrival_order(store_config, r
                 gated.release[model].set()
             for thread in threads:
                 thread.join(WAIT_S)
-        assert store.report().num_fetches == 3
+        assert store.report().num_fetches == 3 and gated.order == ["m0", "m1", "m2"]
         assert sorted(entry.model for entry in store.report().tier("ssd").entries) == ["m0", "m1", "m2"]
         assert any("fetching 'm2' from the repository after" in r.getMessage() for r in caplog.records)
