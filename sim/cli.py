@@ -4,7 +4,7 @@
                   [--seed S] [--staged ssd|dram] [--json] [--out DIR] [--quick] [--workers N]
                   [--thaw-min-idle-s S] [--thaw-min-run-s S] [--thaw-no-preempt] [--thaw-preempt-after-wait] [--thaw-no-slot-reclaim]
                   [--thaw-max-wait-before-preempt-s S] [--thaw-no-slot-sharing] [--thaw-models-per-gpu N] [--thaw-no-sleep]
-                  [--concurrent-loads N]
+                  [--concurrent-loads N] [--short-fetch-ratio R]
 
 A progress bar (tqdm) on stderr follows simulated time across the policies. With `--policy all`
 the policies run side by side in `--workers` processes (default: one per CPU core, at most one
@@ -55,6 +55,9 @@ def add_simulate_command(sub) -> None:
     p.add_argument("--concurrent-loads", type=int, default=1,
                    help="a node's loads from its SSD and the repository in flight at once, sharing its read path "
                         "evenly, the rest queued (default 1: one at a time, as the node store fetches)")
+    p.add_argument("--short-fetch-ratio", type=float, default=0.0,
+                   help="one load at a time, a load R times shorter than another goes ahead of it, pausing it "
+                        "if it is in flight (8 measured best; default 0: strict arrival order, as the node store)")
     p.add_argument("--json", action="store_true", help="one JSON object per line per policy")
     p.add_argument("--out", default=None, help="folder for results.jsonl, ttft_cdf.png and accelerators.png")
     p.add_argument("--quick", action="store_true", help="a small scenario that runs in seconds (ignores the sizes)")
@@ -204,7 +207,7 @@ def run_simulate_command(args) -> int:
                              thaw_spec=thaw_spec, thaw_slot_reclaim=not args.thaw_no_slot_reclaim,
                              thaw_slot_sharing=not args.thaw_no_slot_sharing, staged_tier=args.staged,
                              thaw_models_per_gpu=args.thaw_models_per_gpu, thaw_sleep=not args.thaw_no_sleep,
-                             concurrent_loads=args.concurrent_loads)
+                             concurrent_loads=args.concurrent_loads, short_fetch_ratio=args.short_fetch_ratio)
                    for name in policies]  # all validated before any runs
         if args.workers is not None and args.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {args.workers}")

@@ -78,7 +78,7 @@ class SimCluster:
         self.loop = loop
         hosts = spec.slot_hosts
         self.nodes = [SimNode(i, spec.gpus_per_node, spec.dram_bytes_per_node, spec.ssd_bytes_per_node,
-                              node_loader(loop, spec.concurrent_loads),
+                              node_loader(loop, spec.concurrent_loads, spec.short_fetch_ratio),
                               [SimHost(g, spec.gpu_memory_bytes, spec.models_per_gpu)
                                for g in range(spec.gpus_per_node)] if hosts else None)
                       for i in range(spec.num_nodes)]

@@ -18,6 +18,7 @@ import collections
 import dataclasses
 import math
 import time
+from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from sim.profile_cost_model import ProfileCostModel
 from sim.cluster_spec import ClusterSpec
 from sim.sim_cluster import COLD_START_TIERS, SimCluster
 from sim.tick_scheduler import TickScheduler
+from sim.ttft_floor import first_load_floor_s, percentile_floor_s
 
 __all__ = ["SimConfig", "SimResult", "run_simulation"]
 
@@ -112,6 +114,8 @@ class SimConfig:
             stopping, as the controller's ``sleep_idle_instances`` (its default); False: it stops.
         concurrent_loads: a node's loads from SSD and the repository in flight at once, sharing its
             read path (`ClusterSpec.concurrent_loads`); 1: one at a time, as the node store fetches.
+        short_fetch_ratio: one at a time, a load this many times shorter than another goes first
+            (`ClusterSpec.short_fetch_ratio`; 0, the default: arrival order, as the node store).
         hardware: a measured `HardwareProfile` (`sim.hardware_profile`): the nodes, the catalog
             and the costs all come from it, replacing `gpu`, `gpus_per_node`, `dram_gib_per_node`,
             `ssd_gib_per_node` and `max_batch` (then `num_models` must be its model count).
@@ -149,6 +153,7 @@ class SimConfig:
     thaw_models_per_gpu: int = 1
     thaw_sleep: bool = True
     concurrent_loads: int = 1
+    short_fetch_ratio: float = 0.0
     hardware: object = None
 
     def __post_init__(self) -> None:
@@ -206,6 +211,10 @@ class SimConfig:
                              f"got {self.real_controller_timing!r}")
         _int("thaw_models_per_gpu", self.thaw_models_per_gpu, 1)
         _int("concurrent_loads", self.concurrent_loads, 1)
+        ratio = self.short_fetch_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) \
+                or not (ratio == 0 or ratio >= 1):
+            raise ValueError(f"SimConfig.short_fetch_ratio must be 0 (arrival order) or a number >= 1, got {ratio!r}")
         if not isinstance(self.thaw_sleep, bool):
             raise ValueError(f"SimConfig.thaw_sleep must be True or False, got {self.thaw_sleep!r}")
         if self.hardware is not None and self.thaw_models_per_gpu > 1:
@@ -224,14 +233,14 @@ class SimConfig:
         (used when Thaw's GPUs are slot hosts, `thaw_models_per_gpu`)."""
         if self.hardware is not None:
             return dataclasses.replace(self.hardware.cluster_spec(self.num_nodes), queue_timeout_s=self.queue_timeout_s,
-                                       concurrent_loads=self.concurrent_loads)
+                                       concurrent_loads=self.concurrent_loads, short_fetch_ratio=self.short_fetch_ratio)
         hosts = self.policy == "thaw" and self.thaw_models_per_gpu > 1
         return ClusterSpec(num_nodes=self.num_nodes, gpus_per_node=self.gpus_per_node,
                            dram_bytes_per_node=self.dram_gib_per_node * GIB,
                            ssd_bytes_per_node=self.ssd_gib_per_node * GIB, max_batch=self.max_batch,
                            start_overhead_s=start_overhead_s, queue_timeout_s=self.queue_timeout_s,
                            models_per_gpu=self.thaw_models_per_gpu if hosts else 1,
-                           concurrent_loads=self.concurrent_loads,
+                           concurrent_loads=self.concurrent_loads, short_fetch_ratio=self.short_fetch_ratio,
                            gpu_memory_bytes=gpu_memory_bytes if hosts else None)
 
     def policy_settings(self) -> PolicySettings:
@@ -268,6 +277,9 @@ class SimResult:
     counts: dict[str, int] = field(default_factory=dict)
     settings: dict[str, object] = field(default_factory=dict)
     cpu_s: float | None = None  # this process's CPU seconds for the run (wall_s counts waits for a busy core too)
+    # The P99 no policy that loads on demand can beat: first loads at the bandwidth of where the
+    # run starts each checkpoint (`sim.ttft_floor`); None for the unbounded reference.
+    ttft_p99_floor_s: float | None = None
 
     def summary(self) -> dict[str, object]:
         """The figures as a JSON-ready dict (infinite percentiles as None)."""
@@ -283,6 +295,7 @@ class SimResult:
                 "decision_ms_p50": finite(self.decision_ms_p50), "decision_ms_p99": finite(self.decision_ms_p99),
                 "num_ticks": self.num_ticks, "sim_end_s": round(self.sim_end_s, 3), "wall_s": round(self.wall_s, 3),
                 "cpu_s": None if self.cpu_s is None else round(self.cpu_s, 3),
+                "ttft_p99_floor_s": finite(self.ttft_p99_floor_s),
                 "num_events": self.num_events, "counts": dict(self.counts), "settings": dict(self.settings)}
 
 
@@ -301,6 +314,8 @@ class _Feeder:
         self.num_requests = 0
         self.done = False
         self.last_arrival_s = 0.0
+        self.arrival_s = array("d")  # [R] each request's arrival, for the TTFT floor
+        self.model_index = array("l")  # [R] its model
 
     def pull(self) -> tuple | None:
         """The next arrival as the loop's feed item, None after the last."""
@@ -313,9 +328,26 @@ class _Feeder:
             raise ValueError(f"the workload names model {request.model_id!r}, which is not in the catalog")
         index = self.num_requests
         self.num_requests += 1
+        self.arrival_s.append(request.arrival_s)
+        self.model_index.append(model_index)
         self.last_arrival_s = max(self.last_arrival_s, request.arrival_s)
         return (request.arrival_s, self.cluster.arrive,
                 (index, model_index, request.input_tokens, request.output_tokens))
+
+
+def _first_load_s(cluster: SimCluster) -> np.ndarray:
+    """[M] each model's earliest first load at the run's start (`sim.ttft_floor`): its checkpoint
+    from the fastest tier any node holds it in (the repository where none does) and the engine
+    start every policy pays at least."""
+    dram, ssd = set(), set()
+    for node in cluster.nodes:  # what was staged; a node's tiers are empty without staging
+        dram.update(node.dram.model_indices())
+        ssd.update(node.ssd.model_indices())
+    out = np.empty(len(cluster.models))
+    for index, state in enumerate(cluster.models):
+        tier = "dram" if index in dram else "ssd" if index in ssd else "s3"
+        out[index] = cluster.cost.load_s(state.model.weight_bytes, tier) + cluster.spec.start_overhead_s
+    return out
 
 
 def run_simulation(config: SimConfig, progress: Callable[[float, float], None] | None = None, *,
@@ -375,6 +407,7 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
         for node_index in range(len(cluster.nodes)):
             for tier in ("ssd", "dram") if config.staged_tier == "dram" else ("ssd",):
                 cluster.stage(node_index, order, tier)
+    floor_load_s = None if config.policy == "unbounded" else _first_load_s(cluster)
     feeder = _Feeder(cluster, requests)
     loop.feed(feeder.pull)
     horizon_s = config.hours * 3600.0
@@ -406,6 +439,11 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
     p50, p99 = (float(np.percentile(ranked, q, method="higher")) for q in (50, 99)) if num_requests else (math.nan,) * 2
     attained = float(np.count_nonzero(ttft[served] <= config.slo_ttft_s)) / num_requests if num_requests else 1.0
     decisions = np.array(decision_s) * 1e3
+    p99_floor = None
+    if floor_load_s is not None and num_requests:
+        floors = first_load_floor_s(np.frombuffer(feeder.arrival_s, dtype=np.float64),
+                                    np.frombuffer(feeder.model_index, dtype=np.int64), floor_load_s)
+        p99_floor = percentile_floor_s(floors, 99)
     cold = {tier: cluster.cold_starts[tier] for tier in COLD_START_TIERS}
     counts = {**cluster.counts, **(cluster.upkeep.counts if cluster.upkeep.enabled else {}), **policy.counts()}
     return SimResult(
@@ -417,4 +455,4 @@ def run_simulation(config: SimConfig, progress: Callable[[float, float], None] |
         decision_ms_p99=float(np.percentile(decisions, 99)) if len(decisions) else None,
         num_ticks=ticks.num_ticks, sim_end_s=end_s, wall_s=time.perf_counter() - started,
         num_events=loop.num_events_run, ttft_s=ttft, accelerators_in_use=tuple(samples), counts=counts,
-        settings=policy.describe(), cpu_s=time.process_time() - started_cpu)
+        settings=policy.describe(), cpu_s=time.process_time() - started_cpu, ttft_p99_floor_s=p99_floor)

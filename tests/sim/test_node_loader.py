@@ -7,7 +7,7 @@ import pytest
 from sim.cluster_spec import ClusterSpec
 from sim.cost_model import H100, default_cost_model
 from sim.event_loop import EventLoop
-from sim.node_loader import QueuedLoader, SharedLoader, join, node_loader
+from sim.node_loader import QueuedLoader, SharedLoader, ShortFirstLoader, join, node_loader
 from sim.policies import PolicySettings
 from sim.policy_factory import make_policy
 from sim.sim_cluster import SimCluster
@@ -39,6 +39,33 @@ def test_a_queue_ends_each_load_after_the_ones_before_it():
     loader = QueuedLoader(loop)
     assert _ends(loop, loader, [(0.0, 10.0), (1.0, 1.0), (20.0, 2.0)]) == [10.0, 11.0, 22.0]
     assert loader.backlog_s(21.0) == 1.0 and loader.backlog_s(30.0) == 0.0
+
+
+def test_a_load_eight_times_shorter_pauses_the_one_in_flight_which_goes_on_where_it_stopped():
+    loop = EventLoop()
+    loader = ShortFirstLoader(loop, 8.0)
+    # 400 s in flight from 0; at 100 s a 3 s load (300 s left >= 8 x 3) goes first, 100..103, and
+    # the long one ends at 403; a 50 s load at 110 s is not 8x shorter than the 297 s left
+    # (8 x 50 = 400): it waits its turn and ends at 453.
+    assert _ends(loop, loader, [(0.0, 400.0), (100.0, 3.0), (110.0, 50.0)]) == [403.0, 103.0, 453.0]
+
+
+def test_a_short_load_goes_ahead_of_a_long_waiting_one_not_of_a_short_one():
+    loop = EventLoop()
+    loader = ShortFirstLoader(loop, 8.0)
+    # in flight: 10 s from 0 (9 s left at 1: a 2 s load is not 8x shorter); waiting: 100 s (at 1),
+    # then 2 s (at 2) goes ahead of the 100 s one, 1.5 s (at 3) not ahead of the 2 s one
+    ends = _ends(loop, loader, [(0.0, 10.0), (1.0, 100.0), (2.0, 2.0), (3.0, 1.5)])
+    assert ends == [10.0, 113.5, 12.0, 13.5]
+    assert loader.backlog_s(0.0) == 0.0
+
+
+def test_without_a_short_load_the_order_is_the_queues():
+    starts = [(0.0, 10.0), (1.0, 5.0), (2.0, 7.0), (30.0, 1.0)]
+    loop = EventLoop()
+    queued = _ends(loop, QueuedLoader(loop), starts)
+    loop = EventLoop()
+    assert _ends(loop, ShortFirstLoader(loop, 8.0), starts) == queued == [10.0, 15.0, 22.0, 31.0]
 
 
 def test_shared_loads_move_at_an_even_share_so_a_small_one_ends_first():
@@ -77,11 +104,16 @@ def test_bad_loads_and_bounds_are_refused():
             QueuedLoader(loop).start(bad)
         with pytest.raises(ValueError, match="a load's work must be a finite number of seconds >= 0"):
             SharedLoader(loop, 2).start(bad)
+    with pytest.raises(ValueError, match="ratio >= 1 times shorter"):
+        ShortFirstLoader(loop, 0.5)
+    with pytest.raises(ValueError, match="ClusterSpec.short_fetch_ratio must be 0"):
+        ClusterSpec(num_nodes=1, gpus_per_node=1, short_fetch_ratio=0.5)
     with pytest.raises(ValueError, match="a shared loader takes 2 or more loads at once"):
         SharedLoader(loop, 1)
     with pytest.raises(ValueError, match="a queued load's end is known at its start"):
         join(QueuedLoader(loop).start(1.0), lambda: None)
-    assert isinstance(node_loader(loop, 1), QueuedLoader) and isinstance(node_loader(loop, 3), SharedLoader)
+    assert isinstance(node_loader(loop, 1, 0.0), QueuedLoader) and isinstance(node_loader(loop, 3, 0.0), SharedLoader)
+    assert isinstance(node_loader(loop, 1, 8.0), ShortFirstLoader) and isinstance(node_loader(loop, 3, 8.0), SharedLoader)
     with pytest.raises(ValueError, match="ClusterSpec.concurrent_loads must be an integer >= 1, got 0"):
         ClusterSpec(num_nodes=1, gpus_per_node=1, concurrent_loads=0)
 

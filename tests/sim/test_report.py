@@ -1,5 +1,6 @@
 """The report: a TTFT CDF of a day's millions of requests is drawn through a few thousand ranks."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -35,3 +36,11 @@ def test_a_long_cdf_is_drawn_through_cdf_points_ranks_ending_at_the_last(tmp_pat
     assert x[0] == 0.002 and x[-1] == 10.0 and y[-1] == 0.9  # the first and last served requests
     assert np.all(np.diff(x) > 0) and np.all(np.diff(y) > 0)
     assert paths["ttft_cdf"].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_table_shows_the_p99_floor_and_a_dash_without_one():
+    with_floor = dataclasses.replace(_result(np.array([1.0, 2.0])), ttft_p99_floor_s=43.845714)
+    table = report.format_table([with_floor, _result(np.array([1.0]))]).splitlines()
+    assert "P99 floor" in table[0]
+    assert "43.846" in table[1]
+    assert table[2].split()[3] == "-"

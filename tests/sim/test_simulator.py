@@ -210,6 +210,8 @@ def test_thaw_simulate_bad_sizes_exit_2_with_the_message(capsys):
     assert "--thaw-downscale-delay-s must be a finite number >= 0, got -1" in capsys.readouterr().err
     assert main(["simulate", "--quick", "--thaw-keep-alive-per-restart", "nan"]) == 2
     assert "--thaw-keep-alive-per-restart must be a finite number >= 0, got nan" in capsys.readouterr().err
+    assert main(["simulate", "--quick", "--short-fetch-ratio", "0.5"]) == 2
+    assert "short_fetch_ratio must be 0 (arrival order) or a number >= 1, got 0.5" in capsys.readouterr().err
 
 
 def test_a_staged_tier_too_small_for_the_catalog_holds_the_most_requested_models():
