@@ -16,6 +16,7 @@ if [ ! -x "$venv/bin/python" ]; then
     echo "[setup] creating $venv with $($python_bin --version)"
     "$python_bin" -m venv "$venv"
 fi
+abs_venv="$(cd "$venv" && pwd)"
 pip_install() {
     # Some machines' pip configs name index folders that do not exist; that noise is not ours.
     local status
@@ -47,6 +48,14 @@ extras=""
 [ "${1:-}" = "--test" ] && extras="[test]"
 echo "[setup] installing thaw$extras (editable)"
 pip_install -e ".$extras"
+# Hugging Face's `kernels` distribution (a dependency of transformers >= 5.25) has the same import
+# name as Thaw's kernels/ package and shadows it wherever the repository is not the working folder.
+if ! (cd / && "$abs_venv/bin/python" -c "import kernels; raise SystemExit(not hasattr(kernels, 'prepare_cpu_kernels'))") 2>/dev/null; then
+    echo "[setup] 'import kernels' does not find Thaw's kernels package in $venv: another distribution" >&2
+    echo "        named 'kernels' is installed there (Hugging Face's, pulled in by transformers >= 5.25)." >&2
+    echo "        Remove it ($venv/bin/python -m pip uninstall kernels) and keep transformers < 5.25." >&2
+    exit 1
+fi
 if "$venv/bin/python" -c "import torch; raise SystemExit(torch.cuda.is_available())"; then  # exits 0 without CUDA
     echo "[setup] building the CPU kernels for this CPU's instruction set (once, ~60 s; cached)"
     "$venv/bin/python" -c "

@@ -467,14 +467,17 @@ class ModelRepository(ABC):
         self._delete_objects(_object_keys(manifest))
         self._sweep(model, keep=None)
 
-    def fetch(self, model: str, dest_dir: str | Path, *, verify: bool = True, prefer_thaw: bool = False) -> FetchResult:
+    def fetch(self, model: str, dest_dir: str | Path, *, verify: bool = True, prefer_thaw: bool = False,
+              before_part: Callable[[int], None] | None = None) -> FetchResult:
         """Download a complete model into `dest_dir` (absent or empty) with parallel ranged reads.
 
         `prefer_thaw`: a Hugging Face push's converted thaw checkpoint instead of the dir as pushed,
         when it has one (what a node store serves from); the result's `kind` says which arrived.
         With `verify`, every file's size and xxh3_64 are checked against the manifest
         (`FetchVerificationError` otherwise). On error, `dest_dir` is left partly written: the
-        caller fetches into a temporary directory and discards it."""
+        caller fetches into a temporary directory and discards it. `before_part(bytes_left)` runs
+        before each ranged read with the bytes not yet begun (that part's included); it may block,
+        which pauses the fetch between parts (`storage.fetch_queue`: a short fetch passing)."""
         start = time.perf_counter()
         manifest = self.describe(model)
         dest = Path(dest_dir)
@@ -485,7 +488,8 @@ class ModelRepository(ABC):
             kind, entries, key = "thaw", manifest.converted, manifest.converted_key
         else:
             kind, entries, key = manifest.kind, manifest.files, manifest.object_key
-        num_requests = self._download_files([(key(f.path), f.path, f.size) for f in entries], dest)
+        num_requests = self._download_files([(key(f.path), f.path, f.size) for f in entries], dest,
+                                            before_part=before_part)
         if verify:
             with ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="thaw-verify") as pool:
                 list(pool.map(lambda f: self._verify_file(key(f.path), f, dest / f.path), entries))
@@ -502,8 +506,10 @@ class ModelRepository(ABC):
             raise FetchVerificationError(f"{self._key_uri(key)}: downloaded bytes have xxh3_64 {digest}, the manifest "
                                          f"says {entry.xxh3_64}; push the model again")
 
-    def _download_files(self, files: list[tuple[str, str, int]], dest: Path) -> int:
-        """Download each (key, rel, size) to ``dest/<rel>`` (0600), all ranges on one pool."""
+    def _download_files(self, files: list[tuple[str, str, int]], dest: Path,
+                        before_part: Callable[[int], None] | None = None) -> int:
+        """Download each (key, rel, size) to ``dest/<rel>`` (0600), all ranges on one pool, in
+        order; `before_part` as `fetch`'s."""
         fds: list[int] = []
         parts: list[tuple[str, int, int, int]] = []  # key, start, length, fd
         try:
@@ -515,10 +521,19 @@ class ModelRepository(ABC):
                 os.ftruncate(fd, size)
                 parts += [(key, off, min(self.part_bytes, size - off), fd) for off in range(0, size, self.part_bytes)]
             failed = threading.Event()
+            begun = threading.Lock()
+            bytes_left = [sum(part[2] for part in parts)]
 
             def run(part: tuple[str, int, int, int]) -> None:
                 if not failed.is_set():  # after one failure, skip the queued rest
                     try:
+                        if before_part is not None:
+                            with begun:
+                                left = bytes_left[0]
+                                bytes_left[0] -= part[2]
+                            before_part(left)
+                            if failed.is_set():  # failed while this part waited
+                                return
                         self._download_range(*part)
                     except BaseException:
                         failed.set()

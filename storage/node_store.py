@@ -5,7 +5,8 @@
 - SSD miss: fetch the model's thaw checkpoint from the repository (parallel ranged reads, every
   file verified against the manifest's checksums) into the tier's staging area, then rename it
   into place -- concurrent callers share the one fetch (`CheckpointTier` single flight), and
-  fetches of different models take turns, one at a time by default (`storage.fetch_queue`). A
+  fetches of different models take turns, one at a time by default, a much smaller one passing a
+  much larger one (`storage.fetch_queue`). A
   Hugging Face push was converted once, at push (`ModelRepository.push`), so the store only
   copies; a repository that holds a model in Hugging Face form only (pushed before that, or
   unreadable by the converter then) still works: the store converts it after the download,
@@ -74,7 +75,7 @@ class NodeStore:
         self.config = config
         self.repository = repository
         self._lock = threading.Lock()
-        self._fetch_queue = FetchQueue(config.max_concurrent_fetches)  # one at a time by default: see its module
+        self._fetch_queue = FetchQueue(config.max_concurrent_fetches, config.short_fetch_ratio)  # one at a time by default: see its module
         self._num_fetches = 0
         self._num_conversions = 0
         self._converted_here: set[str] = set()  # models converted after a download (logged once each)
@@ -132,13 +133,15 @@ class NodeStore:
     def _fill_ssd(self, model: str, dest: Path) -> None:
         download = dest.parent / "download"
         asked_s = time.monotonic()
-        with self._fetch_queue.turn() as ahead:
-            if ahead:
+        num_bytes = self.repository.describe(model).checkpoint_bytes  # what the fetch reads (prefer_thaw)
+        with self._fetch_queue.turn(num_bytes) as turn:
+            if turn.ahead:
                 logger.info("fetching %r from the repository after %.1f s behind %d fetch(es) ahead of it",
-                            model, time.monotonic() - asked_s, ahead)
+                            model, time.monotonic() - asked_s, turn.ahead)
             with self._lock:
                 self._num_fetches += 1
-            result = self.repository.fetch(model, download, verify=self.config.verify_fetches, prefer_thaw=True)
+            result = self.repository.fetch(model, download, verify=self.config.verify_fetches, prefer_thaw=True,
+                                           before_part=turn.before_part)
         if result.kind == "thaw":
             os.rename(download, dest)
         else:  # Hugging Face form only: convert here (see the module docstring)

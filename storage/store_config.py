@@ -9,6 +9,7 @@ passes its own stable id so that a restarted store reclaims the memory of a cras
 
 from __future__ import annotations
 
+import math
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -48,6 +49,10 @@ class NodeStoreConfig:
     # Repository fetches in flight at once; the rest wait in arrival order (`storage.fetch_queue`:
     # one fetch keeps the network busy, and side by side every fetch ends later).
     max_concurrent_fetches: int = 1
+    # A fetch this many times smaller than one waiting or in flight goes first, pausing the long
+    # one between its parts (`storage.fetch_queue`); 0: strict arrival order. 8 measured best in
+    # the simulator (issue 39, `sim.node_loader.ShortFirstLoader`).
+    short_fetch_ratio: float = 8.0
     # The node's own worker memory budget (`thaw join --worker-memory-gb`), which its reports carry
     # to the controller; the store itself holds no worker. None: the platform's budget.
     worker_memory_bytes: int | None = None
@@ -73,6 +78,11 @@ class NodeStoreConfig:
             self._check_int("worker_memory_bytes", 1)
         self._check_int("copy_threads", 1, 256)
         self._check_int("max_concurrent_fetches", 1, 256)
+        ratio = self.short_fetch_ratio
+        if (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio)
+                or (ratio != 0 and ratio < 1)):
+            raise ValueError(f"NodeStoreConfig.short_fetch_ratio must be 0 (arrival order) or a number >= 1, "
+                             f"got {ratio!r}")
         self._check_int("calibration_bytes", _ALIGNMENT_BYTES)
         if self.calibration_bytes % _ALIGNMENT_BYTES:
             raise ValueError(f"NodeStoreConfig.calibration_bytes {self.calibration_bytes} must be a multiple of "

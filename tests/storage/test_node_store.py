@@ -19,7 +19,7 @@ from loader.verification_record import RECORD_FILE
 from storage import (InvalidModelNameError, LocalModelRepository, ModelNotFoundError, NodeStore, RepositoryError,
                      TierFullError)
 from storage.checkpoint_copy import checkpoint_bytes
-from tests.loader.hf_checkpoint_builder import llama_tensors
+from tests.loader.hf_checkpoint_builder import llama_tensors, write_hf_checkpoint
 from tests.storage.conftest import SESSION_PLATFORM_ID, SHM_ROOT, wait_until
 
 WAIT_S = 30  # a guard so a bug fails the test instead of hanging it; never reached when correct
@@ -481,3 +481,65 @@ def test_fetches_of_different_models_take_turns_in_arrival_order(store_config, r
         assert store.report().num_fetches == 3 and gated.order == ["m0", "m1", "m2"]
         assert sorted(entry.model for entry in store.report().tier("ssd").entries) == ["m0", "m1", "m2"]
         assert any("fetching 'm2' from the repository after" in r.getMessage() for r in caplog.records)
+
+
+class PartLoggingRepository(LocalModelRepository):
+    """Logs each ranged read's start and end per model (one part at a time: max_concurrency 1);
+    the first part of each model in `hold` waits for that model's release, and `asking` is set
+    while a fetch of that model waits in `before_part`."""
+
+    def __init__(self, root, hold, **kwargs):
+        super().__init__(root, **kwargs)
+        self.log: list[tuple[str, str]] = []
+        self.release = {m: threading.Event() for m in hold}
+        self.asking = {m: threading.Event() for m in hold}
+
+    def fetch(self, model, dest_dir, *, before_part=None, **kwargs):
+        asking = self.asking.get(model) or threading.Event()
+
+        def ask(bytes_left: int) -> None:
+            asking.set()
+            before_part(bytes_left)
+            asking.clear()
+
+        return super().fetch(model, dest_dir, before_part=ask if before_part else None, **kwargs)
+
+    def _download_range(self, key, start, length, fd):
+        model = key.split("/")[0]
+        self.log.append((model, "begin"))
+        if start == 0 and model in self.release and not self.release[model].wait(WAIT_S):
+            raise TimeoutError("the test never released the fetch")
+        super()._download_range(key, start, length, fd)
+        self.log.append((model, "end"))
+
+
+def test_a_small_models_fetch_pauses_a_large_ones_between_parts(store_config, repository, tmp_path):
+    """Issue 39: a first start of a small model does not wait for a large model's whole download;
+    the large one stops between parts while the small one is fetched, then goes on, and both
+    arrive whole (verified against the manifest)."""
+    large = write_hf_checkpoint(tmp_path / "large-hf", llama_tensors(40, torch.bfloat16, seed=4))
+    repository.push(large, "large")
+    assert repository.describe("large").checkpoint_bytes >= 8 * repository.describe("m0").checkpoint_bytes
+    logged = PartLoggingRepository(repository.root, ("large", "m0"), part_bytes=16384, max_concurrency=1)
+    with NodeStore(store_config(), logged) as store:
+        assert store.config.short_fetch_ratio == 8
+        fetch_large = threading.Thread(target=store.ensure, args=("large", "ssd"))
+        fetch_large.start()
+        wait_until(lambda: ("large", "begin") in logged.log, "the large model's first part on the wire")
+        fetch_small = threading.Thread(target=store.ensure, args=("m0", "ssd"))
+        fetch_small.start()
+        wait_until(lambda: ("m0", "begin") in logged.log, "the small model's fetch begun")
+        assert store.report().num_fetches_waiting == 1  # the large one, paused
+        logged.release["large"].set()  # its part on the wire ends; its next part waits
+        assert logged.asking["large"].wait(WAIT_S)
+        wait_until(lambda: logged.log.count(("large", "end")) == 1, "the large model's first part ended")
+        assert logged.log.count(("large", "begin")) == 1
+        logged.release["m0"].set()
+        fetch_small.join(WAIT_S)
+        fetch_large.join(WAIT_S)
+        assert not fetch_small.is_alive() and not fetch_large.is_alive()
+        small_done = max(i for i, entry in enumerate(logged.log) if entry == ("m0", "end"))
+        assert logged.log.index(("large", "begin"), 1) > small_done  # the large one went on after
+        assert logged.log.count(("large", "begin")) > 8
+        assert sorted(entry.model for entry in store.report().tier("ssd").entries) == ["large", "m0"]
+        assert store.report().num_fetches == 2 and store.report().num_fetches_waiting == 0

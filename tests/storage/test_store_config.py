@@ -39,6 +39,8 @@ def test_defaults_and_shm_naming():
     ({"convert_dtype": "int8"}, "convert_dtype 'int8'"),
     ({"convert_chunk_bytes": 4097}, "convert_chunk_bytes"),
     ({"copy_threads": 0}, "copy_threads"),
+    ({"short_fetch_ratio": 0.5}, "short_fetch_ratio must be 0 \\(arrival order\\) or a number >= 1, got 0.5"),
+    ({"short_fetch_ratio": float("inf")}, "short_fetch_ratio must be 0"),
     ({"calibrate": "yes"}, "calibrate must be True or False"),
     ({"ssd_dir": "/dev/shm/thaw-p.n/ssd", "platform_id": "p", "node_id": "n"}, "must not contain each other"),
 ])
