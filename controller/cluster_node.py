@@ -209,13 +209,14 @@ def free_memory_bytes(node: ClusterNode, instances: Iterable[ManagedInstance], c
     return max(0, budget - used_memory_bytes(node.node_id, instances))
 
 
-def loader_wait_s(node_id: str, instances: Iterable[ManagedInstance], now: float) -> float:
-    """What the node's loads in progress from its disk or the repository have left by their
-    estimates: a new read from there shares that path with them, so it is ready that much later
-    (`NodeView.loader_wait_s`). A load from the DRAM tier does not hold that path up."""
-    return sum(instance.remaining_load_s(now) for instance in instances
-               if instance.node_id == node_id and instance.phase is InstanceState.LOADING
-               and instance.tier != "dram")
+def loader_loads_s(node_id: str, instances: Iterable[ManagedInstance], now: float) -> tuple[float, ...]:
+    """What each of the node's loads in progress from its disk or the repository has left by its
+    estimate, in the order they started: a new read from there waits for those it does not pass
+    (`NodeView.loader_loads_s`, `controller.read_path`). A load from the DRAM tier does not hold
+    that path up."""
+    return tuple(instance.remaining_load_s(now) for instance in sorted(
+        (i for i in instances if i.node_id == node_id and i.phase is InstanceState.LOADING and i.tier != "dram"),
+        key=lambda i: i.started_s))
 
 
 def node_view(node: ClusterNode, repository_name: str, instances: list[ManagedInstance],
@@ -227,7 +228,8 @@ def node_view(node: ClusterNode, repository_name: str, instances: list[ManagedIn
         num_free_slots=free,
         bandwidths=tier_bandwidths(node.report, config),
         model_tiers=model_tiers(node.report, repository_name),
-        loader_wait_s=loader_wait_s(node.node_id, instances, now),
+        loader_loads_s=tuple(left for left in loader_loads_s(node.node_id, instances, now) if left > 0),
+        short_fetch_ratio=node.report.short_fetch_ratio if node.report is not None else 0.0,
         free_memory_bytes=free_memory_bytes(node, instances, config),
     )
 

@@ -39,6 +39,8 @@ import numbers
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from controller.read_path import read_path_wait_s
+
 # Source tiers, fastest first by nature; equal estimates prefer the earlier tier.
 MODEL_TIERS = ("gpu", "dram", "ssd")
 REPOSITORY = "repository"
@@ -106,9 +108,16 @@ class NodeView:
         model_tiers: tiers on this node that hold the model being placed, from "gpu" (a
             running peer instance), "dram" and "ssd"; empty means repository only.
         bandwidths: the node's calibrated rates.
-        loader_wait_s: seconds before this node's disk and network loader can start on the
-            model (what it is loading now from SSD or the repository plus loads queued ahead);
-            only a read from SSD or the repository waits for it.
+        loader_wait_s: seconds before this node's disk and network loader can start on a long
+            load (what it is loading now from SSD or the repository plus loads queued ahead);
+            only a read from SSD or the repository waits for it. Derived from `loader_loads_s`
+            when that is given.
+        loader_loads_s: what each of those loads has left, in the order they go (the one in
+            flight first); with `short_fetch_ratio` r > 0, a load r times shorter than one of
+            them passes it (`controller.read_path`, as the node store orders its fetches), so a
+            short load may wait less than `loader_wait_s`.
+        short_fetch_ratio: the node store's (`NodeStoreConfig.short_fetch_ratio`, in its
+            report); 0: strict arrival order.
     """
 
     node_id: str
@@ -117,6 +126,8 @@ class NodeView:
     model_tiers: frozenset[str] = frozenset()
     loader_wait_s: float = 0.0
     free_memory_bytes: int | None = None
+    loader_loads_s: tuple[float, ...] = ()
+    short_fetch_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not self.node_id:
@@ -138,9 +149,30 @@ class NodeView:
                 raise ValueError(f"node {self.node_id}: holds the model in '{tier}' but has no {tier}_bytes_per_s")
         object.__setattr__(self, "model_tiers", tiers)
         wait = self.loader_wait_s
-        if not isinstance(wait, numbers.Real) or isinstance(wait, bool) or not (math.isfinite(wait) and wait >= 0):
+        if not _seconds(wait):
             raise ValueError(f"node {self.node_id}: loader_wait_s must be a finite number >= 0, got {wait!r}")
-        object.__setattr__(self, "loader_wait_s", float(wait))
+        loads = self.loader_loads_s
+        if isinstance(loads, (str, bytes)) or not isinstance(loads, Iterable) or not all(map(_seconds, loads)):
+            raise ValueError(f"node {self.node_id}: loader_loads_s must be finite seconds >= 0, got {loads!r}")
+        loads = tuple(float(left) for left in loads)
+        if loads and wait and abs(wait - sum(loads)) > 1e-9 * max(1.0, wait):
+            raise ValueError(f"node {self.node_id}: loader_wait_s {wait!r} is not the sum of loader_loads_s {loads!r}")
+        ratio = self.short_fetch_ratio
+        if not _seconds(ratio) or 0 < ratio < 1:
+            raise ValueError(f"node {self.node_id}: short_fetch_ratio must be 0 or a number >= 1, got {ratio!r}")
+        object.__setattr__(self, "loader_loads_s", loads)
+        object.__setattr__(self, "loader_wait_s", float(sum(loads)) if loads else float(wait))
+        object.__setattr__(self, "short_fetch_ratio", float(ratio))
+
+    def read_path_wait_s(self, load_s: float) -> float:
+        """How long a read of `load_s` from SSD or the repository waits for the loads ahead."""
+        if not self.loader_loads_s:
+            return self.loader_wait_s
+        return read_path_wait_s(load_s, self.loader_loads_s, self.short_fetch_ratio)
+
+
+def _seconds(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 @dataclass(frozen=True)
@@ -209,7 +241,7 @@ def estimate_node(model_bytes: int, node: NodeView, num_slots: int = 1, memory_b
         node_id=node.node_id,
         tier=best_tier,
         load_s=best_load_s,
-        wait_s=node.loader_wait_s if best_tier in LOADER_TIERS else 0.0,
+        wait_s=node.read_path_wait_s(best_load_s) if best_tier in LOADER_TIERS else 0.0,
         num_free_slots=node.num_free_slots,
         has_room=node.num_free_slots >= num_slots and (
             node.free_memory_bytes is None or node.free_memory_bytes >= memory_bytes),

@@ -55,9 +55,9 @@ def add_simulate_command(sub) -> None:
     p.add_argument("--concurrent-loads", type=int, default=1,
                    help="a node's loads from its SSD and the repository in flight at once, sharing its read path "
                         "evenly, the rest queued (default 1: one at a time, as the node store fetches)")
-    p.add_argument("--short-fetch-ratio", type=float, default=0.0,
+    p.add_argument("--short-fetch-ratio", type=float, default=8.0,
                    help="one load at a time, a load R times shorter than another goes ahead of it, pausing it "
-                        "if it is in flight (8 measured best; default 0: strict arrival order, as the node store)")
+                        "if it is in flight (default 8, as the node store, measured best; 0: strict arrival order)")
     p.add_argument("--json", action="store_true", help="one JSON object per line per policy")
     p.add_argument("--out", default=None, help="folder for results.jsonl, ttft_cdf.png and accelerators.png")
     p.add_argument("--quick", action="store_true", help="a small scenario that runs in seconds (ignores the sizes)")

@@ -56,9 +56,9 @@ class ClusterSpec:
             sharing its read path evenly, the rest waiting in arrival order (`sim.node_loader`).
             1: one at a time, as the node store fetches (``NodeStoreConfig.max_concurrent_fetches``).
         short_fetch_ratio: one load at a time, a load this many times shorter than another goes
-            ahead of it, pausing it if it is in flight (8 measured best, issue 39); 0 (the
-            default): strict arrival order, as the node store still fetches. Not used where loads
-            share the path.
+            ahead of it, pausing it if it is in flight (the default, 8, as the node store fetches,
+            ``NodeStoreConfig.short_fetch_ratio``: measured best, issue 39); 0: strict arrival
+            order. Not used where loads share the path.
     """
 
     num_nodes: int
@@ -82,7 +82,7 @@ class ClusterSpec:
     kv_pool_tokens: int = 64 * 512
     sleep_bytes_per_gpu: int | None = None
     concurrent_loads: int = 1
-    short_fetch_ratio: float = 0.0
+    short_fetch_ratio: float = 8.0
 
     @property
     def slot_hosts(self) -> bool:

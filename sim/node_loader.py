@@ -3,16 +3,18 @@
 Three disciplines, chosen once per cluster (`ClusterSpec.concurrent_loads` and
 `short_fetch_ratio`, `node_loader`):
 
-- `ShortFirstLoader` (1 at a time, ratio r > 0; `thaw simulate --short-fetch-ratio 8`): one
-  load at a time, in arrival order, except that a load r times shorter than the one in flight
-  pauses it and goes first, and one r times shorter than a waiting load goes ahead of that one;
-  the paused load goes on where it stopped. The node store does not do this yet (its fetches are
-  one call each, `storage.fetch_queue`), so it is not the default. Why: a first fetch of a 1 GB model queued behind a 141 GB
+- `ShortFirstLoader` (1 at a time, ratio r > 0; the default, r = 8): one load at a time, in
+  arrival order, except that a load r times shorter than the one in flight pauses it and goes
+  first, and one r times shorter than a waiting load goes ahead of that one; the paused load
+  goes on where it stopped. The node store's fetches follow the same rule
+  (`storage.fetch_queue`, `NodeStoreConfig.short_fetch_ratio`, pausing between a fetch's parts). Why: a first fetch of a 1 GB model queued behind a 141 GB
   one waited 400 s for a 3 s read; letting it pass costs the big one 3 s, under 1%. Issue 39
   measured it on the contended scenario (Thaw with slot hosts, seeds 0-9: mean SLO 0.790 -> 0.802,
   P99 better than ServerlessLLM-like's on 9 seeds, the tenth at the first-fetch floor; ratio 4 and
   16 did worse). Each load's end is known only when it comes: `join` the job for it.
-- `QueuedLoader` (1 at a time, r = 0, the default): strict arrival order, as the store. A load's end is known when it starts.
+- `QueuedLoader` (1 at a time, r = 0, `--short-fetch-ratio 0`): strict arrival order, as the
+  store with ``short_fetch_ratio=0``; every table measured before the store fetched short first
+  (BENCHMARKS.md). A load's end is known when it starts.
 - `SharedLoader` (k > 1): up to k loads in flight share the path evenly (processor sharing), the
   rest wait in arrival order: n loads each move at 1/n of the path's rate, so a small checkpoint
   does not wait for a large one to end, but every load in flight ends later than its turn in a
@@ -77,9 +79,17 @@ class QueuedLoader:
         job.end_s = now + job.delay_s
         return job
 
+    short_fetch_ratio = 0.0  # strict arrival order
+
     def backlog_s(self, now: float) -> float:
         """How long the path stays busy without another load: a new load's wait."""
         return self._free_s - now if self._free_s > now else 0.0
+
+    def loads_left_s(self, now: float) -> tuple[float, ...]:
+        """What the loads ahead of a new one have left, as one lump (in arrival order it waits
+        for all of them: `controller.read_path`)."""
+        left = self.backlog_s(now)
+        return (left,) if left else ()
 
 
 class SharedLoader:
@@ -118,6 +128,13 @@ class SharedLoader:
         left = sum(job.remaining_s for job in self._jobs) - (now - self._updated_s)
         left += sum(job.remaining_s for job in self._waiting)
         return left if left > 0.0 else 0.0
+
+    short_fetch_ratio = 0.0  # loads that share the path all move at once: none passes another
+
+    def loads_left_s(self, now: float) -> tuple[float, ...]:
+        """The backlog as one lump (a new load waits for all of it, `controller.read_path`)."""
+        left = self.backlog_s(now)
+        return (left,) if left else ()
 
     def _advance(self) -> None:
         now = self._loop.now
@@ -194,8 +211,19 @@ class ShortFirstLoader:
         load's wait, as `QueuedLoader.backlog_s`: a short load may wait less)."""
         if self._current is None:
             return 0.0
+        return sum(self.loads_left_s(now))
+
+    @property
+    def short_fetch_ratio(self) -> float:
+        return self._ratio
+
+    def loads_left_s(self, now: float) -> tuple[float, ...]:
+        """What each load on the path has left, in the order they go (the one in flight first):
+        what `controller.read_path` needs to tell a short load's wait from a long one's."""
+        if self._current is None:
+            return ()
         left = self._current.remaining_s - (now - self._started_s)
-        return max(left, 0.0) + sum(job.remaining_s for job in self._waiting)
+        return (max(left, 0.0), *(job.remaining_s for job in self._waiting))
 
     def _run(self, job: LoaderJob) -> None:
         self._current = job

@@ -60,10 +60,11 @@ class NodeViews:
         the GPUs that fit its share, so placement's slot count is memory-aware)."""
         tiers = self.cluster.checkpoint_tiers(node, model_index) if locality else ()
         free = self.cluster.room(node, model_index)
-        wait_s = node.loader_wait_s(now)
-        if wait_s:
+        loads = node.loader.loads_left_s(now)
+        if loads:  # a short load may pass some of them (`controller.read_path`)
             return NodeView(node_id=node.node_id, num_free_slots=free, bandwidths=self.bandwidths,
-                            model_tiers=frozenset(tiers), loader_wait_s=wait_s)
+                            model_tiers=frozenset(tiers), loader_loads_s=loads,
+                            short_fetch_ratio=node.loader.short_fetch_ratio)
         key = (node.index, free, tiers)  # an idle loader: the view is one of few, kept
         view = self._idle_views.get(key)
         if view is None:

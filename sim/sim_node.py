@@ -35,6 +35,6 @@ class SimNode:
         self.fetches: dict[int, LoaderJob] = {}  # model index -> its last repository fetch here (in flight until end_s)
 
     def loader_wait_s(self, now: float) -> float:
-        """What the node's loads from SSD and repository have left: a new one's wait, as the
+        """What the node's loads from SSD and repository have left: a long new one's wait, as the
         controller estimates it (`QueuedLoader.backlog_s`, `SharedLoader.backlog_s`)."""
         return self.loader.backlog_s(now)

@@ -115,7 +115,7 @@ class SimConfig:
         concurrent_loads: a node's loads from SSD and the repository in flight at once, sharing its
             read path (`ClusterSpec.concurrent_loads`); 1: one at a time, as the node store fetches.
         short_fetch_ratio: one at a time, a load this many times shorter than another goes first
-            (`ClusterSpec.short_fetch_ratio`; 0, the default: arrival order, as the node store).
+            (`ClusterSpec.short_fetch_ratio`; 8, the default, as the node store; 0: arrival order).
         hardware: a measured `HardwareProfile` (`sim.hardware_profile`): the nodes, the catalog
             and the costs all come from it, replacing `gpu`, `gpus_per_node`, `dram_gib_per_node`,
             `ssd_gib_per_node` and `max_batch` (then `num_models` must be its model count).
@@ -153,7 +153,7 @@ class SimConfig:
     thaw_models_per_gpu: int = 1
     thaw_sleep: bool = True
     concurrent_loads: int = 1
-    short_fetch_ratio: float = 0.0
+    short_fetch_ratio: float = 8.0
     hardware: object = None
 
     def __post_init__(self) -> None:

@@ -262,7 +262,8 @@ class NodeStore:
                                    tiers=(dram, self.ssd.report()), bandwidth=self._bandwidth,
                                    num_fetches=self._num_fetches, num_conversions=self._num_conversions,
                                    reported_at=time.time(), worker_memory_bytes=self.config.worker_memory_bytes,
-                                   num_fetches_waiting=self._fetch_queue.num_waiting)
+                                   num_fetches_waiting=self._fetch_queue.num_waiting,
+                                   short_fetch_ratio=self._fetch_queue.short_ratio)
 
     def close(self) -> None:
         """Release the DRAM tier (its shared memory is removed); the SSD cache stays for the next start."""

@@ -97,6 +97,7 @@ class NodeStoreReport:
     reported_at: float
     worker_memory_bytes: int | None = None  # the node's own worker memory budget; None: the platform's
     num_fetches_waiting: int = 0  # repository fetches queued behind those in flight (`storage.fetch_queue`)
+    short_fetch_ratio: float = 0.0  # a fetch this many times smaller passes a longer one (0: arrival order)
 
     def tier(self, name: str) -> TierReport:
         for tier in self.tiers:

@@ -145,7 +145,7 @@ def test_a_node_s_own_worker_memory_budget_wins_over_the_platform_s(tmp_path):
 
 def test_the_loader_wait_counts_only_loads_from_disk_or_the_repository():
     """A load from the DRAM tier does not hold up the node's disk and network path (issue 39)."""
-    from controller.cluster_node import loader_wait_s
+    from controller.cluster_node import loader_loads_s
     from controller.managed_instance import ManagedInstance
 
     def loading(instance_id: str, tier: str | None, estimate_s: float, node_id: str = "n0") -> ManagedInstance:
@@ -154,6 +154,6 @@ def test_the_loader_wait_counts_only_loads_from_disk_or_the_repository():
 
     instances = [loading("fetch", "ssd", 60.0), loading("warm", "dram", 2.0), loading("adopted", None, 5.0),
                  loading("elsewhere", "ssd", 30.0, node_id="n1")]
-    assert loader_wait_s("n0", instances, now=110.0) == 50.0 + 0.0 + 0.0  # the adopted one's 5 s have passed
-    assert loader_wait_s("n0", instances, now=101.0) == 59.0 + 4.0  # tier unknown: counted
-    assert loader_wait_s("n1", instances, now=110.0) == 20.0
+    assert loader_loads_s("n0", instances, now=110.0) == (50.0, 0.0)  # the adopted one's 5 s have passed
+    assert loader_loads_s("n0", instances, now=101.0) == (59.0, 4.0)  # tier unknown: counted
+    assert loader_loads_s("n1", instances, now=110.0) == (20.0,)

@@ -1,5 +1,6 @@
 """A node's read path: one load at a time (the node store's queue) or shared evenly, with exact ends."""
 
+import dataclasses
 import math
 
 import pytest
@@ -12,7 +13,9 @@ from sim.policies import PolicySettings
 from sim.policy_factory import make_policy
 from sim.sim_cluster import SimCluster
 from sim.sim_models import SimModel
+from sim.simulator import SimConfig
 from sim.tick_scheduler import TickScheduler
+from storage.store_config import NodeStoreConfig
 
 COST = default_cost_model()
 
@@ -118,11 +121,20 @@ def test_bad_loads_and_bounds_are_refused():
         ClusterSpec(num_nodes=1, gpus_per_node=1, concurrent_loads=0)
 
 
-def _cold_starts(concurrent_loads, sizes):
+def test_the_simulators_read_path_defaults_to_the_node_stores_order():
+    """The simulator models the store: both let a fetch 8 times shorter go first by default."""
+    store_default = next(f.default for f in dataclasses.fields(NodeStoreConfig) if f.name == "short_fetch_ratio")
+    assert store_default == 8
+    assert ClusterSpec(num_nodes=1, gpus_per_node=1).short_fetch_ratio == store_default
+    assert SimConfig(num_models=1, num_nodes=1).short_fetch_ratio == store_default
+
+
+def _cold_starts(concurrent_loads, sizes, short_fetch_ratio=0.0):
     """Each model's first start from the repository on one node at t=0; each instance's ready time."""
     models = [SimModel(model_id=f"m{i}", family="llama", params_b=b / 2e9, weight_bytes=b) for i, b in enumerate(sizes)]
     loop = EventLoop()
-    spec = ClusterSpec(num_nodes=1, gpus_per_node=len(sizes) + 1, start_overhead_s=1.5, concurrent_loads=concurrent_loads)
+    spec = ClusterSpec(num_nodes=1, gpus_per_node=len(sizes) + 1, start_overhead_s=1.5, concurrent_loads=concurrent_loads,
+                       short_fetch_ratio=short_fetch_ratio)
     cluster = SimCluster(spec, models, COST, H100, loop)
     policy = make_policy("serverlessllm", PolicySettings())  # keeps node copies: the store's single flight
     cluster.attach(policy)
@@ -133,12 +145,16 @@ def _cold_starts(concurrent_loads, sizes):
     return [i.ready_s for i in instances], second.ready_s
 
 
-@pytest.mark.parametrize("concurrent_loads", [1, 4])
-def test_the_cluster_starts_an_instance_when_its_fetch_ends_plus_its_engine_start(concurrent_loads):
+@pytest.mark.parametrize("concurrent_loads, short_fetch_ratio", [(1, 0.0), (4, 0.0), (1, 4.0)])
+def test_the_cluster_starts_an_instance_when_its_fetch_ends_plus_its_engine_start(concurrent_loads,
+                                                                                 short_fetch_ratio):
     big, small = 8_000_000_000, 1_000_000_000
-    ready, second = _cold_starts(concurrent_loads, [big, small])
+    ready, second = _cold_starts(concurrent_loads, [big, small], short_fetch_ratio)
     big_s, small_s = COST.load_s(big, "s3"), COST.load_s(small, "s3")
-    if concurrent_loads == 1:  # in arrival order: the small one after the big one
+    assert big_s >= 4 * small_s
+    if short_fetch_ratio:  # the small one pauses the big one and goes first
+        assert ready == pytest.approx([big_s + small_s + 1.5, small_s + 1.5])
+    elif concurrent_loads == 1:  # in arrival order: the small one after the big one
         assert ready == pytest.approx([big_s + 1.5, big_s + small_s + 1.5])
     else:  # shared: the small one ends at twice its own time, the big one at the sum
         assert ready == pytest.approx([big_s + small_s + 1.5, 2 * small_s + 1.5])
