@@ -3,7 +3,7 @@
 For every node, the estimated time until the model is ready there is
 
     model bytes / bandwidth of the fastest tier holding it there (+ the node loader's wait, for a
-    read from SSD or the repository)
+    read from SSD or the repository: the loads there it would not pass, `controller.read_path`)
 
 where the tiers are a peer's GPU memory on the node, the node's DRAM cache, its SSD cache, and
 the model repository (always available, at the node's measured download rate). Among the
@@ -39,7 +39,7 @@ import numbers
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from controller.read_path import read_path_wait_s
+from controller.read_path import check_short_fetch_ratio, read_path_wait_s
 
 # Source tiers, fastest first by nature; equal estimates prefer the earlier tier.
 MODEL_TIERS = ("gpu", "dram", "ssd")
@@ -108,14 +108,11 @@ class NodeView:
         model_tiers: tiers on this node that hold the model being placed, from "gpu" (a
             running peer instance), "dram" and "ssd"; empty means repository only.
         bandwidths: the node's calibrated rates.
-        loader_wait_s: seconds before this node's disk and network loader can start on a long
-            load (what it is loading now from SSD or the repository plus loads queued ahead);
-            only a read from SSD or the repository waits for it. Derived from `loader_loads_s`
-            when that is given.
-        loader_loads_s: what each of those loads has left, in the order they go (the one in
-            flight first); with `short_fetch_ratio` r > 0, a load r times shorter than one of
-            them passes it (`controller.read_path`, as the node store orders its fetches), so a
-            short load may wait less than `loader_wait_s`.
+        loader_loads_s: what each of the node's loads from SSD or the repository has left (what
+            it is loading now plus loads queued), in the order they go, the one in flight first.
+            Only a read from SSD or the repository waits for them: a long one for all of them
+            (`loader_wait_s`), while with `short_fetch_ratio` r > 0 a load r times shorter than
+            one of them passes it (`controller.read_path`, as the node store orders its fetches).
         short_fetch_ratio: the node store's (`NodeStoreConfig.short_fetch_ratio`, in its
             report); 0: strict arrival order.
     """
@@ -124,9 +121,8 @@ class NodeView:
     num_free_slots: int
     bandwidths: TierBandwidths
     model_tiers: frozenset[str] = frozenset()
-    loader_wait_s: float = 0.0
-    free_memory_bytes: int | None = None
     loader_loads_s: tuple[float, ...] = ()
+    free_memory_bytes: int | None = None
     short_fetch_ratio: float = 0.0
 
     def __post_init__(self) -> None:
@@ -148,26 +144,20 @@ class NodeView:
             if self.bandwidths.rate(tier) is None:
                 raise ValueError(f"node {self.node_id}: holds the model in '{tier}' but has no {tier}_bytes_per_s")
         object.__setattr__(self, "model_tiers", tiers)
-        wait = self.loader_wait_s
-        if not _seconds(wait):
-            raise ValueError(f"node {self.node_id}: loader_wait_s must be a finite number >= 0, got {wait!r}")
         loads = self.loader_loads_s
         if isinstance(loads, (str, bytes)) or not isinstance(loads, Iterable) or not all(map(_seconds, loads)):
             raise ValueError(f"node {self.node_id}: loader_loads_s must be finite seconds >= 0, got {loads!r}")
-        loads = tuple(float(left) for left in loads)
-        if loads and wait and abs(wait - sum(loads)) > 1e-9 * max(1.0, wait):
-            raise ValueError(f"node {self.node_id}: loader_wait_s {wait!r} is not the sum of loader_loads_s {loads!r}")
-        ratio = self.short_fetch_ratio
-        if not _seconds(ratio) or 0 < ratio < 1:
-            raise ValueError(f"node {self.node_id}: short_fetch_ratio must be 0 or a number >= 1, got {ratio!r}")
-        object.__setattr__(self, "loader_loads_s", loads)
-        object.__setattr__(self, "loader_wait_s", float(sum(loads)) if loads else float(wait))
-        object.__setattr__(self, "short_fetch_ratio", float(ratio))
+        object.__setattr__(self, "loader_loads_s", tuple(float(left) for left in loads))
+        object.__setattr__(self, "short_fetch_ratio",
+                           check_short_fetch_ratio(self.short_fetch_ratio, f"node {self.node_id}: short_fetch_ratio"))
+
+    @property
+    def loader_wait_s(self) -> float:
+        """What a long read from SSD or the repository waits: every load on the path."""
+        return sum(self.loader_loads_s)
 
     def read_path_wait_s(self, load_s: float) -> float:
         """How long a read of `load_s` from SSD or the repository waits for the loads ahead."""
-        if not self.loader_loads_s:
-            return self.loader_wait_s
         return read_path_wait_s(load_s, self.loader_loads_s, self.short_fetch_ratio)
 
 

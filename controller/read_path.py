@@ -11,20 +11,33 @@ after: a 2 s first read of a small model on a node busy with a 400 s download wa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-__all__ = ["read_path_wait_s"]
+__all__ = ["check_short_fetch_ratio", "first_passed", "read_path_wait_s"]
+
+
+def first_passed(load_s: float, loads_left_s: Sequence[float], short_fetch_ratio: float) -> int | None:
+    """The index of the first load in `loads_left_s` (in the order they go, the one in flight
+    first) that a new load of `load_s` goes ahead of, None if it goes last (module docstring).
+    The simulator's read path (`sim.node_loader.ShortFirstLoader`) queues by it."""
+    if not short_fetch_ratio:
+        return None
+    short_s = short_fetch_ratio * load_s
+    return next((i for i, left_s in enumerate(loads_left_s) if short_s <= left_s), None)
 
 
 def read_path_wait_s(load_s: float, loads_left_s: Sequence[float], short_fetch_ratio: float) -> float:
     """Seconds before a load of `load_s` starts on a path whose loads have `loads_left_s` left, in
     the order they go (the one in flight first), under the store's rule (module docstring)."""
-    if not short_fetch_ratio:
-        return float(sum(loads_left_s))
-    short_s = short_fetch_ratio * load_s
-    wait_s = 0.0
-    for left_s in loads_left_s:
-        if short_s <= left_s:  # it passes this one, so every one after it too
-            break
-        wait_s += left_s
-    return wait_s
+    passed = first_passed(load_s, loads_left_s, short_fetch_ratio)
+    return float(sum(loads_left_s if passed is None else loads_left_s[:passed]))
+
+
+def check_short_fetch_ratio(value: object, name: str) -> float:
+    """`value` as a ratio (0: strict arrival order, or a finite number >= 1); ValueError naming
+    `name` otherwise."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not (value == 0 or value >= 1)):
+        raise ValueError(f"{name} must be 0 (arrival order) or a number >= 1, got {value!r}")
+    return float(value)

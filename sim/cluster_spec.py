@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from controller.read_path import check_short_fetch_ratio
+
 __all__ = ["ClusterSpec"]
 
 GIB = 1 << 30
@@ -119,10 +121,7 @@ class ClusterSpec:
         _count("models_per_gpu", self.models_per_gpu, 1)
         _count("kv_pool_tokens", self.kv_pool_tokens, 1)
         _count("concurrent_loads", self.concurrent_loads, 1)
-        ratio = self.short_fetch_ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) \
-                or not (ratio == 0 or ratio >= 1):
-            raise ValueError(f"ClusterSpec.short_fetch_ratio must be 0 (arrival order) or a number >= 1, got {ratio!r}")
+        check_short_fetch_ratio(self.short_fetch_ratio, "ClusterSpec.short_fetch_ratio")
         if self.sleep_bytes_per_gpu is not None:
             _count("sleep_bytes_per_gpu", self.sleep_bytes_per_gpu, 0)
         if self.gpu_memory_bytes is not None:

@@ -36,6 +36,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from controller.read_path import first_passed
+
 __all__ = ["LoaderJob", "QueuedLoader", "SharedLoader", "ShortFirstLoader", "join", "node_loader"]
 
 _DONE_S = 1e-9  # a shared load with this little work left has ended (float rounding of the shares)
@@ -122,7 +124,7 @@ class SharedLoader:
     def backlog_s(self, now: float) -> float:
         """The solo seconds of work the loads on the path have left: how long it stays busy
         without another load, and the controller's own estimate of a new load's wait
-        (`controller.cluster_node.loader_wait_s` sums the loads' remaining estimates)."""
+        (`controller.read_path.read_path_wait_s` with ratio 0 sums the loads' remaining estimates)."""
         if not self._jobs:
             return 0.0
         left = sum(job.remaining_s for job in self._jobs) - (now - self._updated_s)
@@ -194,16 +196,15 @@ class ShortFirstLoader:
         if current is None:
             self._run(job)
             return job
-        short = work_s * self._ratio
         left = current.remaining_s - (self._loop.now - self._started_s)
-        if short <= left:  # pause the long load in flight: it goes next, from where it stopped
+        passed = first_passed(work_s, (left, *(other.remaining_s for other in self._waiting)), self._ratio)
+        if passed == 0:  # pause the long load in flight: it goes next, from where it stopped
             current.remaining_s = left
             self._timer.cancel()
             self._waiting.insert(0, current)
             self._run(job)
             return job
-        at = next((i for i, other in enumerate(self._waiting) if short <= other.remaining_s), len(self._waiting))
-        self._waiting.insert(at, job)
+        self._waiting.insert(len(self._waiting) if passed is None else passed - 1, job)
         return job
 
     def backlog_s(self, now: float) -> float:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from controller.read_path import check_short_fetch_ratio
+
 from sim.event_loop import EventLoop
 from sim.hardware_profile import HardwareProfile
 from sim.policies import POLICY_NAMES, PolicySettings, ThawAutoscaling
@@ -211,10 +213,7 @@ class SimConfig:
                              f"got {self.real_controller_timing!r}")
         _int("thaw_models_per_gpu", self.thaw_models_per_gpu, 1)
         _int("concurrent_loads", self.concurrent_loads, 1)
-        ratio = self.short_fetch_ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) \
-                or not (ratio == 0 or ratio >= 1):
-            raise ValueError(f"SimConfig.short_fetch_ratio must be 0 (arrival order) or a number >= 1, got {ratio!r}")
+        check_short_fetch_ratio(self.short_fetch_ratio, "SimConfig.short_fetch_ratio")
         if not isinstance(self.thaw_sleep, bool):
             raise ValueError(f"SimConfig.thaw_sleep must be True or False, got {self.thaw_sleep!r}")
         if self.hardware is not None and self.thaw_models_per_gpu > 1:

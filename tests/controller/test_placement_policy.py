@@ -21,7 +21,7 @@ RATES = TierBandwidths(
 def _node(node_id: str, tiers: tuple[str, ...] = (), free: int = 1, wait_s: float = 0.0,
           rates: TierBandwidths = RATES) -> NodeView:
     return NodeView(node_id=node_id, num_free_slots=free, bandwidths=rates, model_tiers=frozenset(tiers),
-                    loader_wait_s=wait_s)
+                    loader_loads_s=(wait_s,) if wait_s else ())
 
 
 def test_dram_beats_ssd_beats_repository():
@@ -139,7 +139,7 @@ def test_ties_are_deterministic_whatever_the_input_order():
         (lambda: _node("x", ("dram",), rates=TierBandwidths(repository_bytes_per_s=GB)),
          "holds the model in 'dram' but has no dram_bytes_per_s"),
         (lambda: _node("x", free=-1), "num_free_slots must be an integer >= 0"),
-        (lambda: _node("x", wait_s=-0.1), "loader_wait_s must be a finite number >= 0"),
+        (lambda: _node("x", wait_s=-0.1), "loader_loads_s must be finite seconds >= 0"),
         (lambda: _node(""), "node_id must be a non-empty string"),
         (lambda: TierBandwidths(repository_bytes_per_s=0), "repository_bytes_per_s must be a finite number > 0"),
         (lambda: TierBandwidths(repository_bytes_per_s=GB, ssd_bytes_per_s=float("inf")),

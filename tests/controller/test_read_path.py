@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from controller.placement_policy import NodeView, TierBandwidths, estimate_node, place
-from controller.read_path import read_path_wait_s
+from controller.read_path import first_passed, read_path_wait_s
 
 GB = 10**9
 
@@ -25,17 +25,22 @@ def test_a_short_load_passes_the_first_load_r_times_longer_and_every_one_after_i
     assert read_path_wait_s(50.0, (400.0,), 8.0) == 0.0  # equal to r times: it passes (as the store)
 
 
-def test_a_node_view_keeps_the_sum_and_refuses_inconsistent_or_bad_loads():
+def test_a_node_view_sums_its_loads_and_refuses_bad_ones():
     rates = TierBandwidths(repository_bytes_per_s=1 * GB)
     view = NodeView(node_id="n", num_free_slots=1, bandwidths=rates, loader_loads_s=(400.0, 10.0), short_fetch_ratio=8)
     assert view.loader_wait_s == 410.0 and view.read_path_wait_s(2.0) == 0.0 and view.read_path_wait_s(100.0) == 410.0
-    assert NodeView(node_id="n", num_free_slots=1, bandwidths=rates, loader_wait_s=7.0).read_path_wait_s(0.1) == 7.0
-    with pytest.raises(ValueError, match="loader_wait_s 5.0 is not the sum of loader_loads_s"):
-        NodeView(node_id="n", num_free_slots=1, bandwidths=rates, loader_wait_s=5.0, loader_loads_s=(1.0,))
+    assert NodeView(node_id="n", num_free_slots=1, bandwidths=rates, loader_loads_s=[7.0]).read_path_wait_s(0.1) == 7.0
     with pytest.raises(ValueError, match="loader_loads_s must be finite seconds >= 0"):
         NodeView(node_id="n", num_free_slots=1, bandwidths=rates, loader_loads_s=(-1.0,))
-    with pytest.raises(ValueError, match="short_fetch_ratio must be 0 or a number >= 1"):
+    with pytest.raises(ValueError, match=r"node n: short_fetch_ratio must be 0 \(arrival order\) or a number >= 1"):
         NodeView(node_id="n", num_free_slots=1, bandwidths=rates, short_fetch_ratio=0.5)
+
+
+def test_the_first_load_passed_is_what_the_simulators_read_path_queues_by():
+    assert first_passed(2.0, (200.0, 10.0, 300.0), 8.0) == 0
+    assert first_passed(30.0, (200.0, 10.0, 300.0), 8.0) == 2
+    assert first_passed(60.0, (200.0, 10.0, 300.0), 8.0) is None
+    assert first_passed(2.0, (200.0,), 0.0) is None  # arrival order: it passes none
 
 
 def test_a_small_models_start_goes_to_the_node_busy_with_a_long_download_when_it_passes_it():
