@@ -1,6 +1,7 @@
 """No module reaches into another module's underscore attributes (STYLE.md rule 12), no
-package's modules import each other in a cycle, and no Python file (tests included) is over 600
-lines (issue 40; see the two sections at the end).
+package's modules import each other in a cycle, no Python file (tests included) is over 600
+lines, and only the scheduler writes a request's progress (issue 40; see the three sections at
+the end).
 
 Walks the AST of every source file under the project's folders (not the tests) and fails on:
 
@@ -322,3 +323,51 @@ def test_no_python_file_is_over_600_lines():
     long = _long_files(ROOT, paths)
     assert long == [], (f"these files are over {MAX_LINES} lines; split each by responsibility into modules "
                         "named after their one abstraction:\n" + "\n".join(f"{f}: {n}" for f, n in long))
+
+
+# --- one writer of a request's progress ---------------------------------------------------------
+#
+# Issue 40: ``Sequence.num_computed_tokens`` (how many of a request's tokens have KV) is the
+# scheduler's to write: a step reports its batch (`Scheduler.update_from_output`), KV that arrives
+# another way is recorded (`Scheduler.record_computed`). Tests count too: they report through it.
+
+PROGRESS = "num_computed_tokens"
+PROGRESS_WRITER = "worker/scheduler.py"
+
+
+def _progress_writes(root: Path, paths: list[Path]) -> list[tuple[str, int]]:
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                flat = [t for target in targets
+                        for t in (target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target])]
+                if any(isinstance(t, ast.Attribute) and t.attr == PROGRESS for t in flat):
+                    found.append((path.relative_to(root).as_posix(), node.lineno))
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
+                  and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value == PROGRESS):
+                found.append((path.relative_to(root).as_posix(), node.lineno))
+    return sorted(found)
+
+
+def test_the_progress_check_finds_every_kind_of_write(tmp_path):
+    (tmp_path / "writes.py").write_text(
+        "seq.num_computed_tokens = 0\n"
+        "seq.num_computed_tokens += 3\n"
+        "a.x, seq.num_computed_tokens = 1, 2\n"
+        "setattr(seq, 'num_computed_tokens', 4)\n"
+        "n = seq.num_computed_tokens\n"                        # a read
+        "snap = Snapshot(num_computed_tokens=0)\n"             # a record's field, not a sequence's
+        "ok = seq.num_computed_tokens == 3\n")
+    assert _progress_writes(tmp_path, [tmp_path / "writes.py"]) == [("writes.py", i) for i in (1, 2, 3, 4)]
+
+
+def test_only_the_scheduler_writes_a_requests_progress():
+    paths = [p for p in _source_files() + sorted((ROOT / "tests").rglob("*.py"))
+             if p.relative_to(ROOT).as_posix() != PROGRESS_WRITER]
+    writes = _progress_writes(ROOT, paths)
+    assert writes == [], (f"only {PROGRESS_WRITER} writes {PROGRESS}; report a step with "
+                          "Scheduler.update_from_output, other KV with record_computed:\n"
+                          + "\n".join(f"{f}:{n}" for f, n in writes))
+    assert _progress_writes(ROOT, [ROOT / PROGRESS_WRITER]), "the writer itself no longer writes it: update the check"

@@ -397,8 +397,7 @@ class Engine:
             self.scheduler.unwind_riders(batch)  # they started on KV this pass never computed
             raise
         self._in_step = ()
-        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_computed_tokens += num_new
+        self.scheduler.update_from_output(batch)
         return self._sample(logits, [batch.seqs[i] for i in sample_indices], masks)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence], masks: MaskJob | None = None

@@ -232,8 +232,7 @@ def import_kv(engine: Engine, snapshot: RequestSnapshot, first_block: int, kv: t
     table = engine.requests.block_table(snapshot.request_id)
     write_kv_blocks(engine, table[first_block:end_block], kv)
     covered = min(snapshot.num_computed_tokens, end_block * block_size)
-    seq.num_computed_tokens = max(seq.num_computed_tokens, covered)
-    return seq.num_computed_tokens
+    return engine.requests.record_computed(snapshot.request_id, max(seq.num_computed_tokens, covered))
 
 
 def commit_import(engine: Engine, snapshot: RequestSnapshot) -> None:
@@ -246,7 +245,7 @@ def commit_import(engine: Engine, snapshot: RequestSnapshot) -> None:
     _append_outputs(engine, seq, snapshot)
     seq.generator = generator
     # The last token's KV is computed by the first step here, which also yields the next logits.
-    seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens - 1)
+    engine.requests.record_computed(snapshot.request_id, min(seq.num_computed_tokens, seq.num_tokens - 1))
 
 
 def cancel_import(engine: Engine, request_id: str) -> RequestOutput | None:

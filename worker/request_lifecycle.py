@@ -15,7 +15,7 @@ from, so neither reaches into the engine, its scheduler or its model runner:
 - ``adopt``: take in a request built elsewhere, paused; ``replay``: append tokens it already
   generated (through its detokenizer, emitting nothing: its client has the text);
 - ``retire``: finish it with a reason (``"migrated"`` for one handed over) and free its blocks;
-- ``read_kv`` / ``write_kv`` / ``compute_kv`` / ``compute_kv_from_layer``: copy KV blocks out of
+- ``read_kv`` / ``write_kv`` / ``compute_kv`` / ``compute_kv_from_layer`` / ``record_computed``: copy KV blocks out of
   and into the pool, or compute a paused request's KV from its tokens (a token-based migration's
   catch-up) or from the hidden state a layer-by-layer prefill reached elsewhere (the hand-off);
 - ``layer_pass``: where its layer-by-layer prefill stands (`worker.zigzag_prefill.LayerPass`).
@@ -234,7 +234,7 @@ class RequestLifecycle:
                              f"{num_new_tokens}")
         batch = ScheduledBatch(seqs=[seq], num_new_tokens=[num_new_tokens])
         self._runner.execute(batch, [self.block_table(request_id)])
-        seq.num_computed_tokens += num_new_tokens
+        self._scheduler.update_from_output(batch)
         return seq.num_computed_tokens
 
     @torch.inference_mode()
@@ -263,7 +263,17 @@ class RequestLifecycle:
                                            block_size=runner.block_size, device=runner.device)
         for layer in range(first_layer, runner.config.num_hidden_layers):
             hidden = model.decoder_layer(layer, hidden, cos, sin, runner.kv_caches[layer], metadata, runner.backend)
-        seq.num_computed_tokens = num_tokens
+        self._scheduler.record_computed(seq, num_tokens)
+
+    def record_computed(self, request_id: str, num_tokens: int) -> int:
+        """A paused request has KV for its first ``num_tokens`` tokens now (blocks copied in by
+        `write_kv`, or a migration's import trimming what its next step recomputes); returns it.
+        The scheduler records it: it is the one writer of a request's progress."""
+        seq = self.sequence(request_id)
+        if seq.status is not SequenceStatus.PAUSED:
+            raise ValueError(f"request {request_id!r} is {seq.status.value}, not paused")
+        self._scheduler.record_computed(seq, num_tokens)
+        return num_tokens
 
     def _track(self, seq: Sequence) -> None:
         if seq.request_id in self._tracked:

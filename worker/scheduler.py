@@ -26,6 +26,11 @@ them and this step computes only its tail, after them in the same forward pass (
 the step's KV before it attends). Otherwise it is passed over until the block is named, then starts
 after it; those behind it in the queue are admitted meanwhile, and it keeps its place in line. If
 the step's forward pass fails, `unwind_riders` puts the riders back in line as they were.
+The scheduler is the one writer of a request's progress (``Sequence.num_computed_tokens``,
+checked by `tests/test_boundaries.py`): a step that went well reports its batch back
+(`update_from_output`, as vLLM's scheduler and nano-vllm's ``postprocess``), and KV that arrives
+outside a scheduled step (a layer-by-layer pass finishing, a migration's import, a hand-off) is
+recorded through `record_computed`; admission, preemption and unwinding set it here too.
 `admit_next` (prefill while weights arrive) looks nothing up: a pass begun layer by layer must hold
 its whole prompt to be handed to a loaded helper at a layer (`worker.layer_handoff`), and nothing
 is cached before the last layer lands anyway.
@@ -166,8 +171,8 @@ class Scheduler:
     def admit_next(self, max_num_tokens: int) -> tuple[Sequence, int] | None:
         """Admits the oldest waiting sequence for its next chunk (at most `max_num_tokens` tokens)
         outside `schedule`, when a sequence slot and the chunk's KV blocks are free: returns
-        (seq, num_new), else None. The caller computes that chunk itself and adds num_new to
-        ``num_computed_tokens`` when it is done; it must not call `schedule` meanwhile, which would
+        (seq, num_new), else None. The caller computes that chunk itself and reports it with
+        `update_from_output` when it is done; it must not call `schedule` meanwhile, which would
         schedule the chunk again. No cached prefix is looked up (see the module docstring).
         (Used while weights are still arriving: `worker.zigzag_prefill`.)"""
         if not self.waiting or len(self.running) >= self.max_num_seqs:
@@ -178,6 +183,19 @@ class Scheduler:
             return None
         self._admit(seq, num_new)
         return seq, num_new
+
+    def update_from_output(self, batch: ScheduledBatch) -> None:
+        """`batch`'s forward pass went well: each of its sequences now has KV for the chunk it was
+        given (a step that raised reports nothing: `unwind_riders`)."""
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += num_new
+
+    def record_computed(self, seq: Sequence, num_tokens: int) -> None:
+        """``seq`` has KV for its first ``num_tokens`` tokens, written outside a scheduled step (a
+        migration's copied or recomputed KV, a hand-off's last layers); a paused request's only."""
+        if not 0 <= num_tokens <= seq.num_tokens:
+            raise ValueError(f"request {seq.request_id!r} has {seq.num_tokens} tokens, not KV for {num_tokens}")
+        seq.num_computed_tokens = num_tokens
 
     def _admit(self, seq: Sequence, num_new: int, hit: PrefixHit = NO_HIT) -> None:
         self.block_manager.allocate(seq.request_id, seq.num_computed_tokens + hit.num_tokens + num_new, hit)

@@ -37,7 +37,7 @@ from kernels import AttentionMetadata
 from worker.layer_gate import LayerGate
 from worker.model_runner import ModelRunner
 from worker.rotary_embedding import rope_lengths_of_span
-from worker.scheduler import Scheduler
+from worker.scheduler import ScheduledBatch, Scheduler
 from worker.sequence import Sequence
 
 # How long one step waits at the frontier before returning to the engine loop (which then serves
@@ -176,8 +176,8 @@ class ZigzagPrefill:
     def _finish(self) -> tuple[torch.Tensor, list[Sequence]]:
         done = [p for p in self._passes if p.next_layer > self.num_layers]
         self._passes = [p for p in self._passes if p.next_layer <= self.num_layers]
-        for p in done:
-            p.seq.num_computed_tokens += p.num_new
+        self.scheduler.update_from_output(ScheduledBatch(seqs=[p.seq for p in done],
+                                                         num_new_tokens=[p.num_new for p in done]))
         sampled = [p for p in done if p.samples]
         if not sampled:
             return torch.empty((0, self.runner.config.vocab_size), dtype=torch.float32), []

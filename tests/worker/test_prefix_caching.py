@@ -42,10 +42,10 @@ def caching_scheduler(num_blocks: int, budget: int = 100) -> Scheduler:
     return Scheduler(manager, max_num_seqs=8, max_num_batched_tokens=budget)
 
 
-def run_step(batch) -> None:
-    """Stands in for the engine: mark computed, append a token where the KV caught up."""
-    for seq, n in zip(batch.seqs, batch.num_new_tokens):
-        seq.num_computed_tokens += n
+def run_step(s, batch) -> None:
+    """Stands in for the engine: report the step, append a token where the KV caught up."""
+    s.update_from_output(batch)
+    for seq in batch.seqs:
         if seq.num_computed_tokens == seq.num_tokens:
             seq.append_token(7)
 
@@ -60,8 +60,8 @@ def test_a_sequence_starts_after_its_cached_prefix_and_spends_budget_on_its_tail
     s = caching_scheduler(40, budget=10)
     a, b = make_seq("a", SYSTEM + [1, 2]), make_seq("b", SYSTEM + [3, 4, 5])
     s.add(a)
-    run_step(s.schedule())  # a: 10 of 14
-    run_step(s.schedule())  # a: the last 4, and its first token
+    run_step(s, s.schedule())  # a: 10 of 14
+    run_step(s, s.schedule())  # a: the last 4, and its first token
     s.add(b)
     batch = s.schedule()
     assert [x.request_id for x in batch.seqs] == ["a", "b"] and batch.num_new_tokens == [1, 3]
@@ -81,7 +81,7 @@ def test_a_burst_behind_one_new_prefix_computes_it_once():
     batch = s.schedule()  # b waits for a's blocks (a is computing them); "other" behind it goes ahead
     assert [x.request_id for x in batch.seqs] == ["a"] and batch.num_new_tokens == [10]
     assert list(s.waiting) == [b, other]  # the budget went to a; b keeps its place in line
-    run_step(batch)
+    run_step(s, batch)
     batch = s.schedule()  # a named blocks 0-1 and completes block 2 in this step: b rides along
     assert [x.request_id for x in batch.seqs] == ["a", "b", "other"] and batch.num_new_tokens == [4, 3, 3]
     assert batch.riders == [b] and not s.waiting
@@ -90,7 +90,7 @@ def test_a_burst_behind_one_new_prefix_computes_it_once():
     assert manager.block_table("b")[:3] == manager.block_table("a")[:3]
     assert [manager.ref_count(i) for i in manager.block_table("a")[:3]] == [2, 2, 2]
     assert manager.num_cached_blocks == 2  # block 2 is shared before it is named
-    run_step(batch)
+    run_step(s, batch)
     s.schedule()  # a names block 2 (b could have too: the same block, the same name)
     assert manager.num_cached_blocks == 3
 
@@ -108,7 +108,7 @@ def test_a_burst_rides_along_with_the_step_that_computes_its_prefix():
     assert manager.block_table("b")[:3] == a_table[:3] and manager.block_table("c")[:2] == a_table[:2]
     assert manager.block_table("c")[2] not in a_table  # c's third block differs from a's
     assert [manager.ref_count(i) for i in a_table] == [3, 3, 2, 1]
-    run_step(batch)
+    run_step(s, batch)
     s.schedule()
     assert manager.num_cached_blocks == 3 + 1  # a's three and c's own third block
 
@@ -190,18 +190,18 @@ def test_preemption_abort_and_finish_drop_one_reference_each():
     manager = s.block_manager
     a, b = make_seq("a", SYSTEM + [1, 2, 3]), make_seq("b", SYSTEM + [4, 5, 6])
     s.add(a)
-    run_step(s.schedule())  # a's 15 prompt tokens computed: blocks 0-2 full
+    run_step(s, s.schedule())  # a's 15 prompt tokens computed: blocks 0-2 full
     s.add(b)
-    run_step(s.schedule())  # b takes blocks 0-2 and computes its 3-token tail only
+    run_step(s, s.schedule())  # b takes blocks 0-2 and computes its 3-token tail only
     assert manager.block_table("a") == [0, 1, 2, 3] and manager.block_table("b") == [0, 1, 2, 4]
     assert [manager.ref_count(i) for i in range(5)] == [2, 2, 2, 1, 1] and b.num_cached_tokens == 12
     for _ in range(3):
-        run_step(s.schedule())
+        run_step(s, s.schedule())
     filler = make_seq("filler", list(range(500, 507)))
     s.add(filler)
     while True:  # decode until the pool runs out: the youngest (filler), then b, are preempted
         batch = s.schedule()
-        run_step(batch)
+        run_step(s, batch)
         if b in batch.preempted:
             break
     assert filler.num_preemptions == 1 and b.num_preemptions == 1 and b.num_computed_tokens == 0
@@ -218,7 +218,7 @@ def test_preemption_abort_and_finish_drop_one_reference_each():
     assert manager.block_table("b") == [0, 1, 2, 4, 6, 7] and b.num_computed_tokens == 20
     assert b.num_cached_tokens == 12  # a request's count is its first admission's
     assert manager.block_table("filler") == [8, 5]  # its cached block was evicted for b earlier; LRU order
-    run_step(batch)
+    run_step(s, batch)
     s.finish(b, FinishReason.STOP)
     s.finish(filler, FinishReason.ABORT)
     assert not s.has_unfinished() and manager.num_free_blocks == 9

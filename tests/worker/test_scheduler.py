@@ -15,9 +15,9 @@ def make_seq(request_id, prompt_len, max_tokens=16):
 
 
 def run_step(scheduler, batch):
-    """Stands in for the engine: mark computed, append a token where the KV caught up."""
-    for seq, n in zip(batch.seqs, batch.num_new_tokens):
-        seq.num_computed_tokens += n
+    """Stands in for the engine: report the step, append a token where the KV caught up."""
+    scheduler.update_from_output(batch)
+    for seq in batch.seqs:
         if seq.num_computed_tokens == seq.num_tokens:
             seq.append_token(7)
 
