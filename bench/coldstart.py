@@ -32,7 +32,7 @@ from SSD (``target_ttft_s``). Thaw lines also say which tier the instance loaded
 (``loaded_from``), whether a spare worker took the model (``from_spare``; it has faulted 1.5 GiB
 for the weights ahead, ``--spare-memory-gb``), the worker's own load time (``load_s``) and the
 part of it spent pre-packing weights for oneDNN (``pack_s``: 0 when packing waits until after
-the first requests, `worker.weight_packing`), so a start that slows shows where. The SSD line
+the first requests, `worker.models.weight_packing`), so a start that slows shows where. The SSD line
 also has the disk's cold read rate measured in the same run (``disk_gb_per_s``, O_DIRECT on the
 work dir's filesystem) and ``floor_s``: reading the checkpoint at that rate plus Thaw's warm first
 token, what a start that reads, then computes, cannot beat.

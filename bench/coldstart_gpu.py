@@ -11,7 +11,7 @@ Triton's on-disk kernel cache and the loader's verification record, as a node th
 before has them):
 
 * ``thaw-dram`` / ``thaw-ssd``: the process first does what Thaw's spare worker does ahead of
-  demand (`worker.process_warmup`, `worker.reserved_memory`): imports torch and the worker,
+  demand (`worker.serving.process_warmup`, `worker.loading.reserved_memory`): imports torch and the worker,
   creates the CUDA context and runs a tiny engine on the GPU once (for head sizes 64 and 128,
   which compiles or loads the Triton kernels and initialises cuBLAS). Then it reports ready; the
   parent puts the checkpoint in place (for SSD: dropped from the page cache, with

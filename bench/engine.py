@@ -1,7 +1,7 @@
 """Engine throughput benchmark: Thaw's continuous batching against `transformers.generate`.
 
 One run builds a randomly initialised Llama (~100M parameters; a few million with `--quick`)
-with `worker.demo_model`, draws one seeded workload of requests with varied prompt and output
+with `worker.models.demo_model`, draws one seeded workload of requests with varied prompt and output
 lengths, and serves it twice in the same process, on the same threads, in float32 on CPU:
 
 * Thaw: every request is added to one `Engine` at once and the engine steps until all are done
@@ -99,10 +99,10 @@ from bench.engine_workload import (  # noqa: E402,F401 - BenchRequest, WorkloadR
     thaw_batch1_s_per_token,
 )
 from bench.vllm_cpu_peer import PeerJob, PeerRequest, PeerResult  # noqa: E402
-from worker.demo_model import demo_weight_shapes, write_demo_model  # noqa: E402
-from worker.engine import Engine  # noqa: E402
-from worker.engine_config import EngineConfig  # noqa: E402
-from worker.host_allocator import tune_host_allocator  # noqa: E402
+from worker.models.demo_model import demo_weight_shapes, write_demo_model  # noqa: E402
+from worker.engine.engine import Engine  # noqa: E402
+from worker.engine.engine_config import EngineConfig  # noqa: E402
+from worker.loading.host_allocator import tune_host_allocator  # noqa: E402
 
 TARGET_THROUGHPUT_RATIO = 2.0
 TARGET_BATCH1_RATIO = 1.2

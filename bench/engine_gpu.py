@@ -229,7 +229,7 @@ def run(mode: GpuEngineMode, num_requests: int, device_name: str, model_dir: Pat
 
     from bench.engine import BenchRequest, make_requests, run_thaw
     from worker import DemoModelConfig, Engine, write_demo_model
-    from worker.demo_model import demo_weight_shapes
+    from worker.models.demo_model import demo_weight_shapes
 
     device = torch.device(device_name)
     model_config = DemoModelConfig(**mode.model_kwargs)

@@ -38,11 +38,11 @@ def _resident_bytes() -> int:
 
 def measure(model_dir: str, keep_plain: bool) -> dict:
     """In this process: the engine's added resident bytes and the peak while it was built."""
-    import worker.llama
+    import worker.models.llama
     from worker import Engine, EngineConfig
 
     if keep_plain:
-        worker.llama.release_pages = lambda tensor: 0
+        worker.models.llama.release_pages = lambda tensor: 0
     peak, done = [0], threading.Event()
 
     def watch() -> None:

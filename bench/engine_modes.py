@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.demo_model import DemoModelConfig
+from worker.models.demo_model import DemoModelConfig
 
 
 @dataclass(frozen=True)

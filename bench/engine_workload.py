@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from worker.engine import Engine
+from worker.engine.engine import Engine
 from wire.sampling_params import SamplingParams
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.demo_model import DemoModelConfig
+from worker.models.demo_model import DemoModelConfig
 
 BENCH = "gpu_platform"
 NUM_SMALL_BESIDE_BIG = 2  # the budget holds the 8B and this many 1Bs, not one more

@@ -62,8 +62,8 @@ from bench.gpu_summary import summary_table  # noqa: E402
 DEFAULT_BUDGET_S = 1100.0
 MIN_STEP_S = 30.0  # a step is not started with less budget than this left
 INSTALL_TIMEOUT_S = 180.0
-CUDA_TEST_FILES = ("tests/kernels/test_triton_attention.py", "tests/worker/test_engine_vs_transformers.py",
-                   "tests/worker/test_engine.py")
+CUDA_TEST_FILES = ("tests/kernels/test_triton_attention.py", "tests/worker/engine/test_engine_vs_transformers.py",
+                   "tests/worker/engine/test_engine.py")
 PEERS_NOT_RUN = {"vllm-cuda": VLLM_NOT_RUN, "ray-serve": RAY_SERVE_NOT_RUN}
 
 

@@ -13,11 +13,11 @@ next token's mask. Both libraries run the same task on the same tokenizer:
   tokenized as a model would emit it, then the end-of-sequence token. For every token, each
   library computes the mask (timed alone), the token is checked to be allowed, and accepted.
 
-llguidance runs through `worker.structured_output.GrammarMatcher` (its small checks included);
+llguidance runs through `worker.text.structured_output.GrammarMatcher` (its small checks included);
 xgrammar through its own `GrammarMatcher` on a `TokenizerInfo` built from the same vocab (its
 grammar compiled ahead, as it must be). One warm-up document per library is not timed. Also
 reported: each library's one-off set-up (tokenizer and grammar compile), and the cost of
-applying one mask to one row of logits (`worker.structured_output.apply_token_bitmask` against
+applying one mask to one row of logits (`worker.text.structured_output.apply_token_bitmask` against
 xgrammar's CPU kernel). Prints one JSON line; progress on stderr.
 
     python bench/grammar.py [--quick] [--documents 50] [--vocab-size 128000]
@@ -40,14 +40,14 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from worker.demo_model import BOS_TOKEN, EOT_TOKEN, SPECIAL_TOKENS  # noqa: E402
+from worker.models.demo_model import BOS_TOKEN, EOT_TOKEN, SPECIAL_TOKENS  # noqa: E402
 from wire import GrammarSpec  # noqa: E402
-from worker.structured_output import GrammarEngine, apply_token_bitmask  # noqa: E402
-from worker.tokenizer import Tokenizer  # noqa: E402
+from worker.text.structured_output import GrammarEngine, apply_token_bitmask  # noqa: E402
+from worker.text.tokenizer import Tokenizer  # noqa: E402
 
 FULL = dict(vocab_size=128000, corpus_lines=200_000, documents=50)
 QUICK = dict(vocab_size=8000, corpus_lines=8_000, documents=5)
-CHOSEN = "llguidance"  # what worker.structured_output uses
+CHOSEN = "llguidance"  # what worker.text.structured_output uses
 
 SCHEMA = {
     "type": "object",

@@ -55,7 +55,7 @@ def peak_bandwidth_gbps(name: str) -> float | None:
 def time_graph_ms(fn, iters: int, replays: int = 10) -> float:
     """Median ms of one call of `fn`, captured in a CUDA graph and replayed `replays` times between
     two events: the GPU's time, not Python's launch time (the engine replays decode steps from
-    graphs too, `worker.decode_graphs`). `fn` runs once first, outside the graph, to compile."""
+    graphs too, `worker.engine.decode_graphs`). `fn` runs once first, outside the graph, to compile."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

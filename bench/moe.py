@@ -3,7 +3,7 @@
 One Mixtral-shaped sparse MoE block (8 experts, top-2; hidden 1024 and expert width 3584, a
 scaled-down Mixtral-8x7B; tiny with ``--quick``) with random weights, the same weights in both:
 
-* Thaw: `worker.moe.SparseMoeBlock` -- the step's (token, slot) pairs sorted by expert, one
+* Thaw: `worker.models.moe.SparseMoeBlock` -- the step's (token, slot) pairs sorted by expert, one
   gate/up GEMM and one down GEMM per expert that received rows (a loop over experts, never
   over tokens);
 * transformers 5: `MixtralSparseMoeBlock` with its default experts implementation (what a user
@@ -34,8 +34,8 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from worker.model_config import ModelConfig  # noqa: E402
-from worker.moe import SparseMoeBlock  # noqa: E402
+from worker.models.model_config import ModelConfig  # noqa: E402
+from worker.models.moe import SparseMoeBlock  # noqa: E402
 
 FULL = dict(hidden_size=1024, intermediate_size=3584, num_experts=8, top_k=2)
 QUICK = dict(hidden_size=64, intermediate_size=96, num_experts=8, top_k=2)

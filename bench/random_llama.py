@@ -28,7 +28,7 @@ import shutil
 import struct
 from pathlib import Path
 
-from worker.demo_model import DemoModelConfig, demo_weight_shapes, write_demo_model
+from worker.models.demo_model import DemoModelConfig, demo_weight_shapes, write_demo_model
 
 BLOCK_ELEMENTS = 1 << 24  # 32 MiB of bf16: the random values every tensor is tiled from
 _SAFETENSORS_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}

@@ -14,7 +14,7 @@ converts it to the thaw format (the node's SSD copy). Every party is its own pro
   - ``ssd``: `Engine(ssd_copy)` with the page cache dropped first, then serves;
   - ``stream``: `LayerStreamReceiver.wait_all()`, then `Engine(weights=receiver)` (all in), then serves;
   - ``zigzag``: `Engine(weights=receiver)` at once; requests are admitted and stepped while the
-    layers arrive (`worker.layer_gate`, `worker.zigzag_prefill`).
+    layers arrive (`worker.loading.layer_gate`, `worker.engine.zigzag_prefill`).
   ``--requests`` requests (a ``--prompt-tokens`` prompt of random ids, greedy, 1 output token)
   arrive at the new instance ``--gap-s`` apart from the moment the scale-out starts; each one's
   TTFT runs from its arrival to its token. The case's figure is the mean TTFT.
@@ -158,10 +158,10 @@ def run_instance(conn, case: str, ckpt_dir: str, rendezvous, mode: Mode, threads
     import torch
 
     from loader import LayerStreamReceiver, StreamConfig
-    from worker.engine import Engine
-    from worker.engine_config import EngineConfig
-    from worker.process_warmup import warm_up_process
-    from worker.reserved_memory import ReservedMemory
+    from worker.engine.engine import Engine
+    from worker.engine.engine_config import EngineConfig
+    from worker.serving.process_warmup import warm_up_process
+    from worker.loading.reserved_memory import ReservedMemory
     from wire.sampling_params import SamplingParams
 
     torch.set_num_threads(threads)

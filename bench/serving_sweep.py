@@ -73,7 +73,7 @@ from bench.guidellm_run import (  # noqa: E402
 )
 from bench.guidellm_venv import GuidellmUnavailable, GuidellmVenvConfig, prepare_guidellm_venv  # noqa: E402
 from bench.vllm_cpu_peer import bind_cpus  # noqa: E402
-from worker.demo_model import DemoModelConfig, demo_weight_shapes  # noqa: E402
+from worker.models.demo_model import DemoModelConfig, demo_weight_shapes  # noqa: E402
 
 DTYPES = ("bfloat16", "float32")
 MODEL_ID = "demo/llama-sweep"  # tenant "demo"; vLLM serves the same id (--served-model-name)

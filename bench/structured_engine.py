@@ -11,7 +11,7 @@ work the overlap hides, though replayed back to back it runs from warm caches, w
 follows a forward pass that evicted them (the steps' own difference, inline minus free, is the
 whole grammar cost: fill, masking the logits, accepting the tokens).
 
-Models, float32 on CPU, random weights (`worker.demo_model`):
+Models, float32 on CPU, random weights (`worker.models.demo_model`):
 
 * ``tiny``: 2 layers of 64, the demo tokenizer (1k tokens): the forward pass is cheap, so the
   grammar's share of a step is as large as it gets;
@@ -46,9 +46,9 @@ if __package__ in (None, ""):
 
 from bench.grammar import SCHEMA, build_tokenizer_dir, make_words  # noqa: E402
 from wire import GrammarSpec  # noqa: E402
-from worker.demo_model import DemoModelConfig, demo_weight_shapes, write_demo_model  # noqa: E402
-from worker.engine import Engine  # noqa: E402
-from worker.engine_config import EngineConfig  # noqa: E402
+from worker.models.demo_model import DemoModelConfig, demo_weight_shapes, write_demo_model  # noqa: E402
+from worker.engine.engine import Engine  # noqa: E402
+from worker.engine.engine_config import EngineConfig  # noqa: E402
 from wire.sampling_params import SamplingParams  # noqa: E402
 
 NUM_ROWS = 8

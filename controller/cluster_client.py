@@ -123,7 +123,7 @@ class ClusterClient(ABC):
                             peer: PeerWeights | None = None, step_priority: int = 0) -> None:
         """Give a spare its model (or a slot host one more, `handle` the hosted instance's): it
         starts loading (`worker_ready` waits for it); `peer` as in `start_worker`;
-        `step_priority` its place in a slot host's turns at stepping (`worker.step_turns`)."""
+        `step_priority` its place in a slot host's turns at stepping (`worker.serving.step_turns`)."""
 
     @abstractmethod
     async def stream_weights(self, handle: ActorHandle, num_receivers: int, config: StreamConfig | None,

@@ -1,7 +1,7 @@
 """Which fully loaded instance finishes a prompt that waits on a streamed one: `plan_prefill_handoffs`.
 
 While a new instance still receives its weights layer by layer, the prompts it took run through
-the layers it has and then wait at the frontier for the next one (`worker.zigzag_prefill`).
+the layers it has and then wait at the frontier for the next one (`worker.engine.zigzag_prefill`).
 BlitzScale lets an instance that already holds every layer take such a prompt over at the layer
 it reached (`migration.prefill_handoff`): its first token then costs the remaining layers'
 compute instead of the remaining layers' transfer.

@@ -118,7 +118,7 @@ def choose_load_path(model_id: str, node_id: str, model_bytes: int, tier: str, t
     estimated no slower than the tier placement chose; else the tier. The reason names both figures.
 
     A peer on the new instance's own node never qualifies: a CPU worker streams its node's copy of
-    the checkpoint (its engine holds repacked weights, see `worker.peer_weights`), which the new
+    the checkpoint (its engine holds repacked weights, see `worker.loading.peer_weights`), which the new
     instance reads itself without the extra hop."""
     if not (isinstance(link_bytes_per_s, (int, float)) and math.isfinite(link_bytes_per_s) and link_bytes_per_s > 0):
         raise ValueError(f"link_bytes_per_s must be a finite number > 0, got {link_bytes_per_s!r}")

@@ -49,7 +49,7 @@ def _cmd_demo_model(args: argparse.Namespace) -> int:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from worker import Engine, EngineConfig, InvalidRequestError, SamplingParams
-    from worker.host_allocator import tune_host_allocator
+    from worker.loading.host_allocator import tune_host_allocator
 
     tune_host_allocator()  # this process runs one engine and exits
 

@@ -12,7 +12,7 @@ timed on the 100M Llama in bfloat16 (30 decode rows, 2 threads) they and the Pyt
 ~2.2 ms of a 17.9 ms step, mostly per-op overhead. Fused (AVX-512 where built, 16 lanes with
 PyTorch's roundings), the five calls of a layer take ~0.05 ms at that size (BENCHMARKS.md, #23).
 
-Used by `worker/llama.py` (its RMSNorm, residual add + norm, MLP) and
+Used by `worker/models/llama.py` (its RMSNorm, residual add + norm, MLP) and
 `worker/rotary_embedding.apply_rope`. A row's result depends only on its values, never on its
 address or batch (fixed-order sums): an engine fed layer by layer computes what a loaded one does
 for the same rows. (Where two engines chunk a prompt differently their attention paths differ and

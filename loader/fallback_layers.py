@@ -3,7 +3,7 @@
 Scale-out by streaming (`LayerStreamReceiver`) depends on a peer that may die, stall or be
 stopped mid-stream. The new instance must then still come up, from the node's tier (DRAM, SSD or
 the repository) like any cold start, without throwing away the layers that did arrive. This wraps
-the two behind the one `LayerReadiness` protocol the engine consumes (`worker.layer_gate`):
+the two behind the one `LayerReadiness` protocol the engine consumes (`worker.loading.layer_gate`):
 
 - layers are taken from the primary (the stream) until a wait on it raises `PeerStreamError`;
 - from then on every layer comes from the fallback, opened lazily exactly once (a

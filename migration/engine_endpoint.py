@@ -21,7 +21,7 @@ lease that runs out undoes its state alone -- the frozen request is unfrozen and
 its client's stream going on as if no migration had been tried; the import is cancelled and its
 blocks freed. A driver that comes back late finds its release refused and undoes the rest.
 
-Every snapshot this source hands out names its checkpoint (`worker.checkpoint_identity`,
+Every snapshot this source hands out names its checkpoint (`worker.loading.checkpoint_identity`,
 the engine's, read when it loaded), and this destination refuses one taken on
 another checkpoint: a model deployed again under the same name never mixes weights in one output.
 
@@ -49,8 +49,8 @@ from migration.kv_transport import InProcessKVTransport, KVPayload, KVTransport
 from migration.lease_book import DEFAULT_LEASE_S, LeaseBook
 from migration.partial_prefill_payload import PartialPrefillPayload
 from worker import AsyncEngine, Engine, RequestOutput, RequestProgress, RequestSnapshot, UnknownRequestError
-from worker import engine_migration as hooks
-from worker import layer_handoff
+from worker.transfer import engine_migration as hooks
+from worker.transfer import layer_handoff
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ and one for a client whose stream went quiet: ``request_progress(request_id)`` (
 running, frozen; `follow_generation`'s idle check).
 
 Checkpoints. A live migration moves a request only between instances of the same checkpoint
-(`worker.checkpoint_identity`; the destination refuses any other, and the request finishes on its
+(`worker.loading.checkpoint_identity`; the destination refuses any other, and the request finishes on its
 source). A recovery is different: its source is dead, so refusing it fails the client's stream.
 It is therefore *not* refused when this instance serves another checkpoint of the model than the
 dead one did (the model was deployed again meanwhile): the new weights continue from the tokens
@@ -313,7 +313,7 @@ def start_slot_host(*, max_instances: int, max_concurrent_steps: int | None = No
     runs on it)."""
     import ray
 
-    from worker.slot_host import SlotHost
+    from worker.serving.slot_host import SlotHost
 
     actor_options = worker_actor_options(name, namespace, node_id, 0, num_gpus, detached, options)
     return ray.remote(SlotHost).options(**actor_options).remote(

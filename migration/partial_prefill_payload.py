@@ -21,7 +21,7 @@ __all__ = ["PartialPrefillPayload"]
 
 @dataclass(frozen=True)
 class PartialPrefillPayload:
-    """`worker.layer_handoff.PartialPrefill` on its way: the KV as a transport payload.
+    """`worker.transfer.layer_handoff.PartialPrefill` on its way: the KV as a transport payload.
 
     hidden: [T, H] the state entering layer ``next_layer`` (None: the pass had not started)."""
 

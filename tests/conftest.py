@@ -46,8 +46,8 @@ BESIDE_END_TO_END = frozenset({
     "tests/bench/test_quick_modes.py::test_loader_benchmark_quick",
     "tests/bench/test_quick_modes.py::test_scaleout_benchmark_quick",
     "tests/bench/test_quick_modes.py::test_migration_benchmark_quick",
-    "tests/worker/test_engine_vs_transformers.py::test_greedy_matches_transformers_with_triton_kernels",
-    "tests/worker/test_gemma.py::test_greedy_matches_transformers_with_triton_kernels",
+    "tests/worker/engine/test_engine_vs_transformers.py::test_greedy_matches_transformers_with_triton_kernels",
+    "tests/worker/models/test_gemma.py::test_greedy_matches_transformers_with_triton_kernels",
 })
 
 # Modules run inside the end-to-end unit although they mark nothing slow: there they run one after

@@ -54,7 +54,7 @@ def make_hf_checkpoint(out_dir: Path, arch: str = "llama", *, seed: int = 0, ini
     names published checkpoints use."""
     import transformers
 
-    from worker.demo_model import build_tokenizer
+    from worker.models.demo_model import build_tokenizer
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

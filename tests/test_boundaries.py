@@ -166,12 +166,12 @@ def test_the_walk_covers_the_source():
      "    def same(self, other):\n        return other._x\n", []),
     ("class A:\n    _limit = 3\nA._limit\nB._other", [(4, "B._other")]),
     ("def f():\n    _local = 1\n    return obj._local", [(3, "obj._local")]),
-    ("from worker.engine_migration import _pause, freeze_request",
-     [(1, "from worker.engine_migration import _pause")]),
+    ("from worker.transfer.engine_migration import _pause, freeze_request",
+     [(1, "from worker.transfer.engine_migration import _pause")]),
     ("from ray._private import services", [(1, "from ray._private import services")]),
     ("import ray._private.services", [(1, "import ray._private.services")]),
     ("import os\nos._exit(1)", [(2, "os._exit")]),
-    ("from worker.engine import _Tracked\nx._Tracked", [(1, "from worker.engine import _Tracked")]),
+    ("from worker.engine.engine import _Tracked\nx._Tracked", [(1, "from worker.engine.engine import _Tracked")]),
     ("getattr(engine, '_zigzag', None)\nsetattr(self, '_x', 1)\nhasattr(obj, 'public')",
      [(1, "getattr(engine, '_zigzag', None)")]),
 ])
@@ -332,7 +332,7 @@ def test_no_python_file_is_over_600_lines():
 # another way is recorded (`Scheduler.record_computed`). Tests count too: they report through it.
 
 PROGRESS = "num_computed_tokens"
-PROGRESS_WRITER = "worker/scheduler.py"
+PROGRESS_WRITER = "worker/engine/scheduler.py"
 
 
 def _progress_writes(root: Path, paths: list[Path]) -> list[tuple[str, int]]:
@@ -371,3 +371,60 @@ def test_only_the_scheduler_writes_a_requests_progress():
                           "Scheduler.update_from_output, other KV with record_computed:\n"
                           + "\n".join(f"{f}:{n}" for f, n in writes))
     assert _progress_writes(ROOT, [ROOT / PROGRESS_WRITER]), "the writer itself no longer writes it: update the check"
+
+
+# --- the worker's layers ---------------------------------------------------------------------
+#
+# Issue 40: worker/ is in subpackages that show its layers, bottom up; a subpackage imports only
+# from the layers below it (never from one beside or above it, nor from ``worker`` itself, the
+# public face that imports them all). A new subpackage must be given its place here.
+
+WORKER_LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"models", "text"}),     # what a checkpoint is and computes; tokens and text
+    frozenset({"kv", "loading"}),      # the KV cache's bookkeeping; weights arriving and leaving
+    frozenset({"engine"}),             # the continuous-batching loop
+    frozenset({"transfer", "serving"}),  # requests moving between engines; an engine served
+)
+
+
+def _layer_violations(root: Path, package: str, layers: tuple[frozenset[str], ...]) -> list[str]:
+    files = sorted((root / package).rglob("*.py"))
+    modules = _module_names(root, files)
+    rank = {sub: i for i, layer in enumerate(layers) for sub in layer}
+    found = []
+    for module, path in modules.items():
+        parts = module.split(".")
+        if len(parts) < 2:
+            continue  # the package's own __init__: its public face
+        if parts[1] not in rank:
+            found.append(f"{module}: {parts[1]!r} is not in a layer")
+            continue
+        for dep in sorted(_imported_modules(module, path, modules)):
+            dep_parts = dep.split(".")
+            if dep_parts[1:2] == parts[1:2]:
+                continue
+            if len(dep_parts) < 2 or dep_parts[1] not in rank or rank[dep_parts[1]] >= rank[parts[1]]:
+                found.append(f"{module} imports {dep}")
+    return found
+
+
+def test_the_layer_check_finds_an_import_up_or_across(tmp_path):
+    for name, text in {"__init__.py": "from w.top.a import A\n", "low/__init__.py": "", "low/a.py": "",
+                       "low/b.py": "from w.top import a\n",           # up
+                       "top/__init__.py": "", "top/a.py": "import w.low.a\nfrom w.side import c\n",  # down; across
+                       "side/__init__.py": "", "side/c.py": "from w import A\n",                    # the face
+                       "stray/__init__.py": ""}.items():
+        (tmp_path / "w" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "w" / name).write_text(text)
+    layers = (frozenset({"low"}), frozenset({"top", "side"}))
+    assert _layer_violations(tmp_path, "w", layers) == [
+        "w.low.b imports w.top", "w.low.b imports w.top.a", "w.side.c imports w",
+        "w.stray: 'stray' is not in a layer", "w.top.a imports w.side", "w.top.a imports w.side.c"]
+
+
+def test_the_worker_imports_only_down_its_layers():
+    subpackages = {p.name for p in (ROOT / "worker").iterdir() if (p / "__init__.py").exists()}
+    assert subpackages == set().union(*WORKER_LAYERS), "every worker subpackage has its place in WORKER_LAYERS"
+    assert not list((ROOT / "worker").glob("[!_]*.py")), "worker/'s modules live in its layers' subpackages"
+    violations = _layer_violations(ROOT, "worker", WORKER_LAYERS)
+    assert violations == [], "worker/ imports only down its layers (WORKER_LAYERS):\n" + "\n".join(violations)

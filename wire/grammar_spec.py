@@ -1,7 +1,7 @@
 """What a request's output must match: the structured-output forms of the OpenAI and vLLM APIs.
 
 One small, hashable record per constraint, independent of the grammar library, so it can key the
-compiled-grammar cache (`worker.structured_output.GrammarEngine`) and travel from the gateway to
+compiled-grammar cache (`worker.text.structured_output.GrammarEngine`) and travel from the gateway to
 the worker in `SamplingParams.structured_output` (a wire record: tagged dict form). The forms:
 
 - ``json_object``: any JSON object (OpenAI's ``response_format: {"type": "json_object"}``);

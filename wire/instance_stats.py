@@ -33,7 +33,7 @@ class InstanceLoad(WireRecord):
     KV pool); ``weights_load_s`` the part spent reading weights, which ``weights_read`` describes
     (format, bytes, bandwidth) in one line; ``weights_pack_s`` the part spent pre-packing linear
     weights for oneDNN on CPU (0 when none were, or when packing was deferred past the start:
-    `worker.weight_packing`). An instance fed by a peer's stream is ready before its
+    `worker.models.weight_packing`). An instance fed by a peer's stream is ready before its
     weights are all in: ``weights_load_s`` is then None (``InstanceStats`` tells when they are).
     """
 

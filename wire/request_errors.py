@@ -26,7 +26,7 @@ class InvalidRequestError(ValueError):
 
 class RequestFailedError(RuntimeError):
     """One request failed inside the engine after it was admitted (its sampling, its stop handling,
-    its detokenizing; see `worker.engine`); the engine is fine and serves the others. The message
+    its detokenizing; see `worker.engine.engine`); the engine is fine and serves the others. The message
     is for logs: it may carry internals."""
 
 

@@ -19,7 +19,7 @@ What continuing *exactly* takes, and where it is in here:
   the held-back prefix of a stop string, the decode window) by replaying the output ids without
   emitting them. Text deltas then continue with no character lost or repeated;
 * the weights it was computed with (``checkpoint_id``): KV and tokens of one version of a model
-  are not continued by another (`worker.engine_migration.begin_import` refuses them).
+  are not continued by another (`worker.transfer.engine_migration.begin_import` refuses them).
 
 Every output token in a snapshot has already been delivered to the engine's caller: the engine
 emits each token in the step that samples it. The snapshot is engine-agnostic data (ids, params,
@@ -55,7 +55,7 @@ class RequestSnapshot(WireRecord):
             rebuilt from a client's transcript), and the destination seeds a fresh generator from
             ``params.seed``.
         generator_device_type: "cpu" or "cuda": a generator's state only fits one of its type.
-        checkpoint_id: the checkpoint it was taken on (`worker.checkpoint_identity`), which a
+        checkpoint_id: the checkpoint it was taken on (`worker.loading.checkpoint_identity`), which a
             destination compares with its own; None: not known (rebuilt from a transcript).
     """
 

@@ -1,7 +1,12 @@
 """The inference worker: a paged-KV, continuous-batching engine for Llama-family models.
 
+Its modules live in subpackages that show the layers, bottom up (each imports only from the
+layers below it; `tests/test_boundaries.py` checks it): `models` and `text`; `kv` and `loading`;
+`engine`; `transfer` and `serving`. Each subpackage's docstring says what it holds. This module
+is their public face, which other folders import.
+
 Public API (what other folders import; of the rest, only the two migration modules named below,
-and `worker.host_allocator` for a process that runs one engine; bench/ measures internals directly):
+and `worker.loading.host_allocator` for a process that runs one engine; bench/ measures internals directly):
 - `Engine`, `EngineConfig`: load a Hugging Face model dir; ``add_request`` / ``step`` / ``abort``.
   ``Engine(model_dir, config, weights=source)`` starts before its weights (a `loader.LayerReadiness`)
   and computes layers as they land; `LayerLoadError` is how it fails when they cannot arrive.
@@ -29,8 +34,8 @@ and `worker.host_allocator` for a process that runs one engine; bench/ measures 
   process started ahead of demand that a model is later ``assign``-ed to (`SpareWorkerError`);
   `worker_actor_options`: the Ray options every worker actor starts with (for subclasses' starters).
 - Live migration hooks: `RequestSnapshot` (a request without its KV), the functions of
-  `worker.engine_migration` (export/freeze/release a request, read/write its KV blocks, import
-  one) and `worker.layer_handoff` (a prefill moved at a layer), `MigrationRefusedError`,
+  `worker.transfer.engine_migration` (export/freeze/release a request, read/write its KV blocks, import
+  one) and `worker.transfer.layer_handoff` (a prefill moved at a layer), `MigrationRefusedError`,
   `UnknownRequestError`; `AsyncEngine.call` runs them between steps. Both modules are built only
   on ``Engine.requests`` (`RequestLifecycle`: pause, resume, snapshot, adopt, replay, retire, KV
   blocks in and out), the engine's public surface for moving requests.
@@ -38,29 +43,29 @@ and `worker.host_allocator` for a process that runs one engine; bench/ measures 
   `RequestProgress`, `RequestState`: where a request stands, for a client whose stream went quiet.
 """
 
-from worker.async_engine import AsyncEngine
-from worker.checkpoint import CheckpointError
-from worker.checkpoint_identity import checkpoint_identity
-from worker.demo_model import DemoModelConfig, write_demo_model
-from worker.engine import Engine
-from worker.engine_config import EngineConfig
-from worker.engine_migration import MigrationRefusedError, UnknownRequestError
-from worker.instance_worker import (GenerationChunk, InstanceBusyError, InstanceLoadError,
-                                    InstanceWorker, InvalidFieldError, SourceUnavailableError)
-from worker.instance_worker_actor import (
+from worker.serving.async_engine import AsyncEngine
+from worker.loading.checkpoint import CheckpointError
+from worker.loading.checkpoint_identity import checkpoint_identity
+from worker.models.demo_model import DemoModelConfig, write_demo_model
+from worker.engine.engine import Engine
+from worker.engine.engine_config import EngineConfig
+from worker.transfer.engine_migration import MigrationRefusedError, UnknownRequestError
+from worker.serving.instance_worker import (GenerationChunk, InstanceBusyError, InstanceLoadError,
+                                            InstanceWorker, InvalidFieldError, SourceUnavailableError)
+from worker.serving.instance_worker_actor import (
     InstanceWorkerActor, SpareWorkerError, start_instance_worker, start_spare_worker, stop_instance_worker,
     stream_generation, worker_actor_options,
 )
-from worker.layer_gate import LayerLoadError
-from worker.peer_weights import PeerWeights
-from worker.kv_budget import kv_bytes_per_token, kv_pool_tokens, max_model_len_problem
-from worker.model_config import ModelConfig, UnsupportedModelError
-from worker.request_output import Completion, RequestOutput
-from worker.request_lifecycle import RequestLifecycle
-from worker.request_progress import RequestProgress, RequestState
+from worker.loading.layer_gate import LayerLoadError
+from worker.loading.peer_weights import PeerWeights
+from worker.engine.kv_budget import kv_bytes_per_token, kv_pool_tokens, max_model_len_problem
+from worker.models.model_config import ModelConfig, UnsupportedModelError
+from worker.engine.request_output import Completion, RequestOutput
+from worker.engine.request_lifecycle import RequestLifecycle
+from worker.transfer.request_progress import RequestProgress, RequestState
 from wire.request_snapshot import RequestSnapshot
 from wire.sampling_params import SamplingParams
-from worker.tokenizer import Tokenizer
+from worker.text.tokenizer import Tokenizer
 from wire import InstanceLoad, InstanceState, InstanceStats  # the reports, defined in wire/; re-exported
 from wire import EngineDeadError, GrammarSpec, InvalidRequestError, RequestFailedError  # re-exported: see the docstring
 

@@ -19,7 +19,7 @@ from bench.gpu_platform_alternation import big_instance, describe_try
 from bench.gpu_platform_setup import ASLEEP, COLD, DRAM, FILL, FULL, QUICK, SETUP, SMALL
 from bench.random_llama import (is_published, num_weight_bytes, publish_random_llama, random_block, tile_offset,
                                 write_random_llama)
-from worker.demo_model import DemoModelConfig
+from worker.models.demo_model import DemoModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = DemoModelConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -77,7 +77,7 @@ def test_summary_table_turns_lines_into_rows():
     ]
     lines = [
         {"step": "pytest-cuda", "bench": "pytest", "passed": 40, "failed": 1, "skipped": 2,
-         "failed_ids": ["tests.worker.test_engine::test_cuda"]},
+         "failed_ids": ["tests.worker.engine.test_engine::test_cuda"]},
         {"step": "kernels", "bench": "kernels", "batch": 16, "context": 4096, "thaw_gbps": 2500.4,
          "sdpa_gathered_gbps": 1800.0, "ratio": 1.389, "thaw_peak_fraction": 0.746, "target_peak_fraction": 0.7},
         {"step": "engine_gpu", "bench": "engine_gpu", "peer": "vllm-cuda", "skipped": "not run: no | wheel"},
@@ -98,7 +98,7 @@ def test_summary_table_turns_lines_into_rows():
         "| step | status | time, s | case | ours | peer | ratio | target met |\n"
         "| --- | --- | --- | --- | --- | --- | --- | --- |\n"
         "| pytest-cuda | failed | 61.0 | 40 passed, 1 failed, 0 errors, 2 skipped, 7 not collected |  |  |  |  |\n"
-        "|  |  |  | failed: tests.worker.test_engine::test_cuda |  |  | — | — |\n"
+        "|  |  |  | failed: tests.worker.engine.test_engine::test_cuda |  |  | — | — |\n"
         "| kernels | ok | 12.0 | 1 JSON lines |  |  |  |  |\n"
         "|  |  |  | decode attention B=16 ctx=4096 | 2500 GB/s (75% of peak) | 1800 GB/s (SDPA, gathered K/V) | 1.39x "
         "| yes |\n"
@@ -126,14 +126,14 @@ def test_junit_counts_tell_failures_from_modules_that_did_not_import(tmp_path):
         '<testcase classname="" name="tests.storage.test_store">'
         '<error message="collection failure">ImportError while importing test module.\nTraceback:\n'
         "E   ModuleNotFoundError: No module named 'boto3'</error></testcase>"
-        '<testcase classname="tests.worker.test_engine" name="test_a"/>'
-        '<testcase classname="tests.worker.test_engine" name="test_b"><failure message="assert 1 == 2"/></testcase>'
-        '<testcase classname="tests.worker.test_engine" name="test_c"><skipped message="needs CUDA"/></testcase>'
+        '<testcase classname="tests.worker.engine.test_engine" name="test_a"/>'
+        '<testcase classname="tests.worker.engine.test_engine" name="test_b"><failure message="assert 1 == 2"/></testcase>'
+        '<testcase classname="tests.worker.engine.test_engine" name="test_c"><skipped message="needs CUDA"/></testcase>'
         '<testcase classname="tests.kernels.test_x" name="test_d"><error message="fixture failed"/></testcase>'
         '</testsuite></testsuites>')
     assert junit_counts(report) == {
         "passed": 1, "failed": 1, "errors": 1, "skipped": 1, "not_collected": 1,
-        "failed_ids": ["tests.worker.test_engine::test_b", "tests.kernels.test_x::test_d"],
+        "failed_ids": ["tests.worker.engine.test_engine::test_b", "tests.kernels.test_x::test_d"],
         "not_collected_modules": ["tests.storage.test_store (ModuleNotFoundError: No module named 'boto3')"],
     }
 
@@ -141,6 +141,6 @@ def test_junit_counts_tell_failures_from_modules_that_did_not_import(tmp_path):
 def test_script_imports_are_the_top_level_third_party_and_repo_modules(tmp_path):
     script = tmp_path / "bench_x.py"
     script.write_text("from __future__ import annotations\nimport os, json\nimport torch\n"
-                      "from worker.engine import Engine\nfrom . import sibling\n"
+                      "from worker.engine.engine import Engine\nfrom . import sibling\n"
                       "def f():\n    import transformers\n")
-    assert script_imports(script) == ["torch", "worker.engine"]
+    assert script_imports(script) == ["torch", "worker.engine.engine"]

@@ -13,7 +13,7 @@ from kernels.cpu_extension import try_build_cpu_extension
 pytestmark = pytest.mark.skipif(try_build_cpu_extension()[0] is None, reason="the CPU extension cannot be built here")
 
 
-def torch_rms_norm(x, weight, eps):  # worker/llama.py's RMSNorm fallback, as transformers computes it
+def torch_rms_norm(x, weight, eps):  # worker/models/llama.py's RMSNorm fallback, as transformers computes it
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)

@@ -1,5 +1,5 @@
 """FallbackLayers with fake sources: layers from the stream until it fails, then from the tier
-loader, opened once; a failing fallback is final. (A real killed peer: tests/worker/test_stream_fallback.py.)"""
+loader, opened once; a failing fallback is final. (A real killed peer: tests/worker/loading/test_stream_fallback.py.)"""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def test_output_with_a_migration_at_a_random_point_equals_the_output_without(
 def test_a_long_context_is_copied_in_bounded_slices_one_engine_call_each(endpoints, unmoved, monkeypatch):
     """The pause must not grow with the context: no engine call copies more than the endpoint's
     per-step budget (here: one block), on either side, and the output is still exact."""
-    from worker import engine_migration
+    from worker.transfer import engine_migration
 
     source, dest = endpoints
     expected = unmoved(PROMPTS[4], SEEDED)

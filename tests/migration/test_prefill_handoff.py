@@ -13,8 +13,8 @@ import pytest
 
 from migration import EngineEndpoint, MigrationMethod, MigrationRefusedError, MigrationStatus, hand_over_prefill
 from tests.migration.migration_client import FaultyEndpoint, stream_following
-from tests.worker.test_layer_gate import FakeLayerSource, config_only, engine_config, land
-from tests.worker.test_layer_gate import tied_dir  # noqa: F401 - the fixture
+from tests.worker.loading.test_layer_gate import FakeLayerSource, config_only, engine_config, land
+from tests.worker.loading.test_layer_gate import tied_dir  # noqa: F401 - the fixture
 from worker import AsyncEngine, Engine, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -29,7 +29,7 @@ def instances(tied_dir, tmp_path):  # noqa: F811
     the new instance, 2.. have not."""
     source = FakeLayerSource(tied_dir)
     receiver = AsyncEngine(Engine(config_only(tied_dir, tmp_path), engine_config(), weights=source))
-    land(source, receiver.engine.runner.model.layer_gate, -1, 0, 1)
+    land(source, receiver.engine.runner.layer_gate, -1, 0, 1)
     helper = AsyncEngine(Engine(tied_dir, engine_config()))
     yield source, EngineEndpoint(receiver, instance_id="new"), EngineEndpoint(helper, instance_id="helper")
     source.release_all()

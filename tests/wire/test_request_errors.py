@@ -12,8 +12,8 @@ import ray.exceptions
 import wire
 import worker
 from wire import EngineDeadError, InvalidRequestError, RequestFailedError, is_ours, translated
-from worker.async_engine import EngineDeadError as AsyncEngineDeadError
-from worker.engine import InvalidRequestError as EngineInvalidRequestError
+from worker.serving.async_engine import EngineDeadError as AsyncEngineDeadError
+from worker.engine.engine import InvalidRequestError as EngineInvalidRequestError
 
 
 def roundtrip(exc: BaseException) -> BaseException:
