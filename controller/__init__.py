@@ -34,7 +34,10 @@ Public API (everything else in this folder is private to it):
 - For the simulator (`sim/`), the rest of the policy layer it calls unchanged: `desired_instances`, `keep_alive_for`,
   `choose_eviction`/`EvictionCandidate`, `choose_preemption`/`PreemptionCandidate`,
   `order_waiting`/`WaitingModel`, `choose_load_path`/`PeerStreamSettings`, `ManagedInstance`
-  (their input, its phase a `wire.InstanceState`), `UsageMeter` (the eviction score's frequency).
+  (their input, its phase a `wire.InstanceState`), `UsageMeter` (the eviction score's frequency);
+  `plan_model`, `ModelView`, `InstanceView`, `ModelPlan`: the one planner of a model's tick (its
+  count, which instances scale down, which sleepers wake, how many to place), which the
+  controller and the simulator both carry out.
 
 The controller itself, its config and its Ray side are imported on first use (PEP 562
 `__getattr__`): they bring the storage and worker packages (boto3, torch), which code that only
@@ -109,6 +112,11 @@ _LAZY = {
     "UsageMeter": "controller.usage_meter",
     "HostSleeper": "controller.host_sleep_policy",
     "room_for_sleeper": "controller.host_sleep_policy",
+    # The one planner of a model's tick, the controller's and the simulator's (`model_plan`).
+    "plan_model": "controller.model_plan",
+    "ModelView": "controller.model_plan",
+    "InstanceView": "controller.model_plan",
+    "ModelPlan": "controller.model_plan",
 }
 
 
@@ -134,5 +142,5 @@ __all__ = [
     "desired_instances", "keep_alive_for", "EvictionCandidate", "choose_eviction", "PreemptionCandidate", "choose_preemption",
     "SlotReclaimCosts", "plan_slot_reclaim",
     "WaitingModel", "order_waiting", "PeerStreamSettings", "choose_load_path", "ManagedInstance",
-    "UsageMeter", "HostSleeper", "room_for_sleeper",
+    "UsageMeter", "HostSleeper", "room_for_sleeper", "plan_model", "ModelView", "InstanceView", "ModelPlan",
 ]

@@ -60,7 +60,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from controller.autoscale_policy import AutoscaleState, LoadSnapshot, decide
+from controller.autoscale_policy import AutoscaleState
 from controller.cluster_client import ClusterClient
 from controller.checkpoint_copies import CheckpointCopies
 from controller.cluster_node import ClusterNode, has_worker_memory_budget
@@ -68,11 +68,13 @@ from controller.controller_config import ControllerConfig
 from controller.deploy_jobs import DeployJob, DeployJobs
 from controller.upload_area import UploadArea
 from controller.controller_status import hosts_to_dict, model_to_dict, node_to_dict, scale_to_dict
-from controller.instance_manager import InstanceManager, stop_order
+from controller.instance_manager import InstanceManager
 from controller.instance_placer import InstancePlacer
 from controller.instance_sleep import InstanceSleep
 from controller.managed_instance import ManagedInstance
 from controller.engine_settings import engine_config_for, instance_kv_bytes, instance_memory_bytes
+from controller.model_plan import ModelPlan, plan_model
+from controller.model_view import model_view
 from controller.model_registry import ModelRegistry
 from controller.model_spec import ModelSpec
 from controller.model_state import ModelState
@@ -491,41 +493,41 @@ class Controller:
         return errors
 
     async def _autoscale_model(self, model: ModelState) -> None:
+        """Plans the model's tick (`plan_model`: the one planner, the simulator's too) and carries
+        the plan out."""
         now = self._clock()
         live = self._instances.live(model.model_id)
         ongoing = sum(i.num_ongoing_requests for i in live if i.phase is InstanceState.READY)
         queued = model.num_queued_requests(now, self.config.queue_report_ttl_s)
         if ongoing or queued:
             model.last_request_s = now
-        snapshot = LoadSnapshot(num_instances=model.num_desired_instances, num_ongoing_requests=ongoing,
-                                num_queued_requests=queued, last_request_s=model.last_request_s,
-                                restart_s=model.restart_s, keep_alive_floor_s=self._sharer.keep_alive_floor_s(now))
-        decision, model.autoscale_state = decide(model.spec.autoscaling, snapshot, model.autoscale_state, now)
-        previous = model.num_desired_instances
-        model.last_scale = scale_to_dict(model.model_id, previous, decision, self._wall_clock())
-        if decision.num_instances != previous:
+        view = model_view(model, live, self._instances.asleep(model.model_id), num_ongoing_requests=ongoing,
+                          num_queued_requests=queued, keep_alive_floor_s=self._sharer.keep_alive_floor_s(now))
+        plan = plan_model(view, now)
+        model.autoscale_state = plan.autoscale_state
+        model.last_scale = scale_to_dict(model.model_id, plan.previous_count, plan.decision, self._wall_clock())
+        if plan.changes_count:
             # Durable first: if the store fails, the change is not made and the next tick retries.
-            self._store.set_desired_instances(model.model_id, decision.num_instances)
-            model.num_desired_instances = decision.num_instances
+            self._store.set_desired_instances(model.model_id, plan.num_desired_instances)
+            model.num_desired_instances = plan.num_desired_instances
             self._record(model.last_scale)
-            logger.info("%s: %s", model.model_id, decision.reason)
+            logger.info("%s: %s", model.model_id, plan.decision.reason)
         else:
-            logger.debug("%s: %s", model.model_id, decision.reason)
-        await self._converge(model, now)
+            logger.debug("%s: %s", model.model_id, plan.decision.reason)
+        await self._carry_out(model, plan, now)
 
-    async def _converge(self, model: ModelState, now: float) -> None:
-        live = self._instances.live(model.model_id)
-        missing = model.num_desired_instances - len(live)
-        if missing <= 0:
+    async def _carry_out(self, model: ModelState, plan: ModelPlan, now: float) -> None:
+        if plan.releases_holds:
             self._reclaimer.forget(model.model_id, "no longer needed: the model scaled back down")
             self._sharer.forget(model.model_id, "no longer needed: the model has its instances")
-        if missing < 0:
-            for instance in sorted(live, key=stop_order)[:-missing]:
+        for instance_id in plan.scale_down:
+            instance = self._instances.get(instance_id)
+            if instance is not None:
                 self._sleep.scale_down(instance, f"scaling down to {model.num_desired_instances}")
-            return
-        if missing > 0:
-            missing -= self._sleep.wake(model, missing, now)
-        if missing == 0 or now < model.next_start_s:
+        missing = plan.num_missing
+        if missing:
+            missing -= self._sleep.wake(model, missing, now, order=plan.wake_order)
+        if missing == 0 or not plan.may_place:
             return
         if model.num_bytes is None:
             name = model.repository_name

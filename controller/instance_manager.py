@@ -71,12 +71,6 @@ DRAIN_POLL_S = 0.1
 WORKER_SHUTDOWN_TIMEOUT_S = 10.0
 
 
-def stop_order(instance: ManagedInstance) -> tuple[bool, int, float]:
-    """Which instance to stop first when scaling down: one still loading (it serves nobody yet),
-    then the least busy, then the newest."""
-    return (instance.phase is InstanceState.READY, instance.num_ongoing_requests, -instance.started_s)
-
-
 class InstanceManager:
     """See the module docstring. `models` is the controller's registry, read (never changed) here
     but for the start back-off and the last-request time."""

@@ -16,7 +16,7 @@ a model; it reads the controller's instances and nodes and carries out through `
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from controller.cluster_node import ClusterNode, has_worker_memory_budget
 from controller.controller_config import ControllerConfig
@@ -76,11 +76,13 @@ class InstanceSleep:
                 and has_worker_memory_budget(node, self.config) and instance.phase is InstanceState.READY
                 and instance.num_ongoing_requests == 0 and instance.handle is not None)
 
-    def wake(self, model: ModelState, wanted: int, now: float) -> int:
-        """Wakes up to `wanted` of the model's sleeping instances whose node has the memory for
-        their KV pools again; a sleeper whose node has not is stopped (its weights' memory freed,
-        its process kept warm) so that placement may put the model anywhere. Returns how many woke."""
-        sleepers = self._instances.asleep(model.model_id)
+    def wake(self, model: ModelState, wanted: int, now: float, *, order: Sequence[str]) -> int:
+        """Wakes up to `wanted` of the model's sleeping instances, tried in `order` (ids: the plan's
+        `ModelPlan.wake_order`), whose node has the memory for their KV pools again; a sleeper whose
+        node has not is stopped (its weights' memory freed, its process kept warm) so that placement
+        may put the model anywhere. Returns how many woke."""
+        asleep = {i.instance_id: i for i in self._instances.asleep(model.model_id)}
+        sleepers = [asleep[i] for i in order if i in asleep]
         if not sleepers:
             return 0
         woken = 0

@@ -5,12 +5,13 @@ Per tick, for each dirty model, in the controller's order (models waiting for a 
 at as its load), the same steps as `Controller._autoscale_model` and
 `InstancePlacer.place_and_start`, each a call into `controller`:
 
-1. `decide(AutoscalingPolicy, LoadSnapshot, AutoscaleState, now)` with the model's desired count,
-   its ongoing and queued requests and its last request time;
-2. converge: extra instances stopped (loading first, then the least busy, then the newest: the
-   controller's stop order), or on slot hosts put to sleep (`sim.thaw_sleep`, the steps of the
-   controller's `InstanceSleep`); missing ones woken from sleep first, the rest placed with
-   `place` over `NodeView`s (`sim.node_views`);
+1. `plan_model(ModelView, now)`, the controller's own planner of a model's tick, over the
+   model's desired count, its ongoing and queued requests, its last request time, its live
+   instances and its sleepers: `decide`'s count, the extra instances to scale down in the stop
+   order (put to sleep on slot hosts where they may: `sim.thaw_sleep`, the steps of the
+   controller's `InstanceSleep`), the sleepers to wake first and how many to place;
+2. carried out as `Controller._carry_out` does: the missing instances woken from sleep first,
+   the rest placed with `place` over `NodeView`s (`sim.node_views`);
 3. no free slot and requests queued: `choose_eviction` over the idle instances (`EvictionSettings`
    of the default `SlotSharingSettings`; frequency from a `UsageMeter` per model, as the
    controller's; with the waiting model's deadline and its oldest and newest waits, so a model whose
@@ -59,11 +60,12 @@ import itertools
 import math
 
 from controller import (AutoscaleState, AutoscalingPolicy, EvictionCandidate,
-                        LoadSnapshot, ManagedInstance, PeerStreamSettings, PlacementDecision, PreemptionCandidate,
+                        ManagedInstance, ModelPlan, PeerStreamSettings, PlacementDecision, PreemptionCandidate,
                         SlotReclaimCosts, SlotSharingSettings, UsageMeter, WaitingModel, choose_destination,
-                        choose_eviction, choose_load_path, choose_preemption, decide, desired_instances, keep_alive_for,
-                        order_waiting, place, plan_slot_reclaim)
+                        choose_eviction, choose_load_path, choose_preemption, desired_instances, keep_alive_for,
+                        order_waiting, place, plan_model, plan_slot_reclaim)
 from sim.node_views import NodeViews, sim_tier
+from sim.sim_model_view import sim_model_view
 from sim.policies import THAW_SHARING, PolicySettings, SimPolicy, ThawAutoscaling
 from sim.thaw_sleep import eviction_candidate, scale_down, wake
 from wire import InstanceState
@@ -310,12 +312,12 @@ class ThawPolicy(SimPolicy):
         if demand == 0 and control.desired == 0 and not state.instances:
             control.autoscale = AutoscaleState()
             return  # idle and scaled to zero: decide would say so
-        snapshot = LoadSnapshot(num_instances=control.desired, num_ongoing_requests=state.num_ongoing,
-                                num_queued_requests=queued, last_request_s=self._seen_s(state.last_request_s),
-                                restart_s=control.restart_s, keep_alive_floor_s=self._keep_alive_floor_s())
-        decision, control.autoscale = decide(self.autoscaling, snapshot, control.autoscale, now)
-        control.desired = decision.num_instances
-        self._converge(state, control, now)
+        plan = plan_model(sim_model_view(state, self.autoscaling, control.autoscale, control.desired,
+                                         last_request_s=self._seen_s(state.last_request_s),
+                                         restart_s=control.restart_s, keep_alive_floor_s=self._keep_alive_floor_s()),
+                          now)
+        control.desired, control.autoscale = plan.num_desired_instances, plan.autoscale_state
+        self._carry_out(state, plan, now)
         auto = control.autoscale
         if auto.wish_direction and auto.wish_since_s is not None:
             delay = self.autoscaling.upscale_delay_s if auto.wish_direction > 0 else self.autoscaling.downscale_delay_s
@@ -324,20 +326,19 @@ class ThawPolicy(SimPolicy):
             since = self._seen_s(state.last_request_s) if state.last_request_s is not None else auto.idle_since_s
             self.wake_model_at(state.index, max(now, (since or now) + self._keep_alive_s(control)))
 
-    def _converge(self, state, control: _ModelControl, now: float) -> None:
-        live = list(state.instances)
-        missing = control.desired - len(live)
-        if missing <= 0:
-            self._holds.pop(state.index, None)  # no longer needed (`SlotSharer.forget`)
-        if missing < 0:
-            # The controller's stop order: loading first, then the least busy, then the newest.
-            live.sort(key=lambda i: (i.phase == InstanceState.READY, i.num_ongoing, -i.started_s))
-            for instance in live[:-missing]:
-                if scale_down(self.cluster, instance, sleep=self.sleep) == "slept":
+    def _carry_out(self, state, plan: ModelPlan, now: float) -> None:
+        """The plan, as the controller carries it out (`Controller._carry_out`), on the simulated
+        cluster: no start back-off here (a simulated start does not fail)."""
+        if plan.releases_holds:
+            self._holds.pop(state.index, None)  # `SlotSharer.forget`
+        if plan.scale_down:
+            by_id = {i.instance_id: i for i in state.instances}
+            for instance_id in plan.scale_down:
+                if scale_down(self.cluster, by_id[instance_id], sleep=self.sleep) == "slept":
                     self._counts["sleeps_chosen"] += 1
-            return
-        if state.sleepers:  # sleepers wake before anything is placed (`InstanceSleep.wake`)
-            missing -= wake(self.cluster, state, missing)
+        missing = plan.num_missing
+        if missing and plan.wake_order:  # sleepers wake before anything is placed (`InstanceSleep.wake`)
+            missing -= wake(self.cluster, state, missing, order=plan.wake_order)
         for _ in range(missing):
             if not self._place_and_start(state, now):
                 break

@@ -40,11 +40,12 @@ def scale_down(cluster, instance, *, sleep: bool) -> str:
     return "stopped"
 
 
-def wake(cluster, state, wanted: int) -> int:
-    """Wakes up to `wanted` of the model's sleepers (those asleep longest first: the controller's
-    order); returns how many woke."""
+def wake(cluster, state, wanted: int, *, order) -> int:
+    """Wakes up to `wanted` of the model's sleepers, tried in `order` (ids: the plan's
+    `ModelPlan.wake_order`); returns how many woke."""
     woken = 0
-    for sleeper in list(state.sleepers):
+    by_id = {s.instance_id: s for s in state.sleepers}
+    for sleeper in [by_id[i] for i in order if i in by_id]:
         if woken == wanted:
             break
         if cluster.hosts.can_wake(sleeper):
