@@ -37,7 +37,8 @@ Public API (everything else in this folder is private to it):
   (their input, its phase a `wire.InstanceState`), `UsageMeter` (the eviction score's frequency);
   `plan_model`, `ModelView`, `InstanceView`, `ModelPlan`: the one planner of a model's tick (its
   count, which instances scale down, which sleepers wake, how many to place), which the
-  controller and the simulator both carry out.
+  controller and the simulator both carry out; `SlotHold`, `views_past_holds`: slots held for a
+  waiting model, and the one rule placement sees a node past them by.
 
 The controller itself, its config and its Ray side are imported on first use (PEP 562
 `__getattr__`): they bring the storage and worker packages (boto3, torch), which code that only
@@ -117,6 +118,8 @@ _LAZY = {
     "ModelView": "controller.model_plan",
     "InstanceView": "controller.model_plan",
     "ModelPlan": "controller.model_plan",
+    "SlotHold": "controller.slot_holds",
+    "views_past_holds": "controller.slot_holds",
 }
 
 
@@ -143,4 +146,5 @@ __all__ = [
     "SlotReclaimCosts", "plan_slot_reclaim",
     "WaitingModel", "order_waiting", "PeerStreamSettings", "choose_load_path", "ManagedInstance",
     "UsageMeter", "HostSleeper", "room_for_sleeper", "plan_model", "ModelView", "InstanceView", "ModelPlan",
+    "SlotHold", "views_past_holds",
 ]

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from collections.abc import Collection, Mapping
 
+from controller.control_context import ControlContext
 from controller.cluster_client import ClusterClient
 from controller.cluster_node import ClusterNode, dram_can_take
 from controller.controller_config import ControllerConfig
@@ -42,16 +42,15 @@ class CheckpointCopies:
 
     def __init__(self, config: ControllerConfig, cluster: ClusterClient, instances: InstanceManager,
                  nodes: Mapping[str, ClusterNode], models: Mapping[str, ModelState], *,
-                 record: Callable[[dict[str, Any]], None], wall_clock: Callable[[], float],
-                 background: set[asyncio.Task[None]]) -> None:
+                 context: ControlContext) -> None:
         self.config = config
         self._cluster = cluster
         self._instances = instances
         self._nodes = nodes
         self._models = models
-        self._record = record
-        self._wall_clock = wall_clock
-        self._background = background  # the controller's: it awaits them at shutdown
+        self._record = context.record
+        self._wall_clock = context.wall_clock
+        self._background = context.background  # the controller's: it awaits them at shutdown
         self._promoting: set[tuple[str, str]] = set()  # (node id, repository name) being copied into DRAM
         self._wanted: dict[tuple[str, str], str] = {}  # evicted: (node id, repository name) -> model id
 

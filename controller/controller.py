@@ -64,6 +64,7 @@ from controller.autoscale_policy import AutoscaleState
 from controller.cluster_client import ClusterClient
 from controller.checkpoint_copies import CheckpointCopies
 from controller.cluster_node import ClusterNode, has_worker_memory_budget
+from controller.control_context import ControlContext
 from controller.controller_config import ControllerConfig
 from controller.deploy_jobs import DeployJob, DeployJobs
 from controller.upload_area import UploadArea
@@ -118,39 +119,33 @@ class Controller:
                                  adopt_per_node=(config.cpu_worker_slots_per_node * config.nodes_per_ray_node
                                                  if config.worker_memory_bytes else None),
                                  host_models=config.models_per_process)
+        self._background: set[asyncio.Task[None]] = set()  # drains moving requests off, DRAM promotions
+        context = ControlContext(clock=clock, wall_clock=wall_clock, record=self._recent.append,
+                                 background=self._background, wake=self._wake.set)
         self._instances = InstanceManager(config, cluster, self._store, self._models,
-                                          on_routes_changed=self._publish_routes, on_slot_freed=self._wake.set,
-                                          record=self._recent.append, clock=clock, wall_clock=wall_clock,
+                                          on_routes_changed=self._publish_routes, context=context,
                                           before_ready=lambda instance: self._sharer.before_ready(instance),
                                           spares=self._spares if config.spare_workers_per_node else None)
         self._roster = NodeRoster(config, cluster, self._nodes, self._instances, clock=clock)
         self._num_ticks = 0
         self._last_tick_errors: list[str] = []
-        self._background: set[asyncio.Task[None]] = set()  # drains moving requests off, DRAM promotions
-        self._mover = RequestMover(config, cluster, self._instances, self._nodes, record=self._record,
-                                   wall_clock=wall_clock, is_closed=lambda: self._closed,
-                                   background=self._background, wake=self._wake.set)
-        self._copies = CheckpointCopies(config, cluster, self._instances, self._nodes, self._models,
-                                        record=self._record, wall_clock=wall_clock, background=self._background)
+        self._mover = RequestMover(config, cluster, self._instances, self._nodes, context=context,
+                                   is_closed=lambda: self._closed)
+        self._copies = CheckpointCopies(config, cluster, self._instances, self._nodes, self._models, context=context)
         draining = self._mover.draining_node_ids
-        self._reclaimer = SlotReclaimer(config, self._instances, self._mover, draining_nodes=draining,
-                                        record=self._record, wall_clock=wall_clock, background=self._background)
+        self._reclaimer = SlotReclaimer(config, self._instances, self._mover, draining_nodes=draining, context=context)
         self._sharer = SlotSharer(config, cluster, self._instances, self._nodes, self._models, self._mover,
                                   draining_nodes=draining, shrink=self._shrink_after_eviction,
-                                  keep_in_dram=self._copies.keep_in_dram, record=self._record,
-                                  wall_clock=wall_clock, background=self._background)
-        self._helper = PrefillHelper(config, cluster, self._instances, draining_nodes=draining,
-                                     record=self._record, wall_clock=wall_clock, background=self._background)
+                                  keep_in_dram=self._copies.keep_in_dram, context=context)
+        self._helper = PrefillHelper(config, cluster, self._instances, draining_nodes=draining, context=context)
         self._uploads = UploadArea(config.state_dir / "uploads", clock=wall_clock)
         self._registry = ModelRegistry(self._store, self._repository, self._models, lock=self._tick_lock,
                                        invalidate_copies=self._invalidate_copies,
                                        stop_instances=self._stop_deleted, usage_meter=self._usage_meter,
-                                       record=self._record, wall_clock=wall_clock, wake=self._wake.set,
-                                       engine_config=lambda spec: engine_config_for(spec, config),
+                                       context=context, engine_config=lambda spec: engine_config_for(spec, config),
                                        uploads=self._uploads, downloads=config.state_dir / "downloads")
         self._placer = InstancePlacer(config, self._instances, self._nodes, sharer=self._sharer,
-                                      reclaimer=self._reclaimer, quota=self._registry.quota, record=self._record,
-                                      wall_clock=wall_clock)
+                                      reclaimer=self._reclaimer, quota=self._registry.quota, context=context)
         self._sleep = InstanceSleep(config, self._instances, self._nodes, views=self._placer.views)
         self._deploys = DeployJobs(wall_clock=wall_clock, clock=clock)
         self._closed = False

@@ -38,8 +38,8 @@ A loaded instance is awaited by `before_ready(instance)` (when given) before it 
 controller replays the model's parked requests into it there, so their clients find them running.
 
 Every change that affects routing calls `on_routes_changed(model_id)`, a freed slot calls
-`on_slot_freed()` (a model waiting for room need not wait for the next tick), and every
-lifecycle event goes to `record` (the controller's recent decisions) and the log.
+`context.wake()` (a model waiting for room need not wait for the next tick), and every
+lifecycle event goes to `context.record` (the controller's recent decisions) and the log.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from typing import Any
 
+from controller.control_context import ControlContext
 from controller.cluster_client import ActorGoneError, ClusterClient, worker_actor_name
 from controller.cluster_node import ClusterNode, has_worker_memory_budget, store_tier
 from controller.controller_config import ControllerConfig
@@ -77,19 +78,17 @@ class InstanceManager:
 
     def __init__(self, config: ControllerConfig, cluster: ClusterClient, store: StateStore,
                  models: Mapping[str, ModelState], *, on_routes_changed: Callable[[str], None],
-                 on_slot_freed: Callable[[], None], record: Callable[[dict[str, Any]], None],
-                 clock: Callable[[], float],
-                 wall_clock: Callable[[], float], spares: SparePool | None = None,
+                 context: ControlContext, spares: SparePool | None = None,
                  before_ready: Callable[[ManagedInstance], Awaitable[None]] | None = None) -> None:
         self.config = config
         self._cluster = cluster
         self._store = store
         self._models = models
         self._on_routes_changed = on_routes_changed
-        self._on_slot_freed = on_slot_freed
-        self._record = record
-        self._clock = clock
-        self._wall_clock = wall_clock
+        self._on_slot_freed = context.wake
+        self._record = context.record
+        self._clock = context.clock
+        self._wall_clock = context.wall_clock
         self._spares = spares
         self._before_ready = before_ready
         self._instances: dict[str, ManagedInstance] = {}

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
 
+from controller.control_context import ControlContext
 from controller.cluster_node import ClusterNode, has_worker_memory_budget, node_view, nodes_of_kind
 from controller.controller_config import ControllerConfig
 from controller.controller_status import placement_to_dict
 from controller.engine_settings import instance_kv_bytes, instance_memory_bytes
 from controller.instance_manager import InstanceManager
 from controller.model_state import ModelState
+from controller.slot_holds import views_past_holds
 from controller.placement_policy import NodeView, PlacementDecision, place
 from controller.slot_reclaimer import SlotReclaimer
 from controller.slot_sharer import SlotSharer
@@ -38,26 +39,25 @@ logger = logging.getLogger(__name__)
 
 class InstancePlacer:
     """See the module docstring. `quota(tenant)`: the tenant's quota (`ModelRegistry.quota`);
-    `record(decision)`: the controller's decision log."""
+    `context`: the clocks and the decision log (`ControlContext`)."""
 
     def __init__(self, config: ControllerConfig, instances: InstanceManager, nodes: Mapping[str, ClusterNode], *,
                  sharer: SlotSharer, reclaimer: SlotReclaimer, quota: Callable[[str], TenantQuota],
-                 record: Callable[[dict[str, Any]], None], wall_clock: Callable[[], float]) -> None:
+                 context: ControlContext) -> None:
         self.config = config
         self._instances = instances
         self._nodes = nodes
         self._sharer = sharer
         self._reclaimer = reclaimer
         self._quota = quota
-        self._record = record
-        self._wall_clock = wall_clock
+        self._record = context.record
+        self._wall_clock = context.wall_clock
 
     def views(self, model: ModelState, nodes: list[ClusterNode], now: float) -> list[NodeView]:
         """Placement's view of `nodes` for `model`: what other models' held slots leave there."""
         instances = self._instances.all()
-        return self._sharer.hold_reserved(self._reclaimer.hold_reserved(
-            [node_view(node, model.repository_name, instances, self.config, now) for node in nodes], model.model_id),
-            model.model_id)
+        return views_past_holds([node_view(node, model.repository_name, instances, self.config, now) for node in nodes],
+                                [*self._reclaimer.holds(), *self._sharer.holds()], model.model_id)
 
     def place_and_start(self, model: ModelState, now: float) -> bool:
         """Choose a node and start one instance there; False if no node has room, or the model's

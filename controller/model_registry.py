@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from controller.control_context import ControlContext
 from controller.controller_errors import (DeployConflictError, InvalidSpecError, ModelAlreadyDeployedError,
                                          UnknownModelError, UnknownTenantError)
 from controller.controller_status import event_to_dict
@@ -70,13 +71,12 @@ class ModelRegistry:
     """See the module docstring. `models` is the controller's dict of live model states (shared);
     `invalidate_copies(name)` drops the nodes' copies of a repository model whose content changed;
     `stop_instances(model_id)` stops a deleted model's instances (returns their stop tasks);
-    `wake()` starts a reconcile tick; `usage_meter()` makes a new model's usage meter."""
+    `context.wake()` starts a reconcile tick; `usage_meter()` makes a new model's usage meter."""
 
     def __init__(self, store: StateStore, repository: ModelRepository, models: dict[str, ModelState], *,
                  lock: asyncio.Lock, invalidate_copies: Callable[[str], Awaitable[None]],
                  stop_instances: Callable[[str], list[asyncio.Task]], usage_meter: Callable[[], UsageMeter],
-                 record: Callable[[dict[str, Any]], None], wall_clock: Callable[[], float],
-                 wake: Callable[[], None], engine_config: Callable[[ModelSpec], Any] | None = None,
+                 context: ControlContext, engine_config: Callable[[ModelSpec], Any] | None = None,
                  uploads: UploadArea | None = None, downloads: Path | None = None) -> None:
         self._store = store
         self._repository = repository
@@ -85,9 +85,9 @@ class ModelRegistry:
         self._invalidate_copies = invalidate_copies
         self._stop_instances = stop_instances
         self._usage_meter = usage_meter
-        self._record = record
-        self._wall_clock = wall_clock
-        self._wake = wake
+        self._record = context.record
+        self._wall_clock = context.wall_clock
+        self._wake = context.wake
         self._engine_config = engine_config  # a spec's worker.EngineConfig, to check its context fits
         self._uploads = uploads  # where upload:<id> sources are (None: this registry takes none)
         self._downloads = downloads  # where s3:// sources outside the repository are copied (None: refused)

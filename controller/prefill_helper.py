@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Collection
-from typing import Any
 
+from controller.control_context import ControlContext
 from controller.cluster_client import ClusterClient
 from controller.controller_config import ControllerConfig
 from controller.instance_manager import InstanceManager
@@ -28,15 +28,14 @@ logger = logging.getLogger(__name__)
 
 class PrefillHelper:
     def __init__(self, config: ControllerConfig, cluster: ClusterClient, instances: InstanceManager, *,
-                 draining_nodes: Callable[[], Collection[str]], record: Callable[[dict[str, Any]], None],
-                 wall_clock: Callable[[], float], background: set[asyncio.Task[None]]) -> None:
+                 draining_nodes: Callable[[], Collection[str]], context: ControlContext) -> None:
         self.config = config
         self._cluster = cluster
         self._instances = instances
         self._draining_nodes = draining_nodes
-        self._record = record
-        self._wall_clock = wall_clock
-        self._background = background
+        self._record = context.record
+        self._wall_clock = context.wall_clock
+        self._background = context.background
         self._in_flight: set[str] = set()  # request ids being handed over
 
     async def hand_over_waiting(self) -> list[str]:

@@ -22,6 +22,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from controller.control_context import ControlContext
 from controller.cluster_client import ActorGoneError, ClusterClient
 from controller.cluster_node import ClusterNode
 from controller.controller_config import ControllerConfig
@@ -50,18 +51,17 @@ class RequestMover:
     controller's event loop and reads its live `instances` and `nodes`."""
 
     def __init__(self, config: ControllerConfig, cluster: ClusterClient, instances: InstanceManager,
-                 nodes: Mapping[str, ClusterNode], *, record: Callable[[dict[str, Any]], None],
-                 wall_clock: Callable[[], float], is_closed: Callable[[], bool],
-                 background: set[asyncio.Task[None]], wake: Callable[[], None]) -> None:
+                 nodes: Mapping[str, ClusterNode], *, context: ControlContext,
+                 is_closed: Callable[[], bool]) -> None:
         self.config = config
         self._cluster = cluster
         self._instances = instances
         self._nodes = nodes
-        self._record = record
-        self._wall_clock = wall_clock
+        self._record = context.record
+        self._wall_clock = context.wall_clock
         self._is_closed = is_closed
-        self._background = background  # the controller's, cancelled at its shutdown
-        self._wake = wake
+        self._background = context.background  # the controller's, cancelled at its shutdown
+        self._wake = context.wake
 
     def drain_node(self, node_id: str, migrate: bool = True) -> dict[str, Any]:
         """`Controller.drain_node` (its docstring says what a drain does)."""

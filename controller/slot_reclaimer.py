@@ -10,7 +10,7 @@ slot for the model until it is free:
    (`RequestMover.move_off`, the same loop a node drain runs), records the plan as a decision
    (``thaw status``, the log) and answers "wait": nothing is started this tick.
 2. While a reclaim is pending, the model waits for that node: as soon as the node has room, the
-   instance is placed there (and only there); `reserved_slots` keeps every other model's
+   instance is placed there (and only there); its hold (`holds`, `controller.slot_holds`) keeps every other model's
    placement from taking the slot meanwhile (the emptied model's own replacement included).
 3. If the slot is not free by the deadline (drain timeout + the plan's cost), the reclaim is
    given up (recorded) and the model is placed as if it had never been planned; so it is when
@@ -28,9 +28,11 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from controller.control_context import ControlContext
 from controller.controller_config import ControllerConfig
 from controller.instance_manager import InstanceManager
 from controller.model_state import ModelState
+from controller.slot_holds import SlotHold
 from controller.placement_policy import NodeView, PlacementDecision, place
 from controller.request_mover import RequestMover
 from controller.slot_reclaim_policy import SlotReclaimPlan, plan_slot_reclaim
@@ -52,35 +54,20 @@ class SlotReclaimer:
     """See the module docstring. Runs on the controller's event loop."""
 
     def __init__(self, config: ControllerConfig, instances: InstanceManager, mover: RequestMover, *,
-                 draining_nodes: Callable[[], set[str]], record: Callable[[dict[str, Any]], None],
-                 wall_clock: Callable[[], float], background: set[asyncio.Task[None]]) -> None:
+                 draining_nodes: Callable[[], set[str]], context: ControlContext) -> None:
         self.config = config
         self._instances = instances
         self._mover = mover
         self._draining_nodes = draining_nodes
-        self._record = record
-        self._wall_clock = wall_clock
-        self._background = background
+        self._record = context.record
+        self._wall_clock = context.wall_clock
+        self._background = context.background
         self._pending: dict[str, _Pending] = {}  # model id -> the reclaim holding a slot for it
 
-    def reserved_slots(self, node_id: str, for_model: str) -> int:
-        """Slots on `node_id` held for other models' pending reclaims."""
-        return sum(p.num_slots for model_id, p in self._pending.items()
-                   if p.plan.node_id == node_id and model_id != for_model)
-
-    def hold_reserved(self, views: Sequence[NodeView], model_id: str) -> list[NodeView]:
-        """`views` as `model_id`'s placement must see them: slots held for other models taken out."""
-        if not self._pending:  # the common case: nothing held, nothing to rebuild
-            return list(views)
-        return [dataclasses.replace(
-            v, num_free_slots=max(0, v.num_free_slots - self.reserved_slots(v.node_id, model_id)),
-            free_memory_bytes=None if v.free_memory_bytes is None else
-            max(0, v.free_memory_bytes - self.reserved_memory_bytes(v.node_id, model_id))) for v in views]
-
-    def reserved_memory_bytes(self, node_id: str, for_model: str) -> int:
-        """Worker memory on `node_id` held for other models' pending reclaims."""
-        return sum(p.memory_bytes for model_id, p in self._pending.items()
-                   if p.plan.node_id == node_id and model_id != for_model)
+    def holds(self) -> list[tuple[str, SlotHold]]:
+        """(model id, the slot held for it) for each pending reclaim (`controller.slot_holds`)."""
+        return [(model_id, SlotHold(p.plan.node_id, p.num_slots, p.memory_bytes))
+                for model_id, p in self._pending.items()]
 
     def pending(self) -> list[dict[str, Any]]:
         """The reclaims under way, for ``thaw status``."""

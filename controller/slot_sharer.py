@@ -42,6 +42,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from controller.control_context import ControlContext
 from controller.cluster_client import ClusterClient
 from controller.cluster_node import ClusterNode, dram_can_take, node_view, nodes_of_kind, tier_bandwidths
 from controller.controller_config import ControllerConfig
@@ -50,6 +51,7 @@ from controller.instance_manager import InstanceManager
 from controller.managed_instance import ManagedInstance
 from controller.migration_policy import choose_destination
 from controller.model_state import ModelState
+from controller.slot_holds import SlotHold
 from controller.placement_policy import NodeView, PlacementDecision, estimate_node, place
 from controller.preemption_policy import PreemptionCandidate, choose_preemption
 from controller.request_mover import RequestMover
@@ -90,8 +92,7 @@ class SlotSharer:
     def __init__(self, config: ControllerConfig, cluster: ClusterClient, instances: InstanceManager,
                  nodes: Mapping[str, ClusterNode], models: Mapping[str, ModelState], mover: RequestMover, *,
                  draining_nodes: Callable[[], set[str]], shrink: Callable[[str, str], None],
-                 keep_in_dram: Callable[[ManagedInstance], None], record: Callable[[dict[str, Any]], None],
-                 wall_clock: Callable[[], float], background: set[asyncio.Task[None]]) -> None:
+                 keep_in_dram: Callable[[ManagedInstance], None], context: ControlContext) -> None:
         self.config = config
         self._cluster = cluster
         self._instances = instances
@@ -101,9 +102,9 @@ class SlotSharer:
         self._draining_nodes = draining_nodes
         self._shrink = shrink
         self._keep_in_dram = keep_in_dram
-        self._record = record
-        self._wall_clock = wall_clock
-        self._background = background
+        self._record = context.record
+        self._wall_clock = context.wall_clock
+        self._background = context.background
         self._holds: dict[str, _Hold] = {}  # model id -> the slot being freed for it
         self._suspended: dict[str, dict[str, tuple[float, str]]] = {}  # model -> {request: (at (wall), "kv"/"tokens")}
         self._parked: dict[str, dict[str, Any]] = {}  # model id -> {request id: migration.ParkedRequest}
@@ -167,20 +168,10 @@ class SlotSharer:
     def counts(self) -> dict[str, int]:
         return dict(self._counts)
 
-    def hold_reserved(self, views: Sequence[NodeView], model_id: str) -> list[NodeView]:
-        """`views` as `model_id`'s placement must see them: slots held for other models taken out."""
-        if not self._holds:
-            return list(views)
-        held: dict[str, int] = {}
-        held_memory: dict[str, int] = {}
-        for other, hold in self._holds.items():
-            if other != model_id:
-                held[hold.node_id] = held.get(hold.node_id, 0) + hold.num_slots
-                held_memory[hold.node_id] = held_memory.get(hold.node_id, 0) + hold.memory_bytes
-        return [dataclasses.replace(
-            v, num_free_slots=max(0, v.num_free_slots - held.get(v.node_id, 0)),
-            free_memory_bytes=None if v.free_memory_bytes is None else
-            max(0, v.free_memory_bytes - held_memory.get(v.node_id, 0))) for v in views]
+    def holds(self) -> list[tuple[str, SlotHold]]:
+        """(model id, the slot held for it) for each slot being freed by an eviction or a preemption
+        (`controller.slot_holds`)."""
+        return [(model_id, SlotHold(h.node_id, h.num_slots, h.memory_bytes)) for model_id, h in self._holds.items()]
 
     def status(self, now: float) -> dict[str, Any]:
         """For ``thaw status``: held slots, suspended requests, counters, and every slot's holder."""

@@ -2,7 +2,7 @@
 
 What it models (and what a policy drives through its public methods):
 
-- Nodes: `gpus_per_node` slots each, a DRAM and an SSD checkpoint cache (`TierCache`, LRU, byte
+- Nodes: `gpus_per_node` slots each, a DRAM and an SSD checkpoint cache (`storage.TierLedger`, the node store's LRU, byte
   budgets) and one loader (`SimNode`, `sim.node_loader`). A load from the SSD or the repository
   (S3) queues on the node's loader (they share the disk and the NIC); a load from DRAM (over each GPU's own PCIe link) or a
   peer's stream does not. Starts of one model on one node while its repository fetch is in
@@ -55,7 +55,7 @@ from sim.node_loader import join, node_loader
 from sim.sim_instance import Flight, SimInstance
 from sim.sim_model_state import SimModelState
 from sim.sim_node import SimNode
-from sim.tier_cache import TierCache
+from storage.tier_ledger import TierLedger
 from wire import InstanceState
 
 __all__ = ["SimCluster", "COLD_START_TIERS"]
@@ -239,8 +239,8 @@ class SimCluster:
         node.free_slots = free_slots
         self._free_buckets[free_slots].add(node.index)
 
-    def _keep_copy(self, node: SimNode, tier: TierCache, model_index: int, num_bytes: int, counter: str) -> None:
-        evicted = tier.insert(model_index, num_bytes)
+    def _keep_copy(self, node: SimNode, tier: TierLedger, model_index: int, num_bytes: int, counter: str) -> None:
+        evicted = tier.keep(model_index, num_bytes)
         if model_index in tier:
             self._copies.setdefault(model_index, set()).add(node.index)
         self.counts[counter] += len(evicted)
@@ -335,9 +335,9 @@ class SimCluster:
                         node.fetches[model_index] = job
                     if job.delay_s is not None:
                         load_s, job = job.delay_s, None
-                if tier == "dram":
+                if tier == "dram" and model_index in node.dram:
                     node.dram.touch(model_index)
-                elif tier == "ssd":
+                elif tier == "ssd" and model_index in node.ssd:
                     node.ssd.touch(model_index)
             if job is None:
                 load_s += overhead_s

@@ -9,9 +9,13 @@ from __future__ import annotations
 from sim.node_loader import LoaderJob
 from sim.sim_host import SimHost
 from sim.sim_instance import SimInstance
-from sim.tier_cache import TierCache
+from storage.tier_ledger import TierLedger
 
 __all__ = ["SimNode"]
+
+
+def _no_clock() -> float:
+    return 0.0
 
 
 class SimNode:
@@ -27,8 +31,10 @@ class SimNode:
         self.node_id = f"node-{index:05d}"
         self.num_slots = num_slots
         self.free_slots = num_slots
-        self.dram = TierCache(dram_bytes)
-        self.ssd = TierCache(ssd_bytes)
+        # The node store's own bookkeeping and LRU eviction (`storage.tier_ledger`), keyed by model
+        # index; the clock only stamps last uses for reports, which a simulation never reads.
+        self.dram = TierLedger("dram", dram_bytes, clock=_no_clock)
+        self.ssd = TierLedger("ssd", ssd_bytes, clock=_no_clock)
         self.loader = loader  # its SSD and repository reads (`sim.node_loader`)
         self.hosts = hosts
         self.sleepers: dict[int, SimInstance] = {}  # on its slot hosts, by index, longest asleep first

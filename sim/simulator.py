@@ -340,8 +340,8 @@ def _first_load_s(cluster: SimCluster) -> np.ndarray:
     start every policy pays at least."""
     dram, ssd = set(), set()
     for node in cluster.nodes:  # what was staged; a node's tiers are empty without staging
-        dram.update(node.dram.model_indices())
-        ssd.update(node.ssd.model_indices())
+        dram.update(node.dram.models())
+        ssd.update(node.ssd.models())
     out = np.empty(len(cluster.models))
     for index, state in enumerate(cluster.models):
         tier = "dram" if index in dram else "ssd" if index in ssd else "s3"

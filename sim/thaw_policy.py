@@ -63,7 +63,7 @@ from controller import (AutoscaleState, AutoscalingPolicy, EvictionCandidate,
                         ManagedInstance, ModelPlan, PeerStreamSettings, PlacementDecision, PreemptionCandidate,
                         SlotReclaimCosts, SlotSharingSettings, UsageMeter, WaitingModel, choose_destination,
                         choose_eviction, choose_load_path, choose_preemption, desired_instances, keep_alive_for,
-                        order_waiting, place, plan_model, plan_slot_reclaim)
+                        order_waiting, place, plan_model, plan_slot_reclaim, SlotHold, views_past_holds)
 from sim.node_views import NodeViews, sim_tier
 from sim.sim_model_view import sim_model_view
 from sim.policies import THAW_SHARING, PolicySettings, SimPolicy, ThawAutoscaling
@@ -398,17 +398,13 @@ class ThawPolicy(SimPolicy):
                                weights_resident=instance.resident_s <= now)
 
     def _reserved(self, views: list, model_index: int) -> list:
-        """`views` as `model_index` must see them: slots held for other models taken out
-        (`SlotSharer.hold_reserved`)."""
-        held: dict[str, int] = {}
-        for other, node_index in self._holds.items():
-            if other != model_index:
-                node_id = self.cluster.nodes[node_index].node_id
-                held[node_id] = held.get(node_id, 0) + self.cluster.models[other].num_slots
-        if not held:
+        """`views` as `model_index` must see them: slots held for other models taken out, by the
+        controller's rule (`controller.slot_holds.views_past_holds`)."""
+        if not self._holds:
             return views
-        return [dataclasses.replace(v, num_free_slots=max(0, v.num_free_slots - held.get(v.node_id, 0)))
-                if v.node_id in held else v for v in views]
+        nodes, models = self.cluster.nodes, self.cluster.models
+        return views_past_holds(views, [(other, SlotHold(nodes[node_index].node_id, models[other].num_slots))
+                                        for other, node_index in self._holds.items()], model_index)
 
     def _freed_for(self, state, node, now: float) -> PlacementDecision:
         """After a stop for `state`'s model on `node`: placement there if the slot is free already,

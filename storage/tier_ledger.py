@@ -6,6 +6,9 @@ with plain numbers (the nano-vllm block-manager idea). Order is the `OrderedDict
 recently used first -- exact, never a timestamp comparison that two uses in one clock tick could
 tie. `plan_eviction` is the pure check, `reserve`/`commit` the mutations that apply it.
 
+The simulator keeps its nodes' DRAM and SSD tiers in the same ledger (`sim.sim_node`), through
+`keep` (a whole copy arrived) and `fits`: one eviction policy for the platform and its model.
+
 What is never evicted: a pinned entry, an entry with a load in progress, an entry still being
 filled. If the rest cannot make room, `TierFullError` says what holds the space, and nothing is
 evicted (a failed reservation must not empty the cache for nothing).
@@ -48,10 +51,11 @@ class TierLedger:
         self.capacity_bytes = capacity_bytes
         self._clock = clock
         self._entries: OrderedDict[str, LedgerEntry] = OrderedDict()  # least recently used first
+        self._used_bytes = 0  # the entries' num_bytes summed, kept as they change (a simulated node asks often)
 
     @property
     def used_bytes(self) -> int:
-        return sum(e.num_bytes for e in self._entries.values())
+        return self._used_bytes
 
     @property
     def free_bytes(self) -> int:
@@ -63,9 +67,39 @@ class TierLedger:
     def get(self, model: str) -> LedgerEntry | None:
         return self._entries.get(model)
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def items(self) -> list[tuple[str, LedgerEntry]]:
         """(model, entry) from least to most recently used."""
         return list(self._entries.items())
+
+    def models(self) -> list[str]:
+        """The models held, from least to most recently used."""
+        return list(self._entries)
+
+    def fits(self, num_bytes: int) -> bool:
+        """Whether a copy of `num_bytes` could be kept at all (evicting what may be evicted)."""
+        return 0 < num_bytes <= self.capacity_bytes
+
+    def keep(self, model: str, num_bytes: int) -> list[str]:
+        """A whole copy of `model` arrived (no fill in between: the simulator's copies): keep it as
+        the most recently used, evicting least recently used entries to make room; returns them.
+        Already held: it is touched. Larger than the tier, or no room past what cannot be evicted:
+        not kept, nothing evicted."""
+        if model in self._entries:
+            self.touch(model)
+            return []
+        if not self.fits(num_bytes):
+            return []
+        try:
+            victims = self.plan_eviction(num_bytes)
+        except TierFullError:
+            return []
+        self._evict(victims)
+        self._entries[model] = LedgerEntry(num_bytes=num_bytes, last_used_s=self._clock())
+        self._used_bytes += num_bytes
+        return victims
 
     def plan_eviction(self, num_bytes: int, exclude: str | None = None) -> list[str]:
         """The models to evict, least recently used first, so that `num_bytes` more fit; [] if
@@ -97,7 +131,7 @@ class TierLedger:
 
     def _evict(self, victims: list[str]) -> list[str]:
         for model in victims:
-            del self._entries[model]
+            self._used_bytes -= self._entries.pop(model).num_bytes
         return victims
 
     def reserve(self, model: str, num_bytes: int) -> list[str]:
@@ -107,6 +141,7 @@ class TierLedger:
             raise ValueError(f"{model!r} is already in the {self.tier} tier")
         victims = self.plan_eviction(num_bytes)
         self._entries[model] = LedgerEntry(num_bytes=num_bytes, last_used_s=self._clock(), filling=True)
+        self._used_bytes += num_bytes
         return self._evict(victims)
 
     def commit(self, model: str, num_bytes: int) -> list[str]:
@@ -115,6 +150,7 @@ class TierLedger:
         entry stays filling; the caller removes it."""
         entry = self._entries[model]
         victims = self.plan_eviction(max(0, num_bytes - entry.num_bytes), exclude=model)
+        self._used_bytes += num_bytes - entry.num_bytes
         entry.num_bytes, entry.filling = num_bytes, False
         self.touch(model)
         return self._evict(victims)
@@ -122,7 +158,9 @@ class TierLedger:
     def adopt(self, model: str, num_bytes: int, last_used_s: float) -> None:
         """Take over an entry found on disk at start, as the most recently used so far (callers
         adopt in last-use order)."""
+        old = self._entries.get(model)
         self._entries[model] = LedgerEntry(num_bytes=num_bytes, last_used_s=last_used_s)
+        self._used_bytes += num_bytes - (old.num_bytes if old is not None else 0)
 
     def shrink_to_capacity(self) -> list[str]:
         """Evict least recently used entries until the tier is within capacity (after adoption)."""
@@ -136,7 +174,10 @@ class TierLedger:
         return self._evict(victims)
 
     def remove(self, model: str) -> LedgerEntry | None:
-        return self._entries.pop(model, None)
+        entry = self._entries.pop(model, None)
+        if entry is not None:
+            self._used_bytes -= entry.num_bytes
+        return entry
 
     def touch(self, model: str) -> None:
         self._entries[model].last_used_s = self._clock()

@@ -12,6 +12,7 @@ from controller.cluster_node import ClusterNode
 from controller.instance_manager import InstanceManager
 from controller.node_roster import NodeRoster
 from controller.state_location import open_state_store
+from controller.control_context import ControlContext
 from tests.controller.fake_cluster import FakeCluster
 from tests.controller.test_controller import make_config
 
@@ -21,8 +22,10 @@ RAY_A, RAY_B = "a" * 56, "b" * 56
 def roster(tmp_path, cluster: FakeCluster) -> tuple[NodeRoster, dict[str, ClusterNode]]:
     config = make_config(tmp_path)
     instances = InstanceManager(config, cluster, open_state_store(tmp_path / "state"), {},
-                                on_routes_changed=lambda model_id: None, on_slot_freed=lambda: None,
-                                record=lambda decision: None, clock=lambda: 0.0, wall_clock=lambda: 0.0)
+                                on_routes_changed=lambda model_id: None,
+                                context=ControlContext(clock=lambda: 0.0, wall_clock=lambda: 0.0,
+                                                       record=lambda decision: None, background=set(),
+                                                       wake=lambda: None))
     nodes: dict[str, ClusterNode] = {}
     return NodeRoster(config, cluster, nodes, instances, clock=lambda: 0.0), nodes
 

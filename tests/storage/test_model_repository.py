@@ -381,7 +381,7 @@ def test_local_repository_and_fetched_files_are_the_owners_only(repository, hf_m
 def test_a_hugging_face_push_is_stored_once_as_its_thaw_conversion_with_the_dir_as_fingerprints(
         repository, hf_model_dir, tmp_path):
     from loader import convert_checkpoint
-    from worker.loading import checkpoint_identity
+    from worker import checkpoint_identity
 
     seen = []
     manifest = repository.push(hf_model_dir, "tiny", progress=lambda stage, done, total: seen.append(stage.value))

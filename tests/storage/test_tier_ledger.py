@@ -105,3 +105,41 @@ def test_reserving_a_held_model_is_a_bug():
         led.reserve("a", 10)
     with pytest.raises(ValueError):
         TierLedger("ssd", -1)
+
+
+# --- keep: a whole copy at once (the simulator's node tiers, `sim.sim_node`) ---------------------
+
+
+def test_keep_evicts_the_least_recently_used_until_the_new_copy_fits():
+    led = ledger(10)
+    assert led.keep(1, 4) == [] and led.keep(2, 4) == []
+    led.touch(1)  # 2 is now the least recently used
+    assert led.keep(3, 4) == [2]
+    assert led.models() == [1, 3] and led.used_bytes == 8
+    assert led.keep(4, 10) == [1, 3]
+    assert led.models() == [4] and led.used_bytes == 10 and len(led) == 1
+    assert led.keep(4, 10) == [] and led.models() == [4]  # held already: touched, nothing evicted
+
+
+def test_keep_holds_nothing_too_big_and_evicts_nothing_it_may_not():
+    led = ledger(10)
+    led.keep("a", 5)
+    assert led.keep("b", 11) == [] and "b" not in led and "a" in led and not led.fits(11)
+    empty = ledger(0)
+    assert empty.keep("a", 1) == [] and len(empty) == 0 and not empty.fits(1)
+    led.set_pinned("a", True)
+    assert led.keep("c", 8) == [] and led.models() == ["a"]  # only the pinned one could make room
+
+
+def test_used_bytes_follows_every_change():
+    led = filled(100, ("a", 10), ("b", 20))
+    assert led.used_bytes == 30
+    led.reserve("c", 5)
+    assert led.used_bytes == 35
+    led.commit("c", 15)  # came out larger
+    assert led.used_bytes == 45
+    led.remove("a")
+    led.adopt("d", 7, last_used_s=1.0)
+    led.adopt("d", 9, last_used_s=2.0)  # adopted again: replaced, not added
+    assert led.used_bytes == 20 + 15 + 9 == sum(e.num_bytes for _, e in led.items())
+    assert led.free_bytes == 100 - led.used_bytes
