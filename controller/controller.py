@@ -91,7 +91,7 @@ from controller.spare_pool import SparePool
 from controller.state_location import open_state_store
 from controller.state_store import StateStore
 from storage import ModelRepository, open_repository
-from wire import DeployProgress, EngineGauges, InstanceLoadRecord, InstanceState, ModelRecord
+from wire import DeployProgress, EngineGauges, InstanceLoadRecord, InstanceState, MigrationReport, ModelRecord
 
 logger = logging.getLogger(__name__)
 
@@ -534,12 +534,12 @@ class Controller:
     # --- operations --------------------------------------------------------------------------
 
     async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
-                      to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
+                      to_instance: str | None = None, method: str = "kv") -> MigrationReport:
         """Live-migrates one request (``request_id``) or every request of an instance to another
         ready instance of the same model: the one named, the least loaded on ``to_node``, or the
         least loaded anywhere (`choose_destination`). Clients following the requests through the
-        gateway see nothing. Returns the source, the destination and one outcome per request (a
-        request that could not move keeps running on its source, whole).
+        gateway see nothing. Returns a `MigrationReport`: the source, the destination and one
+        outcome per request (a request that could not move keeps running on its source, whole).
 
         Raises `InvalidMigrationError` for a malformed call, `UnknownInstanceError` /
         `LookupError` for an unknown instance / node, `MigrationConflictError` when no

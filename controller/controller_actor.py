@@ -36,7 +36,7 @@ from controller.controller_config import ControllerConfig
 from controller.gateway_metrics_board import GatewayMetricsBoard
 from controller.ray_cluster_client import RayClusterClient
 from controller.slot_outlook import SlotOutlook
-from wire import DeployProgress, EngineGauges, GatewayMetricsSnapshot, ModelRecord
+from wire import DeployProgress, EngineGauges, GatewayMetricsSnapshot, MigrationReport, ModelRecord
 
 DEFAULT_CONTROLLER_NAME = "thaw-controller"
 logger = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class ControllerActor:
         return await self._controller.drain_node(node_id, migrate)
 
     async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
-                      to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
+                      to_instance: str | None = None, method: str = "kv") -> MigrationReport:
         return await self._controller.migrate(instance_id, request_id, to_node=to_node, to_instance=to_instance,
                                               method=method)
 

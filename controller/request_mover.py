@@ -30,20 +30,12 @@ from controller.controller_errors import InvalidMigrationError, MigrationConflic
 from controller.instance_manager import InstanceManager
 from controller.managed_instance import ManagedInstance
 from controller.migration_policy import choose_destination
-from wire import InstanceState
+from wire import InstanceState, MigrationReport
 
 logger = logging.getLogger(__name__)
 
 MIGRATION_METHODS = ("kv", "tokens")  # migration.MigrationMethod's values
 DRAIN_MIGRATION_RETRY_S = 0.2  # a draining instance with requests left tries to move them this often
-
-
-def outcome_to_dict(outcome: Any) -> dict[str, Any]:
-    """A `migration.MigrationOutcome` as plain data (for the admin API and ``thaw status``)."""
-    return {"request_id": outcome.request_id, "status": getattr(outcome.status, "value", outcome.status),
-            "method": getattr(outcome.method, "value", outcome.method), "stop_s": outcome.stop_s,
-            "total_s": outcome.total_s, "num_blocks_copied": outcome.num_blocks_copied,
-            "num_tokens_at_stop": outcome.num_tokens_at_stop, "error": outcome.error}
 
 
 class RequestMover:
@@ -94,7 +86,7 @@ class RequestMover:
         return {node_id for node_id, node in self._nodes.items() if node.draining}
 
     async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
-                      to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
+                      to_instance: str | None = None, method: str = "kv") -> MigrationReport:
         """`Controller.migrate` (its docstring says what is raised when)."""
         if not isinstance(instance_id, str) or not instance_id:
             raise InvalidMigrationError("instance_id", f"must be a non-empty string, got {instance_id!r}")
@@ -115,7 +107,7 @@ class RequestMover:
                                        to_node=to_node, to_instance=to_instance, method=method)
 
     async def _migrate_off(self, source: ManagedInstance, request_ids: list[str] | None, *, to_node: str | None = None,
-                           to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
+                           to_instance: str | None = None, method: str = "kv") -> MigrationReport:
         """Moves the requests (None: all of them) off `source`; see `migrate`."""
         dest, why = choose_destination(source, self._instances.all(), self.draining_node_ids(), to_node=to_node,
                                        to_instance=to_instance)
@@ -128,17 +120,16 @@ class RequestMover:
             outcomes = await self._cluster.migrate_requests(
                 source.handle, source.instance_id, dest.handle, dest.instance_id, request_ids, method,
                 self.config.migration_timeout_s)
-        result = {"source": source.instance_id, "destination": dest.instance_id, "node_id": dest.node_id,
-                  "method": method, "outcomes": [outcome_to_dict(o) for o in outcomes]}
+        report = MigrationReport(source_id=source.instance_id, destination_id=dest.instance_id,
+                                 node_id=dest.node_id, method=method, outcomes=tuple(outcomes))
         decision = {"kind": "migration", "at_s": self._wall_clock(), "model_id": source.model_id,
                     "source": source.instance_id, "destination": dest.instance_id, "method": method,
-                    "num_requests": len(outcomes),
-                    "num_migrated": sum(o["status"] == "migrated" for o in result["outcomes"]),
-                    "stop_s_max": max((o["stop_s"] for o in result["outcomes"]), default=0.0)}
+                    "num_requests": len(outcomes), "num_migrated": report.num_migrated,
+                    "stop_s_max": report.stop_s_max}
         self._record(decision)
         logger.info("%s: migrated %d/%d requests from %s to %s (%s)", source.model_id, decision["num_migrated"],
                     len(outcomes), source.instance_id, dest.instance_id, method)
-        return result
+        return report
 
     async def move_off(self, instance: ManagedInstance) -> None:
         """A draining instance's requests, moved as soon as a destination is ready, until none is

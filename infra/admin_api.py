@@ -352,8 +352,9 @@ def build_admin_router(controller: AdminController, store: StateStore, auth: Gat
                 raise bad_request(f"{field}: must not be empty", field)
         if body.to_node is not None and body.to_instance is not None:
             raise bad_request("to_node: name a destination node or a destination instance, not both", "to_node")
-        return await call(controller.migrate(body.instance_id, body.request_id, to_node=body.to_node,
-                                             to_instance=body.to_instance, method=body.method))
+        report = await call(controller.migrate(body.instance_id, body.request_id, to_node=body.to_node,
+                                               to_instance=body.to_instance, method=body.method))
+        return report.to_dict()  # a `wire.MigrationReport`
 
     # ---- tenants and keys ------------------------------------------------------------------
 

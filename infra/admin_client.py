@@ -25,7 +25,7 @@ import aiohttp
 
 from infra.admin_key import read_key_file
 from infra.platform_config import ADMIN_KEY_FILE, DEFAULT_PORT, GATEWAY_URL_FILE
-from wire import DeployProgress
+from wire import DeployProgress, MigrationReport
 
 URL_ENV = "THAW_URL"
 ADMIN_KEY_ENV = "THAW_ADMIN_KEY"
@@ -169,10 +169,11 @@ class AdminClient:
         return await self._request("POST", f"/admin/nodes/{node_id}/undrain")
 
     async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
-                      to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
+                      to_instance: str | None = None, method: str = "kv") -> MigrationReport:
         body = {"instance_id": instance_id, "request_id": request_id, "to_node": to_node,
                 "to_instance": to_instance, "method": method}
-        return await self._request("POST", "/admin/migrate", {k: v for k, v in body.items() if v is not None})
+        return MigrationReport.from_dict(
+            await self._request("POST", "/admin/migrate", {k: v for k, v in body.items() if v is not None}))
 
     # ---- tenants and keys --------------------------------------------------------------------
 

@@ -405,14 +405,13 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     result = _run(args, lambda client: client.migrate(args.instance, args.request, to_node=args.to_node,
                                                       to_instance=args.to_instance, method=args.method))
     if args.json:
-        _print_json(result)
+        _print_json(result.to_dict())
         return 0
-    outcomes = result.get("outcomes") or []
-    moved = sum(o.get("status") == "migrated" for o in outcomes)
-    print(f"{moved}/{len(outcomes)} request(s) migrated from {result['source']} to {result['destination']} "
-          f"(node {result['node_id']}, {result['method']})")
+    outcomes = result.outcomes
+    print(f"{result.num_migrated}/{len(outcomes)} request(s) migrated from {result.source_id} to "
+          f"{result.destination_id} (node {result.node_id}, {result.method.value})")
     print_table(("REQUEST", "STATUS", "STOP S", "TOTAL S", "ERROR"),
-                [(o["request_id"], o["status"], f"{o['stop_s']:.4f}", f"{o['total_s']:.3f}", o.get("error") or "")
+                [(o.request_id, o.status.value, f"{o.stop_s:.4f}", f"{o.total_s:.3f}", o.error or "")
                  for o in outcomes])
     return 0
 

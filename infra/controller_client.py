@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from controller import SlotOutlook
-from wire import ActorGoneError, DeployProgress, EngineGauges, GatewayMetricsSnapshot, ModelRecord, call
+from wire import ActorGoneError, DeployProgress, EngineGauges, GatewayMetricsSnapshot, MigrationReport, ModelRecord, call
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class ControllerClient:
         return await self._call("undrain_node", node_id)
 
     async def migrate(self, instance_id: str, request_id: str | None = None, *, to_node: str | None = None,
-                      to_instance: str | None = None, method: str = "kv") -> dict[str, Any]:
+                      to_instance: str | None = None, method: str = "kv") -> MigrationReport:
         # Longer than a plain call: the controller waits for the migrations (each bounded by its
         # migration_timeout_s).
         return await self._call("migrate", instance_id, request_id, to_node=to_node, to_instance=to_instance,

@@ -35,7 +35,8 @@ Public API:
   was deployed (controller -> gateway).
 - `RequestSnapshot`: a request's state without its KV (source worker -> migration driver ->
   destination worker); `MigrationOutcome`, with `MigrationMethod` and `MigrationStatus`: how one
-  live migration went (migration driver -> controller -> CLI).
+  live migration went (migration driver -> controller -> CLI); `MigrationReport`: the answer to
+  one ``migrate`` call, its source, destination and outcomes (controller -> admin API -> CLI).
 - `DeployProgress`, with `DeployState` and `DeployStage`: where one deploy job stands, its stage,
   bytes, rate and ETA, or why it failed (controller -> gateway -> CLI).
 - `WireRecord`: the base of the records (schema tag, dict form, pickling through it).
@@ -59,6 +60,7 @@ from wire.instance_route import InstanceRoute
 from wire.instance_state import InstanceState
 from wire.instance_stats import InstanceLoad, InstanceStats
 from wire.migration_outcome import MigrationMethod, MigrationOutcome, MigrationStatus
+from wire.migration_report import MigrationReport
 from wire.model_record import InstanceLoadRecord, ModelRecord
 from wire.ray_calls import (ActorGoneError, ActorUnreachableError, call, is_ours, ray_errors_translated, stream,
                             translated)
@@ -77,5 +79,5 @@ __all__ = [
     "InstanceLoad", "InstanceState", "InstanceStats",
     "EngineDeadError", "InvalidRequestError", "RequestFailedError",
     "DeployProgress", "DeployStage", "DeployState",
-    "MigrationMethod", "MigrationOutcome", "MigrationStatus", "RequestSnapshot",
+    "MigrationMethod", "MigrationOutcome", "MigrationReport", "MigrationStatus", "RequestSnapshot",
 ]

@@ -34,9 +34,10 @@ def test_migrate_moves_an_instances_requests_and_refuses_bad_calls_by_name(tmp_p
             assert h.cluster.migrations == []
 
             one = await h.controller.migrate(source.instance_id, "r1", method="tokens")
-            assert (one["destination"], [o["status"] for o in one["outcomes"]]) == (other.instance_id, ["migrated"])
+            assert (one.destination_id, [o.status.value for o in one.outcomes]) == (other.instance_id, ["migrated"])
+            assert (one.source_id, one.method.value, one.num_migrated) == (source.instance_id, "tokens", 1)
             rest = await h.controller.migrate(source.instance_id, to_node=nodes[other.instance_id])
-            assert [(o["request_id"], o["status"]) for o in rest["outcomes"]] == [("r2", "migrated")]
+            assert [(o.request_id, o.status.value) for o in rest.outcomes] == [("r2", "migrated")]
             assert h.cluster.migrations == [(source.instance_id, other.instance_id, ["r1"], "tokens"),
                                             (source.instance_id, other.instance_id, ["r2"], "kv")]
             assert (source.request_ids, other.request_ids) == ([], ["r1", "r2"])

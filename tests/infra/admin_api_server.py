@@ -32,7 +32,7 @@ from controller import (InvalidMigrationError, InvalidSpecError, MigrationConfli
 from controller import DeployConflictError, UnknownDeployError
 from controller.deploy_jobs import deploy_error_message
 from controller.upload_area import UploadArea
-from wire import DeployProgress
+from wire import DeployProgress, MigrationOutcome, MigrationReport
 from infra.admin_api import build_admin_router
 from infra.admin_client import AdminClient
 from infra.admin_key import AdminKeyAuth, ensure_admin_key
@@ -246,10 +246,11 @@ class FakeController:
             raise UnknownInstanceError(instance_id)
         if to_node not in (None, "node1") or to_instance not in (None, "i-2"):
             raise MigrationConflictError("cannot migrate off instance i-1: no ready instance there")
-        outcome = {"status": "migrated", "method": method, "stop_s": 0.002, "total_s": 0.05, "error": None,
-                   "num_blocks_copied": 3, "num_tokens_at_stop": 40}
-        return {"source": "i-1", "destination": "i-2", "node_id": "node1", "method": method,
-                "outcomes": [{"request_id": r, **outcome} for r in ([request_id] if request_id else ["r1", "r2"])]}
+        outcomes = tuple(MigrationOutcome(r, method, "migrated", "i-1", "i-2", num_rounds=1, num_tokens_at_stop=40,
+                                          num_tokens_after_stop=0, num_blocks_copied=3, num_bytes_copied=3 << 12,
+                                          stop_s=0.002, total_s=0.05)
+                         for r in ([request_id] if request_id else ["r1", "r2"]))
+        return MigrationReport("i-1", "i-2", "node1", method, outcomes)
 
 
 class CardsBackend:

@@ -24,7 +24,7 @@ def server(tmp_path_factory) -> Iterator[Server]:
 
 def test_migrate_route_validates_and_maps_refusals_to_statuses(server):
     result = server.call(lambda c: c.migrate("i-1", "r1", method="tokens"))
-    assert (result["destination"], [o["request_id"] for o in result["outcomes"]]) == ("i-2", ["r1"])
+    assert (result.destination_id, [o.request_id for o in result.outcomes]) == ("i-2", ["r1"])
     assert server.controller.migrations[-1] == ("i-1", "r1", None, None, "tokens")
     for kwargs, status, param in ((dict(method="teleport"), 400, "method"),
                                   (dict(to_node="node1", to_instance="i-2"), 400, "to_node"),

@@ -1,7 +1,7 @@
-"""Tests for the migration's wire records (wire/request_snapshot.py, wire/migration_outcome.py):
-refusals that name the field, exact tagged dict forms, round trips through the dict and through
-pickle (generator bytes and nested `SamplingParams` included), and a snapshot of another schema
-version refused on arrival."""
+"""Tests for the migration's wire records (wire/request_snapshot.py, wire/migration_outcome.py,
+wire/migration_report.py): refusals that name the field, exact tagged dict forms, round trips
+through the dict and through pickle (generator bytes and nested `SamplingParams` and outcomes
+included), and a snapshot of another schema version refused on arrival."""
 
 from __future__ import annotations
 
@@ -175,3 +175,31 @@ def test_a_bad_outcome_field_is_refused_by_name(data, message):
 
 def test_the_records_carry_distinct_schema_tags():
     assert (RequestSnapshot.SCHEMA, MigrationOutcome.SCHEMA) == ("request_snapshot/1", "migration_outcome/1")
+
+
+def test_a_migration_report_round_trips_with_its_outcomes_and_sums_them():
+    from wire import MigrationReport
+
+    other = dataclasses.replace(OUTCOME, request_id="r2", status=MigrationStatus.REFUSED, stop_s=0.0,
+                                error="no KV blocks")
+    report = MigrationReport("i1", "i2", "node0", "kv", (OUTCOME, other))
+    data = report.to_dict()
+    assert data["schema"] == "migration_report/1" and data["method"] == "kv"
+    assert [o["request_id"] for o in data["outcomes"]] == ["r1", "r2"]
+    assert MigrationReport.from_dict(json.loads(json.dumps(data))) == report
+    assert pickle.loads(pickle.dumps(report)) == report
+    assert (report.num_migrated, report.stop_s_max) == (1, 0.25)
+    assert MigrationReport("i1", "i2", "node0", MigrationMethod.TOKENS).stop_s_max == 0.0
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(method="teleport"), r"migration_report.method must be one of 'tokens', 'kv', 'layer'"),
+    (dict(node_id=""), "migration_report.node_id must be a non-empty string"),
+    (dict(outcomes=[{"request_id": "r1"}]), r"migration_report.outcomes\[0\]: migration_outcome.method is missing"),
+])
+def test_a_bad_migration_report_names_its_field(change, message):
+    from wire import MigrationReport
+
+    data = {**MigrationReport("i1", "i2", "node0", "kv", (OUTCOME,)).to_dict(), **change}
+    with pytest.raises(ValueError, match=message):
+        MigrationReport.from_dict(data)
